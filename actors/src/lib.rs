@@ -1,0 +1,13 @@
+//! The message-passing core of agent-intercom.
+//!
+//! Every actor (session, supervisor, workspace registry), the agent protocols
+//! they speak (framing, JSON-RPC, ACP, the intercom dialect), and the ports
+//! (traits) through which they reach storage and the operator. Nothing here
+//! knows about Slack, SQLite or HTTP.
+
+#![deny(missing_docs)]
+
+pub mod ids;
+pub mod model;
+pub mod ports;
+pub mod settings;

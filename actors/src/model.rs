@@ -1,0 +1,442 @@
+//! Domain vocabulary shared by the actors and the edges.
+//!
+//! These are plain data types: what a session is, what state it is in, what an
+//! operator decided. They carry no behaviour beyond (de)serialisation so that
+//! storage, the HTTP API and Slack can all speak about the same things.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The server's own identifier of a session (not the agent's ACP session id).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionId(pub String);
+
+impl SessionId {
+    /// A fresh, unguessable-enough id: `s-` followed by 16 hex digits.
+    pub fn generate() -> Self {
+        SessionId(format!("s-{:016x}", crate::ids::random_u64()))
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for SessionId {
+    fn from(s: &str) -> Self {
+        SessionId(s.to_owned())
+    }
+}
+
+/// Where a session is in its life. Stored as the lower-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// Spawning the agent and running the handshake.
+    Starting,
+    /// Handshake done; the agent is working or waiting for a prompt.
+    Active,
+    /// No stream activity after nudges; waiting for a human.
+    Stalled,
+    /// Ended normally (idle timeout, agent finished).
+    Completed,
+    /// Stopped by an operator or by shutdown.
+    Cancelled,
+    /// The agent failed in a way that restarting did not fix.
+    Crashed,
+    /// Ended by an error that is not a crash (startup failure, broken pipe).
+    Error,
+    /// The server stopped while the session was live and could not resume it.
+    Interrupted,
+}
+
+impl SessionStatus {
+    /// The stored / wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Starting => "starting",
+            SessionStatus::Active => "active",
+            SessionStatus::Stalled => "stalled",
+            SessionStatus::Completed => "completed",
+            SessionStatus::Cancelled => "cancelled",
+            SessionStatus::Crashed => "crashed",
+            SessionStatus::Error => "error",
+            SessionStatus::Interrupted => "interrupted",
+        }
+    }
+
+    /// Parses the stored name; unknown names are `None`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "starting" => SessionStatus::Starting,
+            "active" => SessionStatus::Active,
+            "stalled" => SessionStatus::Stalled,
+            "completed" => SessionStatus::Completed,
+            "cancelled" => SessionStatus::Cancelled,
+            "crashed" => SessionStatus::Crashed,
+            "error" => SessionStatus::Error,
+            "interrupted" => SessionStatus::Interrupted,
+            _ => return None,
+        })
+    }
+
+    /// True while an agent process may be attached to the session.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            SessionStatus::Starting | SessionStatus::Active | SessionStatus::Stalled
+        )
+    }
+}
+
+impl fmt::Display for SessionStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which wire protocol a session's agent speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Standard Agent Client Protocol (JSON-RPC 2.0).
+    #[default]
+    Acp,
+    /// The older agent-intercom NDJSON dialect.
+    Intercom,
+    /// No child process: an IDE agent connected over MCP.
+    Mcp,
+}
+
+impl Protocol {
+    /// The stored / config name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Acp => "acp",
+            Protocol::Intercom => "intercom",
+            Protocol::Mcp => "mcp",
+        }
+    }
+}
+
+/// How messages are delimited on the agent's stdio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Framing {
+    /// One JSON object per line.
+    #[default]
+    Ndjson,
+    /// LSP-style `Content-Length:` headers.
+    Lsp,
+}
+
+/// Who wrote a transcript entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The operator (prompts, steering).
+    User,
+    /// The agent (message text).
+    Agent,
+    /// The server (tool calls, plans, errors, lifecycle notes).
+    System,
+}
+
+impl Role {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Agent => "agent",
+            Role::System => "system",
+        }
+    }
+}
+
+/// What kind of transcript entry it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageKind {
+    /// Plain text (prompt, agent reply, note).
+    Text,
+    /// The agent's plan, as a JSON array of entries.
+    Plan,
+    /// A tool call with its status and content, as JSON.
+    Tool,
+    /// An error or lifecycle failure.
+    Error,
+}
+
+impl MessageKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageKind::Text => "text",
+            MessageKind::Plan => "plan",
+            MessageKind::Tool => "tool",
+            MessageKind::Error => "error",
+        }
+    }
+}
+
+/// The kind of an ACP permission option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptionKind {
+    /// Allow this one time.
+    AllowOnce,
+    /// Allow and remember.
+    AllowAlways,
+    /// Reject this one time.
+    RejectOnce,
+    /// Reject and remember.
+    RejectAlways,
+}
+
+impl OptionKind {
+    /// True for the two allow kinds.
+    pub fn is_allow(self) -> bool {
+        matches!(self, OptionKind::AllowOnce | OptionKind::AllowAlways)
+    }
+}
+
+/// One button the operator can press on a permission request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionOption {
+    /// The agent's option id, echoed back verbatim.
+    pub id: String,
+    /// Human label.
+    pub name: String,
+    /// What choosing it means.
+    pub kind: OptionKind,
+}
+
+/// What a pending request is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestKind {
+    /// ACP `session/request_permission` or dialect `clearance/request`.
+    Permission,
+    /// ACP `fs/write_text_file`: a write gated by the operator, with a diff.
+    FileWrite,
+    /// Dialect `prompt/forward`: continue / refine / stop.
+    ForwardedPrompt,
+}
+
+impl RequestKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestKind::Permission => "permission",
+            RequestKind::FileWrite => "file_write",
+            RequestKind::ForwardedPrompt => "forwarded_prompt",
+        }
+    }
+}
+
+/// The state of a pending request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestStatus {
+    /// Waiting for a human.
+    Pending,
+    /// Answered by an operator (or a rule).
+    Decided,
+    /// The turn was cancelled or the agent went away before a decision.
+    Cancelled,
+    /// The server restarted and could not re-attach it.
+    Expired,
+}
+
+impl RequestStatus {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestStatus::Pending => "pending",
+            RequestStatus::Decided => "decided",
+            RequestStatus::Cancelled => "cancelled",
+            RequestStatus::Expired => "expired",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => RequestStatus::Pending,
+            "decided" => RequestStatus::Decided,
+            "cancelled" => RequestStatus::Cancelled,
+            "expired" => RequestStatus::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// A request from the agent that waits for a human.
+///
+/// `id` is global (`<session>/<n>`); `request_id` is the session-scoped id
+/// (`req-1`, `req-2`, ...) so two sessions may both have a `req-1`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRequest {
+    /// Global id: `<session_id>:<request_id>`.
+    pub id: String,
+    /// Owning session.
+    pub session_id: SessionId,
+    /// Session-scoped id, unique within the session.
+    pub request_id: String,
+    /// What it is.
+    pub kind: RequestKind,
+    /// One-line summary for the operator.
+    pub title: String,
+    /// A unified diff when the request changes a file.
+    pub diff: Option<String>,
+    /// Files touched, when known.
+    pub paths: Vec<String>,
+    /// Buttons; for forwarded prompts: continue / refine / stop.
+    pub options: Vec<PermissionOption>,
+    /// Pending, decided, ...
+    pub status: RequestStatus,
+    /// Raw agent JSON-RPC id (as JSON) so a restarted server can answer it.
+    pub wire_id: Option<String>,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+impl PendingRequest {
+    /// Builds the global id from its parts.
+    pub fn global_id(session: &SessionId, request_id: &str) -> String {
+        format!("{session}:{request_id}")
+    }
+}
+
+/// What the operator chose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The option id chosen (an ACP option id, or continue/refine/stop).
+    pub option_id: String,
+    /// Whether that option allows the action.
+    pub approved: bool,
+    /// Free-text reason or refine instruction.
+    pub reason: Option<String>,
+    /// Who decided (Slack user id, `local`, `rule:<id>`).
+    pub decided_by: String,
+    /// Unix milliseconds.
+    pub decided_at: i64,
+}
+
+/// A steering message waiting for (or already given to) the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Steering {
+    /// Storage id; increasing, so delivery order is id order.
+    pub id: i64,
+    /// Owning session.
+    pub session_id: SessionId,
+    /// The instruction.
+    pub text: String,
+    /// Who sent it.
+    pub author: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// Everything the store keeps about a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// Server id.
+    pub id: SessionId,
+    /// Workspace id (or the path, for ad-hoc path sessions).
+    pub workspace: String,
+    /// Directory the agent runs in.
+    pub cwd: String,
+    /// Agent profile id.
+    pub agent: String,
+    /// Wire protocol.
+    pub protocol: Protocol,
+    /// Lifecycle status.
+    pub status: SessionStatus,
+    /// Why it is in that status (idle_timeout, stderr tail, ...).
+    pub status_reason: Option<String>,
+    /// First 80 characters of the first prompt.
+    pub title: String,
+    /// The user who started it.
+    pub owner: String,
+    /// The agent's own session id (ACP), once known.
+    pub acp_session_id: Option<String>,
+    /// Slack channel, when the workspace has one.
+    pub channel_id: Option<String>,
+    /// Slack thread root ts, once posted (immutable after that).
+    pub thread_ts: Option<String>,
+    /// How many times the supervisor restarted the agent.
+    pub restart_count: u32,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Unix milliseconds.
+    pub updated_at: i64,
+    /// Unix milliseconds of the last stream activity.
+    pub last_activity_at: i64,
+}
+
+/// One transcript line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranscriptEntry {
+    /// Storage id.
+    pub id: i64,
+    /// Who wrote it.
+    pub role: Role,
+    /// What it is.
+    pub kind: MessageKind,
+    /// Text, or JSON for plans and tool calls.
+    pub content: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// One audit line: who did what to which session, and what came of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// The session concerned, if any.
+    pub session_id: Option<SessionId>,
+    /// Who (user id, `local`, `system`, `rule:<id>`).
+    pub actor: String,
+    /// What happened, a short verb phrase: `permission.decided`, `session.crashed`, ...
+    pub action: String,
+    /// Details as JSON.
+    pub detail: serde_json::Value,
+}
+
+/// Current time in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in [
+            SessionStatus::Starting,
+            SessionStatus::Active,
+            SessionStatus::Stalled,
+            SessionStatus::Completed,
+            SessionStatus::Cancelled,
+            SessionStatus::Crashed,
+            SessionStatus::Error,
+            SessionStatus::Interrupted,
+        ] {
+            assert_eq!(SessionStatus::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(SessionStatus::parse("bogus"), None);
+    }
+
+    #[test]
+    fn generated_ids_differ() {
+        assert_ne!(SessionId::generate(), SessionId::generate());
+    }
+}

@@ -1,0 +1,262 @@
+//! The ports: what the core needs from the outside world, as traits.
+//!
+//! The actors never name SQLite or Slack. They persist through [`SessionStore`]
+//! and tell the operator side what happened through [`OperatorSink`]. The edges
+//! (`src/storage`, the Slack gateway, the HTTP API) implement these; tests use
+//! the in-memory versions in [`crate::memory`].
+
+use crate::model::{
+    AuditEntry, Decision, MessageKind, PendingRequest, RequestStatus, Role, SessionId,
+    SessionRecord, SessionStatus, Steering, TranscriptEntry,
+};
+use async_trait::async_trait;
+use serde::Serialize;
+
+/// A storage failure, with the operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The row that the operation needs does not exist.
+    #[error("{what} not found")]
+    NotFound {
+        /// What was looked up, e.g. `session s-1234`.
+        what: String,
+    },
+    /// The request was already decided, cancelled or expired.
+    #[error("request {id} is already {status}")]
+    AlreadyResolved {
+        /// Global request id.
+        id: String,
+        /// Its current status.
+        status: String,
+    },
+    /// The database refused or failed; the message says which operation.
+    #[error("storage failed during {op}: {message}")]
+    Backend {
+        /// The operation, e.g. `insert session`.
+        op: &'static str,
+        /// The driver's message.
+        message: String,
+    },
+}
+
+/// Everything the core persists. Implementations must be safe to call from
+/// many actors at once; a write returns only once it is durable.
+#[async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// Inserts a new session row.
+    async fn create_session(&self, rec: &SessionRecord) -> Result<(), StoreError>;
+    /// Deletes a session that never started (startup failure: no row left behind).
+    async fn delete_session(&self, id: &SessionId) -> Result<(), StoreError>;
+    /// Reads one session.
+    async fn get_session(&self, id: &SessionId) -> Result<Option<SessionRecord>, StoreError>;
+    /// Lists sessions, newest first; `live_only` keeps starting/active/stalled.
+    async fn list_sessions(&self, live_only: bool) -> Result<Vec<SessionRecord>, StoreError>;
+    /// Sets status and reason, and bumps `updated_at`.
+    async fn set_status(
+        &self,
+        id: &SessionId,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError>;
+    /// Records the agent's own session id.
+    async fn set_acp_session_id(&self, id: &SessionId, acp_id: &str) -> Result<(), StoreError>;
+    /// Records the Slack thread root; a second call with a different ts is ignored.
+    async fn set_thread(&self, id: &SessionId, channel: &str, ts: &str) -> Result<(), StoreError>;
+    /// Records the restart count.
+    async fn set_restart_count(&self, id: &SessionId, count: u32) -> Result<(), StoreError>;
+    /// Bumps `last_activity_at` to now.
+    async fn touch(&self, id: &SessionId) -> Result<(), StoreError>;
+
+    /// Appends a transcript entry; returns its id.
+    async fn append_message(
+        &self,
+        id: &SessionId,
+        role: Role,
+        kind: MessageKind,
+        content: &str,
+    ) -> Result<i64, StoreError>;
+    /// Replaces the content of an entry (aggregated agent text, tool call status, plan).
+    async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError>;
+    /// The transcript of a session, oldest first.
+    async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError>;
+
+    /// Stores a new pending request.
+    async fn insert_request(&self, req: &PendingRequest) -> Result<(), StoreError>;
+    /// Records a decision on a pending request, atomically: fails with
+    /// [`StoreError::AlreadyResolved`] unless it is still pending.
+    async fn decide_request(&self, id: &str, decision: &Decision) -> Result<(), StoreError>;
+    /// Marks a pending request cancelled or expired (no-op when already resolved).
+    async fn close_request(&self, id: &str, status: RequestStatus) -> Result<(), StoreError>;
+    /// One request with its decision, if any.
+    async fn get_request(
+        &self,
+        id: &str,
+    ) -> Result<Option<(PendingRequest, Option<Decision>)>, StoreError>;
+    /// Requests, newest first; optionally only one session's and/or only pending.
+    async fn list_requests(
+        &self,
+        session: Option<&SessionId>,
+        pending_only: bool,
+    ) -> Result<Vec<PendingRequest>, StoreError>;
+
+    /// Queues a steering message; returns it with its id.
+    async fn enqueue_steering(
+        &self,
+        id: &SessionId,
+        text: &str,
+        author: &str,
+    ) -> Result<Steering, StoreError>;
+    /// Steering not yet delivered, oldest first.
+    async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError>;
+    /// Marks one steering message delivered.
+    async fn mark_steering_delivered(&self, steering_id: i64) -> Result<(), StoreError>;
+
+    /// Appends to the audit log.
+    async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
+}
+
+/// Something the operator should see, emitted by session actors.
+///
+/// The Slack gateway turns these into thread messages; the local API only
+/// needs the store. Every variant names its session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum OperatorEvent {
+    /// A session was created and its agent is being started.
+    SessionStarted {
+        /// The session.
+        session: SessionRecord,
+    },
+    /// Status changed (for the thread root's status line).
+    StatusChanged {
+        /// The session.
+        session_id: SessionId,
+        /// New status.
+        status: SessionStatus,
+        /// A short human word for the status line: working, needs input, idle, ...
+        activity: String,
+        /// Why, when known.
+        reason: Option<String>,
+    },
+    /// The agent finished a turn's worth of text (aggregated).
+    AgentText {
+        /// The session.
+        session_id: SessionId,
+        /// The text.
+        text: String,
+    },
+    /// A tool call started or changed.
+    ToolCall {
+        /// The session.
+        session_id: SessionId,
+        /// The agent's tool call id.
+        tool_call_id: String,
+        /// Title.
+        title: String,
+        /// pending / in_progress / completed / failed.
+        status: String,
+    },
+    /// The plan, replaced as a whole.
+    Plan {
+        /// The session.
+        session_id: SessionId,
+        /// Entries as (content, status).
+        entries: Vec<(String, String)>,
+    },
+    /// The agent asks for a decision.
+    RequestOpened {
+        /// The request.
+        request: PendingRequest,
+    },
+    /// A request was decided, cancelled or expired.
+    RequestClosed {
+        /// The session.
+        session_id: SessionId,
+        /// Global request id.
+        id: String,
+        /// Final status.
+        status: RequestStatus,
+        /// The decision, when decided.
+        decision: Option<Decision>,
+    },
+    /// A steering message was queued behind a running turn.
+    SteeringQueued {
+        /// The session.
+        session_id: SessionId,
+        /// The steering row.
+        steering: Steering,
+    },
+    /// A steering message reached the agent.
+    SteeringDelivered {
+        /// The session.
+        session_id: SessionId,
+        /// The steering row id.
+        steering_id: i64,
+    },
+    /// A notice for the thread: stall, nudge, restart, timeout, auth trouble.
+    Notice {
+        /// The session.
+        session_id: SessionId,
+        /// info / warning / error.
+        level: NoticeLevel,
+        /// The message.
+        text: String,
+    },
+    /// The session ended; no further events follow for it.
+    SessionEnded {
+        /// The session.
+        session_id: SessionId,
+        /// Final status.
+        status: SessionStatus,
+        /// Why.
+        reason: Option<String>,
+    },
+}
+
+impl OperatorEvent {
+    /// The session an event concerns.
+    pub fn session_id(&self) -> &SessionId {
+        match self {
+            OperatorEvent::SessionStarted { session } => &session.id,
+            OperatorEvent::RequestOpened { request } => &request.session_id,
+            OperatorEvent::StatusChanged { session_id, .. }
+            | OperatorEvent::AgentText { session_id, .. }
+            | OperatorEvent::ToolCall { session_id, .. }
+            | OperatorEvent::Plan { session_id, .. }
+            | OperatorEvent::RequestClosed { session_id, .. }
+            | OperatorEvent::SteeringQueued { session_id, .. }
+            | OperatorEvent::SteeringDelivered { session_id, .. }
+            | OperatorEvent::Notice { session_id, .. }
+            | OperatorEvent::SessionEnded { session_id, .. } => session_id,
+        }
+    }
+}
+
+/// Severity of a [`OperatorEvent::Notice`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoticeLevel {
+    /// Informational.
+    Info,
+    /// Something needs attention soon.
+    Warning,
+    /// Something failed.
+    Error,
+}
+
+/// Where operator events go. Must not block: implementations queue.
+pub trait OperatorSink: Send + Sync + 'static {
+    /// Hands one event to the operator side.
+    fn emit(&self, event: OperatorEvent);
+}
+
+/// Fans one event out to several sinks (local broadcast + Slack gateway).
+pub struct FanOut(pub Vec<std::sync::Arc<dyn OperatorSink>>);
+
+impl OperatorSink for FanOut {
+    fn emit(&self, event: OperatorEvent) {
+        for sink in &self.0 {
+            sink.emit(event.clone());
+        }
+    }
+}
