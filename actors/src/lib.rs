@@ -11,3 +11,4 @@ pub mod ids;
 pub mod model;
 pub mod ports;
 pub mod settings;
+pub mod protocol;

@@ -1,0 +1,453 @@
+//! The standard Agent Client Protocol (v1), client side.
+//!
+//! Builds the requests we send (`initialize`, `authenticate`, `session/new`,
+//! `session/load`, `session/prompt`, `session/cancel`, permission answers) and
+//! digests what agents send (`session/update`, `session/request_permission`,
+//! `fs/*`) into the small shapes the session actor works with. The wire types
+//! come from the official `agent-client-protocol-schema` crate; this module is
+//! the only place that touches them, so a schema upgrade stays local.
+
+use agent_client_protocol_schema::v1 as acp;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+
+use crate::model::{OptionKind, PermissionOption};
+
+/// Method names used on the wire.
+pub mod methods {
+    /// Handshake.
+    pub const INITIALIZE: &str = "initialize";
+    /// Authentication.
+    pub const AUTHENTICATE: &str = "authenticate";
+    /// New session.
+    pub const SESSION_NEW: &str = "session/new";
+    /// Resume with history replay.
+    pub const SESSION_LOAD: &str = "session/load";
+    /// Resume without replay (where advertised).
+    pub const SESSION_RESUME: &str = "session/resume";
+    /// A prompt turn.
+    pub const SESSION_PROMPT: &str = "session/prompt";
+    /// Cancel the running turn (notification).
+    pub const SESSION_CANCEL: &str = "session/cancel";
+    /// Streamed progress (notification from the agent).
+    pub const SESSION_UPDATE: &str = "session/update";
+    /// The agent asks for permission.
+    pub const REQUEST_PERMISSION: &str = "session/request_permission";
+    /// The agent reads a file through us.
+    pub const FS_READ: &str = "fs/read_text_file";
+    /// The agent writes a file through us.
+    pub const FS_WRITE: &str = "fs/write_text_file";
+}
+
+/// What the agent told us about itself in `initialize`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentInfo {
+    /// Agent-reported name and version, when given.
+    pub name: Option<String>,
+    /// `agentCapabilities.loadSession`.
+    pub load_session: bool,
+    /// `agentCapabilities.sessionCapabilities.resume` is present.
+    pub resume_session: bool,
+    /// `agentCapabilities.mcpCapabilities.http`.
+    pub mcp_http: bool,
+    /// Offered auth methods as (id, name).
+    pub auth_methods: Vec<(String, String)>,
+}
+
+impl AgentInfo {
+    /// Digests an `initialize` result.
+    pub fn from_initialize(result: &Value) -> Result<AgentInfo, String> {
+        let resp: acp::InitializeResponse = serde_json::from_value(result.clone())
+            .map_err(|e| format!("initialize result does not match the ACP schema: {e}"))?;
+        let caps = &resp.agent_capabilities;
+        let resume_session = result
+            .pointer("/agentCapabilities/sessionCapabilities/resume")
+            .is_some_and(|v| !v.is_null());
+        Ok(AgentInfo {
+            name: resp
+                .agent_info
+                .as_ref()
+                .map(|i| format!("{} {}", i.name, i.version)),
+            load_session: caps.load_session,
+            resume_session,
+            mcp_http: caps.mcp_capabilities.http,
+            auth_methods: resp
+                .auth_methods
+                .iter()
+                .map(|m| (m.id().to_string(), m.name().to_owned()))
+                .collect(),
+        })
+    }
+
+    /// "api-key (API key), oauth (Log in)" or "none".
+    pub fn describe_auth_methods(&self) -> String {
+        if self.auth_methods.is_empty() {
+            return "none".to_owned();
+        }
+        self.auth_methods
+            .iter()
+            .map(|(id, name)| format!("{id} ({name})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// `initialize` params: protocol v1, fs read/write capabilities, our identity.
+pub fn initialize_params() -> Value {
+    let caps = acp::ClientCapabilities::new().fs(
+        acp::FileSystemCapabilities::new()
+            .read_text_file(true)
+            .write_text_file(true),
+    );
+    let req = acp::InitializeRequest::new(agent_client_protocol_schema::ProtocolVersion::V1)
+        .client_capabilities(caps)
+        .client_info(acp::Implementation::new(
+            "agent-intercom",
+            env!("CARGO_PKG_VERSION"),
+        ));
+    serde_json::to_value(req).unwrap_or(Value::Null)
+}
+
+/// `authenticate` params.
+pub fn authenticate_params(method_id: &str) -> Value {
+    serde_json::to_value(acp::AuthenticateRequest::new(method_id.to_owned())).unwrap_or(Value::Null)
+}
+
+/// An MCP server to hand to the agent in `session/new`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpHttpServer {
+    /// Display name.
+    pub name: String,
+    /// Full URL including the per-session token.
+    pub url: String,
+}
+
+fn mcp_servers_json(servers: &[McpHttpServer]) -> Value {
+    Value::Array(
+        servers
+            .iter()
+            .map(|s| json!({"type": "http", "name": s.name, "url": s.url, "headers": []}))
+            .collect(),
+    )
+}
+
+/// `session/new` params.
+pub fn new_session_params(cwd: &std::path::Path, mcp: &[McpHttpServer]) -> Value {
+    json!({"cwd": cwd, "mcpServers": mcp_servers_json(mcp)})
+}
+
+/// `session/load` or `session/resume` params.
+pub fn load_session_params(session_id: &str, cwd: &std::path::Path, mcp: &[McpHttpServer]) -> Value {
+    json!({"sessionId": session_id, "cwd": cwd, "mcpServers": mcp_servers_json(mcp)})
+}
+
+/// `session/new` result -> the agent's session id.
+pub fn session_id_from_new(result: &Value) -> Result<String, String> {
+    let resp: acp::NewSessionResponse = serde_json::from_value(result.clone())
+        .map_err(|e| format!("session/new result does not match the ACP schema: {e}"))?;
+    Ok(resp.session_id.to_string())
+}
+
+/// `session/prompt` params with one text block.
+pub fn prompt_params(session_id: &str, text: &str) -> Value {
+    let req = acp::PromptRequest::new(
+        session_id.to_owned(),
+        vec![acp::ContentBlock::Text(acp::TextContent::new(text.to_owned()))],
+    );
+    serde_json::to_value(req).unwrap_or(Value::Null)
+}
+
+/// `session/prompt` result -> stop reason (`end_turn`, `cancelled`, ...).
+pub fn stop_reason(result: &Value) -> String {
+    result
+        .get("stopReason")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_owned()
+}
+
+/// `session/cancel` params.
+pub fn cancel_params(session_id: &str) -> Value {
+    serde_json::to_value(acp::CancelNotification::new(session_id.to_owned())).unwrap_or(Value::Null)
+}
+
+/// A `session/request_permission` answer choosing an option.
+pub fn permission_selected(option_id: &str) -> Value {
+    let outcome = acp::RequestPermissionOutcome::Selected(acp::SelectedPermissionOutcome::new(
+        option_id.to_owned(),
+    ));
+    serde_json::to_value(acp::RequestPermissionResponse::new(outcome)).unwrap_or(Value::Null)
+}
+
+/// A `session/request_permission` answer saying the turn was cancelled.
+pub fn permission_cancelled() -> Value {
+    serde_json::to_value(acp::RequestPermissionResponse::new(
+        acp::RequestPermissionOutcome::Cancelled,
+    ))
+    .unwrap_or(Value::Null)
+}
+
+/// A tool call as the operator sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolCallView {
+    /// Agent's id.
+    pub id: String,
+    /// Title, when given (updates may omit it).
+    pub title: Option<String>,
+    /// read / edit / execute / ...
+    pub kind: Option<String>,
+    /// pending / in_progress / completed / failed.
+    pub status: Option<String>,
+    /// Unified diffs from `diff` content blocks.
+    pub diffs: Vec<String>,
+    /// Paths from locations and diffs.
+    pub paths: Vec<String>,
+}
+
+/// A `session/update`, digested.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// Agent message text.
+    AgentText(String),
+    /// User message text (history replay).
+    UserText(String),
+    /// Agent reasoning.
+    Thought(String),
+    /// A new tool call.
+    ToolCall(ToolCallView),
+    /// A change to a tool call.
+    ToolCallUpdate(ToolCallView),
+    /// The plan, replaced as a whole: (content, status).
+    Plan(Vec<(String, String)>),
+    /// Anything else we keep only as a count (commands, mode, config, usage, ...).
+    Other(String),
+}
+
+fn text_of(block: &acp::ContentBlock) -> String {
+    match block {
+        acp::ContentBlock::Text(t) => t.text.clone(),
+        _ => "[non-text content]".to_owned(),
+    }
+}
+
+fn snake(v: impl serde::Serialize) -> Option<String> {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+}
+
+fn view_content(content: &[acp::ToolCallContent], view: &mut ToolCallView) {
+    for c in content {
+        if let acp::ToolCallContent::Diff(d) = c {
+            let path = d.path.display().to_string();
+            view.diffs.push(unified_diff(
+                &path,
+                d.old_text.as_deref().unwrap_or(""),
+                &d.new_text,
+            ));
+            if !view.paths.contains(&path) {
+                view.paths.push(path);
+            }
+        }
+    }
+}
+
+fn view_of_call(call: &acp::ToolCall) -> ToolCallView {
+    let mut view = ToolCallView {
+        id: call.tool_call_id.to_string(),
+        title: Some(call.title.clone()),
+        kind: snake(call.kind),
+        status: snake(call.status),
+        ..Default::default()
+    };
+    view.paths = call.locations.iter().map(|l| l.path.display().to_string()).collect();
+    view_content(&call.content, &mut view);
+    view
+}
+
+fn view_of_update(upd: &acp::ToolCallUpdate) -> ToolCallView {
+    let f = &upd.fields;
+    let mut view = ToolCallView {
+        id: upd.tool_call_id.to_string(),
+        title: f.title.clone(),
+        kind: f.kind.and_then(snake),
+        status: f.status.and_then(snake),
+        ..Default::default()
+    };
+    if let Some(locs) = &f.locations {
+        view.paths = locs.iter().map(|l| l.path.display().to_string()).collect();
+    }
+    if let Some(content) = &f.content {
+        view_content(content, &mut view);
+    }
+    view
+}
+
+/// Digests `session/update` params; errors name what did not match.
+pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
+    let n: acp::SessionNotification = serde_json::from_value(params.clone())
+        .map_err(|e| format!("session/update does not match the ACP schema: {e}"))?;
+    let update = match &n.update {
+        acp::SessionUpdate::AgentMessageChunk(c) => Update::AgentText(text_of(&c.content)),
+        acp::SessionUpdate::UserMessageChunk(c) => Update::UserText(text_of(&c.content)),
+        acp::SessionUpdate::AgentThoughtChunk(c) => Update::Thought(text_of(&c.content)),
+        acp::SessionUpdate::ToolCall(call) => Update::ToolCall(view_of_call(call)),
+        acp::SessionUpdate::ToolCallUpdate(u) => Update::ToolCallUpdate(view_of_update(u)),
+        acp::SessionUpdate::Plan(p) => Update::Plan(
+            p.entries
+                .iter()
+                .map(|e| (e.content.clone(), snake(&e.status).unwrap_or_default()))
+                .collect(),
+        ),
+        other => Update::Other(
+            serde_json::to_value(other)
+                .ok()
+                .and_then(|v| v.get("sessionUpdate").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_else(|| "unknown".to_owned()),
+        ),
+    };
+    Ok((n.session_id.to_string(), update))
+}
+
+/// A permission request, digested.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PermissionAsk {
+    /// The tool call it is about.
+    pub tool: ToolCallView,
+    /// The options to offer.
+    pub options: Vec<PermissionOption>,
+}
+
+/// Digests `session/request_permission` params.
+pub fn parse_permission(params: &Value) -> Result<PermissionAsk, String> {
+    let req: acp::RequestPermissionRequest = serde_json::from_value(params.clone())
+        .map_err(|e| format!("session/request_permission does not match the ACP schema: {e}"))?;
+    let options = req
+        .options
+        .iter()
+        .map(|o| PermissionOption {
+            id: o.option_id.to_string(),
+            name: o.name.clone(),
+            kind: match o.kind {
+                acp::PermissionOptionKind::AllowOnce => OptionKind::AllowOnce,
+                acp::PermissionOptionKind::AllowAlways => OptionKind::AllowAlways,
+                acp::PermissionOptionKind::RejectOnce => OptionKind::RejectOnce,
+                _ => OptionKind::RejectAlways,
+            },
+        })
+        .collect::<Vec<_>>();
+    if options.is_empty() {
+        return Err("session/request_permission offers no options".to_owned());
+    }
+    Ok(PermissionAsk {
+        tool: view_of_update(&req.tool_call),
+        options,
+    })
+}
+
+/// Digests `fs/write_text_file` params into (path, content).
+pub fn parse_fs_write(params: &Value) -> Result<(PathBuf, String), String> {
+    let req: acp::WriteTextFileRequest = serde_json::from_value(params.clone())
+        .map_err(|e| format!("fs/write_text_file params: {e}"))?;
+    Ok((req.path, req.content))
+}
+
+/// Digests `fs/read_text_file` params into (path, first line (1-based), line limit).
+pub fn parse_fs_read(params: &Value) -> Result<(PathBuf, Option<u32>, Option<u32>), String> {
+    let req: acp::ReadTextFileRequest = serde_json::from_value(params.clone())
+        .map_err(|e| format!("fs/read_text_file params: {e}"))?;
+    Ok((req.path, req.line, req.limit))
+}
+
+/// `fs/read_text_file` result.
+pub fn fs_read_result(content: String) -> Value {
+    json!({ "content": content })
+}
+
+/// Applies `line` (1-based) and `limit` to file content, as ACP specifies.
+pub fn slice_lines(content: &str, line: Option<u32>, limit: Option<u32>) -> String {
+    if line.is_none() && limit.is_none() {
+        return content.to_owned();
+    }
+    let start = line.unwrap_or(1).saturating_sub(1) as usize;
+    let take = limit.map_or(usize::MAX, |l| l as usize);
+    content
+        .split_inclusive('\n')
+        .skip(start)
+        .take(take)
+        .collect()
+}
+
+/// A unified diff of `old` -> `new` for `path` (empty old = new file).
+pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
+    let diff = similar::TextDiff::from_lines(old, new);
+    let from = if old.is_empty() { "/dev/null".to_owned() } else { format!("a/{path}") };
+    diff.unified_diff()
+        .context_radius(3)
+        .header(&from, &format!("b/{path}"))
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initialize_params_advertise_fs_and_identity() {
+        let p = initialize_params();
+        assert_eq!(p["protocolVersion"], 1);
+        assert_eq!(p["clientCapabilities"]["fs"]["readTextFile"], true);
+        assert_eq!(p["clientCapabilities"]["fs"]["writeTextFile"], true);
+        assert_eq!(p["clientInfo"]["name"], "agent-intercom");
+    }
+
+    #[test]
+    fn agent_info_reads_capabilities_and_auth_methods() {
+        let r = json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,"mcpCapabilities":{"http":true}},
+            "authMethods":[{"id":"oauth-personal","name":"Log in with Google"},{"id":"gemini-api-key","name":"Use Gemini API key","description":null}]});
+        let info = AgentInfo::from_initialize(&r).expect("info");
+        assert!(info.load_session && info.mcp_http && !info.resume_session);
+        assert_eq!(info.describe_auth_methods(), "oauth-personal (Log in with Google), gemini-api-key (Use Gemini API key)");
+    }
+
+    #[test]
+    fn permission_answers_have_the_acp_shape() {
+        assert_eq!(permission_selected("allow-once"), json!({"outcome":{"outcome":"selected","optionId":"allow-once"}}));
+        assert_eq!(permission_cancelled(), json!({"outcome":{"outcome":"cancelled"}}));
+    }
+
+    #[test]
+    fn updates_are_digested() {
+        let chunk = json!({"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}});
+        assert_eq!(parse_update(&chunk).expect("chunk").1, Update::AgentText("hi".into()));
+        let tool = json!({"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed",
+            "content":[{"type":"diff","path":"/w/a.txt","oldText":"a\n","newText":"b\n"}]}});
+        match parse_update(&tool).expect("tool").1 {
+            Update::ToolCallUpdate(v) => {
+                assert_eq!(v.status.as_deref(), Some("completed"));
+                assert!(v.diffs[0].contains("-a\n+b"), "{}", v.diffs[0]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let plan = json!({"sessionId":"s","update":{"sessionUpdate":"plan","entries":[{"content":"x","status":"pending","priority":"low"}]}});
+        assert_eq!(parse_update(&plan).expect("plan").1, Update::Plan(vec![("x".into(), "pending".into())]));
+        let other = json!({"sessionId":"s","update":{"sessionUpdate":"available_commands_update","availableCommands":[]}});
+        assert_eq!(parse_update(&other).expect("other").1, Update::Other("available_commands_update".into()));
+    }
+
+    #[test]
+    fn permission_request_is_digested() {
+        let p = json!({"sessionId":"s","toolCall":{"toolCallId":"t1","title":"Write","kind":"edit"},
+            "options":[{"optionId":"a","name":"Allow","kind":"allow_once"},{"optionId":"r","name":"Reject","kind":"reject_once"}]});
+        let ask = parse_permission(&p).expect("ask");
+        assert_eq!(ask.options.len(), 2);
+        assert_eq!(ask.tool.title.as_deref(), Some("Write"));
+        assert!(parse_permission(&json!({"sessionId":"s"})).is_err());
+    }
+
+    #[test]
+    fn line_slicing_follows_the_spec() {
+        assert_eq!(slice_lines("a\nb\nc\n", Some(2), Some(1)), "b\n");
+        assert_eq!(slice_lines("a\nb\n", None, None), "a\nb\n");
+    }
+}

@@ -1,0 +1,379 @@
+//! Message framing on an agent's stdio.
+//!
+//! Agents write one JSON object per line (NDJSON, the ACP default) or, when a
+//! profile says `framing = "lsp"`, LSP-style `Content-Length` frames. Both
+//! codecs enforce a maximum frame size. An over-long frame is not an error
+//! that ends the stream: it is reported as [`Frame::Oversized`] and skipped,
+//! so one runaway message cannot take a session down. We deliberately do not
+//! use `LinesCodec`, whose over-long-line handling yields a spurious `None`
+//! that a reader would mistake for end of stream.
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::model::Framing;
+
+/// One decoded unit from the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A complete message body (without delimiter or headers).
+    Message(Bytes),
+    /// A frame longer than the limit was skipped; `len` is its size in bytes.
+    Oversized {
+        /// Bytes skipped.
+        len: usize,
+    },
+}
+
+/// A framing failure the stream cannot recover from.
+#[derive(Debug, thiserror::Error)]
+pub enum FramingError {
+    /// Reading or writing the pipe failed.
+    #[error("agent pipe I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// An LSP header block was unparseable, so frame boundaries are lost.
+    #[error("bad LSP frame header: {0}")]
+    BadHeader(String),
+}
+
+/// Newline-delimited JSON with a maximum line length.
+#[derive(Debug, Clone)]
+pub struct NdjsonCodec {
+    max: usize,
+    /// Where to resume the newline search in the buffer.
+    scanned: usize,
+    /// Bytes of an over-long line dropped so far; `Some` while discarding.
+    discarding: Option<usize>,
+}
+
+impl NdjsonCodec {
+    /// A codec that accepts lines of at most `max` bytes (excluding `\n`).
+    pub fn new(max: usize) -> Self {
+        NdjsonCodec {
+            max,
+            scanned: 0,
+            discarding: None,
+        }
+    }
+}
+
+impl Decoder for NdjsonCodec {
+    type Item = Frame;
+    type Error = FramingError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FramingError> {
+        loop {
+            let newline = buf[self.scanned..].iter().position(|b| *b == b'\n');
+            let Some(offset) = newline else {
+                self.scanned = buf.len();
+                if buf.len() > self.max {
+                    // Drop what we have; remember how much for the report.
+                    *self.discarding.get_or_insert(0) += buf.len();
+                    buf.clear();
+                    self.scanned = 0;
+                }
+                return Ok(None);
+            };
+            let end = self.scanned + offset;
+            self.scanned = 0;
+            if let Some(dropped) = self.discarding.take() {
+                buf.advance(end + 1);
+                return Ok(Some(Frame::Oversized { len: dropped + end }));
+            }
+            let mut line = buf.split_to(end + 1);
+            line.truncate(end);
+            if line.last() == Some(&b'\r') {
+                line.truncate(end - 1);
+            }
+            if line.len() > self.max {
+                return Ok(Some(Frame::Oversized { len: line.len() }));
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue; // blank lines carry nothing
+            }
+            return Ok(Some(Frame::Message(line.freeze())));
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FramingError> {
+        if let Some(frame) = self.decode(buf)? {
+            return Ok(Some(frame));
+        }
+        self.scanned = 0;
+        if let Some(dropped) = self.discarding.take() {
+            let len = dropped + buf.len();
+            buf.clear();
+            return Ok(Some(Frame::Oversized { len }));
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            buf.clear();
+            return Ok(None);
+        }
+        // A final line without a trailing newline is still a message.
+        let line = buf.split();
+        if line.len() > self.max {
+            return Ok(Some(Frame::Oversized { len: line.len() }));
+        }
+        Ok(Some(Frame::Message(line.freeze())))
+    }
+}
+
+impl Encoder<Bytes> for NdjsonCodec {
+    type Error = FramingError;
+
+    fn encode(&mut self, item: Bytes, dst: &mut BytesMut) -> Result<(), FramingError> {
+        dst.reserve(item.len() + 1);
+        dst.extend_from_slice(&item);
+        dst.extend_from_slice(b"\n");
+        Ok(())
+    }
+}
+
+/// Longest header block we accept before declaring the stream corrupt.
+const MAX_HEADER_BYTES: usize = 8 * 1024;
+
+/// LSP `Content-Length` framing with a maximum body size.
+#[derive(Debug, Clone)]
+pub struct LspCodec {
+    max: usize,
+    /// Body length of the frame whose headers were parsed.
+    body_len: Option<usize>,
+    /// Bytes still to skip of an over-long body.
+    skipping: usize,
+    /// Total size of the body being skipped (for the report).
+    skipped_total: usize,
+}
+
+impl LspCodec {
+    /// A codec that accepts bodies of at most `max` bytes.
+    pub fn new(max: usize) -> Self {
+        LspCodec {
+            max,
+            body_len: None,
+            skipping: 0,
+            skipped_total: 0,
+        }
+    }
+
+    fn parse_headers(block: &[u8]) -> Result<usize, FramingError> {
+        let text = std::str::from_utf8(block)
+            .map_err(|_| FramingError::BadHeader("headers are not UTF-8".into()))?;
+        let mut length = None;
+        for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+            let (name, value) = line
+                .split_once(':')
+                .ok_or_else(|| FramingError::BadHeader(format!("no colon in {line:?}")))?;
+            if name.trim().eq_ignore_ascii_case("content-length") {
+                let n = value.trim().parse::<usize>().map_err(|_| {
+                    FramingError::BadHeader(format!("Content-Length {value:?} is not a number"))
+                })?;
+                length = Some(n);
+            }
+        }
+        length.ok_or_else(|| FramingError::BadHeader("missing Content-Length".into()))
+    }
+}
+
+impl Decoder for LspCodec {
+    type Item = Frame;
+    type Error = FramingError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FramingError> {
+        if self.skipping > 0 {
+            let n = self.skipping.min(buf.len());
+            buf.advance(n);
+            self.skipping -= n;
+            if self.skipping > 0 {
+                return Ok(None);
+            }
+            return Ok(Some(Frame::Oversized {
+                len: std::mem::take(&mut self.skipped_total),
+            }));
+        }
+        let body_len = match self.body_len {
+            Some(n) => n,
+            None => {
+                let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    if buf.len() > MAX_HEADER_BYTES {
+                        return Err(FramingError::BadHeader(format!(
+                            "no header terminator within {MAX_HEADER_BYTES} bytes"
+                        )));
+                    }
+                    return Ok(None);
+                };
+                let n = Self::parse_headers(&buf[..end])?;
+                buf.advance(end + 4);
+                if n > self.max {
+                    self.skipping = n;
+                    self.skipped_total = n;
+                    return self.decode(buf);
+                }
+                self.body_len = Some(n);
+                n
+            }
+        };
+        if buf.len() < body_len {
+            buf.reserve(body_len - buf.len());
+            return Ok(None);
+        }
+        self.body_len = None;
+        Ok(Some(Frame::Message(buf.split_to(body_len).freeze())))
+    }
+}
+
+impl Encoder<Bytes> for LspCodec {
+    type Error = FramingError;
+
+    fn encode(&mut self, item: Bytes, dst: &mut BytesMut) -> Result<(), FramingError> {
+        let header = format!("Content-Length: {}\r\n\r\n", item.len());
+        dst.reserve(header.len() + item.len());
+        dst.extend_from_slice(header.as_bytes());
+        dst.extend_from_slice(&item);
+        Ok(())
+    }
+}
+
+/// Either framing, chosen per agent profile.
+#[derive(Debug, Clone)]
+pub enum FrameCodec {
+    /// One JSON object per line.
+    Ndjson(NdjsonCodec),
+    /// `Content-Length` frames.
+    Lsp(LspCodec),
+}
+
+impl FrameCodec {
+    /// The codec for a framing with the given size limit.
+    pub fn new(framing: Framing, max: usize) -> Self {
+        match framing {
+            Framing::Ndjson => FrameCodec::Ndjson(NdjsonCodec::new(max)),
+            Framing::Lsp => FrameCodec::Lsp(LspCodec::new(max)),
+        }
+    }
+}
+
+impl Decoder for FrameCodec {
+    type Item = Frame;
+    type Error = FramingError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FramingError> {
+        match self {
+            FrameCodec::Ndjson(c) => c.decode(buf),
+            FrameCodec::Lsp(c) => c.decode(buf),
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FramingError> {
+        match self {
+            FrameCodec::Ndjson(c) => c.decode_eof(buf),
+            FrameCodec::Lsp(c) => c.decode_eof(buf),
+        }
+    }
+}
+
+impl Encoder<Bytes> for FrameCodec {
+    type Error = FramingError;
+
+    fn encode(&mut self, item: Bytes, dst: &mut BytesMut) -> Result<(), FramingError> {
+        match self {
+            FrameCodec::Ndjson(c) => c.encode(item, dst),
+            FrameCodec::Lsp(c) => c.encode(item, dst),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(codec: &mut impl Decoder<Item = Frame, Error = FramingError>, chunks: &[&[u8]]) -> Vec<Frame> {
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            buf.extend_from_slice(chunk);
+            while let Some(f) = codec.decode(&mut buf).expect("decode") {
+                out.push(f);
+            }
+        }
+        while let Some(f) = codec.decode_eof(&mut buf).expect("eof") {
+            out.push(f);
+        }
+        out
+    }
+
+    fn msg(s: &str) -> Frame {
+        Frame::Message(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn batched_lines_in_one_read_are_separate_frames() {
+        let got = decode_all(&mut NdjsonCodec::new(100), &[b"{\"a\":1}\n{\"b\":2}\n"]);
+        assert_eq!(got, vec![msg("{\"a\":1}"), msg("{\"b\":2}")]);
+    }
+
+    #[test]
+    fn a_line_split_across_reads_is_reassembled() {
+        let got = decode_all(&mut NdjsonCodec::new(100), &[b"{\"a\"", b":1", b"}\r\n"]);
+        assert_eq!(got, vec![msg("{\"a\":1}")]);
+    }
+
+    #[test]
+    fn an_over_long_line_is_reported_and_the_next_line_survives() {
+        let long = vec![b'x'; 50];
+        let got = decode_all(&mut NdjsonCodec::new(10), &[&long[..20], &long[20..], b"\nok\n"]);
+        assert_eq!(got, vec![Frame::Oversized { len: 50 }, msg("ok")]);
+    }
+
+    #[test]
+    fn an_over_long_line_in_one_read_is_skipped() {
+        let got = decode_all(&mut NdjsonCodec::new(4), &[b"123456789\nab\n"]);
+        assert_eq!(got, vec![Frame::Oversized { len: 9 }, msg("ab")]);
+    }
+
+    #[test]
+    fn blank_lines_are_ignored_and_a_final_unterminated_line_counts() {
+        let got = decode_all(&mut NdjsonCodec::new(100), &[b"\n\n  \nlast"]);
+        assert_eq!(got, vec![msg("last")]);
+    }
+
+    #[test]
+    fn lsp_frames_split_and_batched() {
+        let body = b"{\"x\":1}";
+        let mut wire = Vec::new();
+        for _ in 0..2 {
+            wire.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+            wire.extend_from_slice(body);
+        }
+        let (a, b) = wire.split_at(13);
+        let got = decode_all(&mut LspCodec::new(100), &[a, b]);
+        assert_eq!(got, vec![msg("{\"x\":1}"), msg("{\"x\":1}")]);
+    }
+
+    #[test]
+    fn lsp_oversized_body_is_skipped() {
+        let mut wire = b"Content-Length: 20\r\n\r\n".to_vec();
+        wire.extend_from_slice(&[b'y'; 20]);
+        wire.extend_from_slice(b"Content-Length: 2\r\n\r\n{}");
+        let got = decode_all(&mut LspCodec::new(10), &[&wire[..30], &wire[30..]]);
+        assert_eq!(got, vec![Frame::Oversized { len: 20 }, msg("{}")]);
+    }
+
+    #[test]
+    fn lsp_missing_length_is_an_error() {
+        let mut buf = BytesMut::from(&b"Content-Type: x\r\n\r\n{}"[..]);
+        assert!(matches!(
+            LspCodec::new(10).decode(&mut buf),
+            Err(FramingError::BadHeader(_))
+        ));
+    }
+
+    #[test]
+    fn encoders_frame_messages() {
+        let mut dst = BytesMut::new();
+        NdjsonCodec::new(10).encode(Bytes::from_static(b"{}"), &mut dst).expect("enc");
+        assert_eq!(&dst[..], b"{}\n");
+        let mut dst = BytesMut::new();
+        LspCodec::new(10).encode(Bytes::from_static(b"{}"), &mut dst).expect("enc");
+        assert_eq!(&dst[..], b"Content-Length: 2\r\n\r\n{}");
+    }
+}

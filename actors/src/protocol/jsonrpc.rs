@@ -1,0 +1,277 @@
+//! JSON-RPC 2.0 envelopes.
+//!
+//! A thin layer: classify a frame as request, notification or response, keep
+//! ids exactly as the peer sent them (numbers and strings), and serialise our
+//! own messages. Correlating responses with requests is the session actor's
+//! job, not this module's. The intercom dialect uses the same envelope without
+//! the `jsonrpc` member, so parsing accepts its absence.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use std::fmt;
+
+/// Standard error codes.
+pub mod codes {
+    /// Invalid JSON was received.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// The JSON is not a valid request object.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// The method does not exist.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// Invalid method parameters.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// Internal error.
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// ACP: authentication required.
+    pub const AUTH_REQUIRED: i64 = -32000;
+}
+
+/// A request id: a number or a string, kept verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RpcId {
+    /// Numeric id.
+    Num(i64),
+    /// String id.
+    Str(String),
+}
+
+impl fmt::Display for RpcId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RpcId::Num(n) => write!(f, "{n}"),
+            RpcId::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcError {
+    /// Error code.
+    pub code: i64,
+    /// Message.
+    pub message: String,
+    /// Extra data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    /// An error with no data.
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+}
+
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (code {})", self.message, self.code)?;
+        if let Some(data) = &self.data {
+            write!(f, ": {data}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One JSON-RPC message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RpcMessage {
+    /// A call that expects a response.
+    Request {
+        /// Correlation id.
+        id: RpcId,
+        /// Method name.
+        method: String,
+        /// Parameters (`null` when absent).
+        params: Value,
+    },
+    /// A call without a response.
+    Notification {
+        /// Method name.
+        method: String,
+        /// Parameters (`null` when absent).
+        params: Value,
+    },
+    /// The answer to one of our requests.
+    Response {
+        /// The id of the request it answers (`None` for errors about unparseable input).
+        id: Option<RpcId>,
+        /// Result or error.
+        outcome: Result<Value, RpcError>,
+    },
+}
+
+/// Why a frame is not a JSON-RPC message.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParseError {
+    /// Not JSON at all.
+    #[error("malformed JSON: {0}")]
+    Json(String),
+    /// JSON, but not a message shape we understand.
+    #[error("not a JSON-RPC message: {0}")]
+    Shape(&'static str),
+}
+
+impl RpcMessage {
+    /// Parses one frame body.
+    pub fn parse(body: &[u8]) -> Result<RpcMessage, ParseError> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+        let Value::Object(mut obj) = value else {
+            return Err(ParseError::Shape("top level is not an object"));
+        };
+        let id = match obj.remove("id") {
+            None => None,
+            Some(Value::Null) => Some(None),
+            Some(v) => Some(Some(parse_id(v)?)),
+        };
+        let params = obj.remove("params").unwrap_or(Value::Null);
+        if let Some(method) = obj.remove("method") {
+            let Value::String(method) = method else {
+                return Err(ParseError::Shape("method is not a string"));
+            };
+            return Ok(match id {
+                Some(Some(id)) => RpcMessage::Request { id, method, params },
+                _ => RpcMessage::Notification { method, params },
+            });
+        }
+        let id = id.ok_or(ParseError::Shape("neither method nor id"))?;
+        if let Some(err) = obj.remove("error") {
+            let err: RpcError = serde_json::from_value(err)
+                .map_err(|_| ParseError::Shape("error member is not an error object"))?;
+            return Ok(RpcMessage::Response {
+                id,
+                outcome: Err(err),
+            });
+        }
+        match obj.remove("result") {
+            Some(result) => Ok(RpcMessage::Response {
+                id,
+                outcome: Ok(result),
+            }),
+            None => Err(ParseError::Shape("response without result or error")),
+        }
+    }
+
+    /// Serialises as a JSON-RPC 2.0 message (no trailing newline).
+    pub fn to_bytes(&self) -> Bytes {
+        let value = match self {
+            RpcMessage::Request { id, method, params } => {
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+            }
+            RpcMessage::Notification { method, params } => {
+                json!({"jsonrpc": "2.0", "method": method, "params": params})
+            }
+            RpcMessage::Response { id, outcome } => {
+                let mut obj = Map::new();
+                obj.insert("jsonrpc".into(), "2.0".into());
+                obj.insert("id".into(), serde_json::to_value(id).unwrap_or(Value::Null));
+                match outcome {
+                    Ok(result) => obj.insert("result".into(), result.clone()),
+                    Err(err) => obj.insert(
+                        "error".into(),
+                        serde_json::to_value(err).unwrap_or(Value::Null),
+                    ),
+                };
+                Value::Object(obj)
+            }
+        };
+        Bytes::from(value.to_string())
+    }
+
+    /// A success response.
+    pub fn result(id: RpcId, result: Value) -> Self {
+        RpcMessage::Response {
+            id: Some(id),
+            outcome: Ok(result),
+        }
+    }
+
+    /// An error response.
+    pub fn error(id: RpcId, err: RpcError) -> Self {
+        RpcMessage::Response {
+            id: Some(id),
+            outcome: Err(err),
+        }
+    }
+}
+
+fn parse_id(v: Value) -> Result<RpcId, ParseError> {
+    match v {
+        Value::String(s) => Ok(RpcId::Str(s)),
+        Value::Number(n) => n
+            .as_i64()
+            .map(RpcId::Num)
+            .ok_or(ParseError::Shape("id is not an integer")),
+        _ => Err(ParseError::Shape("id is neither a number nor a string")),
+    }
+}
+
+/// Truncates raw input for a log line: at most `max` bytes, valid UTF-8.
+pub fn truncate_for_log(raw: &[u8], max: usize) -> String {
+    let cut = &raw[..raw.len().min(max)];
+    let text = String::from_utf8_lossy(cut);
+    if raw.len() > max {
+        format!("{text}… ({} bytes)", raw.len())
+    } else {
+        text.into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_requests_notifications_and_responses() {
+        let r = RpcMessage::parse(br#"{"jsonrpc":"2.0","id":7,"method":"fs/read_text_file","params":{}}"#);
+        assert!(matches!(r, Ok(RpcMessage::Request { id: RpcId::Num(7), .. })));
+        let n = RpcMessage::parse(br#"{"jsonrpc":"2.0","method":"session/update","params":{}}"#);
+        assert!(matches!(n, Ok(RpcMessage::Notification { .. })));
+        let ok = RpcMessage::parse(br#"{"jsonrpc":"2.0","id":"a","result":null}"#);
+        assert_eq!(
+            ok,
+            Ok(RpcMessage::Response {
+                id: Some(RpcId::Str("a".into())),
+                outcome: Ok(Value::Null)
+            })
+        );
+        let err = RpcMessage::parse(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"Authentication required"}}"#);
+        match err {
+            Ok(RpcMessage::Response { outcome: Err(e), .. }) => assert_eq!(e.code, -32000),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dialect_envelope_without_jsonrpc_member_parses() {
+        let m = RpcMessage::parse(br#"{"method":"clearance/request","id":"req-001","params":{"title":"t"}}"#);
+        assert!(matches!(m, Ok(RpcMessage::Request { id: RpcId::Str(_), .. })));
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_not_a_panic() {
+        for bad in [&b"{"[..], b"[]", b"{\"id\":1}", b"{\"method\":3}", b"{\"id\":{},\"result\":1}", b"\xff\xfe"] {
+            assert!(RpcMessage::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn serialises_with_version_and_verbatim_ids() {
+        let bytes = RpcMessage::result(RpcId::Str("x-1".into()), json!({"a":1})).to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v, json!({"jsonrpc":"2.0","id":"x-1","result":{"a":1}}));
+    }
+
+    #[test]
+    fn truncation_marks_long_input() {
+        assert_eq!(truncate_for_log(b"abc", 10), "abc");
+        assert!(truncate_for_log(&[b'a'; 20], 5).ends_with("(20 bytes)"));
+    }
+}
