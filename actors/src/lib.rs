@@ -7,8 +7,13 @@
 
 #![deny(missing_docs)]
 
+pub mod child;
+pub mod fsjail;
 pub mod ids;
+pub mod memory;
 pub mod model;
 pub mod ports;
-pub mod settings;
 pub mod protocol;
+pub mod session;
+pub mod settings;
+pub mod supervisor;

@@ -94,11 +94,9 @@ impl AgentInfo {
 
 /// `initialize` params: protocol v1, fs read/write capabilities, our identity.
 pub fn initialize_params() -> Value {
-    let caps = acp::ClientCapabilities::new().fs(
-        acp::FileSystemCapabilities::new()
-            .read_text_file(true)
-            .write_text_file(true),
-    );
+    let caps = acp::ClientCapabilities::new().fs(acp::FileSystemCapabilities::new()
+        .read_text_file(true)
+        .write_text_file(true));
     let req = acp::InitializeRequest::new(agent_client_protocol_schema::ProtocolVersion::V1)
         .client_capabilities(caps)
         .client_info(acp::Implementation::new(
@@ -137,7 +135,11 @@ pub fn new_session_params(cwd: &std::path::Path, mcp: &[McpHttpServer]) -> Value
 }
 
 /// `session/load` or `session/resume` params.
-pub fn load_session_params(session_id: &str, cwd: &std::path::Path, mcp: &[McpHttpServer]) -> Value {
+pub fn load_session_params(
+    session_id: &str,
+    cwd: &std::path::Path,
+    mcp: &[McpHttpServer],
+) -> Value {
     json!({"sessionId": session_id, "cwd": cwd, "mcpServers": mcp_servers_json(mcp)})
 }
 
@@ -152,7 +154,9 @@ pub fn session_id_from_new(result: &Value) -> Result<String, String> {
 pub fn prompt_params(session_id: &str, text: &str) -> Value {
     let req = acp::PromptRequest::new(
         session_id.to_owned(),
-        vec![acp::ContentBlock::Text(acp::TextContent::new(text.to_owned()))],
+        vec![acp::ContentBlock::Text(acp::TextContent::new(
+            text.to_owned(),
+        ))],
     );
     serde_json::to_value(req).unwrap_or(Value::Null)
 }
@@ -260,7 +264,11 @@ fn view_of_call(call: &acp::ToolCall) -> ToolCallView {
         status: snake(call.status),
         ..Default::default()
     };
-    view.paths = call.locations.iter().map(|l| l.path.display().to_string()).collect();
+    view.paths = call
+        .locations
+        .iter()
+        .map(|l| l.path.display().to_string())
+        .collect();
     view_content(&call.content, &mut view);
     view
 }
@@ -302,7 +310,11 @@ pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
         other => Update::Other(
             serde_json::to_value(other)
                 .ok()
-                .and_then(|v| v.get("sessionUpdate").and_then(Value::as_str).map(str::to_owned))
+                .and_then(|v| {
+                    v.get("sessionUpdate")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
                 .unwrap_or_else(|| "unknown".to_owned()),
         ),
     };
@@ -381,7 +393,11 @@ pub fn slice_lines(content: &str, line: Option<u32>, limit: Option<u32>) -> Stri
 /// A unified diff of `old` -> `new` for `path` (empty old = new file).
 pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
     let diff = similar::TextDiff::from_lines(old, new);
-    let from = if old.is_empty() { "/dev/null".to_owned() } else { format!("a/{path}") };
+    let from = if old.is_empty() {
+        "/dev/null".to_owned()
+    } else {
+        format!("a/{path}")
+    };
     diff.unified_diff()
         .context_radius(3)
         .header(&from, &format!("b/{path}"))
@@ -407,19 +423,31 @@ mod tests {
             "authMethods":[{"id":"oauth-personal","name":"Log in with Google"},{"id":"gemini-api-key","name":"Use Gemini API key","description":null}]});
         let info = AgentInfo::from_initialize(&r).expect("info");
         assert!(info.load_session && info.mcp_http && !info.resume_session);
-        assert_eq!(info.describe_auth_methods(), "oauth-personal (Log in with Google), gemini-api-key (Use Gemini API key)");
+        assert_eq!(
+            info.describe_auth_methods(),
+            "oauth-personal (Log in with Google), gemini-api-key (Use Gemini API key)"
+        );
     }
 
     #[test]
     fn permission_answers_have_the_acp_shape() {
-        assert_eq!(permission_selected("allow-once"), json!({"outcome":{"outcome":"selected","optionId":"allow-once"}}));
-        assert_eq!(permission_cancelled(), json!({"outcome":{"outcome":"cancelled"}}));
+        assert_eq!(
+            permission_selected("allow-once"),
+            json!({"outcome":{"outcome":"selected","optionId":"allow-once"}})
+        );
+        assert_eq!(
+            permission_cancelled(),
+            json!({"outcome":{"outcome":"cancelled"}})
+        );
     }
 
     #[test]
     fn updates_are_digested() {
         let chunk = json!({"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}});
-        assert_eq!(parse_update(&chunk).expect("chunk").1, Update::AgentText("hi".into()));
+        assert_eq!(
+            parse_update(&chunk).expect("chunk").1,
+            Update::AgentText("hi".into())
+        );
         let tool = json!({"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed",
             "content":[{"type":"diff","path":"/w/a.txt","oldText":"a\n","newText":"b\n"}]}});
         match parse_update(&tool).expect("tool").1 {
@@ -430,9 +458,15 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         let plan = json!({"sessionId":"s","update":{"sessionUpdate":"plan","entries":[{"content":"x","status":"pending","priority":"low"}]}});
-        assert_eq!(parse_update(&plan).expect("plan").1, Update::Plan(vec![("x".into(), "pending".into())]));
+        assert_eq!(
+            parse_update(&plan).expect("plan").1,
+            Update::Plan(vec![("x".into(), "pending".into())])
+        );
         let other = json!({"sessionId":"s","update":{"sessionUpdate":"available_commands_update","availableCommands":[]}});
-        assert_eq!(parse_update(&other).expect("other").1, Update::Other("available_commands_update".into()));
+        assert_eq!(
+            parse_update(&other).expect("other").1,
+            Update::Other("available_commands_update".into())
+        );
     }
 
     #[test]

@@ -286,7 +286,10 @@ impl Encoder<Bytes> for FrameCodec {
 mod tests {
     use super::*;
 
-    fn decode_all(codec: &mut impl Decoder<Item = Frame, Error = FramingError>, chunks: &[&[u8]]) -> Vec<Frame> {
+    fn decode_all(
+        codec: &mut impl Decoder<Item = Frame, Error = FramingError>,
+        chunks: &[&[u8]],
+    ) -> Vec<Frame> {
         let mut buf = BytesMut::new();
         let mut out = Vec::new();
         for chunk in chunks {
@@ -319,8 +322,11 @@ mod tests {
 
     #[test]
     fn an_over_long_line_is_reported_and_the_next_line_survives() {
-        let long = vec![b'x'; 50];
-        let got = decode_all(&mut NdjsonCodec::new(10), &[&long[..20], &long[20..], b"\nok\n"]);
+        let long = [b'x'; 50];
+        let got = decode_all(
+            &mut NdjsonCodec::new(10),
+            &[&long[..20], &long[20..], b"\nok\n"],
+        );
         assert_eq!(got, vec![Frame::Oversized { len: 50 }, msg("ok")]);
     }
 
@@ -370,10 +376,14 @@ mod tests {
     #[test]
     fn encoders_frame_messages() {
         let mut dst = BytesMut::new();
-        NdjsonCodec::new(10).encode(Bytes::from_static(b"{}"), &mut dst).expect("enc");
+        NdjsonCodec::new(10)
+            .encode(Bytes::from_static(b"{}"), &mut dst)
+            .expect("enc");
         assert_eq!(&dst[..], b"{}\n");
         let mut dst = BytesMut::new();
-        LspCodec::new(10).encode(Bytes::from_static(b"{}"), &mut dst).expect("enc");
+        LspCodec::new(10)
+            .encode(Bytes::from_static(b"{}"), &mut dst)
+            .expect("enc");
         assert_eq!(&dst[..], b"Content-Length: 2\r\n\r\n{}");
     }
 }

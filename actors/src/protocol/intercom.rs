@@ -184,7 +184,12 @@ impl DialectWriter {
     }
 
     /// `prompt/response`.
-    pub fn prompt_response(&mut self, id: &str, decision: &str, instruction: Option<&str>) -> Bytes {
+    pub fn prompt_response(
+        &mut self,
+        id: &str,
+        decision: &str,
+        instruction: Option<&str>,
+    ) -> Bytes {
         self.envelope(
             "prompt/response",
             Some(id),
@@ -213,19 +218,29 @@ mod tests {
 
     #[test]
     fn all_four_inbound_messages_parse() {
-        let c = parse(r#"{"method":"clearance/request","id":"req-001","params":{"title":"Create","description":"d","diff":"--- a","file_path":"src/a.rs","risk_level":"low"}}"#);
+        let c = parse(
+            r#"{"method":"clearance/request","id":"req-001","params":{"title":"Create","description":"d","diff":"--- a","file_path":"src/a.rs","risk_level":"low"}}"#,
+        );
         assert!(matches!(c, Ok(DialectIn::Clearance { ref id, .. }) if id == "req-001"));
         assert_eq!(
             parse(r#"{"method":"status/update","params":{"message":"Running"}}"#),
-            Ok(DialectIn::Status { message: "Running".into() })
+            Ok(DialectIn::Status {
+                message: "Running".into()
+            })
         );
         assert!(matches!(
-            parse(r#"{"method":"prompt/forward","id":"prompt-001","params":{"text":"Refactor?","type":"continuation"}}"#),
+            parse(
+                r#"{"method":"prompt/forward","id":"prompt-001","params":{"text":"Refactor?","type":"continuation"}}"#
+            ),
             Ok(DialectIn::PromptForward { .. })
         ));
         assert_eq!(
-            parse(r#"{"method":"heartbeat","params":{"progress":[{"label":"Tests","status":"in_progress"}]}}"#),
-            Ok(DialectIn::Heartbeat { progress: vec![("Tests".into(), "in_progress".into())] })
+            parse(
+                r#"{"method":"heartbeat","params":{"progress":[{"label":"Tests","status":"in_progress"}]}}"#
+            ),
+            Ok(DialectIn::Heartbeat {
+                progress: vec![("Tests".into(), "in_progress".into())]
+            })
         );
     }
 
@@ -235,7 +250,8 @@ mod tests {
             parse(r#"{"method":"bogus","params":{}}"#),
             Err(DialectError::UnknownMethod("bogus".into()))
         );
-        let e = parse(r#"{"method":"clearance/request","id":"r","params":{"title":"t"}}"#).expect_err("missing");
+        let e = parse(r#"{"method":"clearance/request","id":"r","params":{"title":"t"}}"#)
+            .expect_err("missing");
         assert!(e.to_string().contains("file_path"), "{e}");
         let e = parse(r#"{"method":"status/update","params":{}}"#).expect_err("missing");
         assert!(e.to_string().contains("message"), "{e}");
@@ -244,14 +260,28 @@ mod tests {
     #[test]
     fn outbound_messages_carry_ids_and_increasing_seq() {
         let mut w = DialectWriter::default();
-        let a: Value = serde_json::from_slice(&w.clearance_response("req-001", true, None)).expect("json");
+        let a: Value =
+            serde_json::from_slice(&w.clearance_response("req-001", true, None)).expect("json");
         assert_eq!(a["method"], "clearance/response");
         assert_eq!(a["id"], "req-001");
         assert_eq!(a["params"]["status"], "approved");
         assert_eq!(a["seq"], 1);
-        let b: Value = serde_json::from_slice(&w.prompt_response("prompt-001", "refine", Some("x"))).expect("json");
-        assert_eq!((b["id"].clone(), b["params"]["decision"].clone(), b["seq"].clone()), (json!("prompt-001"), json!("refine"), json!(2)));
-        for bytes in [w.prompt_send("go"), w.interrupt("stop"), w.nudge("continue")] {
+        let b: Value =
+            serde_json::from_slice(&w.prompt_response("prompt-001", "refine", Some("x")))
+                .expect("json");
+        assert_eq!(
+            (
+                b["id"].clone(),
+                b["params"]["decision"].clone(),
+                b["seq"].clone()
+            ),
+            (json!("prompt-001"), json!("refine"), json!(2))
+        );
+        for bytes in [
+            w.prompt_send("go"),
+            w.interrupt("stop"),
+            w.nudge("continue"),
+        ] {
             let v: Value = serde_json::from_slice(&bytes).expect("json");
             assert!(v.get("id").is_none());
         }

@@ -230,8 +230,16 @@ mod tests {
 
     #[test]
     fn classifies_requests_notifications_and_responses() {
-        let r = RpcMessage::parse(br#"{"jsonrpc":"2.0","id":7,"method":"fs/read_text_file","params":{}}"#);
-        assert!(matches!(r, Ok(RpcMessage::Request { id: RpcId::Num(7), .. })));
+        let r = RpcMessage::parse(
+            br#"{"jsonrpc":"2.0","id":7,"method":"fs/read_text_file","params":{}}"#,
+        );
+        assert!(matches!(
+            r,
+            Ok(RpcMessage::Request {
+                id: RpcId::Num(7),
+                ..
+            })
+        ));
         let n = RpcMessage::parse(br#"{"jsonrpc":"2.0","method":"session/update","params":{}}"#);
         assert!(matches!(n, Ok(RpcMessage::Notification { .. })));
         let ok = RpcMessage::parse(br#"{"jsonrpc":"2.0","id":"a","result":null}"#);
@@ -244,20 +252,37 @@ mod tests {
         );
         let err = RpcMessage::parse(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"Authentication required"}}"#);
         match err {
-            Ok(RpcMessage::Response { outcome: Err(e), .. }) => assert_eq!(e.code, -32000),
+            Ok(RpcMessage::Response {
+                outcome: Err(e), ..
+            }) => assert_eq!(e.code, -32000),
             other => panic!("unexpected {other:?}"),
         }
     }
 
     #[test]
     fn dialect_envelope_without_jsonrpc_member_parses() {
-        let m = RpcMessage::parse(br#"{"method":"clearance/request","id":"req-001","params":{"title":"t"}}"#);
-        assert!(matches!(m, Ok(RpcMessage::Request { id: RpcId::Str(_), .. })));
+        let m = RpcMessage::parse(
+            br#"{"method":"clearance/request","id":"req-001","params":{"title":"t"}}"#,
+        );
+        assert!(matches!(
+            m,
+            Ok(RpcMessage::Request {
+                id: RpcId::Str(_),
+                ..
+            })
+        ));
     }
 
     #[test]
     fn malformed_input_is_an_error_not_a_panic() {
-        for bad in [&b"{"[..], b"[]", b"{\"id\":1}", b"{\"method\":3}", b"{\"id\":{},\"result\":1}", b"\xff\xfe"] {
+        for bad in [
+            &b"{"[..],
+            b"[]",
+            b"{\"id\":1}",
+            b"{\"method\":3}",
+            b"{\"id\":{},\"result\":1}",
+            b"\xff\xfe",
+        ] {
             assert!(RpcMessage::parse(bad).is_err(), "{bad:?}");
         }
     }

@@ -1,0 +1,402 @@
+//! An agent CLI as a child process.
+//!
+//! Spawning puts the agent in its own process group with a cleared
+//! environment plus an allowlist, so secrets in the server's environment (the
+//! Slack tokens, the API token) never reach it, and so the whole tree can be
+//! signalled at once. Three tasks serve the pipes: a reader that frames
+//! stdout, a writer that is the only writer to stdin, and a stderr drain that
+//! keeps the last 64 KiB for crash reports (an unread pipe would block the
+//! child). A fourth task reaps the process. Everything they observe is handed
+//! to the owner through a callback as [`ChildEvent`]s, so this module knows
+//! nothing about actors.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+use tokio::sync::mpsc;
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::model::Framing;
+use crate::protocol::framing::{Frame, FrameCodec};
+
+/// Variables every agent gets (when the server has them).
+pub const BASE_ENV_ALLOWLIST: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "TZ",
+    "SHELL",
+];
+
+/// Bytes of stderr kept for crash reports.
+pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ChildSpec {
+    /// Profile id (for messages).
+    pub profile: String,
+    /// Executable.
+    pub command: String,
+    /// Static arguments.
+    pub args: Vec<String>,
+    /// Working directory (the workspace).
+    pub cwd: PathBuf,
+    /// Extra variable names to pass through.
+    pub env_passthrough: Vec<String>,
+    /// Framing on stdio.
+    pub framing: Framing,
+    /// Largest accepted frame.
+    pub max_frame: usize,
+}
+
+/// Something the child's pipes or the reaper observed.
+#[derive(Debug)]
+pub enum ChildEvent {
+    /// A frame from stdout.
+    Frame(Frame),
+    /// stdout reached end of file.
+    StdoutClosed,
+    /// stdout failed (or framing was lost).
+    ReadFailed(String),
+    /// Writing to stdin failed (broken pipe).
+    WriteFailed(String),
+    /// The process exited.
+    Exited {
+        /// Exit code, when it exited normally.
+        code: Option<i32>,
+        /// Signal, when it was killed.
+        signal: Option<i32>,
+    },
+}
+
+/// Why an agent could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The executable does not exist.
+    #[error(
+        "agent command `{command}` (profile `{profile}`) was not found; install it or fix `command` in its [[agent]] profile"
+    )]
+    NotFound {
+        /// Profile.
+        profile: String,
+        /// Command.
+        command: String,
+    },
+    /// The OS refused to start it.
+    #[error("cannot start agent `{profile}` (`{command}`): {reason}")]
+    Failed {
+        /// Profile.
+        profile: String,
+        /// Command.
+        command: String,
+        /// OS error.
+        reason: String,
+    },
+}
+
+/// The last bytes the child wrote to stderr.
+#[derive(Debug, Default, Clone)]
+pub struct StderrTail(Arc<Mutex<VecDeque<u8>>>);
+
+impl StderrTail {
+    fn push(&self, chunk: &[u8]) {
+        if let Ok(mut buf) = self.0.lock() {
+            buf.extend(chunk);
+            let excess = buf.len().saturating_sub(STDERR_TAIL_BYTES);
+            buf.drain(..excess);
+        }
+    }
+
+    /// The tail as text (lossy), trimmed to at most `max` trailing bytes.
+    pub fn text(&self, max: usize) -> String {
+        let Ok(buf) = self.0.lock() else {
+            return String::new();
+        };
+        let skip = buf.len().saturating_sub(max);
+        let bytes: Vec<u8> = buf.iter().skip(skip).copied().collect();
+        String::from_utf8_lossy(&bytes).trim().to_owned()
+    }
+}
+
+enum WriterCmd {
+    Send(Bytes),
+    Close,
+}
+
+/// A running agent process.
+pub struct AgentChild {
+    pid: i32,
+    writer: mpsc::UnboundedSender<WriterCmd>,
+    /// Its stderr tail.
+    pub stderr: StderrTail,
+}
+
+impl std::fmt::Debug for AgentChild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentChild")
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+fn resolve_command(command: &str) -> PathBuf {
+    let path = Path::new(command);
+    if command.contains('/') && path.is_relative() {
+        // Relative to the server, not to the agent's working directory.
+        if let Ok(cwd) = std::env::current_dir() {
+            return cwd.join(path);
+        }
+    }
+    path.to_path_buf()
+}
+
+fn build_command(spec: &ChildSpec) -> Command {
+    let mut cmd = Command::new(resolve_command(&spec.command));
+    cmd.args(&spec.args)
+        .current_dir(&spec.cwd)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let extra = spec.env_passthrough.iter().map(String::as_str);
+    for name in BASE_ENV_ALLOWLIST.iter().copied().chain(extra) {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
+    cmd
+}
+
+impl AgentChild {
+    /// Starts the agent and its pipe tasks; events go to `on_event`.
+    pub fn spawn(
+        spec: &ChildSpec,
+        on_event: impl Fn(ChildEvent) + Send + Sync + 'static,
+    ) -> Result<AgentChild, SpawnError> {
+        let mut child = build_command(spec).spawn().map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => SpawnError::NotFound {
+                profile: spec.profile.clone(),
+                command: spec.command.clone(),
+            },
+            _ => SpawnError::Failed {
+                profile: spec.profile.clone(),
+                command: spec.command.clone(),
+                reason: e.to_string(),
+            },
+        })?;
+        let failed = |what: &str| SpawnError::Failed {
+            profile: spec.profile.clone(),
+            command: spec.command.clone(),
+            reason: format!("no {what} pipe"),
+        };
+        let pid = child.id().ok_or_else(|| failed("pid"))? as i32;
+        let stdin = child.stdin.take().ok_or_else(|| failed("stdin"))?;
+        let stdout = child.stdout.take().ok_or_else(|| failed("stdout"))?;
+        let mut stderr = child.stderr.take().ok_or_else(|| failed("stderr"))?;
+        let on_event = Arc::new(on_event);
+
+        let codec = FrameCodec::new(spec.framing, spec.max_frame);
+        let events = on_event.clone();
+        tokio::spawn(async move {
+            let mut frames = FramedRead::new(stdout, codec);
+            loop {
+                match frames.next().await {
+                    Some(Ok(frame)) => events(ChildEvent::Frame(frame)),
+                    Some(Err(e)) => {
+                        events(ChildEvent::ReadFailed(e.to_string()));
+                        break;
+                    }
+                    None => {
+                        events(ChildEvent::StdoutClosed);
+                        break;
+                    }
+                }
+            }
+        });
+
+        let (tx, mut rx) = mpsc::unbounded_channel::<WriterCmd>();
+        let codec = FrameCodec::new(spec.framing, spec.max_frame);
+        let events = on_event.clone();
+        tokio::spawn(async move {
+            let mut sink = FramedWrite::new(stdin, codec);
+            while let Some(cmd) = rx.recv().await {
+                match cmd {
+                    WriterCmd::Send(bytes) => {
+                        if let Err(e) = sink.send(bytes).await {
+                            events(ChildEvent::WriteFailed(e.to_string()));
+                            return;
+                        }
+                    }
+                    WriterCmd::Close => break,
+                }
+            }
+            // Dropping the sink closes stdin.
+        });
+
+        let tail = StderrTail::default();
+        let sink = tail.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                sink.push(&buf[..n]);
+            }
+        });
+
+        let events = on_event;
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let (code, signal) = match status {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    (s.code(), s.signal())
+                }
+                Err(_) => (None, None),
+            };
+            events(ChildEvent::Exited { code, signal });
+        });
+
+        Ok(AgentChild {
+            pid,
+            writer: tx,
+            stderr: tail,
+        })
+    }
+
+    /// The process (and process group) id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Queues one message for stdin. Fails when the writer has stopped.
+    pub fn send(&self, bytes: Bytes) -> Result<(), String> {
+        self.writer
+            .send(WriterCmd::Send(bytes))
+            .map_err(|_| "write failed: stream closed".to_owned())
+    }
+
+    /// Closes stdin after everything queued so far is written.
+    pub fn close_stdin(&self) {
+        let _ = self.writer.send(WriterCmd::Close);
+    }
+
+    /// Signals the whole process group.
+    pub fn signal_group(&self, signal: i32) {
+        signal_group(self.pid, signal);
+    }
+}
+
+/// Sends `signal` to process group `pgid` (ignoring "no such process").
+pub fn signal_group(pgid: i32, signal: i32) {
+    if pgid > 0 {
+        // SAFETY: kill(2) with a negative pid signals a process group; it has
+        // no memory-safety preconditions.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+}
+
+/// True while any process of group `pgid` exists.
+pub fn group_alive(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    pgid > 0 && unsafe { libc::kill(-pgid, 0) } == 0
+}
+
+pub use libc::{SIGKILL, SIGTERM};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn spec(command: &str, args: &[&str]) -> ChildSpec {
+        ChildSpec {
+            profile: "test".into(),
+            command: command.into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            cwd: std::env::temp_dir(),
+            env_passthrough: vec![],
+            framing: Framing::Ndjson,
+            max_frame: 1024,
+        }
+    }
+
+    #[tokio::test]
+    async fn missing_binary_is_a_clear_error() {
+        let err =
+            AgentChild::spawn(&spec("/nonexistent/agent-bin", &[]), |_| {}).expect_err("spawn");
+        assert!(matches!(err, SpawnError::NotFound { .. }));
+        assert!(err.to_string().contains("/nonexistent/agent-bin"));
+    }
+
+    #[tokio::test]
+    async fn frames_stderr_and_exit_are_reported() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let child = AgentChild::spawn(
+            &spec("sh", &["-c", "echo '{\"a\":1}'; echo oops >&2; exit 3"]),
+            move |e| {
+                let _ = tx.send(e);
+            },
+        )
+        .expect("spawn");
+        let mut saw_frame = false;
+        let mut exit = None;
+        while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            match ev {
+                ChildEvent::Frame(Frame::Message(b)) => saw_frame = &b[..] == b"{\"a\":1}",
+                ChildEvent::Exited { code, .. } => {
+                    exit = code;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert!(saw_frame);
+        assert_eq!(exit, Some(3));
+        // The drain may lag the reaper by a moment; poll briefly.
+        for _ in 0..100 {
+            if child.stderr.text(100) == "oops" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(child.stderr.text(100), "oops");
+    }
+
+    #[tokio::test]
+    async fn environment_is_cleared_except_the_allowlist() {
+        // SAFETY: test-only; no other thread reads this variable.
+        unsafe { std::env::set_var("SLACK_BOT_TOKEN", "xoxb-secret") };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _child = AgentChild::spawn(
+            &spec(
+                "sh",
+                &[
+                    "-c",
+                    "echo \"{\\\"t\\\":\\\"${SLACK_BOT_TOKEN:-unset}\\\"}\"",
+                ],
+            ),
+            move |e| {
+                let _ = tx.send(e);
+            },
+        )
+        .expect("spawn");
+        let mut line = None;
+        while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            if let ChildEvent::Frame(Frame::Message(b)) = ev {
+                line = Some(String::from_utf8_lossy(&b).into_owned());
+                break;
+            }
+        }
+        assert_eq!(line.as_deref(), Some("{\"t\":\"unset\"}"));
+    }
+}

@@ -1,0 +1,336 @@
+//! In-memory implementations of the ports, for tests and examples.
+//!
+//! [`MemoryStore`] behaves like the SQLite store (same errors, same ordering)
+//! without a database; [`RecordingSink`] keeps every operator event and lets a
+//! test wait for one without sleeping.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::model::{
+    AuditEntry, Decision, MessageKind, PendingRequest, RequestStatus, Role, SessionId,
+    SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
+};
+use crate::ports::{OperatorEvent, OperatorSink, SessionStore, StoreError};
+
+#[derive(Default)]
+struct Tables {
+    sessions: Vec<SessionRecord>,
+    messages: Vec<(SessionId, TranscriptEntry)>,
+    requests: Vec<(PendingRequest, Option<Decision>)>,
+    steering: Vec<(Steering, bool)>,
+    audit: Vec<AuditEntry>,
+    next_id: i64,
+}
+
+/// A store that lives in memory.
+#[derive(Default)]
+pub struct MemoryStore {
+    tables: Mutex<Tables>,
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Backend {
+        op: "lock memory store",
+        message: "a previous holder panicked".into(),
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Tables) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut t = self.tables.lock().map_err(|_| poisoned())?;
+        f(&mut t)
+    }
+
+    /// The audit log so far (tests).
+    pub fn audit_entries(&self) -> Vec<AuditEntry> {
+        self.tables
+            .lock()
+            .map(|t| t.audit.clone())
+            .unwrap_or_default()
+    }
+
+    fn session_mut<'a>(
+        t: &'a mut Tables,
+        id: &SessionId,
+    ) -> Result<&'a mut SessionRecord, StoreError> {
+        t.sessions
+            .iter_mut()
+            .find(|s| &s.id == id)
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("session {id}"),
+            })
+    }
+}
+
+#[async_trait]
+impl SessionStore for MemoryStore {
+    async fn create_session(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        self.with(|t| {
+            t.sessions.push(rec.clone());
+            Ok(())
+        })
+    }
+    async fn delete_session(&self, id: &SessionId) -> Result<(), StoreError> {
+        self.with(|t| {
+            t.sessions.retain(|s| &s.id != id);
+            t.messages.retain(|(s, _)| s != id);
+            t.requests.retain(|(r, _)| &r.session_id != id);
+            Ok(())
+        })
+    }
+    async fn get_session(&self, id: &SessionId) -> Result<Option<SessionRecord>, StoreError> {
+        self.with(|t| Ok(t.sessions.iter().find(|s| &s.id == id).cloned()))
+    }
+    async fn list_sessions(&self, live_only: bool) -> Result<Vec<SessionRecord>, StoreError> {
+        self.with(|t| {
+            Ok(t.sessions
+                .iter()
+                .rev()
+                .filter(|s| !live_only || s.status.is_live())
+                .cloned()
+                .collect())
+        })
+    }
+    async fn set_status(
+        &self,
+        id: &SessionId,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.with(|t| {
+            let s = Self::session_mut(t, id)?;
+            s.status = status;
+            s.status_reason = reason.map(str::to_owned);
+            s.updated_at = now_ms();
+            Ok(())
+        })
+    }
+    async fn set_acp_session_id(&self, id: &SessionId, acp_id: &str) -> Result<(), StoreError> {
+        self.with(|t| {
+            Self::session_mut(t, id)?.acp_session_id = Some(acp_id.to_owned());
+            Ok(())
+        })
+    }
+    async fn set_thread(&self, id: &SessionId, channel: &str, ts: &str) -> Result<(), StoreError> {
+        self.with(|t| {
+            let s = Self::session_mut(t, id)?;
+            if s.thread_ts.is_none() {
+                s.channel_id = Some(channel.to_owned());
+                s.thread_ts = Some(ts.to_owned());
+            }
+            Ok(())
+        })
+    }
+    async fn set_restart_count(&self, id: &SessionId, count: u32) -> Result<(), StoreError> {
+        self.with(|t| {
+            Self::session_mut(t, id)?.restart_count = count;
+            Ok(())
+        })
+    }
+    async fn touch(&self, id: &SessionId) -> Result<(), StoreError> {
+        self.with(|t| {
+            Self::session_mut(t, id)?.last_activity_at = now_ms();
+            Ok(())
+        })
+    }
+    async fn append_message(
+        &self,
+        id: &SessionId,
+        role: Role,
+        kind: MessageKind,
+        content: &str,
+    ) -> Result<i64, StoreError> {
+        self.with(|t| {
+            t.next_id += 1;
+            let entry = TranscriptEntry {
+                id: t.next_id,
+                role,
+                kind,
+                content: content.to_owned(),
+                created_at: now_ms(),
+            };
+            t.messages.push((id.clone(), entry));
+            Ok(t.next_id)
+        })
+    }
+    async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
+        self.with(|t| {
+            let m = t
+                .messages
+                .iter_mut()
+                .find(|(_, m)| m.id == message_id)
+                .ok_or_else(|| StoreError::NotFound {
+                    what: format!("message {message_id}"),
+                })?;
+            m.1.content = content.to_owned();
+            Ok(())
+        })
+    }
+    async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError> {
+        self.with(|t| {
+            Ok(t.messages
+                .iter()
+                .filter(|(s, _)| s == id)
+                .map(|(_, m)| m.clone())
+                .collect())
+        })
+    }
+    async fn insert_request(&self, req: &PendingRequest) -> Result<(), StoreError> {
+        self.with(|t| {
+            t.requests.push((req.clone(), None));
+            Ok(())
+        })
+    }
+    async fn decide_request(&self, id: &str, decision: &Decision) -> Result<(), StoreError> {
+        self.with(|t| {
+            let (req, d) = t
+                .requests
+                .iter_mut()
+                .find(|(r, _)| r.id == id)
+                .ok_or_else(|| StoreError::NotFound {
+                    what: format!("request {id}"),
+                })?;
+            if req.status != RequestStatus::Pending {
+                return Err(StoreError::AlreadyResolved {
+                    id: id.to_owned(),
+                    status: req.status.as_str().to_owned(),
+                });
+            }
+            req.status = RequestStatus::Decided;
+            *d = Some(decision.clone());
+            Ok(())
+        })
+    }
+    async fn close_request(&self, id: &str, status: RequestStatus) -> Result<(), StoreError> {
+        self.with(|t| {
+            if let Some((req, _)) = t.requests.iter_mut().find(|(r, _)| r.id == id)
+                && req.status == RequestStatus::Pending
+            {
+                req.status = status;
+            }
+            Ok(())
+        })
+    }
+    async fn get_request(
+        &self,
+        id: &str,
+    ) -> Result<Option<(PendingRequest, Option<Decision>)>, StoreError> {
+        self.with(|t| Ok(t.requests.iter().find(|(r, _)| r.id == id).cloned()))
+    }
+    async fn list_requests(
+        &self,
+        session: Option<&SessionId>,
+        pending_only: bool,
+    ) -> Result<Vec<PendingRequest>, StoreError> {
+        self.with(|t| {
+            Ok(t.requests
+                .iter()
+                .rev()
+                .map(|(r, _)| r)
+                .filter(|r| session.is_none_or(|s| &r.session_id == s))
+                .filter(|r| !pending_only || r.status == RequestStatus::Pending)
+                .cloned()
+                .collect())
+        })
+    }
+    async fn enqueue_steering(
+        &self,
+        id: &SessionId,
+        text: &str,
+        author: &str,
+    ) -> Result<Steering, StoreError> {
+        self.with(|t| {
+            t.next_id += 1;
+            let s = Steering {
+                id: t.next_id,
+                session_id: id.clone(),
+                text: text.to_owned(),
+                author: author.to_owned(),
+                created_at: now_ms(),
+            };
+            t.steering.push((s.clone(), false));
+            Ok(s)
+        })
+    }
+    async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
+        self.with(|t| {
+            Ok(t.steering
+                .iter()
+                .filter(|(s, done)| &s.session_id == id && !done)
+                .map(|(s, _)| s.clone())
+                .collect())
+        })
+    }
+    async fn mark_steering_delivered(&self, steering_id: i64) -> Result<(), StoreError> {
+        self.with(|t| {
+            if let Some(s) = t.steering.iter_mut().find(|(s, _)| s.id == steering_id) {
+                s.1 = true;
+            }
+            Ok(())
+        })
+    }
+    async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        self.with(|t| {
+            t.audit.push(entry.clone());
+            Ok(())
+        })
+    }
+}
+
+/// An operator sink that records every event and wakes waiters.
+#[derive(Default)]
+pub struct RecordingSink {
+    events: Mutex<Vec<OperatorEvent>>,
+    changed: Notify,
+}
+
+impl RecordingSink {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Everything emitted so far.
+    pub fn events(&self) -> Vec<OperatorEvent> {
+        self.events.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    /// Waits until some event satisfies `pred`, or `timeout` passes.
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&OperatorEvent) -> bool,
+    ) -> Option<OperatorEvent> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            if let Some(e) = self.events().into_iter().find(|e| pred(e)) {
+                return Some(e);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+impl OperatorSink for RecordingSink {
+    fn emit(&self, event: OperatorEvent) {
+        if let Ok(mut e) = self.events.lock() {
+            e.push(event);
+        }
+        self.changed.notify_waiters();
+    }
+}

@@ -1,0 +1,278 @@
+//! Getting a session going: `initialize`, `authenticate` when needed,
+//! `session/new` or `session/load`/`session/resume`, then the first prompt.
+//!
+//! The handshake is a small state machine driven by responses arriving as
+//! messages, so the actor stays responsive (a stop during startup works) and
+//! the startup deadline is just another message.
+
+use serde_json::{Value, json};
+
+use super::{Outgoing, Phase, SessionState, StartError, StartMode};
+use crate::model::{MessageKind, Role, SessionStatus};
+use crate::ports::{NoticeLevel, OperatorEvent};
+use crate::protocol::acp::{self, AgentInfo, methods};
+use crate::protocol::jsonrpc::{RpcError, RpcId, RpcMessage, codes};
+
+impl SessionState {
+    /// Sends one of our requests and remembers what it was for.
+    pub(super) fn request(&mut self, method: &str, params: Value, purpose: Outgoing) -> i64 {
+        let id = self.next_rpc_id;
+        self.next_rpc_id += 1;
+        self.outgoing.insert(id, purpose);
+        let msg = RpcMessage::Request {
+            id: RpcId::Num(id),
+            method: method.to_owned(),
+            params,
+        };
+        self.send_bytes(msg.to_bytes());
+        id
+    }
+
+    /// Sends a notification.
+    pub(super) fn notify(&mut self, method: &str, params: Value) {
+        let msg = RpcMessage::Notification {
+            method: method.to_owned(),
+            params,
+        };
+        self.send_bytes(msg.to_bytes());
+    }
+
+    /// Answers a request from the agent.
+    pub(super) fn respond(&mut self, id: RpcId, outcome: Result<Value, RpcError>) {
+        let msg = RpcMessage::Response {
+            id: Some(id),
+            outcome,
+        };
+        self.send_bytes(msg.to_bytes());
+    }
+
+    pub(super) async fn begin_handshake(&mut self) {
+        if self.is_acp() {
+            self.phase = Phase::Initializing;
+            self.request(
+                methods::INITIALIZE,
+                acp::initialize_params(),
+                Outgoing::Initialize,
+            );
+        } else {
+            // The intercom dialect has no handshake.
+            self.on_ready(false).await;
+        }
+    }
+
+    /// A response to one of the handshake requests.
+    pub(super) async fn on_handshake_response(
+        &mut self,
+        purpose: Outgoing,
+        outcome: Result<Value, RpcError>,
+    ) {
+        match (purpose, outcome) {
+            (Outgoing::Initialize, Ok(result)) => match AgentInfo::from_initialize(&result) {
+                Ok(info) => {
+                    tracing::info!(session = %self.record.id, agent = ?info.name, load = info.load_session, "agent initialized");
+                    self.agent = info;
+                    self.open_session();
+                    if let Some(err) = self.pending_failure.take() {
+                        self.fail_start(err).await;
+                    }
+                }
+                Err(e) => self.fail_handshake(methods::INITIALIZE, e).await,
+            },
+            (Outgoing::Initialize, Err(e)) => {
+                self.fail_handshake(methods::INITIALIZE, e.to_string())
+                    .await
+            }
+            (Outgoing::Authenticate, Ok(_)) => self.open_session(),
+            (Outgoing::Authenticate, Err(e)) => {
+                let method = self.profile.auth_method.clone().unwrap_or_default();
+                self.fail_handshake(methods::AUTHENTICATE, format!("method {method:?}: {e}"))
+                    .await
+            }
+            (Outgoing::NewSession, Ok(result)) => match acp::session_id_from_new(&result) {
+                Ok(sid) => {
+                    self.acp_session = Some(sid.clone());
+                    if let Err(e) = self.store.set_acp_session_id(self.id(), &sid).await {
+                        tracing::error!(session = %self.record.id, "storing acp session id: {e}");
+                    }
+                    self.on_ready(false).await;
+                }
+                Err(e) => self.fail_handshake(methods::SESSION_NEW, e).await,
+            },
+            (Outgoing::NewSession, Err(e)) => {
+                if self.needs_auth(&e) {
+                    self.authenticate_or_fail().await;
+                } else {
+                    self.fail_handshake(methods::SESSION_NEW, e.to_string())
+                        .await;
+                }
+            }
+            (Outgoing::LoadSession { .. }, Ok(_)) => {
+                self.replaying = false;
+                tracing::info!(session = %self.record.id, replayed = self.replayed, "agent session resumed");
+                self.on_ready(true).await;
+            }
+            (Outgoing::LoadSession { method }, Err(e)) => {
+                self.replaying = false;
+                if self.needs_auth(&e) {
+                    self.authenticate_or_fail().await;
+                    return;
+                }
+                let text = format!(
+                    "could not resume the agent's session ({method}: {e}); starting a fresh one"
+                );
+                self.emit_notice(NoticeLevel::Warning, &text).await;
+                self.acp_session = None;
+                self.request(
+                    methods::SESSION_NEW,
+                    acp::new_session_params(
+                        std::path::Path::new(&self.record.cwd),
+                        &self.mcp_servers,
+                    ),
+                    Outgoing::NewSession,
+                );
+            }
+            (Outgoing::Prompt, _) => {}
+        }
+    }
+
+    fn needs_auth(&self, e: &RpcError) -> bool {
+        e.code == codes::AUTH_REQUIRED && e.message.to_ascii_lowercase().contains("auth")
+            || e.message
+                .to_ascii_lowercase()
+                .contains("authentication required")
+    }
+
+    async fn authenticate_or_fail(&mut self) {
+        match (&self.profile.auth_method, self.auth_tried) {
+            (Some(method), false) => {
+                self.auth_tried = true;
+                self.phase = Phase::Authenticating;
+                let params = acp::authenticate_params(method);
+                self.request(methods::AUTHENTICATE, params, Outgoing::Authenticate);
+            }
+            _ => {
+                let err = StartError::AuthRequired {
+                    agent: self.profile.id.clone(),
+                    methods: self.agent.describe_auth_methods(),
+                };
+                self.fail_start(err).await;
+            }
+        }
+    }
+
+    /// `session/load` (or `session/resume`) when resuming and supported, else `session/new`.
+    fn open_session(&mut self) {
+        self.phase = Phase::Opening;
+        let cwd = std::path::PathBuf::from(&self.record.cwd);
+        let resume = match &self.start {
+            StartMode::Restart {
+                resume: Some(id), ..
+            } => Some(id.clone()),
+            _ => None,
+        };
+        if let Some(id) = resume {
+            let method = if self.agent.load_session {
+                Some(methods::SESSION_LOAD)
+            } else if self.agent.resume_session {
+                Some(methods::SESSION_RESUME)
+            } else {
+                None
+            };
+            if let Some(method) = method {
+                self.acp_session = Some(id.clone());
+                self.replaying = method == methods::SESSION_LOAD;
+                let params = acp::load_session_params(&id, &cwd, &self.mcp_servers);
+                self.request(method, params, Outgoing::LoadSession { method });
+                return;
+            }
+        }
+        if let StartMode::Restart {
+            require_resume: true,
+            ..
+        } = self.start
+        {
+            self.pending_failure = Some(StartError::Handshake {
+                agent: self.profile.id.clone(),
+                method: methods::SESSION_LOAD.to_owned(),
+                error: "the agent cannot resume sessions (no loadSession capability)".to_owned(),
+            });
+            return;
+        }
+        let params = acp::new_session_params(&cwd, &self.mcp_servers);
+        self.request(methods::SESSION_NEW, params, Outgoing::NewSession);
+    }
+
+    async fn fail_handshake(&mut self, method: &str, error: String) {
+        let err = StartError::Handshake {
+            agent: self.profile.id.clone(),
+            method: method.to_owned(),
+            error,
+        };
+        self.fail_start(err).await;
+    }
+
+    /// Handshake finished: the session is live.
+    pub(super) async fn on_ready(&mut self, resumed: bool) {
+        self.phase = Phase::Ready;
+        self.set_status(SessionStatus::Active, "working", None)
+            .await;
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.send(Ok(()));
+        }
+        let start = self.start.clone();
+        match start {
+            StartMode::Fresh { prompt } => {
+                self.audit(
+                    &self.record.owner.clone(),
+                    "session.started",
+                    json!({"agent": self.profile.id}),
+                )
+                .await;
+                self.send_prompt(prompt, Role::User).await;
+            }
+            StartMode::Restart {
+                reprompt,
+                was_mid_turn,
+                ..
+            } => {
+                let how = if resumed {
+                    "resumed the agent's session"
+                } else if self.is_acp() {
+                    "the agent cannot resume, so it started a fresh session"
+                } else {
+                    "restarted the agent"
+                };
+                self.emit_notice(NoticeLevel::Info, &format!("Agent restarted: {how}."))
+                    .await;
+                self.audit("system", "session.restarted", json!({"resumed": resumed}))
+                    .await;
+                if !self.queue.is_empty() {
+                    self.deliver_next_queued().await;
+                } else if was_mid_turn {
+                    let text = if resumed {
+                        Some(self.settings.stall.nudge_text.clone())
+                    } else {
+                        reprompt
+                    };
+                    if let Some(text) = text {
+                        self.send_prompt(text, Role::System).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a notice in the transcript and tells the operator.
+    pub(super) async fn emit_notice(&self, level: NoticeLevel, text: &str) {
+        let kind = match level {
+            NoticeLevel::Error => MessageKind::Error,
+            _ => MessageKind::Text,
+        };
+        self.note(Role::System, kind, text).await;
+        self.emit(OperatorEvent::Notice {
+            session_id: self.id().clone(),
+            level,
+            text: text.to_owned(),
+        });
+    }
+}

@@ -1,0 +1,502 @@
+//! What the agent sends: frames become requests, responses and
+//! notifications; `session/update`s become transcript entries and operator
+//! events; `fs/*` calls are served inside the workspace; dialect messages map
+//! onto the same pending-request machinery as ACP.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::{Outgoing, Pending, Phase, SessionState};
+use crate::child::ChildEvent;
+use crate::fsjail;
+use crate::model::{
+    MessageKind, OptionKind, PendingRequest, PermissionOption, RequestKind, RequestStatus, Role,
+    SessionStatus, now_ms,
+};
+use crate::ports::{NoticeLevel, OperatorEvent};
+use crate::protocol::acp::{self, Update, methods};
+use crate::protocol::framing::Frame;
+use crate::protocol::intercom::DialectIn;
+use crate::protocol::jsonrpc::{RpcError, RpcId, RpcMessage, codes, truncate_for_log};
+
+/// How much of a malformed line goes into the log.
+const LOG_RAW_BYTES: usize = 512;
+
+impl SessionState {
+    pub(super) async fn on_child_event(&mut self, ev: ChildEvent) {
+        match ev {
+            ChildEvent::Frame(frame) => {
+                self.on_activity().await;
+                match frame {
+                    Frame::Message(body) => self.on_frame(&body).await,
+                    Frame::Oversized { len } => {
+                        let text = format!(
+                            "agent `{}` sent a {len}-byte message, over max_line_bytes ({}); it was skipped",
+                            self.profile.id, self.settings.limits.max_line_bytes
+                        );
+                        tracing::warn!(session = %self.record.id, "{text}");
+                        self.note(Role::System, MessageKind::Error, &text).await;
+                    }
+                }
+            }
+            ChildEvent::StdoutClosed => {
+                tracing::info!(session = %self.record.id, "agent closed stdout");
+                self.stream_closed_at = Some(Instant::now());
+            }
+            ChildEvent::ReadFailed(e) => {
+                tracing::warn!(session = %self.record.id, "reading from agent failed: {e}");
+                self.stream_closed_at = Some(Instant::now());
+                self.kill_group_now();
+            }
+            ChildEvent::WriteFailed(e) => {
+                tracing::warn!(session = %self.record.id, "broken pipe to agent: {e}");
+                self.kill_group_now();
+            }
+            ChildEvent::Exited { code, signal } => self.on_exit(code, signal).await,
+        }
+    }
+
+    async fn on_frame(&mut self, body: &[u8]) {
+        let msg = match RpcMessage::parse(body) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(
+                    session = %self.record.id,
+                    raw = %truncate_for_log(body, LOG_RAW_BYTES),
+                    "skipping malformed line from agent: {e}"
+                );
+                return;
+            }
+        };
+        if self.is_acp() {
+            self.on_acp_message(msg).await;
+        } else {
+            self.on_dialect_message(msg).await;
+        }
+    }
+
+    async fn on_acp_message(&mut self, msg: RpcMessage) {
+        match msg {
+            RpcMessage::Response { id, outcome } => {
+                let purpose = match &id {
+                    Some(RpcId::Num(n)) => self.outgoing.remove(n),
+                    _ => None,
+                };
+                match purpose {
+                    Some(Outgoing::Prompt) => {
+                        let rpc = match id {
+                            Some(RpcId::Num(n)) => n,
+                            _ => -1,
+                        };
+                        self.on_prompt_response(rpc, outcome).await;
+                    }
+                    Some(p) => self.on_handshake_response(p, outcome).await,
+                    None => {
+                        tracing::warn!(session = %self.record.id, id = ?id, "response to an unknown request id; ignored");
+                    }
+                }
+            }
+            RpcMessage::Request { id, method, params } => {
+                self.on_agent_request(id, &method, params).await
+            }
+            RpcMessage::Notification { method, params } => {
+                if method == methods::SESSION_UPDATE {
+                    self.on_update(&params).await;
+                } else {
+                    tracing::debug!(session = %self.record.id, %method, "ignoring unknown notification");
+                }
+            }
+        }
+    }
+
+    async fn on_agent_request(&mut self, id: RpcId, method: &str, params: Value) {
+        match method {
+            methods::REQUEST_PERMISSION => match acp::parse_permission(&params) {
+                Ok(ask) => {
+                    self.flush_text(true).await;
+                    let title = ask.tool.title.clone().unwrap_or_else(|| {
+                        format!(
+                            "{} {}",
+                            ask.tool.kind.as_deref().unwrap_or("tool"),
+                            ask.tool.id
+                        )
+                    });
+                    let diff = (!ask.tool.diffs.is_empty()).then(|| ask.tool.diffs.join("\n"));
+                    self.open_request(
+                        id,
+                        RequestKind::Permission,
+                        title,
+                        diff,
+                        ask.tool.paths,
+                        ask.options,
+                        None,
+                    )
+                    .await;
+                }
+                Err(e) => self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
+            },
+            methods::FS_READ => {
+                let result = self.fs_read(&params);
+                self.respond(id, result);
+            }
+            methods::FS_WRITE => self.fs_write_requested(id, &params).await,
+            other => {
+                tracing::debug!(session = %self.record.id, method = other, "agent called an unknown method");
+                self.respond(
+                    id,
+                    Err(RpcError::new(
+                        codes::METHOD_NOT_FOUND,
+                        format!("method not found: {other}"),
+                    )),
+                );
+            }
+        }
+    }
+
+    fn fs_read(&self, params: &Value) -> Result<Value, RpcError> {
+        let (path, line, limit) =
+            acp::parse_fs_read(params).map_err(|e| RpcError::new(codes::INVALID_PARAMS, e))?;
+        let real = fsjail::resolve_inside(Path::new(&self.record.cwd), &path)
+            .map_err(|e| RpcError::new(codes::INVALID_PARAMS, e.to_string()))?;
+        let content = std::fs::read_to_string(&real).map_err(|e| {
+            RpcError::new(
+                codes::INTERNAL_ERROR,
+                format!("cannot read {}: {e}", real.display()),
+            )
+        })?;
+        Ok(acp::fs_read_result(acp::slice_lines(&content, line, limit)))
+    }
+
+    async fn fs_write_requested(&mut self, id: RpcId, params: &Value) {
+        let (path, content) = match acp::parse_fs_write(params) {
+            Ok(v) => v,
+            Err(e) => return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
+        };
+        let real = match fsjail::resolve_inside(Path::new(&self.record.cwd), &path) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(session = %self.record.id, "refused fs/write_text_file: {e}");
+                self.audit(
+                    "system",
+                    "fs.refused",
+                    json!({"path": path, "reason": e.to_string()}),
+                )
+                .await;
+                return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e.to_string())));
+            }
+        };
+        self.flush_text(true).await;
+        let old = std::fs::read_to_string(&real).unwrap_or_default();
+        let rel = real
+            .strip_prefix(&self.record.cwd)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| real.display().to_string());
+        let diff = acp::unified_diff(&rel, &old, &content);
+        let options = vec![
+            PermissionOption {
+                id: "write".into(),
+                name: "Write file".into(),
+                kind: OptionKind::AllowOnce,
+            },
+            PermissionOption {
+                id: "reject".into(),
+                name: "Reject".into(),
+                kind: OptionKind::RejectOnce,
+            },
+        ];
+        let title = format!("Write {rel}");
+        self.open_request(
+            id,
+            RequestKind::FileWrite,
+            title,
+            Some(diff),
+            vec![rel],
+            options,
+            Some((real, content)),
+        )
+        .await;
+    }
+
+    /// Stores a new pending request and shows it to the operator.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn open_request(
+        &mut self,
+        wire: RpcId,
+        kind: RequestKind,
+        title: String,
+        diff: Option<String>,
+        paths: Vec<String>,
+        options: Vec<PermissionOption>,
+        write: Option<(std::path::PathBuf, String)>,
+    ) {
+        let n = self.next_request;
+        self.next_request += 1;
+        let request_id = format!("req-{n}");
+        let record = PendingRequest {
+            id: PendingRequest::global_id(self.id(), &request_id),
+            session_id: self.id().clone(),
+            request_id,
+            kind,
+            title,
+            diff,
+            paths,
+            options,
+            status: RequestStatus::Pending,
+            wire_id: serde_json::to_string(&wire).ok(),
+            created_at: now_ms(),
+        };
+        if let Err(e) = self.store.insert_request(&record).await {
+            // Without a record the operator could not answer it durably.
+            tracing::error!(session = %self.record.id, "cannot store request: {e}");
+            let err = RpcError::new(
+                codes::INTERNAL_ERROR,
+                format!("agent-intercom could not record the request: {e}"),
+            );
+            if self.is_acp() {
+                self.respond(wire, Err(err));
+            }
+            return;
+        }
+        self.pending.insert(
+            n,
+            Pending {
+                record: record.clone(),
+                wire,
+                write,
+            },
+        );
+        self.emit(OperatorEvent::RequestOpened { request: record });
+        self.emit(OperatorEvent::StatusChanged {
+            session_id: self.id().clone(),
+            status: self.status,
+            activity: "needs input".into(),
+            reason: None,
+        });
+    }
+
+    async fn on_update(&mut self, params: &Value) {
+        let (_, update) = match acp::parse_update(params) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(session = %self.record.id, "skipping session/update: {e}");
+                return;
+            }
+        };
+        if self.replaying {
+            // History replayed by session/load is already in our transcript.
+            self.replayed += 1;
+            return;
+        }
+        if let Some(turn) = &mut self.turn {
+            turn.heard_back = true;
+        }
+        match update {
+            Update::AgentText(t) => {
+                self.text.text.push_str(&t);
+                self.text.dirty = true;
+            }
+            Update::ToolCall(view) | Update::ToolCallUpdate(view) => self.on_tool(view).await,
+            Update::Plan(entries) => self.on_plan(entries).await,
+            Update::UserText(_) | Update::Thought(_) | Update::Other(_) => {}
+        }
+    }
+
+    async fn on_tool(&mut self, view: acp::ToolCallView) {
+        let (message_id, mut doc) = self.tools.get(&view.id).cloned().unwrap_or((
+            0,
+            json!({"id": view.id, "title": "", "kind": "other", "status": "pending"}),
+        ));
+        let old_status = doc["status"].clone();
+        if let Some(t) = &view.title {
+            doc["title"] = json!(t);
+        }
+        if let Some(k) = &view.kind {
+            doc["kind"] = json!(k);
+        }
+        if let Some(s) = &view.status {
+            doc["status"] = json!(s);
+        }
+        if !view.paths.is_empty() {
+            doc["paths"] = json!(view.paths);
+        }
+        if !view.diffs.is_empty() {
+            doc["diffs"] = json!(view.diffs);
+        }
+        let content = doc.to_string();
+        let message_id = if message_id == 0 {
+            self.store
+                .append_message(self.id(), Role::System, MessageKind::Tool, &content)
+                .await
+                .unwrap_or(0)
+        } else {
+            let _ = self.store.update_message(message_id, &content).await;
+            message_id
+        };
+        let changed = message_id == 0 || old_status != doc["status"] || view.title.is_some();
+        self.tools
+            .insert(view.id.clone(), (message_id, doc.clone()));
+        if changed {
+            self.emit(OperatorEvent::ToolCall {
+                session_id: self.id().clone(),
+                tool_call_id: view.id,
+                title: doc["title"].as_str().unwrap_or_default().to_owned(),
+                status: doc["status"].as_str().unwrap_or_default().to_owned(),
+            });
+        }
+    }
+
+    async fn on_plan(&mut self, entries: Vec<(String, String)>) {
+        let content = json!(
+            entries
+                .iter()
+                .map(|(c, s)| json!({"content": c, "status": s}))
+                .collect::<Vec<_>>()
+        )
+        .to_string();
+        match self.plan_message {
+            Some(id) => {
+                let _ = self.store.update_message(id, &content).await;
+            }
+            None => {
+                self.plan_message = self
+                    .store
+                    .append_message(self.id(), Role::System, MessageKind::Plan, &content)
+                    .await
+                    .ok();
+            }
+        }
+        self.emit(OperatorEvent::Plan {
+            session_id: self.id().clone(),
+            entries,
+        });
+    }
+
+    /// Persists aggregated agent text; `publish` also tells the operator and
+    /// starts a new block.
+    pub(super) async fn flush_text(&mut self, publish: bool) {
+        if self.text.dirty {
+            self.text.dirty = false;
+            match self.text.message_id {
+                Some(id) => {
+                    let _ = self.store.update_message(id, &self.text.text).await;
+                }
+                None => {
+                    self.text.message_id = self
+                        .store
+                        .append_message(self.id(), Role::Agent, MessageKind::Text, &self.text.text)
+                        .await
+                        .ok();
+                }
+            }
+        }
+        if publish && !self.text.text.is_empty() {
+            let text = std::mem::take(&mut self.text.text);
+            self.text.message_id = None;
+            self.emit(OperatorEvent::AgentText {
+                session_id: self.id().clone(),
+                text,
+            });
+        }
+    }
+
+    async fn on_dialect_message(&mut self, msg: RpcMessage) {
+        let parsed = match DialectIn::from_message(&msg) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(session = %self.record.id, "skipping intercom message: {e}");
+                return;
+            }
+        };
+        match parsed {
+            DialectIn::Clearance { id, req } => {
+                let options = vec![
+                    PermissionOption {
+                        id: "approve".into(),
+                        name: "Approve".into(),
+                        kind: OptionKind::AllowOnce,
+                    },
+                    PermissionOption {
+                        id: "reject".into(),
+                        name: "Reject".into(),
+                        kind: OptionKind::RejectOnce,
+                    },
+                ];
+                let title = format!(
+                    "{} ({} risk): {}",
+                    req.title, req.risk_level, req.description
+                );
+                self.open_request(
+                    RpcId::Str(id),
+                    RequestKind::Permission,
+                    title,
+                    req.diff,
+                    vec![req.file_path],
+                    options,
+                    None,
+                )
+                .await;
+            }
+            DialectIn::PromptForward { id, text, kind } => {
+                let options = vec![
+                    PermissionOption {
+                        id: "continue".into(),
+                        name: "Continue".into(),
+                        kind: OptionKind::AllowOnce,
+                    },
+                    PermissionOption {
+                        id: "refine".into(),
+                        name: "Refine".into(),
+                        kind: OptionKind::AllowOnce,
+                    },
+                    PermissionOption {
+                        id: "stop".into(),
+                        name: "Stop".into(),
+                        kind: OptionKind::RejectOnce,
+                    },
+                ];
+                let title = format!("[{kind}] {text}");
+                self.open_request(
+                    RpcId::Str(id),
+                    RequestKind::ForwardedPrompt,
+                    title,
+                    None,
+                    vec![],
+                    options,
+                    None,
+                )
+                .await;
+            }
+            DialectIn::Status { message } => {
+                self.note(Role::Agent, MessageKind::Text, &message).await;
+                self.emit(OperatorEvent::AgentText {
+                    session_id: self.id().clone(),
+                    text: message,
+                });
+            }
+            DialectIn::Heartbeat { progress } => {
+                if !progress.is_empty() {
+                    self.on_plan(progress).await;
+                }
+            }
+        }
+    }
+
+    /// Any inbound line: resets the stall clock and revives a stalled session.
+    async fn on_activity(&mut self) {
+        let now = Instant::now();
+        self.last_inbound = now;
+        self.last_any = now;
+        let was_alerted = self.stall.alerted_at.is_some();
+        self.stall = Default::default();
+        if self.status == SessionStatus::Stalled && self.phase == Phase::Ready {
+            self.set_status(SessionStatus::Active, "working", None)
+                .await;
+            self.emit_notice(NoticeLevel::Info, "The agent is active again.")
+                .await;
+        } else if was_alerted {
+            tracing::info!(session = %self.record.id, "agent activity resumed after a stall alert");
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Clocks and endings: the periodic tick (idle timeout, stall detection,
+//! prompt timeout, text flushing), the startup deadline, graceful stop with
+//! escalation to SIGTERM and SIGKILL, and what happens when the agent exits.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{
+    Caller, Phase, SessionError, SessionExit, SessionState, StartError, StopCause, TERM_TO_KILL,
+};
+use crate::child::{SIGKILL, SIGTERM};
+use crate::model::{MessageKind, Protocol, Role, SessionStatus};
+use crate::ports::{NoticeLevel, OperatorEvent};
+use crate::supervisor::SupervisorMsg;
+
+/// A stdout that closed without the process exiting is a broken pipe after this.
+const CLOSED_STDOUT_GRACE: Duration = Duration::from_secs(2);
+
+impl SessionState {
+    pub(super) async fn on_tick(&mut self) {
+        let now = Instant::now();
+        if self.text.dirty {
+            self.flush_text(false).await;
+        }
+        if let Some(at) = self.stream_closed_at
+            && !self.exited
+            && now.duration_since(at) >= CLOSED_STDOUT_GRACE
+        {
+            tracing::warn!(session = %self.record.id, "agent closed stdout but kept running; killing it");
+            self.stream_closed_at = None;
+            self.kill_group_now();
+        }
+        if self.phase != Phase::Ready {
+            return;
+        }
+        let limits = &self.settings.limits;
+        if limits.idle_timeout_secs > 0
+            && now.duration_since(self.last_any) >= limits.idle_timeout()
+        {
+            tracing::info!(session = %self.record.id, "idle timeout");
+            self.begin_stop(StopCause::IdleTimeout).await;
+            return;
+        }
+        self.check_prompt_timeout(now).await;
+        self.check_stall(now).await;
+    }
+
+    async fn check_prompt_timeout(&mut self, now: Instant) {
+        let timeout = self.settings.limits.prompt_timeout();
+        let Some(turn) = &mut self.turn else { return };
+        if turn.heard_back || turn.timeout_noted || now.duration_since(turn.started) < timeout {
+            return;
+        }
+        turn.timeout_noted = true;
+        let text = format!(
+            "The agent has not answered the prompt within {} s; the session stays active.",
+            timeout.as_secs()
+        );
+        tracing::warn!(session = %self.record.id, "{text}");
+        self.emit_notice(NoticeLevel::Warning, &text).await;
+    }
+
+    async fn check_stall(&mut self, now: Instant) {
+        let policy = self.settings.stall.clone();
+        if policy.inactivity_secs == 0 {
+            return;
+        }
+        // An ACP agent between turns is waiting for a human, not stalled.
+        let watching = self.record.protocol == Protocol::Intercom || self.turn.is_some();
+        if !watching || !self.pending.is_empty() {
+            return;
+        }
+        let quiet = now.duration_since(self.last_inbound);
+        let escalation = Duration::from_secs(policy.escalation_secs);
+        let Some(alerted) = self.stall.alerted_at else {
+            if quiet >= Duration::from_secs(policy.inactivity_secs) {
+                self.stall.alerted_at = Some(now);
+                let text = format!("No activity from the agent for {} s.", quiet.as_secs());
+                self.emit_notice(NoticeLevel::Warning, &text).await;
+            }
+            return;
+        };
+        let since = now.duration_since(self.stall.last_nudge.unwrap_or(alerted));
+        if since < escalation {
+            return;
+        }
+        if self.stall.nudges < policy.max_nudges {
+            self.stall.nudges += 1;
+            self.stall.last_nudge = Some(now);
+            self.nudge().await;
+        } else if self.status != SessionStatus::Stalled {
+            let reason = format!("no activity after {} nudges", policy.max_nudges);
+            self.set_status(SessionStatus::Stalled, "stalled", Some(&reason))
+                .await;
+            self.emit_notice(
+                NoticeLevel::Error,
+                &format!("The agent is stalled: {reason}. Nudge or stop it."),
+            )
+            .await;
+            self.audit(
+                "system",
+                "session.stalled",
+                json!({"nudges": policy.max_nudges}),
+            )
+            .await;
+        }
+    }
+
+    pub(super) async fn on_startup_deadline(&mut self) {
+        if matches!(
+            self.phase,
+            Phase::Initializing | Phase::Authenticating | Phase::Opening
+        ) {
+            let err = StartError::Timeout {
+                agent: self.profile.id.clone(),
+                secs: self.settings.limits.startup_timeout_secs,
+            };
+            self.fail_start(err).await;
+        }
+    }
+
+    pub(super) async fn request_stop(
+        &mut self,
+        cause: StopCause,
+        caller: &Caller,
+    ) -> Result<(), SessionError> {
+        self.authorize(caller, "stop").await?;
+        self.audit(
+            &caller.id,
+            "session.stop_requested",
+            json!({"cause": format!("{cause:?}")}),
+        )
+        .await;
+        if matches!(self.phase, Phase::Stopping | Phase::Ended) {
+            return Ok(()); // idempotent
+        }
+        self.begin_stop(cause).await;
+        Ok(())
+    }
+
+    /// Graceful stop: cancel, answer pending, close stdin, then escalate.
+    pub(super) async fn begin_stop(&mut self, cause: StopCause) {
+        if matches!(self.phase, Phase::Stopping | Phase::Ended) {
+            return;
+        }
+        let was_ready = self.phase == Phase::Ready;
+        self.phase = Phase::Stopping;
+        self.stopping = Some(cause);
+        if was_ready && (self.turn.is_some() || !self.is_acp()) {
+            self.cancel_turn("session stopping").await;
+        }
+        self.cancel_pending("session stopping").await;
+        self.flush_text(true).await;
+        if let Some(child) = &self.child {
+            child.close_stdin();
+        }
+        if self.exited {
+            self.finish_stopped().await;
+            return;
+        }
+        let grace = self.settings.limits.shutdown_grace();
+        self.myself
+            .send_after(grace, || super::SessionMsg::KillDue(0));
+    }
+
+    pub(super) fn on_kill_due(&mut self, stage: u8) {
+        if self.exited {
+            return;
+        }
+        let Some(child) = &self.child else { return };
+        if stage == 0 {
+            tracing::info!(session = %self.record.id, "agent still running after the grace period; SIGTERM");
+            child.signal_group(SIGTERM);
+            self.myself
+                .send_after(TERM_TO_KILL, || super::SessionMsg::KillDue(1));
+        } else {
+            tracing::warn!(session = %self.record.id, "agent ignored SIGTERM; SIGKILL");
+            child.signal_group(SIGKILL);
+        }
+    }
+
+    pub(super) fn kill_group_now(&mut self) {
+        if let Some(child) = &self.child {
+            child.signal_group(SIGKILL);
+        }
+    }
+
+    fn exit_text(code: Option<i32>, signal: Option<i32>) -> String {
+        match (code, signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("signal {s}"),
+            _ => "unknown exit".to_owned(),
+        }
+    }
+
+    pub(super) async fn on_exit(&mut self, code: Option<i32>, signal: Option<i32>) {
+        self.exited = true;
+        // Stragglers in the group (grandchildren) go with the leader.
+        self.kill_group_now();
+        let exit = Self::exit_text(code, signal);
+        let stderr = self
+            .child
+            .as_ref()
+            .map(|c| c.stderr.text(2048))
+            .unwrap_or_default();
+        match self.phase {
+            Phase::Stopping => self.finish_stopped().await,
+            Phase::Ended => {}
+            Phase::Ready => {
+                let mid_turn = self.turn.is_some();
+                let interrupted_prompt = self.turn.take().map(|t| t.prompt);
+                self.cancel_pending("agent exited").await;
+                self.flush_text(true).await;
+                let reason = if stderr.is_empty() {
+                    format!("agent exited unexpectedly ({exit})")
+                } else {
+                    format!("agent exited unexpectedly ({exit}); stderr: {stderr}")
+                };
+                tracing::warn!(session = %self.record.id, "{reason}");
+                self.note(Role::System, MessageKind::Error, &reason).await;
+                self.audit("system", "session.agent_exited", json!({"exit": exit}))
+                    .await;
+                self.phase = Phase::Ended;
+                self.report(SessionExit::Crashed {
+                    reason,
+                    acp_session: self.acp_session.clone(),
+                    interrupted_prompt,
+                    mid_turn,
+                });
+                self.myself.stop(Some("agent exited".into()));
+            }
+            _ => {
+                let err = StartError::Exited {
+                    agent: self.profile.id.clone(),
+                    exit,
+                    stderr,
+                };
+                self.fail_start(err).await;
+            }
+        }
+    }
+
+    async fn finish_stopped(&mut self) {
+        let cause = self.stopping.clone().unwrap_or(StopCause::Operator);
+        let (status, reason) = cause.final_status();
+        self.phase = Phase::Ended;
+        self.set_status(status, status.as_str(), Some(reason)).await;
+        self.audit(
+            "system",
+            "session.ended",
+            json!({"status": status.as_str(), "reason": reason}),
+        )
+        .await;
+        self.emit(OperatorEvent::SessionEnded {
+            session_id: self.id().clone(),
+            status,
+            reason: Some(reason.to_owned()),
+        });
+        self.report(SessionExit::Finished(status));
+        self.myself.stop(Some(reason.to_owned()));
+    }
+
+    /// The session never got going: tell the waiter and the supervisor, stop.
+    pub(super) async fn fail_start(&mut self, err: StartError) {
+        if self.phase == Phase::Ended {
+            return;
+        }
+        tracing::error!(session = %self.record.id, "start failed: {err}");
+        self.phase = Phase::Ended;
+        self.kill_group_now();
+        let first_start = self.ready.is_some();
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.send(Err(err.clone()));
+        }
+        if !first_start {
+            // A restart that failed: the operator learns it in the thread.
+            self.emit_notice(NoticeLevel::Error, &err.to_string()).await;
+        }
+        self.report(SessionExit::StartFailed(err));
+        self.myself.stop(Some("start failed".into()));
+    }
+
+    fn report(&self, exit: SessionExit) {
+        if let Some(sup) = &self.supervisor {
+            let _ = sup.send_message(SupervisorMsg::SessionExited {
+                id: self.record.id.clone(),
+                exit,
+            });
+        }
+    }
+}

@@ -1,0 +1,702 @@
+//! The SessionActor: one per session, owner of everything about it.
+//!
+//! The child process, the JSON-RPC id counter, outstanding requests in both
+//! directions, the owner, the turn, the steering queue and the stall and idle
+//! clocks are fields of [`SessionState`], changed only by [`SessionMsg`]s.
+//! The file is split by concern: [`handshake`] (initialize, auth, new/load),
+//! [`inbound`] (what the agent sends), [`requests`] (operator decisions),
+//! [`turns`] (prompts and steering), [`lifecycle`] (timers, stop, crash).
+
+mod handshake;
+mod inbound;
+mod lifecycle;
+mod requests;
+mod turns;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::child::{AgentChild, ChildEvent, ChildSpec, SpawnError};
+use crate::model::{
+    AuditEntry, Decision, PendingRequest, Protocol, SessionId, SessionRecord, SessionStatus,
+    Steering,
+};
+use crate::ports::{OperatorEvent, OperatorSink, SessionStore, StoreError};
+use crate::protocol::acp::{AgentInfo, McpHttpServer};
+use crate::protocol::intercom::DialectWriter;
+use crate::protocol::jsonrpc::RpcId;
+use crate::settings::{AgentProfile, Limits, StallPolicy};
+use crate::supervisor::SupervisorMsg;
+
+/// How often the actor checks its clocks (stall, idle, prompt timeout).
+pub const TICK: Duration = Duration::from_millis(250);
+/// Between SIGTERM and SIGKILL when stopping an agent.
+pub const TERM_TO_KILL: Duration = Duration::from_secs(2);
+
+/// Who is acting on a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// User id (Slack id, `local`, `rule:<id>`, `system`).
+    pub id: String,
+    /// Configured operators may act on any session.
+    pub operator: bool,
+}
+
+impl Caller {
+    /// The local operator (the token-authenticated API, the server itself).
+    pub fn local() -> Self {
+        Caller {
+            id: "local".into(),
+            operator: true,
+        }
+    }
+}
+
+/// What the operator chose on a pending request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// A specific option id.
+    Option(String),
+    /// The first allow option.
+    Approve,
+    /// The first reject option.
+    Reject,
+}
+
+/// How a session should start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartMode {
+    /// A new session with its first prompt.
+    Fresh {
+        /// The first prompt.
+        prompt: String,
+    },
+    /// A restart after a crash or a server restart.
+    Restart {
+        /// The agent's session id to resume, when there is one.
+        resume: Option<String>,
+        /// Prompt to re-send when the agent must start fresh (the interrupted turn's).
+        reprompt: Option<String>,
+        /// Whether a turn was running when the agent went away.
+        was_mid_turn: bool,
+        /// Fail instead of starting fresh when the agent cannot resume
+        /// (server restart recovery: better `interrupted` than amnesiac).
+        require_resume: bool,
+    },
+}
+
+/// Why starting failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StartError {
+    /// Could not spawn.
+    #[error("{0}")]
+    Spawn(String),
+    /// The handshake did not finish in time.
+    #[error("agent `{agent}` did not finish the ACP handshake within {secs} s")]
+    Timeout {
+        /// Profile.
+        agent: String,
+        /// Seconds.
+        secs: u64,
+    },
+    /// The agent exited during startup.
+    #[error("agent `{agent}` exited during startup ({exit}); stderr: {stderr}")]
+    Exited {
+        /// Profile.
+        agent: String,
+        /// Exit description.
+        exit: String,
+        /// stderr tail.
+        stderr: String,
+    },
+    /// The agent requires authentication and none is configured (or it failed).
+    #[error(
+        "agent `{agent}` requires authentication; it offers: {methods}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`"
+    )]
+    AuthRequired {
+        /// Profile.
+        agent: String,
+        /// Offered methods.
+        methods: String,
+    },
+    /// A handshake call failed.
+    #[error("agent `{agent}` failed {method}: {error}")]
+    Handshake {
+        /// Profile.
+        agent: String,
+        /// Method.
+        method: String,
+        /// Error.
+        error: String,
+    },
+    /// Storage failed.
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+/// Why an operator action was refused.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SessionError {
+    /// Not the owner and not an operator.
+    #[error("{user} may not act on session {session}: only its owner ({owner}) and operators may")]
+    Unauthorized {
+        /// Who tried.
+        user: String,
+        /// Which session.
+        session: SessionId,
+        /// Its owner.
+        owner: String,
+    },
+    /// No such pending request.
+    #[error("no pending request {0} in this session")]
+    NotFound(String),
+    /// The option is not one the agent offered.
+    #[error("option {option:?} is not offered; choose one of: {valid}")]
+    InvalidOption {
+        /// Given.
+        option: String,
+        /// Offered.
+        valid: String,
+    },
+    /// Already decided / cancelled / expired.
+    #[error("request {id} is already {status}")]
+    AlreadyResolved {
+        /// Global id.
+        id: String,
+        /// Its status.
+        status: String,
+    },
+    /// The session no longer runs an agent.
+    #[error("session is {0}; start a new one")]
+    NotLive(SessionStatus),
+    /// Storage refused the write; nothing was sent to the agent.
+    #[error("could not record it, so nothing was sent to the agent: {0}")]
+    Storage(String),
+}
+
+impl From<StoreError> for SessionError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::AlreadyResolved { id, status } => {
+                SessionError::AlreadyResolved { id, status }
+            }
+            other => SessionError::Storage(other.to_string()),
+        }
+    }
+}
+
+/// Result of a steering request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SteerOutcome {
+    /// True when it waits behind a running turn.
+    pub queued: bool,
+    /// The stored steering row.
+    pub steering_id: i64,
+}
+
+/// A point-in-time view of a session, for the API.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSnapshot {
+    /// Status.
+    pub status: SessionStatus,
+    /// Whether a turn is running.
+    pub turn_running: bool,
+    /// Pending requests.
+    pub pending: Vec<PendingRequest>,
+    /// Steering waiting for the turn to end.
+    pub queued: Vec<Steering>,
+    /// The agent's capabilities, once known.
+    pub agent: AgentInfo,
+    /// The agent's process id.
+    pub pid: Option<i32>,
+}
+
+/// Final outcome a session reports to its supervisor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionExit {
+    /// Ended on purpose (stop, idle timeout, shutdown); no restart.
+    Finished(SessionStatus),
+    /// The agent died unexpectedly; the supervisor decides on a restart.
+    Crashed {
+        /// Exit description and stderr tail.
+        reason: String,
+        /// The agent's session id, for `session/load`.
+        acp_session: Option<String>,
+        /// The prompt of the turn that was running.
+        interrupted_prompt: Option<String>,
+        /// Whether a turn was running.
+        mid_turn: bool,
+    },
+    /// Never got going.
+    StartFailed(StartError),
+}
+
+/// Why a session is being stopped on purpose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopCause {
+    /// An operator asked.
+    Operator,
+    /// Nothing happened for `idle_timeout`.
+    IdleTimeout,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+impl StopCause {
+    fn final_status(&self) -> (SessionStatus, &'static str) {
+        match self {
+            StopCause::Operator => (SessionStatus::Cancelled, "stopped by operator"),
+            StopCause::IdleTimeout => (SessionStatus::Completed, "idle_timeout"),
+            StopCause::Shutdown => (SessionStatus::Cancelled, "server_shutdown"),
+        }
+    }
+}
+
+/// Messages a SessionActor handles.
+pub enum SessionMsg {
+    /// Something from the agent process.
+    Child(ChildEvent),
+    /// The clock ticked.
+    Tick,
+    /// The startup deadline passed.
+    StartupDeadline,
+    /// Escalate a stop: 0 = SIGTERM, 1 = SIGKILL.
+    KillDue(u8),
+    /// The operator decides on a pending request.
+    Decide {
+        /// Session-scoped request id (`req-1`).
+        request_id: String,
+        /// What was chosen.
+        choice: Choice,
+        /// Reason / feedback / refine instruction.
+        reason: Option<String>,
+        /// Who.
+        caller: Caller,
+        /// The recorded decision.
+        reply: RpcReplyPort<Result<Decision, SessionError>>,
+    },
+    /// The operator steers the agent.
+    Steer {
+        /// The instruction.
+        text: String,
+        /// Cancel the running turn first.
+        interrupt: bool,
+        /// Who.
+        caller: Caller,
+        /// Whether it was queued.
+        reply: RpcReplyPort<Result<SteerOutcome, SessionError>>,
+    },
+    /// Nudge the agent now.
+    Nudge {
+        /// Who.
+        caller: Caller,
+        /// Done.
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    },
+    /// Stop the session gracefully.
+    Stop {
+        /// Why.
+        cause: StopCause,
+        /// Who.
+        caller: Caller,
+        /// Answered when the stop has begun (not when the agent is gone).
+        reply: Option<RpcReplyPort<Result<(), SessionError>>>,
+    },
+    /// Current state.
+    Snapshot(RpcReplyPort<SessionSnapshot>),
+}
+
+/// Shared, read-only settings for sessions.
+#[derive(Debug, Clone, Default)]
+pub struct SessionSettings {
+    /// Limits.
+    pub limits: Limits,
+    /// Stall policy.
+    pub stall: StallPolicy,
+    /// User ids that may act on any session.
+    pub operators: HashSet<String>,
+}
+
+/// Everything a SessionActor starts from.
+pub struct SessionArgs {
+    /// The stored record (already persisted by the supervisor).
+    pub record: SessionRecord,
+    /// The agent profile.
+    pub profile: AgentProfile,
+    /// Settings.
+    pub settings: Arc<SessionSettings>,
+    /// Storage.
+    pub store: Arc<dyn SessionStore>,
+    /// Operator events.
+    pub sink: Arc<dyn OperatorSink>,
+    /// How to start.
+    pub start: StartMode,
+    /// MCP servers to hand the agent (the ACP-MCP bridge).
+    pub mcp_servers: Vec<McpHttpServer>,
+    /// Told once the handshake finished or failed.
+    pub ready: Option<oneshot::Sender<Result<(), StartError>>>,
+    /// Told how the session ended.
+    pub supervisor: Option<ActorRef<SupervisorMsg>>,
+}
+
+/// Where the handshake is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Initializing,
+    Authenticating,
+    Opening,
+    Ready,
+    Stopping,
+    Ended,
+}
+
+/// What one of our outgoing requests was for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outgoing {
+    Initialize,
+    Authenticate,
+    NewSession,
+    LoadSession { method: &'static str },
+    Prompt,
+}
+
+/// A request from the agent waiting for the operator.
+#[derive(Debug, Clone)]
+struct Pending {
+    record: PendingRequest,
+    /// The JSON-RPC id to answer (ACP) or dialect id.
+    wire: RpcId,
+    /// For gated writes: where and what.
+    write: Option<(PathBuf, String)>,
+}
+
+/// A running prompt turn.
+#[derive(Debug, Clone)]
+struct Turn {
+    rpc_id: i64,
+    prompt: String,
+    started: Instant,
+    heard_back: bool,
+    timeout_noted: bool,
+}
+
+/// Agent text being aggregated for the current turn.
+#[derive(Debug, Default)]
+struct TextBuffer {
+    text: String,
+    message_id: Option<i64>,
+    dirty: bool,
+}
+
+#[derive(Debug, Default)]
+struct Stall {
+    alerted_at: Option<Instant>,
+    nudges: u32,
+    last_nudge: Option<Instant>,
+}
+
+/// The actor's state: everything about one session.
+pub struct SessionState {
+    myself: ActorRef<SessionMsg>,
+    record: SessionRecord,
+    profile: AgentProfile,
+    settings: Arc<SessionSettings>,
+    store: Arc<dyn SessionStore>,
+    sink: Arc<dyn OperatorSink>,
+    supervisor: Option<ActorRef<SupervisorMsg>>,
+    start: StartMode,
+    mcp_servers: Vec<McpHttpServer>,
+    ready: Option<oneshot::Sender<Result<(), StartError>>>,
+
+    child: Option<AgentChild>,
+    exited: bool,
+    phase: Phase,
+    status: SessionStatus,
+    agent: AgentInfo,
+    acp_session: Option<String>,
+    auth_tried: bool,
+    pending_failure: Option<StartError>,
+    replaying: bool,
+    replayed: usize,
+    dialect: DialectWriter,
+
+    next_rpc_id: i64,
+    outgoing: HashMap<i64, Outgoing>,
+    pending: BTreeMap<u64, Pending>,
+    next_request: u64,
+    turn: Option<Turn>,
+    reprompt_after_cancel: Option<String>,
+    queue: VecDeque<Steering>,
+    text: TextBuffer,
+    tools: HashMap<String, (i64, Value)>,
+    plan_message: Option<i64>,
+
+    last_inbound: Instant,
+    last_any: Instant,
+    stall: Stall,
+    stopping: Option<StopCause>,
+    stream_closed_at: Option<Instant>,
+}
+
+/// The SessionActor handler (stateless; see [`SessionState`]).
+pub struct SessionActor;
+
+impl Actor for SessionActor {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        args: SessionArgs,
+    ) -> Result<SessionState, ActorProcessingErr> {
+        let mut state = SessionState::new(myself.clone(), args);
+        state.load_queued_steering().await;
+        let spec = ChildSpec {
+            profile: state.profile.id.clone(),
+            command: state.profile.command.clone(),
+            args: state.profile.args.clone(),
+            cwd: PathBuf::from(&state.record.cwd),
+            env_passthrough: state.profile.env.clone(),
+            framing: state.profile.framing,
+            max_frame: state.settings.limits.max_line_bytes,
+        };
+        let me = myself.clone();
+        match AgentChild::spawn(&spec, move |ev| {
+            let _ = me.send_message(SessionMsg::Child(ev));
+        }) {
+            Ok(child) => state.child = Some(child),
+            Err(e) => {
+                let err = StartError::Spawn(e.to_string());
+                if let SpawnError::NotFound { .. } = e {
+                    tracing::error!(session = %state.record.id, "{err}");
+                }
+                state.fail_start(err.clone()).await;
+                return Err(Box::new(err));
+            }
+        }
+        myself.send_interval(TICK, || SessionMsg::Tick);
+        myself.send_after(state.settings.limits.startup_timeout(), || {
+            SessionMsg::StartupDeadline
+        });
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.begin_handshake().await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<SessionMsg>,
+        msg: SessionMsg,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMsg::Child(ev) => state.on_child_event(ev).await,
+            SessionMsg::Tick => state.on_tick().await,
+            SessionMsg::StartupDeadline => state.on_startup_deadline().await,
+            SessionMsg::KillDue(stage) => state.on_kill_due(stage),
+            SessionMsg::Decide {
+                request_id,
+                choice,
+                reason,
+                caller,
+                reply,
+            } => {
+                let r = state.decide(&request_id, choice, reason, &caller).await;
+                let _ = reply.send(r);
+            }
+            SessionMsg::Steer {
+                text,
+                interrupt,
+                caller,
+                reply,
+            } => {
+                let r = state.steer(text, interrupt, &caller).await;
+                let _ = reply.send(r);
+            }
+            SessionMsg::Nudge { caller, reply } => {
+                let r = match state.authorize(&caller, "nudge").await {
+                    Ok(()) => {
+                        state.nudge().await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(r);
+            }
+            SessionMsg::Stop {
+                cause,
+                caller,
+                reply,
+            } => {
+                let r = state.request_stop(cause, &caller).await;
+                if let Some(reply) = reply {
+                    let _ = reply.send(r);
+                }
+            }
+            SessionMsg::Snapshot(reply) => {
+                let _ = reply.send(state.snapshot());
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Never leave a process group behind, whatever path got us here.
+        if let Some(child) = &state.child {
+            child.signal_group(crate::child::SIGKILL);
+        }
+        Ok(())
+    }
+}
+
+impl SessionState {
+    fn new(myself: ActorRef<SessionMsg>, args: SessionArgs) -> Self {
+        let now = Instant::now();
+        SessionState {
+            myself,
+            status: args.record.status,
+            record: args.record,
+            profile: args.profile,
+            settings: args.settings,
+            store: args.store,
+            sink: args.sink,
+            supervisor: args.supervisor,
+            start: args.start,
+            mcp_servers: args.mcp_servers,
+            ready: args.ready,
+            child: None,
+            exited: false,
+            phase: Phase::Initializing,
+            agent: AgentInfo::default(),
+            acp_session: None,
+            auth_tried: false,
+            pending_failure: None,
+            replaying: false,
+            replayed: 0,
+            dialect: DialectWriter::default(),
+            next_rpc_id: 0,
+            outgoing: HashMap::new(),
+            pending: BTreeMap::new(),
+            next_request: 1,
+            turn: None,
+            reprompt_after_cancel: None,
+            queue: VecDeque::new(),
+            text: TextBuffer::default(),
+            tools: HashMap::new(),
+            plan_message: None,
+            last_inbound: now,
+            last_any: now,
+            stall: Stall::default(),
+            stopping: None,
+            stream_closed_at: None,
+        }
+    }
+
+    fn id(&self) -> &SessionId {
+        &self.record.id
+    }
+
+    fn is_acp(&self) -> bool {
+        self.record.protocol == Protocol::Acp
+    }
+
+    fn emit(&self, event: OperatorEvent) {
+        self.sink.emit(event);
+    }
+
+    async fn audit(&self, actor: &str, action: &str, detail: Value) {
+        let entry = AuditEntry {
+            session_id: Some(self.record.id.clone()),
+            actor: actor.to_owned(),
+            action: action.to_owned(),
+            detail,
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(session = %self.record.id, "audit write failed: {e}");
+        }
+    }
+
+    async fn note(&self, role: crate::model::Role, kind: crate::model::MessageKind, text: &str) {
+        if let Err(e) = self.store.append_message(self.id(), role, kind, text).await {
+            tracing::error!(session = %self.record.id, "transcript write failed: {e}");
+        }
+    }
+
+    async fn set_status(&mut self, status: SessionStatus, activity: &str, reason: Option<&str>) {
+        self.status = status;
+        if let Err(e) = self.store.set_status(self.id(), status, reason).await {
+            tracing::error!(session = %self.record.id, "status write failed: {e}");
+        }
+        self.emit(OperatorEvent::StatusChanged {
+            session_id: self.id().clone(),
+            status,
+            activity: activity.to_owned(),
+            reason: reason.map(str::to_owned),
+        });
+    }
+
+    async fn authorize(&self, caller: &Caller, action: &str) -> Result<(), SessionError> {
+        if caller.operator
+            || caller.id == self.record.owner
+            || self.settings.operators.contains(&caller.id)
+        {
+            return Ok(());
+        }
+        self.audit(
+            &caller.id,
+            "action.denied",
+            serde_json::json!({"action": action, "owner": self.record.owner}),
+        )
+        .await;
+        Err(SessionError::Unauthorized {
+            user: caller.id.clone(),
+            session: self.id().clone(),
+            owner: self.record.owner.clone(),
+        })
+    }
+
+    fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot {
+            status: self.status,
+            turn_running: self.turn.is_some(),
+            pending: self.pending.values().map(|p| p.record.clone()).collect(),
+            queued: self.queue.iter().cloned().collect(),
+            agent: self.agent.clone(),
+            pid: self.child.as_ref().map(AgentChild::pid),
+        }
+    }
+
+    /// Sends raw bytes to the agent; a failure is handled like a broken pipe.
+    fn send_bytes(&mut self, bytes: bytes::Bytes) -> bool {
+        let result = match &self.child {
+            Some(child) => child.send(bytes),
+            None => Err("no agent process".to_owned()),
+        };
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(session = %self.record.id, "write to agent failed: {e}");
+                false
+            }
+        }
+    }
+}

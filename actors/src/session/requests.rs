@@ -1,0 +1,229 @@
+//! Operator decisions on pending requests.
+//!
+//! The order is the contract: check who is asking, check the option, commit
+//! the decision to storage, and only then answer the agent. A decision that
+//! cannot be stored is refused and the agent is not answered, so what the
+//! agent did is always what the record says.
+
+use serde_json::{Value, json};
+
+use super::{Caller, Choice, Pending, SessionError, SessionState};
+use crate::model::{Decision, OptionKind, RequestKind, RequestStatus, now_ms};
+use crate::ports::OperatorEvent;
+use crate::protocol::acp;
+use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
+
+impl SessionState {
+    fn find_pending(&self, request_id: &str) -> Option<u64> {
+        self.pending
+            .iter()
+            .find(|(_, p)| p.record.request_id == request_id || p.record.id == request_id)
+            .map(|(n, _)| *n)
+    }
+
+    pub(super) async fn decide(
+        &mut self,
+        request_id: &str,
+        choice: Choice,
+        reason: Option<String>,
+        caller: &Caller,
+    ) -> Result<Decision, SessionError> {
+        self.authorize(caller, "decide").await?;
+        let Some(n) = self.find_pending(request_id) else {
+            let global = crate::model::PendingRequest::global_id(self.id(), request_id);
+            return match self.store.get_request(&global).await {
+                Ok(Some((req, _))) => Err(SessionError::AlreadyResolved {
+                    id: req.id,
+                    status: req.status.as_str().to_owned(),
+                }),
+                _ => Err(SessionError::NotFound(request_id.to_owned())),
+            };
+        };
+        let pending = self.pending[&n].clone();
+        let option = pick_option(&pending, &choice)?;
+        let decision = Decision {
+            option_id: option.id.clone(),
+            approved: option.kind.is_allow(),
+            reason,
+            decided_by: caller.id.clone(),
+            decided_at: now_ms(),
+        };
+        // Commit first; only a recorded decision reaches the agent.
+        self.store
+            .decide_request(&pending.record.id, &decision)
+            .await?;
+        self.pending.remove(&n);
+        self.answer(&pending, &decision).await;
+        self.audit(
+            &caller.id,
+            "request.decided",
+            json!({"request": pending.record.id, "option": decision.option_id, "approved": decision.approved, "reason": decision.reason}),
+        )
+        .await;
+        self.emit(OperatorEvent::RequestClosed {
+            session_id: self.id().clone(),
+            id: pending.record.id.clone(),
+            status: RequestStatus::Decided,
+            decision: Some(decision.clone()),
+        });
+        self.last_any = std::time::Instant::now();
+        if self.pending.is_empty() {
+            self.emit(OperatorEvent::StatusChanged {
+                session_id: self.id().clone(),
+                status: self.status,
+                activity: "working".into(),
+                reason: None,
+            });
+        }
+        Ok(decision)
+    }
+
+    /// Writes the decision to the agent in its protocol.
+    async fn answer(&mut self, pending: &Pending, decision: &Decision) {
+        let wire = pending.wire.clone();
+        match (self.is_acp(), pending.record.kind) {
+            (true, RequestKind::FileWrite) => {
+                let result = if decision.approved {
+                    self.perform_write(pending)
+                } else {
+                    let why = decision.reason.as_deref().unwrap_or("no reason given");
+                    Err(RpcError::new(
+                        codes::AUTH_REQUIRED + 1,
+                        format!("write rejected by the operator: {why}"),
+                    ))
+                };
+                self.respond(wire, result);
+            }
+            (true, _) => self.respond(wire, Ok(acp::permission_selected(&decision.option_id))),
+            (false, RequestKind::ForwardedPrompt) => {
+                let id = wire_str(&wire);
+                let bytes = self.dialect.prompt_response(
+                    &id,
+                    &decision.option_id,
+                    decision.reason.as_deref(),
+                );
+                self.send_bytes(bytes);
+            }
+            (false, _) => {
+                let id = wire_str(&wire);
+                let bytes = self.dialect.clearance_response(
+                    &id,
+                    decision.approved,
+                    decision.reason.as_deref(),
+                );
+                self.send_bytes(bytes);
+            }
+        }
+    }
+
+    fn perform_write(&self, pending: &Pending) -> Result<Value, RpcError> {
+        let Some((path, content)) = &pending.write else {
+            return Err(RpcError::new(codes::INTERNAL_ERROR, "nothing to write"));
+        };
+        let io = |e: std::io::Error| {
+            RpcError::new(
+                codes::INTERNAL_ERROR,
+                format!("cannot write {}: {e}", path.display()),
+            )
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        std::fs::write(path, content).map_err(io)?;
+        Ok(Value::Null)
+    }
+
+    /// Answers every pending request as cancelled (ACP requires it when a
+    /// turn is cancelled) and records that.
+    pub(super) async fn cancel_pending(&mut self, why: &str) {
+        let all: Vec<Pending> = std::mem::take(&mut self.pending).into_values().collect();
+        for pending in all {
+            if !self.exited {
+                self.answer_cancelled(&pending);
+            }
+            self.close_request(&pending, RequestStatus::Cancelled, why)
+                .await;
+        }
+    }
+
+    fn answer_cancelled(&mut self, pending: &Pending) {
+        let wire = pending.wire.clone();
+        match (self.is_acp(), pending.record.kind) {
+            (true, RequestKind::FileWrite) => self.respond(
+                wire,
+                Err(RpcError::new(
+                    codes::AUTH_REQUIRED + 1,
+                    "write cancelled: the turn was cancelled",
+                )),
+            ),
+            (true, _) => self.respond(wire, Ok(acp::permission_cancelled())),
+            (false, RequestKind::ForwardedPrompt) => {
+                let bytes =
+                    self.dialect
+                        .prompt_response(&wire_str(&wire), "stop", Some("cancelled"));
+                self.send_bytes(bytes);
+            }
+            (false, _) => {
+                let bytes =
+                    self.dialect
+                        .clearance_response(&wire_str(&wire), false, Some("cancelled"));
+                self.send_bytes(bytes);
+            }
+        }
+    }
+
+    async fn close_request(&mut self, pending: &Pending, status: RequestStatus, why: &str) {
+        if let Err(e) = self.store.close_request(&pending.record.id, status).await {
+            tracing::error!(session = %self.record.id, "closing request {}: {e}", pending.record.id);
+        }
+        self.audit(
+            "system",
+            "request.closed",
+            json!({"request": pending.record.id, "status": status.as_str(), "why": why}),
+        )
+        .await;
+        self.emit(OperatorEvent::RequestClosed {
+            session_id: self.id().clone(),
+            id: pending.record.id.clone(),
+            status,
+            decision: None,
+        });
+    }
+}
+
+fn wire_str(id: &RpcId) -> String {
+    match id {
+        RpcId::Str(s) => s.clone(),
+        RpcId::Num(n) => n.to_string(),
+    }
+}
+
+fn pick_option<'a>(
+    pending: &'a Pending,
+    choice: &Choice,
+) -> Result<&'a crate::model::PermissionOption, SessionError> {
+    let options = &pending.record.options;
+    let found = match choice {
+        Choice::Option(id) => options.iter().find(|o| &o.id == id),
+        Choice::Approve => options
+            .iter()
+            .find(|o| o.kind == OptionKind::AllowOnce)
+            .or_else(|| options.iter().find(|o| o.kind.is_allow())),
+        Choice::Reject => options
+            .iter()
+            .find(|o| o.kind == OptionKind::RejectOnce)
+            .or_else(|| options.iter().find(|o| !o.kind.is_allow())),
+    };
+    found.ok_or_else(|| SessionError::InvalidOption {
+        option: match choice {
+            Choice::Option(id) => id.clone(),
+            Choice::Approve => "approve".into(),
+            Choice::Reject => "reject".into(),
+        },
+        valid: options
+            .iter()
+            .map(|o| o.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}

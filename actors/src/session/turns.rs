@@ -1,0 +1,238 @@
+//! Prompt turns and steering.
+//!
+//! One turn runs at a time. Steering that arrives during a turn is stored
+//! first and queued, then delivered in order as the next prompts once the
+//! running turn ends; "interrupt and steer" cancels the turn first. A nudge
+//! prompts an idle agent, or cancels a hung turn and re-prompts after it.
+
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::{Caller, Outgoing, Phase, SessionError, SessionState, SteerOutcome, Turn};
+use crate::model::{MessageKind, Protocol, Role, Steering};
+use crate::ports::{NoticeLevel, OperatorEvent};
+use crate::protocol::acp::{self, methods};
+use crate::protocol::jsonrpc::{RpcError, codes};
+
+impl SessionState {
+    /// Restores undelivered steering from storage (restart recovery).
+    pub(super) async fn load_queued_steering(&mut self) {
+        match self.store.undelivered_steering(self.id()).await {
+            Ok(rows) => self.queue.extend(rows),
+            Err(e) => tracing::error!(session = %self.record.id, "loading queued steering: {e}"),
+        }
+    }
+
+    /// Starts a turn with `text` (ACP) or sends it (dialect).
+    pub(super) async fn send_prompt(&mut self, text: String, role: Role) {
+        self.note(role, MessageKind::Text, &text).await;
+        self.last_any = Instant::now();
+        match self.record.protocol {
+            Protocol::Acp => {
+                let Some(sid) = self.acp_session.clone() else {
+                    tracing::error!(session = %self.record.id, "prompt before the agent session exists");
+                    return;
+                };
+                let rpc_id = self.request(
+                    methods::SESSION_PROMPT,
+                    acp::prompt_params(&sid, &text),
+                    Outgoing::Prompt,
+                );
+                self.turn = Some(Turn {
+                    rpc_id,
+                    prompt: text,
+                    started: Instant::now(),
+                    heard_back: false,
+                    timeout_noted: false,
+                });
+            }
+            _ => {
+                let bytes = self.dialect.prompt_send(&text);
+                self.send_bytes(bytes);
+            }
+        }
+        self.emit(OperatorEvent::StatusChanged {
+            session_id: self.id().clone(),
+            status: self.status,
+            activity: "working".into(),
+            reason: None,
+        });
+    }
+
+    pub(super) async fn on_prompt_response(
+        &mut self,
+        rpc_id: i64,
+        outcome: Result<Value, RpcError>,
+    ) {
+        if self.turn.as_ref().is_none_or(|t| t.rpc_id != rpc_id) {
+            tracing::warn!(session = %self.record.id, rpc_id, "prompt response for a turn that is not running");
+        }
+        self.turn = None;
+        self.flush_text(true).await;
+        match outcome {
+            Ok(result) => {
+                let reason = acp::stop_reason(&result);
+                tracing::info!(session = %self.record.id, stop_reason = %reason, "turn ended");
+                if reason != "end_turn" && reason != "cancelled" {
+                    self.emit_notice(
+                        NoticeLevel::Warning,
+                        &format!("The agent stopped its turn: {reason}."),
+                    )
+                    .await;
+                }
+            }
+            Err(e) => {
+                let text = if e.code == codes::AUTH_REQUIRED
+                    || e.message
+                        .to_ascii_lowercase()
+                        .contains("authentication required")
+                {
+                    format!(
+                        "agent `{}` requires authentication: {}. It offers: {}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`.",
+                        self.profile.id,
+                        e.message,
+                        self.agent.describe_auth_methods()
+                    )
+                } else {
+                    format!("agent `{}` failed the prompt: {e}", self.profile.id)
+                };
+                self.emit_notice(NoticeLevel::Error, &text).await;
+            }
+        }
+        // Whatever the agent did not answer before its turn ended is moot.
+        if !self.pending.is_empty() {
+            self.cancel_pending("turn ended").await;
+        }
+        if self.phase != Phase::Ready {
+            return;
+        }
+        if let Some(text) = self.reprompt_after_cancel.take() {
+            self.send_prompt(text, Role::System).await;
+        } else if !self.queue.is_empty() {
+            self.deliver_next_queued().await;
+        } else {
+            self.emit(OperatorEvent::StatusChanged {
+                session_id: self.id().clone(),
+                status: self.status,
+                activity: "idle".into(),
+                reason: None,
+            });
+        }
+    }
+
+    pub(super) async fn deliver_next_queued(&mut self) {
+        let Some(steering) = self.queue.pop_front() else {
+            return;
+        };
+        self.deliver(steering).await;
+    }
+
+    async fn deliver(&mut self, steering: Steering) {
+        if let Err(e) = self.store.mark_steering_delivered(steering.id).await {
+            tracing::error!(session = %self.record.id, "marking steering delivered: {e}");
+        }
+        let id = steering.id;
+        self.send_prompt(steering.text, Role::User).await;
+        self.emit(OperatorEvent::SteeringDelivered {
+            session_id: self.id().clone(),
+            steering_id: id,
+        });
+    }
+
+    fn can_take_prompt_now(&self) -> bool {
+        self.phase == Phase::Ready
+            && self.turn.is_none()
+            && self.queue.is_empty()
+            && self.reprompt_after_cancel.is_none()
+    }
+
+    pub(super) async fn steer(
+        &mut self,
+        text: String,
+        interrupt: bool,
+        caller: &Caller,
+    ) -> Result<SteerOutcome, SessionError> {
+        self.authorize(caller, "steer").await?;
+        if matches!(self.phase, Phase::Stopping | Phase::Ended) || !self.status.is_live() {
+            return Err(SessionError::NotLive(self.status));
+        }
+        let steering = self
+            .store
+            .enqueue_steering(self.id(), &text, &caller.id)
+            .await?;
+        self.audit(
+            &caller.id,
+            "session.steered",
+            json!({"steering": steering.id, "interrupt": interrupt}),
+        )
+        .await;
+        self.last_any = Instant::now();
+        if self.can_take_prompt_now() {
+            let id = steering.id;
+            self.deliver(steering).await;
+            return Ok(SteerOutcome {
+                queued: false,
+                steering_id: id,
+            });
+        }
+        let id = steering.id;
+        self.queue.push_back(steering.clone());
+        self.emit(OperatorEvent::SteeringQueued {
+            session_id: self.id().clone(),
+            steering,
+        });
+        if interrupt && self.turn.is_some() {
+            self.cancel_turn("interrupted to steer").await;
+        }
+        Ok(SteerOutcome {
+            queued: true,
+            steering_id: id,
+        })
+    }
+
+    /// Cancels the running turn (ACP `session/cancel`), answering every
+    /// pending request as cancelled.
+    pub(super) async fn cancel_turn(&mut self, why: &str) {
+        if self.is_acp() {
+            if let Some(sid) = self.acp_session.clone()
+                && self.turn.is_some()
+            {
+                self.notify(methods::SESSION_CANCEL, acp::cancel_params(&sid));
+            }
+        } else {
+            let bytes = self.dialect.interrupt(why);
+            self.send_bytes(bytes);
+        }
+        self.cancel_pending(why).await;
+    }
+
+    /// Nudges a stalled agent.
+    pub(super) async fn nudge(&mut self) {
+        let text = self.settings.stall.nudge_text.clone();
+        self.audit(
+            "system",
+            "session.nudged",
+            json!({"nudges": self.stall.nudges}),
+        )
+        .await;
+        self.emit_notice(NoticeLevel::Warning, "Nudging the agent.")
+            .await;
+        match self.record.protocol {
+            Protocol::Acp if self.turn.is_some() => {
+                // A hung turn: cancel it and prompt again once it ends.
+                self.reprompt_after_cancel = Some(text);
+                self.cancel_turn("nudge").await;
+            }
+            Protocol::Acp => {
+                if self.phase == Phase::Ready {
+                    self.send_prompt(text, Role::System).await;
+                }
+            }
+            _ => {
+                let bytes = self.dialect.nudge(&text);
+                self.send_bytes(bytes);
+            }
+        }
+    }
+}

@@ -1,0 +1,749 @@
+//! The SessionSupervisor: creates, indexes and restarts sessions.
+//!
+//! It is linked to every SessionActor, but overrides ractor's default of
+//! dying with a failed child: a crashed agent (or a panicked actor) is
+//! restarted by policy — a budget of restarts within a window, exponential
+//! backoff — and resumed with `session/load` where the agent supports it.
+//! When the budget is spent the session is marked `crashed` with the stderr
+//! tail. It also holds the routing index (session id and Slack thread ->
+//! actor), enforces `max_sessions`, recovers live sessions after a server
+//! restart, and runs the graceful shutdown.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use crate::model::{
+    AuditEntry, Protocol, RequestStatus, SessionId, SessionRecord, SessionStatus, now_ms,
+};
+use crate::ports::{NoticeLevel, OperatorEvent, OperatorSink, SessionStore};
+use crate::protocol::acp::McpHttpServer;
+use crate::session::{
+    Caller, SessionActor, SessionArgs, SessionExit, SessionMsg, SessionSettings, StartError,
+    StartMode, StopCause, TERM_TO_KILL,
+};
+use crate::settings::{AgentProfile, SupervisionPolicy};
+
+/// What a new session needs, already resolved by the workspace registry.
+#[derive(Debug, Clone)]
+pub struct StartRequest {
+    /// Workspace id (or the path for ad-hoc sessions).
+    pub workspace: String,
+    /// Directory the agent runs in.
+    pub cwd: std::path::PathBuf,
+    /// Slack channel, when the workspace has one.
+    pub channel_id: Option<String>,
+    /// Agent profile.
+    pub profile: AgentProfile,
+    /// First prompt.
+    pub prompt: String,
+    /// Who starts it.
+    pub owner: String,
+}
+
+/// Why a session could not be started.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SupervisorError {
+    /// `max_sessions` reached.
+    #[error("{max} sessions are already live (limits.max_sessions); stop one or try again later")]
+    LimitReached {
+        /// The limit.
+        max: usize,
+    },
+    /// The prompt was empty.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The agent did not start; no session record was kept.
+    #[error("{0}")]
+    StartFailed(StartError),
+    /// Storage refused.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// Messages the supervisor handles.
+pub enum SupervisorMsg {
+    /// Start a new session; answered once the handshake finished or failed.
+    Start {
+        /// What to start.
+        req: StartRequest,
+        /// The stored record.
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    },
+    /// A session actor reports how it ended.
+    SessionExited {
+        /// Which.
+        id: SessionId,
+        /// How.
+        exit: SessionExit,
+    },
+    /// A restart's backoff elapsed.
+    RestartDue(SessionId),
+    /// The actor of a live session.
+    Lookup {
+        /// Which.
+        id: SessionId,
+        /// The actor, when live.
+        reply: RpcReplyPort<Option<ActorRef<SessionMsg>>>,
+    },
+    /// The session that owns a Slack thread.
+    LookupThread {
+        /// Channel.
+        channel: String,
+        /// Thread root ts.
+        ts: String,
+        /// Its session id.
+        reply: RpcReplyPort<Option<SessionId>>,
+    },
+    /// A thread root was posted for a session.
+    ThreadPosted {
+        /// Which.
+        id: SessionId,
+        /// Channel.
+        channel: String,
+        /// Root ts.
+        ts: String,
+    },
+    /// Live sessions (including ones waiting to restart).
+    LiveCount(RpcReplyPort<usize>),
+    /// After a server restart: resume or interrupt sessions stored as live.
+    Recover {
+        /// Agent profiles by id.
+        profiles: Vec<AgentProfile>,
+        /// (resumed, interrupted).
+        reply: RpcReplyPort<(usize, usize)>,
+    },
+    /// Stop everything gracefully; answered when all agents are gone.
+    Shutdown(RpcReplyPort<()>),
+    /// The shutdown deadline passed.
+    ShutdownDeadline,
+}
+
+/// Builds the MCP servers handed to one session's agent.
+pub type McpFor = Arc<dyn Fn(&SessionId) -> Vec<McpHttpServer> + Send + Sync>;
+
+/// Supervisor configuration.
+pub struct SupervisorArgs {
+    /// Restart policy.
+    pub policy: SupervisionPolicy,
+    /// Settings shared by every session.
+    pub settings: Arc<SessionSettings>,
+    /// Storage.
+    pub store: Arc<dyn SessionStore>,
+    /// Operator events.
+    pub sink: Arc<dyn OperatorSink>,
+    /// Builds the MCP servers handed to a session's agent (the ACP-MCP bridge).
+    pub mcp_for: Option<McpFor>,
+}
+
+/// What a restart needs to know.
+#[derive(Debug, Clone)]
+struct RestartPlan {
+    resume: Option<String>,
+    reprompt: Option<String>,
+    mid_turn: bool,
+    require_resume: bool,
+}
+
+struct Entry {
+    actor: Option<ActorRef<SessionMsg>>,
+    profile: AgentProfile,
+    restarts: Vec<Instant>,
+    total_restarts: u32,
+    plan: Option<RestartPlan>,
+    /// Recovering after a server restart: a failure means `interrupted`.
+    recovering: bool,
+    /// Still in its first start (failure deletes the row).
+    first_start: bool,
+}
+
+/// Supervisor state.
+pub struct SupervisorState {
+    myself: ActorRef<SupervisorMsg>,
+    args: SupervisorArgs,
+    sessions: HashMap<SessionId, Entry>,
+    threads: HashMap<(String, String), SessionId>,
+    shutdown: Option<RpcReplyPort<()>>,
+}
+
+/// The SessionSupervisor handler.
+pub struct SessionSupervisor;
+
+impl Actor for SessionSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        Ok(SupervisorState {
+            myself,
+            args,
+            sessions: HashMap::new(),
+            threads: HashMap::new(),
+            shutdown: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Start { req, reply } => state.start(req, reply).await,
+            SupervisorMsg::SessionExited { id, exit } => state.on_exit(id, exit).await,
+            SupervisorMsg::RestartDue(id) => state.restart(id).await,
+            SupervisorMsg::Lookup { id, reply } => {
+                let actor = state.sessions.get(&id).and_then(|e| e.actor.clone());
+                let _ = reply.send(actor);
+            }
+            SupervisorMsg::LookupThread { channel, ts, reply } => {
+                let _ = reply.send(state.threads.get(&(channel, ts)).cloned());
+            }
+            SupervisorMsg::ThreadPosted { id, channel, ts } => {
+                state.threads.insert((channel, ts), id);
+            }
+            SupervisorMsg::LiveCount(reply) => {
+                let _ = reply.send(state.sessions.len());
+            }
+            SupervisorMsg::Recover { profiles, reply } => {
+                let counts = state.recover(profiles).await;
+                let _ = reply.send(counts);
+            }
+            SupervisorMsg::Shutdown(reply) => state.begin_shutdown(reply).await,
+            SupervisorMsg::ShutdownDeadline => {
+                if let Some(reply) = state.shutdown.take() {
+                    tracing::warn!(left = state.sessions.len(), "shutdown deadline passed");
+                    let _ = reply.send(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Overrides ractor's default (stop the supervisor when a child fails).
+        if let SupervisionEvent::ActorFailed(cell, err) = event
+            && let Some(id) = state.session_of(&cell)
+        {
+            {
+                tracing::error!(session = %id, "session actor failed: {err}");
+                let exit = SessionExit::Crashed {
+                    reason: format!("session actor failed: {err}"),
+                    acp_session: None,
+                    interrupted_prompt: None,
+                    mid_turn: false,
+                };
+                state.on_exit(id, exit).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SupervisorState {
+    fn session_of(&self, cell: &ActorCell) -> Option<SessionId> {
+        self.sessions
+            .iter()
+            .find(|(_, e)| {
+                e.actor
+                    .as_ref()
+                    .is_some_and(|a| a.get_id() == cell.get_id())
+            })
+            .map(|(id, _)| id.clone())
+    }
+
+    async fn audit(&self, id: &SessionId, action: &str, detail: serde_json::Value) {
+        let entry = AuditEntry {
+            session_id: Some(id.clone()),
+            actor: "system".into(),
+            action: action.into(),
+            detail,
+        };
+        if let Err(e) = self.args.store.audit(&entry).await {
+            tracing::error!(session = %id, "audit write failed: {e}");
+        }
+    }
+
+    fn notice(&self, id: &SessionId, level: NoticeLevel, text: String) {
+        self.args.sink.emit(OperatorEvent::Notice {
+            session_id: id.clone(),
+            level,
+            text,
+        });
+    }
+
+    async fn spawn_session(
+        &mut self,
+        record: SessionRecord,
+        profile: AgentProfile,
+        start: StartMode,
+        ready: Option<oneshot::Sender<Result<(), StartError>>>,
+    ) -> Result<ActorRef<SessionMsg>, StartError> {
+        let mcp_servers = self
+            .args
+            .mcp_for
+            .as_ref()
+            .map(|f| f(&record.id))
+            .unwrap_or_default();
+        let args = SessionArgs {
+            record,
+            profile,
+            settings: self.args.settings.clone(),
+            store: self.args.store.clone(),
+            sink: self.args.sink.clone(),
+            start,
+            mcp_servers,
+            ready,
+            supervisor: Some(self.myself.clone()),
+        };
+        match Actor::spawn_linked(None, SessionActor, args, self.myself.get_cell()).await {
+            Ok((actor, _)) => Ok(actor),
+            Err(e) => Err(match e {
+                ractor::SpawnErr::StartupFailed(inner) => {
+                    match inner.downcast_ref::<StartError>() {
+                        Some(se) => se.clone(),
+                        None => StartError::Spawn(inner.to_string()),
+                    }
+                }
+                other => StartError::Spawn(other.to_string()),
+            }),
+        }
+    }
+
+    async fn start(
+        &mut self,
+        req: StartRequest,
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    ) {
+        if self.shutdown.is_some() {
+            let _ = reply.send(Err(SupervisorError::ShuttingDown));
+            return;
+        }
+        let prompt = req.prompt.trim().to_owned();
+        if prompt.is_empty() {
+            let _ = reply.send(Err(SupervisorError::EmptyPrompt));
+            return;
+        }
+        let max = self.args.settings.limits.max_sessions;
+        if self.sessions.len() >= max {
+            tracing::warn!(max, "session limit reached");
+            let _ = reply.send(Err(SupervisorError::LimitReached { max }));
+            return;
+        }
+        let now = now_ms();
+        let record = SessionRecord {
+            id: SessionId::generate(),
+            workspace: req.workspace.clone(),
+            cwd: req.cwd.display().to_string(),
+            agent: req.profile.id.clone(),
+            protocol: req.profile.protocol,
+            status: SessionStatus::Starting,
+            status_reason: None,
+            title: prompt.chars().take(80).collect(),
+            owner: req.owner.clone(),
+            acp_session_id: None,
+            channel_id: req.channel_id.clone().filter(|c| !c.is_empty()),
+            thread_ts: None,
+            restart_count: 0,
+            created_at: now,
+            updated_at: now,
+            last_activity_at: now,
+        };
+        if let Err(e) = self.args.store.create_session(&record).await {
+            let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
+            return;
+        }
+        self.args.sink.emit(OperatorEvent::SessionStarted {
+            session: record.clone(),
+        });
+        let (tx, rx) = oneshot::channel();
+        let start = StartMode::Fresh { prompt };
+        let id = record.id.clone();
+        let spawned = self
+            .spawn_session(record.clone(), req.profile.clone(), start, Some(tx))
+            .await;
+        let store = self.args.store.clone();
+        let actor = match spawned {
+            Ok(actor) => actor,
+            Err(err) => {
+                let _ = store.delete_session(&id).await;
+                let _ = reply.send(Err(SupervisorError::StartFailed(err)));
+                return;
+            }
+        };
+        self.sessions.insert(
+            id.clone(),
+            Entry {
+                actor: Some(actor),
+                profile: req.profile,
+                restarts: Vec::new(),
+                total_restarts: 0,
+                plan: None,
+                recovering: false,
+                first_start: true,
+            },
+        );
+        // Wait for the handshake off the supervisor's mailbox.
+        tokio::spawn(async move {
+            let outcome = match rx.await {
+                Ok(Ok(())) => match store.get_session(&id).await {
+                    Ok(Some(rec)) => Ok(rec),
+                    _ => Ok(record),
+                },
+                Ok(Err(err)) => {
+                    let _ = store.delete_session(&id).await;
+                    Err(SupervisorError::StartFailed(err))
+                }
+                Err(_) => {
+                    let _ = store.delete_session(&id).await;
+                    Err(SupervisorError::StartFailed(StartError::Spawn(
+                        "the session stopped before its agent was ready".into(),
+                    )))
+                }
+            };
+            let _ = reply.send(outcome);
+        });
+    }
+
+    async fn on_exit(&mut self, id: SessionId, exit: SessionExit) {
+        let Some(entry) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        entry.actor = None;
+        match exit {
+            SessionExit::Finished(_) => {
+                self.sessions.remove(&id);
+            }
+            SessionExit::StartFailed(err) if entry.first_start => {
+                tracing::info!(session = %id, "first start failed: {err}");
+                self.sessions.remove(&id);
+            }
+            SessionExit::StartFailed(err) if entry.recovering => {
+                let reason = format!("could not resume after a server restart: {err}");
+                self.end_session(&id, SessionStatus::Interrupted, &reason)
+                    .await;
+            }
+            SessionExit::StartFailed(err) => {
+                let plan = entry.plan.clone().unwrap_or(RestartPlan {
+                    resume: None,
+                    reprompt: None,
+                    mid_turn: false,
+                    require_resume: false,
+                });
+                self.maybe_restart(id, err.to_string(), plan).await;
+            }
+            SessionExit::Crashed {
+                reason,
+                acp_session,
+                interrupted_prompt,
+                mid_turn,
+            } => {
+                entry.first_start = false;
+                let plan = RestartPlan {
+                    resume: acp_session,
+                    reprompt: interrupted_prompt,
+                    mid_turn,
+                    require_resume: false,
+                };
+                self.maybe_restart(id, reason, plan).await;
+            }
+        }
+        self.check_shutdown_done();
+    }
+
+    async fn maybe_restart(&mut self, id: SessionId, reason: String, plan: RestartPlan) {
+        if self.shutdown.is_some() {
+            self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                .await;
+            return;
+        }
+        let policy = self.args.policy.clone();
+        let window = Duration::from_secs(policy.restart_window_secs);
+        let Some(entry) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        let now = Instant::now();
+        entry.restarts.retain(|t| now.duration_since(*t) < window);
+        if entry.restarts.len() as u32 >= policy.max_restarts {
+            let text = format!(
+                "{reason}. Restart budget spent ({} restarts within {} s); the session is marked crashed.",
+                policy.max_restarts, policy.restart_window_secs
+            );
+            self.notice(&id, NoticeLevel::Error, text);
+            self.end_session(&id, SessionStatus::Crashed, &reason).await;
+            return;
+        }
+        entry.restarts.push(now);
+        entry.total_restarts += 1;
+        entry.plan = Some(plan);
+        let attempt = entry.restarts.len() as u32;
+        let total = entry.total_restarts;
+        let delay = policy.backoff(attempt);
+        let store = self.args.store.clone();
+        let _ = store.set_restart_count(&id, total).await;
+        let why = format!(
+            "restarting after a crash (attempt {attempt} of {})",
+            policy.max_restarts
+        );
+        let _ = store
+            .set_status(&id, SessionStatus::Starting, Some(&why))
+            .await;
+        self.args.sink.emit(OperatorEvent::StatusChanged {
+            session_id: id.clone(),
+            status: SessionStatus::Starting,
+            activity: "crashed, restarting".into(),
+            reason: Some(why.clone()),
+        });
+        self.notice(
+            &id,
+            NoticeLevel::Warning,
+            format!(
+                "{reason}. Restarting in {} s (attempt {attempt} of {}).",
+                delay.as_secs(),
+                policy.max_restarts
+            ),
+        );
+        self.audit(
+            &id,
+            "session.restart_scheduled",
+            json!({"attempt": attempt, "delay_secs": delay.as_secs()}),
+        )
+        .await;
+        let id2 = id.clone();
+        self.myself
+            .send_after(delay, move || SupervisorMsg::RestartDue(id2.clone()));
+    }
+
+    async fn restart(&mut self, id: SessionId) {
+        if self.shutdown.is_some() {
+            self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                .await;
+            self.check_shutdown_done();
+            return;
+        }
+        let Some(entry) = self.sessions.get(&id) else {
+            return;
+        };
+        let profile = entry.profile.clone();
+        let plan = entry.plan.clone().unwrap_or(RestartPlan {
+            resume: None,
+            reprompt: None,
+            mid_turn: false,
+            require_resume: false,
+        });
+        let record = match self.args.store.get_session(&id).await {
+            Ok(Some(r)) => r,
+            _ => {
+                self.sessions.remove(&id);
+                return;
+            }
+        };
+        let start = StartMode::Restart {
+            resume: plan.resume.clone(),
+            reprompt: plan.reprompt.clone(),
+            was_mid_turn: plan.mid_turn,
+            require_resume: plan.require_resume,
+        };
+        match self.spawn_session(record, profile, start, None).await {
+            Ok(actor) => {
+                if let Some(e) = self.sessions.get_mut(&id) {
+                    e.actor = Some(actor);
+                }
+            }
+            Err(err) => {
+                let recovering = self.sessions.get(&id).is_some_and(|e| e.recovering);
+                if recovering {
+                    let reason = format!("could not resume after a server restart: {err}");
+                    self.end_session(&id, SessionStatus::Interrupted, &reason)
+                        .await;
+                } else {
+                    self.maybe_restart(id, err.to_string(), plan).await;
+                }
+            }
+        }
+    }
+
+    /// Marks a session ended for good and forgets it.
+    async fn end_session(&mut self, id: &SessionId, status: SessionStatus, reason: &str) {
+        self.sessions.remove(id);
+        let store = self.args.store.clone();
+        if let Err(e) = store.set_status(id, status, Some(reason)).await {
+            tracing::error!(session = %id, "status write failed: {e}");
+        }
+        if let Ok(reqs) = store.list_requests(Some(id), true).await {
+            for r in reqs {
+                let _ = store.close_request(&r.id, RequestStatus::Expired).await;
+                self.args.sink.emit(OperatorEvent::RequestClosed {
+                    session_id: id.clone(),
+                    id: r.id,
+                    status: RequestStatus::Expired,
+                    decision: None,
+                });
+            }
+        }
+        self.audit(
+            id,
+            "session.ended",
+            json!({"status": status.as_str(), "reason": reason}),
+        )
+        .await;
+        self.args.sink.emit(OperatorEvent::StatusChanged {
+            session_id: id.clone(),
+            status,
+            activity: status.as_str().into(),
+            reason: Some(reason.to_owned()),
+        });
+        self.args.sink.emit(OperatorEvent::SessionEnded {
+            session_id: id.clone(),
+            status,
+            reason: Some(reason.to_owned()),
+        });
+    }
+
+    async fn recover(&mut self, profiles: Vec<AgentProfile>) -> (usize, usize) {
+        let store = self.args.store.clone();
+        let live = match store.list_sessions(true).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("recovery could not list sessions: {e}");
+                return (0, 0);
+            }
+        };
+        let (mut resumed, mut interrupted) = (0, 0);
+        for rec in live {
+            let id = rec.id.clone();
+            // The agent process died with the old server: its open requests
+            // cannot be answered any more. Say so explicitly.
+            if let Ok(reqs) = store.list_requests(Some(&id), true).await {
+                for r in reqs {
+                    let _ = store.close_request(&r.id, RequestStatus::Expired).await;
+                    self.args.sink.emit(OperatorEvent::RequestClosed {
+                        session_id: id.clone(),
+                        id: r.id,
+                        status: RequestStatus::Expired,
+                        decision: None,
+                    });
+                }
+            }
+            let profile = profiles.iter().find(|p| p.id == rec.agent).cloned();
+            let resumable = match rec.protocol {
+                Protocol::Acp => rec.acp_session_id.is_some(),
+                Protocol::Intercom => true,
+                Protocol::Mcp => false,
+            };
+            let (Some(profile), true) = (profile, resumable) else {
+                let reason = "server restarted; the session could not be resumed";
+                self.sessions.insert(id.clone(), placeholder_entry(&rec));
+                self.end_session(&id, SessionStatus::Interrupted, reason)
+                    .await;
+                interrupted += 1;
+                continue;
+            };
+            let plan = RestartPlan {
+                resume: rec.acp_session_id.clone(),
+                reprompt: None,
+                mid_turn: false,
+                require_resume: rec.protocol == Protocol::Acp,
+            };
+            self.sessions.insert(
+                id.clone(),
+                Entry {
+                    actor: None,
+                    profile,
+                    restarts: Vec::new(),
+                    total_restarts: rec.restart_count,
+                    plan: Some(plan),
+                    recovering: true,
+                    first_start: false,
+                },
+            );
+            if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
+                self.threads.insert((ch.clone(), ts.clone()), id.clone());
+            }
+            self.notice(
+                &id,
+                NoticeLevel::Info,
+                "The server restarted; resuming this session.".into(),
+            );
+            self.restart(id.clone()).await;
+            if self.sessions.get(&id).is_some_and(|e| e.actor.is_some()) {
+                resumed += 1;
+            } else {
+                interrupted += 1;
+            }
+        }
+        (resumed, interrupted)
+    }
+
+    async fn begin_shutdown(&mut self, reply: RpcReplyPort<()>) {
+        self.shutdown = Some(reply);
+        let ids: Vec<SessionId> = self.sessions.keys().cloned().collect();
+        for id in ids {
+            let actor = self.sessions.get(&id).and_then(|e| e.actor.clone());
+            match actor {
+                Some(a) => {
+                    let _ = a.send_message(SessionMsg::Stop {
+                        cause: StopCause::Shutdown,
+                        caller: Caller::local(),
+                        reply: None,
+                    });
+                }
+                None => {
+                    self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                        .await;
+                }
+            }
+        }
+        let grace =
+            self.args.settings.limits.shutdown_grace() + TERM_TO_KILL + Duration::from_secs(1);
+        self.myself
+            .send_after(grace, || SupervisorMsg::ShutdownDeadline);
+        self.check_shutdown_done();
+    }
+
+    fn check_shutdown_done(&mut self) {
+        if self.sessions.is_empty()
+            && let Some(reply) = self.shutdown.take()
+        {
+            let _ = reply.send(());
+        }
+    }
+}
+
+fn placeholder_entry(rec: &SessionRecord) -> Entry {
+    Entry {
+        actor: None,
+        profile: AgentProfile {
+            id: rec.agent.clone(),
+            command: String::new(),
+            args: vec![],
+            env: vec![],
+            protocol: rec.protocol,
+            framing: Default::default(),
+            auth_method: None,
+        },
+        restarts: Vec::new(),
+        total_restarts: rec.restart_count,
+        plan: None,
+        recovering: true,
+        first_start: false,
+    }
+}

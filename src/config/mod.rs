@@ -1,0 +1,460 @@
+//! Loading, resolving and validating `config.toml`.
+//!
+//! The file format is a public interface; `config.toml.example` in the
+//! repository root documents every key. The shapes of the `[[agent]]`,
+//! `[[workspace]]`, `[limits]`, `[stall]` and `[supervision]` sections are the
+//! core's own types from [`intercom_actors::settings`]; this module adds the
+//! server-level sections, resolves every relative path against the config
+//! file's directory and validates cross-field rules, naming the exact key of
+//! anything it rejects.
+//!
+//! Slack tokens are never read from the file; they come from the
+//! `SLACK_BOT_TOKEN` / `SLACK_APP_TOKEN` environment variables.
+
+mod paths;
+mod validate;
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+pub use intercom_actors::settings::{
+    AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
+};
+
+/// `server.bind` when the file does not set it.
+pub const DEFAULT_BIND: &str = "127.0.0.1:3000";
+/// `database.path` when the file does not set it (relative to the config file's directory).
+pub const DEFAULT_DATABASE_PATH: &str = "data/agent-intercom.db";
+
+/// A loaded, resolved and validated configuration.
+///
+/// Every path is absolute. `workspace_root` and workspace paths are canonical
+/// as far as they exist (symlinks and `..` resolved). Agent commands that
+/// contain a path separator but are relative (`./target/debug/x`) have been
+/// made absolute against the config file's directory; bare names (`npx`) are
+/// left for a `PATH` lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Agents may only run in directories under this one.
+    pub workspace_root: PathBuf,
+    /// `[server]`.
+    pub server: ServerSection,
+    /// `[database]`.
+    pub database: DatabaseSection,
+    /// `[slack]`.
+    pub slack: SlackSection,
+    /// `[[agent]]` profiles, in file order.
+    pub agents: Vec<AgentProfile>,
+    /// `[[workspace]]` entries, in file order, paths absolute.
+    pub workspaces: Vec<WorkspaceEntry>,
+    /// `[limits]`.
+    pub limits: Limits,
+    /// `[stall]`.
+    pub stall: StallPolicy,
+    /// `[supervision]`.
+    pub supervision: SupervisionPolicy,
+    /// The effective default agent id: the top-level `default_agent`, else the
+    /// first `[[agent]]`; `None` only when no agents are configured.
+    pub default_agent: Option<String>,
+    /// The file this was loaded from (absolute), if any.
+    pub source: Option<PathBuf>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSection {
+    /// Address the operator HTTP API listens on.
+    pub bind: SocketAddr,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 3000)),
+        }
+    }
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseSection {
+    /// SQLite file (absolute).
+    pub path: PathBuf,
+}
+
+/// `[slack]`. Tokens are not here: they come from the environment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlackSection {
+    /// Override of the Slack Web API base URL (e.g. an emulator); always ends in `/`.
+    pub api_url: Option<String>,
+    /// Slack user ids allowed to act on any session.
+    pub operators: Vec<String>,
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error(
+        "cannot read config file {}: {source}; create one from config.toml.example",
+        path.display()
+    )]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema (unknown key,
+    /// wrong type). `message` is toml's, with line, column and the offending key.
+    #[error("{}", ParseDisplay { path: path.as_deref(), message })]
+    Parse {
+        /// The file, when parsing one (None for [`Config::from_toml_str`]).
+        path: Option<PathBuf>,
+        /// toml's message.
+        message: String,
+    },
+    /// A value is well-formed but not acceptable.
+    #[error("config error at `{key}`: {reason}")]
+    Invalid {
+        /// The key path, e.g. `workspace[1].id`.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    /// The offending key path for [`ConfigError::Invalid`].
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+struct ParseDisplay<'a> {
+    path: Option<&'a Path>,
+    message: &'a str,
+}
+
+impl fmt::Display for ParseDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.path {
+            Some(path) => write!(
+                f,
+                "cannot parse config file {}: {}",
+                path.display(),
+                self.message
+            ),
+            None => write!(f, "cannot parse config: {}", self.message),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The file as written (before resolution and validation).
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    pub(crate) workspace_root: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) server: RawServer,
+    #[serde(default)]
+    pub(crate) database: RawDatabase,
+    #[serde(default)]
+    pub(crate) slack: RawSlack,
+    #[serde(default, rename = "agent")]
+    pub(crate) agents: Vec<AgentProfile>,
+    #[serde(default, rename = "workspace")]
+    pub(crate) workspaces: Vec<WorkspaceEntry>,
+    #[serde(default)]
+    pub(crate) limits: Limits,
+    #[serde(default)]
+    pub(crate) stall: StallPolicy,
+    #[serde(default)]
+    pub(crate) supervision: SupervisionPolicy,
+    #[serde(default)]
+    pub(crate) default_agent: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawServer {
+    /// Kept as text so a bad value is reported against `server.bind`.
+    pub(crate) bind: String,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            bind: DEFAULT_BIND.to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawDatabase {
+    pub(crate) path: PathBuf,
+}
+
+impl Default for RawDatabase {
+    fn default() -> Self {
+        RawDatabase {
+            path: PathBuf::from(DEFAULT_DATABASE_PATH),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawSlack {
+    pub(crate) api_url: Option<String>,
+    pub(crate) operators: Vec<String>,
+    /// Accepted only to reject it with a pointed message.
+    pub(crate) bot_token: Option<IgnoredAny>,
+    /// Accepted only to reject it with a pointed message.
+    pub(crate) app_token: Option<IgnoredAny>,
+}
+
+// ---------------------------------------------------------------------------
+
+impl Config {
+    /// Reads, parses, resolves and validates the file at `path`. Relative
+    /// paths inside it resolve against the file's directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let source = paths::absolutize(path);
+        let base_dir = source
+            .parent()
+            .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
+        Self::parse(&text, &base_dir, Some(&source))
+    }
+
+    /// Parses, resolves and validates `text` as if it were a config file in
+    /// `base_dir`. The result has `source: None`.
+    pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        Self::parse(text, base_dir, None)
+    }
+
+    fn parse(text: &str, base_dir: &Path, source: Option<&Path>) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: source.map(Path::to_path_buf),
+            message: parse_message(&e),
+        })?;
+        let base = paths::canonicalish(&paths::absolutize(base_dir));
+        let mut config = validate::build(raw, &base)?;
+        config.source = source.map(Path::to_path_buf);
+        Ok(config)
+    }
+
+    /// A valid configuration for `dir` with every default and no agents or
+    /// workspaces: `workspace_root` is `dir`, the database is
+    /// `dir/data/agent-intercom.db`.
+    pub fn default_for_dir(dir: &Path) -> Config {
+        let base = paths::canonicalish(&paths::absolutize(dir));
+        Config {
+            database: DatabaseSection {
+                path: paths::join_normalized(&base, Path::new(DEFAULT_DATABASE_PATH)),
+            },
+            workspace_root: base,
+            server: ServerSection::default(),
+            slack: SlackSection::default(),
+            agents: Vec::new(),
+            workspaces: Vec::new(),
+            limits: Limits::default(),
+            stall: StallPolicy::default(),
+            supervision: SupervisionPolicy::default(),
+            default_agent: None,
+            source: None,
+        }
+    }
+
+    /// The agent profile with this id.
+    pub fn agent(&self, id: &str) -> Option<&AgentProfile> {
+        self.agents.iter().find(|a| a.id == id)
+    }
+
+    /// The workspace with this id.
+    pub fn workspace(&self, id: &str) -> Option<&WorkspaceEntry> {
+        self.workspaces.iter().find(|w| w.id == id)
+    }
+
+    /// The workspace bound to this (non-empty) Slack channel.
+    pub fn workspace_by_channel(&self, channel_id: &str) -> Option<&WorkspaceEntry> {
+        if channel_id.is_empty() {
+            return None;
+        }
+        self.workspaces.iter().find(|w| w.channel_id == channel_id)
+    }
+
+    /// The agent a start request that names none should use: the workspace's
+    /// `default_agent`, else the top-level default (itself defaulting to the
+    /// first `[[agent]]`).
+    pub fn default_agent_for(&self, ws: Option<&WorkspaceEntry>) -> Option<&AgentProfile> {
+        let id = ws
+            .and_then(|w| w.default_agent.as_deref())
+            .or(self.default_agent.as_deref())?;
+        self.agent(id)
+    }
+
+    /// Whether `path` (relative paths resolve against `workspace_root`) lies
+    /// inside `workspace_root` (or is it), after canonicalising both: `..` and
+    /// symlinks are resolved for the parts that exist.
+    pub fn is_under_root(&self, path: &Path) -> bool {
+        let root = paths::canonicalish(&self.workspace_root);
+        let candidate = paths::canonicalish(&paths::join_normalized(&self.workspace_root, path));
+        candidate.starts_with(&root)
+    }
+
+    /// `path` resolved against `workspace_root` and canonicalised as far as it
+    /// exists (for a `path` session before checking [`Config::is_under_root`]).
+    pub fn resolve_under_root(&self, path: &Path) -> PathBuf {
+        paths::canonicalish(&paths::join_normalized(&self.workspace_root, path))
+    }
+
+    /// A one-paragraph human summary, as printed by `check-config`.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "config OK: {}, {}, database {}, bind {}",
+            plural(self.agents.len(), "agent"),
+            plural(self.workspaces.len(), "workspace"),
+            self.database.path.display(),
+            self.server.bind,
+        );
+        s.push_str(&format!(
+            "; workspace root {}",
+            self.workspace_root.display()
+        ));
+        match &self.default_agent {
+            Some(id) => s.push_str(&format!("; default agent \"{id}\"")),
+            None => s.push_str("; no agents, so only IDE (MCP) sessions are possible"),
+        }
+        let channels = self
+            .workspaces
+            .iter()
+            .filter(|w| !w.channel_id.is_empty())
+            .count();
+        s.push_str(&format!(
+            "; {} bound to Slack channels, {}",
+            plural(channels, "workspace"),
+            plural(self.slack.operators.len(), "Slack operator"),
+        ));
+        if let Some(url) = &self.slack.api_url {
+            s.push_str(&format!(", Slack API {url}"));
+        }
+        if let Some(src) = &self.source {
+            s.push_str(&format!(" (from {})", src.display()));
+        }
+        s
+    }
+}
+
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// toml's message, plus a hint for the classic mistake of putting a top-level
+/// key after a `[table]` header.
+fn parse_message(e: &toml::de::Error) -> String {
+    let mut message = e.to_string().trim_end().to_owned();
+    const TOP_LEVEL: [&str; 2] = [
+        "unknown field `default_agent`",
+        "unknown field `workspace_root`",
+    ];
+    if TOP_LEVEL.iter().any(|needle| message.contains(needle)) {
+        message.push_str(
+            "\nhint: top-level keys (workspace_root, default_agent) must come before the first [section] header",
+        );
+    }
+    message
+}
+
+/// Loads and validates the file at `path` and returns the summary printed by
+/// the `check-config` subcommand.
+pub fn check_config(path: &Path) -> Result<String, ConfigError> {
+    Config::load(path).map(|c| c.summary())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_for_dir_is_what_an_empty_file_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let from_empty = Config::from_toml_str("", dir.path()).unwrap();
+        assert_eq!(from_empty, Config::default_for_dir(dir.path()));
+    }
+
+    #[test]
+    fn default_bind_constant_matches_default_section() {
+        assert_eq!(
+            DEFAULT_BIND.parse::<SocketAddr>().unwrap(),
+            ServerSection::default().bind
+        );
+    }
+
+    #[test]
+    fn default_agent_for_prefers_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::from_toml_str(
+            r#"
+            [[agent]]
+            id = "a"
+            command = "a"
+            [[agent]]
+            id = "b"
+            command = "b"
+            [[workspace]]
+            id = "w1"
+            path = "."
+            default_agent = "b"
+            [[workspace]]
+            id = "w2"
+            path = "."
+            channel_id = "C1"
+            "#,
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(cfg.default_agent.as_deref(), Some("a"));
+        assert_eq!(cfg.default_agent_for(cfg.workspace("w1")).unwrap().id, "b");
+        assert_eq!(cfg.default_agent_for(cfg.workspace("w2")).unwrap().id, "a");
+        assert_eq!(cfg.default_agent_for(None).unwrap().id, "a");
+        assert_eq!(cfg.workspace_by_channel("C1").unwrap().id, "w2");
+        assert!(cfg.workspace_by_channel("").is_none());
+    }
+
+    #[test]
+    fn top_level_key_after_a_table_gets_a_hint() {
+        let err = Config::from_toml_str("[supervision]\ndefault_agent = \"x\"\n", Path::new("/"))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("must come before the first [section]"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,429 @@
+//! Turning a [`RawConfig`] into a [`Config`]: path resolution and every
+//! cross-field rule. The first problem found is returned; the order is fixed
+//! (server, paths, slack, agents, default agent, workspaces, limits, stall,
+//! supervision; file order within each) so the same file always yields the
+//! same error.
+
+use super::paths::{canonicalish, join_normalized};
+use super::{
+    AgentProfile, Config, ConfigError, DatabaseSection, RawConfig, RawSlack, ServerSection,
+    SlackSection, WorkspaceEntry,
+};
+use intercom_actors::model::Protocol;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// Slack secrets the server holds; never passed through to agent processes.
+const SERVER_SECRETS: [&str; 2] = ["SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"];
+
+/// Minimum for `limits.max_line_bytes`.
+const MIN_LINE_BYTES: usize = 1024;
+
+pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
+    let server = server(&raw.server.bind)?;
+    let workspace_root = workspace_root(raw.workspace_root.as_deref(), base)?;
+    let database = database(&raw.database.path, base)?;
+    let slack = slack(raw.slack)?;
+    let agents = agents(raw.agents, base)?;
+    let default_agent = default_agent(raw.default_agent, &agents)?;
+    let workspaces = workspaces(raw.workspaces, base, &workspace_root, &agents)?;
+    limits(&raw.limits)?;
+    stall(&raw.stall)?;
+    supervision(&raw.supervision)?;
+    Ok(Config {
+        workspace_root,
+        server,
+        database,
+        slack,
+        agents,
+        workspaces,
+        limits: raw.limits,
+        stall: raw.stall,
+        supervision: raw.supervision,
+        default_agent,
+        source: None,
+    })
+}
+
+fn server(bind: &str) -> Result<ServerSection> {
+    let bind: SocketAddr = bind.trim().parse().map_err(|e| {
+        ConfigError::invalid(
+            "server.bind",
+            format!("{bind:?} is not a socket address like \"127.0.0.1:3000\" ({e})"),
+        )
+    })?;
+    Ok(ServerSection { bind })
+}
+
+fn workspace_root(root: Option<&Path>, base: &Path) -> Result<PathBuf> {
+    let Some(root) = root else {
+        return Ok(base.to_path_buf());
+    };
+    if root.as_os_str().is_empty() {
+        return Err(ConfigError::invalid(
+            "workspace_root",
+            "must not be empty (omit it to use the config file's directory)",
+        ));
+    }
+    let resolved = canonicalish(&join_normalized(base, root));
+    if resolved.exists() && !resolved.is_dir() {
+        return Err(ConfigError::invalid(
+            "workspace_root",
+            format!("{} is not a directory", resolved.display()),
+        ));
+    }
+    if !resolved.exists() {
+        tracing::warn!(path = %resolved.display(), "workspace_root does not exist (yet)");
+    }
+    Ok(resolved)
+}
+
+fn database(path: &Path, base: &Path) -> Result<DatabaseSection> {
+    if path.as_os_str().is_empty() {
+        return Err(ConfigError::invalid("database.path", "must not be empty"));
+    }
+    let resolved = canonicalish(&join_normalized(base, path));
+    if resolved.is_dir() {
+        return Err(ConfigError::invalid(
+            "database.path",
+            format!(
+                "{} is a directory; name the database file",
+                resolved.display()
+            ),
+        ));
+    }
+    Ok(DatabaseSection { path: resolved })
+}
+
+fn slack(raw: RawSlack) -> Result<SlackSection> {
+    for (key, var) in [
+        (
+            "slack.bot_token",
+            raw.bot_token.is_some().then_some("SLACK_BOT_TOKEN"),
+        ),
+        (
+            "slack.app_token",
+            raw.app_token.is_some().then_some("SLACK_APP_TOKEN"),
+        ),
+    ] {
+        if let Some(var) = var {
+            return Err(ConfigError::invalid(
+                key,
+                format!(
+                    "Slack tokens are never read from the config file; remove it and set the {var} environment variable"
+                ),
+            ));
+        }
+    }
+    let api_url = match raw.api_url {
+        None => None,
+        Some(url) => {
+            let url = url.trim().to_owned();
+            if !(url.starts_with("https://") || url.starts_with("http://"))
+                || url.len() <= "https://".len()
+            {
+                return Err(ConfigError::invalid(
+                    "slack.api_url",
+                    format!("{url:?} is not an http(s) URL like \"https://slack.com/api/\""),
+                ));
+            }
+            Some(if url.ends_with('/') {
+                url
+            } else {
+                format!("{url}/")
+            })
+        }
+    };
+    for (i, op) in raw.operators.iter().enumerate() {
+        if op.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                format!("slack.operators[{i}]"),
+                "must be a Slack user id like \"U0123ABCD\", not empty",
+            ));
+        }
+        if op.trim() != op {
+            return Err(ConfigError::invalid(
+                format!("slack.operators[{i}]"),
+                format!("{op:?} has surrounding whitespace"),
+            ));
+        }
+    }
+    Ok(SlackSection {
+        api_url,
+        operators: raw.operators,
+    })
+}
+
+fn agents(mut agents: Vec<AgentProfile>, base: &Path) -> Result<Vec<AgentProfile>> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, agent) in agents.iter_mut().enumerate() {
+        let key = |field: &str| format!("agent[{i}].{field}");
+        check_id(&agent.id, &key("id"))?;
+        if let Some(first) = seen.insert(agent.id.clone(), i) {
+            return Err(ConfigError::invalid(
+                key("id"),
+                format!(
+                    "duplicate agent id {:?} (also used by agent[{first}])",
+                    agent.id
+                ),
+            ));
+        }
+        if agent.command.trim().is_empty() {
+            return Err(ConfigError::invalid(key("command"), "must not be empty"));
+        }
+        if agent.protocol == Protocol::Mcp {
+            return Err(ConfigError::invalid(
+                key("protocol"),
+                "\"mcp\" is for IDE agents that connect to the server; an [[agent]] profile starts a process and must use \"acp\" or \"intercom\"",
+            ));
+        }
+        for (k, name) in agent.env.iter().enumerate() {
+            if !is_env_var_name(name) {
+                return Err(ConfigError::invalid(
+                    format!("agent[{i}].env[{k}]"),
+                    format!(
+                        "{name:?} is not an environment variable name (letters, digits and _, not starting with a digit)"
+                    ),
+                ));
+            }
+            if SERVER_SECRETS.contains(&name.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("agent[{i}].env[{k}]"),
+                    format!("{name} is the server's Slack secret and is never passed to agents"),
+                ));
+            }
+        }
+        if agent
+            .auth_method
+            .as_deref()
+            .is_some_and(|m| m.trim().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                key("auth_method"),
+                "must not be empty (omit it to let the agent choose)",
+            ));
+        }
+        agent.command = resolve_command(&agent.command, base);
+    }
+    Ok(agents)
+}
+
+/// A command with a path separator that is relative (`./bin/agent`) is made
+/// absolute against the config file's directory, so it does not depend on the
+/// server's or the session's working directory. Bare names stay for `PATH`.
+fn resolve_command(command: &str, base: &Path) -> String {
+    let has_separator = command.contains('/') || (cfg!(windows) && command.contains('\\'));
+    let path = Path::new(command);
+    if !has_separator || path.is_absolute() {
+        return command.to_owned();
+    }
+    let resolved = join_normalized(base, path);
+    if !resolved.exists() {
+        tracing::warn!(command, resolved = %resolved.display(), "agent command does not exist (yet)");
+    }
+    resolved
+        .to_str()
+        .map_or_else(|| command.to_owned(), str::to_owned)
+}
+
+fn default_agent(explicit: Option<String>, agents: &[AgentProfile]) -> Result<Option<String>> {
+    match explicit {
+        None => Ok(agents.first().map(|a| a.id.clone())),
+        Some(id) => {
+            if agents.iter().any(|a| a.id == id) {
+                Ok(Some(id))
+            } else {
+                Err(ConfigError::invalid(
+                    "default_agent",
+                    unknown_agent(&id, agents),
+                ))
+            }
+        }
+    }
+}
+
+fn workspaces(
+    mut workspaces: Vec<WorkspaceEntry>,
+    base: &Path,
+    root: &Path,
+    agents: &[AgentProfile],
+) -> Result<Vec<WorkspaceEntry>> {
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    let mut channels: HashMap<String, usize> = HashMap::new();
+    for (i, ws) in workspaces.iter_mut().enumerate() {
+        let key = |field: &str| format!("workspace[{i}].{field}");
+        check_id(&ws.id, &key("id"))?;
+        if let Some(first) = ids.insert(ws.id.clone(), i) {
+            return Err(ConfigError::invalid(
+                key("id"),
+                format!(
+                    "duplicate workspace id {:?} (also used by workspace[{first}])",
+                    ws.id
+                ),
+            ));
+        }
+        if !ws.channel_id.is_empty() {
+            if ws.channel_id.trim() != ws.channel_id {
+                return Err(ConfigError::invalid(
+                    key("channel_id"),
+                    format!("{:?} has surrounding whitespace", ws.channel_id),
+                ));
+            }
+            if let Some(first) = channels.insert(ws.channel_id.clone(), i) {
+                return Err(ConfigError::invalid(
+                    key("channel_id"),
+                    format!(
+                        "duplicate channel id {:?} (also used by workspace[{first}]); a channel belongs to one workspace",
+                        ws.channel_id
+                    ),
+                ));
+            }
+        }
+        if ws.path.as_os_str().is_empty() {
+            return Err(ConfigError::invalid(key("path"), "must not be empty"));
+        }
+        let resolved = canonicalish(&join_normalized(base, &ws.path));
+        if !resolved.starts_with(root) {
+            return Err(ConfigError::invalid(
+                key("path"),
+                format!(
+                    "{} resolves to {}, which is outside workspace_root {}",
+                    ws.path.display(),
+                    resolved.display(),
+                    root.display()
+                ),
+            ));
+        }
+        if resolved.exists() && !resolved.is_dir() {
+            return Err(ConfigError::invalid(
+                key("path"),
+                format!("{} is not a directory", resolved.display()),
+            ));
+        }
+        if !resolved.exists() {
+            tracing::warn!(workspace = %ws.id, path = %resolved.display(), "workspace directory does not exist (yet)");
+        }
+        ws.path = resolved;
+        if let Some(agent) = &ws.default_agent
+            && !agents.iter().any(|a| &a.id == agent)
+        {
+            return Err(ConfigError::invalid(
+                key("default_agent"),
+                unknown_agent(agent, agents),
+            ));
+        }
+    }
+    Ok(workspaces)
+}
+
+fn limits(l: &super::Limits) -> Result<()> {
+    if l.max_sessions == 0 {
+        return Err(ConfigError::invalid(
+            "limits.max_sessions",
+            "must be at least 1",
+        ));
+    }
+    if l.startup_timeout_secs == 0 {
+        return Err(ConfigError::invalid(
+            "limits.startup_timeout_secs",
+            "must be at least 1 (every agent start would time out)",
+        ));
+    }
+    if l.max_line_bytes < MIN_LINE_BYTES {
+        return Err(ConfigError::invalid(
+            "limits.max_line_bytes",
+            format!(
+                "must be at least {MIN_LINE_BYTES} (got {})",
+                l.max_line_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn stall(s: &super::StallPolicy) -> Result<()> {
+    if s.inactivity_secs > 0 && s.escalation_secs == 0 {
+        return Err(ConfigError::invalid(
+            "stall.escalation_secs",
+            "must be at least 1 while stall detection is on (stall.inactivity_secs > 0)",
+        ));
+    }
+    if s.inactivity_secs > 0 && s.max_nudges > 0 && s.nudge_text.trim().is_empty() {
+        return Err(ConfigError::invalid(
+            "stall.nudge_text",
+            "must not be empty while nudges are enabled (stall.max_nudges > 0)",
+        ));
+    }
+    Ok(())
+}
+
+fn supervision(s: &super::SupervisionPolicy) -> Result<()> {
+    if s.backoff_max_secs < s.backoff_initial_secs {
+        return Err(ConfigError::invalid(
+            "supervision.backoff_max_secs",
+            format!(
+                "must be at least supervision.backoff_initial_secs ({}), got {}",
+                s.backoff_initial_secs, s.backoff_max_secs
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_id(id: &str, key: &str) -> Result<()> {
+    if id.trim().is_empty() {
+        return Err(ConfigError::invalid(key, "must not be empty"));
+    }
+    if id.trim() != id {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{id:?} has surrounding whitespace"),
+        ));
+    }
+    Ok(())
+}
+
+fn unknown_agent(id: &str, agents: &[AgentProfile]) -> String {
+    if agents.is_empty() {
+        format!("unknown agent {id:?} (no [[agent]] profiles are defined)")
+    } else {
+        let known: Vec<&str> = agents.iter().map(|a| a.id.as_str()).collect();
+        format!("unknown agent {id:?} (known: {})", known.join(", "))
+    }
+}
+
+fn is_env_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_var_names() {
+        for ok in ["A", "_X", "ANTHROPIC_API_KEY", "a1_b2"] {
+            assert!(is_env_var_name(ok), "{ok}");
+        }
+        for bad in ["", "1A", "A-B", "A B", "A=B", "Ä"] {
+            assert!(!is_env_var_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn commands_with_separators_resolve_against_the_config_dir() {
+        let base = Path::new("/cfg/dir");
+        assert_eq!(resolve_command("npx", base), "npx");
+        assert_eq!(resolve_command("/usr/bin/x", base), "/usr/bin/x");
+        assert_eq!(
+            resolve_command("./target/debug/scripted-agent", base),
+            "/cfg/dir/target/debug/scripted-agent"
+        );
+        assert_eq!(resolve_command("../bin/a", base), "/cfg/bin/a");
+    }
+}

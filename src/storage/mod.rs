@@ -1,0 +1,435 @@
+//! SQLite persistence: the edge that implements the core's `SessionStore` port.
+//!
+//! Why this exists: sessions, transcripts, pending requests and their
+//! decisions, queued steering and the audit log must survive a restart of the
+//! server. This module opens (and migrates) one SQLite file, makes sure only
+//! one agent-intercom instance uses it, and funnels every write through a
+//! single gate so concurrent actors never fight over SQLite's write lock.
+//!
+//! Layout: [`SqliteStore`] and opening live here; the trait implementation is
+//! in `store.rs`, row decoding in `rows.rs`, the instance lock in `lock.rs`.
+
+mod lock;
+mod rows;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use intercom_actors::model::{AuditEntry, SessionId};
+use intercom_actors::ports::StoreError;
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use lock::{InstanceLock, LockFailure};
+use rows::AuditRow;
+
+/// The schema, embedded at build time from `migrations/`.
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// How many connections a file-backed store keeps (reads run in parallel;
+/// writes are serialised by the write gate anyway).
+const MAX_CONNECTIONS: u32 = 4;
+
+/// How long SQLite waits for a lock held by someone else before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the database could not be opened. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageOpenError {
+    /// The directory for the database file could not be created.
+    #[error("cannot create database directory {}: {source}; create it or point [database] path elsewhere", .path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The instance lock file could not be opened or locked.
+    #[error("cannot open lock file {}: {source}; check that its directory is writable by this user", .path.display())]
+    LockFile {
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another agent-intercom instance holds the database.
+    #[error("database {} is locked by another agent-intercom instance; stop it or point [database] path elsewhere", .path.display())]
+    Locked {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The database file could not be created or opened.
+    #[error("cannot open database {}: {source}; check the [database] path, its permissions and free disk space", .path.display())]
+    Open {
+        /// The database file (`:memory:` for in-memory stores).
+        path: PathBuf,
+        /// The driver error.
+        source: sqlx::Error,
+    },
+    /// Applying the schema failed.
+    #[error("migration failed on database {}: {source}; if a newer agent-intercom wrote this file, upgrade or point [database] path elsewhere", .path.display())]
+    Migrate {
+        /// The database file.
+        path: PathBuf,
+        /// The migrator's error.
+        source: MigrateError,
+    },
+}
+
+/// The SQLite-backed [`SessionStore`](intercom_actors::ports::SessionStore).
+///
+/// Cheap to share behind an `Arc`. Reads use a small pool; every write holds
+/// `write_gate`, so at most one write statement or transaction is in flight
+/// and each one is committed (with `synchronous = FULL`) before its method
+/// returns.
+#[derive(Debug)]
+pub struct SqliteStore {
+    /// Connections to the database.
+    pool: SqlitePool,
+    /// Serialises writes: one writer path, no SQLITE_BUSY between our own actors.
+    write_gate: tokio::sync::Mutex<()>,
+    /// Held for the life of the store (None for in-memory stores).
+    instance_lock: Option<InstanceLock>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, takes the
+    /// single-instance lock and applies migrations.
+    ///
+    /// A missing parent directory is created with mode 0700 on unix; a new
+    /// database file is created with mode 0600.
+    pub async fn open(path: &Path) -> Result<SqliteStore, StorageOpenError> {
+        create_parent_dir(path)?;
+
+        let lock_path = InstanceLock::path_for(path);
+        let instance_lock = match InstanceLock::acquire(&lock_path) {
+            Ok(lock) => lock,
+            Err(LockFailure::Held) => {
+                return Err(StorageOpenError::Locked {
+                    path: path.to_owned(),
+                });
+            }
+            Err(LockFailure::Io(source)) => {
+                return Err(StorageOpenError::LockFile {
+                    path: lock_path,
+                    source,
+                });
+            }
+        };
+
+        precreate_private_file(path).map_err(|e| StorageOpenError::Open {
+            path: path.to_owned(),
+            source: sqlx::Error::Io(e),
+        })?;
+
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .connect_with(options)
+            .await
+            .map_err(|source| StorageOpenError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+
+        let store = SqliteStore {
+            pool,
+            write_gate: tokio::sync::Mutex::new(()),
+            instance_lock: Some(instance_lock),
+        };
+        store.migrate(path).await?;
+        tracing::debug!(
+            db = %path.display(),
+            lock = %lock_path.display(),
+            "storage opened"
+        );
+        Ok(store)
+    }
+
+    /// Opens a fresh, private in-memory database (for tests): one connection
+    /// that lives as long as the store, so the data does too.
+    pub async fn open_in_memory() -> Result<SqliteStore, StorageOpenError> {
+        let memory = Path::new(":memory:");
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")
+            .map_err(|source| StorageOpenError::Open {
+                path: memory.to_owned(),
+                source,
+            })?
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await
+            .map_err(|source| StorageOpenError::Open {
+                path: memory.to_owned(),
+                source,
+            })?;
+        let store = SqliteStore {
+            pool,
+            write_gate: tokio::sync::Mutex::new(()),
+            instance_lock: None,
+        };
+        store.migrate(memory).await?;
+        Ok(store)
+    }
+
+    /// Closes every connection (checkpointing the WAL), then releases the
+    /// instance lock. Dropping the store also releases everything, but
+    /// without waiting for the connections to finish closing.
+    pub async fn close(self) {
+        self.pool.close().await;
+        if let Some(lock) = &self.instance_lock {
+            tracing::debug!(lock = %lock.path().display(), "storage closed");
+        }
+    }
+
+    async fn migrate(&self, path: &Path) -> Result<(), StorageOpenError> {
+        let _gate = self.write_gate.lock().await;
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|source| StorageOpenError::Migrate {
+                path: path.to_owned(),
+                source,
+            })
+    }
+
+    /// The audit log, oldest first, as `(unix ms, entry)`; optionally only
+    /// one session's entries.
+    pub async fn audit_log(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<(i64, AuditEntry)>, StoreError> {
+        let rows: Vec<AuditRow> = match session {
+            Some(id) => {
+                sqlx::query_as(
+                    "SELECT id, at, session_id, actor, action, detail FROM audit \
+                 WHERE session_id = ? ORDER BY id",
+                )
+                .bind(&id.0)
+                .fetch_all(&self.pool)
+                .await
+            }
+            None => {
+                sqlx::query_as(
+                    "SELECT id, at, session_id, actor, action, detail FROM audit ORDER BY id",
+                )
+                .fetch_all(&self.pool)
+                .await
+            }
+        }
+        .map_err(backend("read audit log"))?;
+        rows.into_iter().map(AuditRow::into_entry).collect()
+    }
+
+    /// How many sessions are starting, active or stalled.
+    pub async fn count_live_sessions(&self) -> Result<usize, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sessions WHERE status IN ('starting', 'active', 'stalled')",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend("count live sessions"))?;
+        usize::try_from(n).map_err(|_| StoreError::Backend {
+            op: "count live sessions",
+            message: format!("impossible count {n}"),
+        })
+    }
+
+    /// Sets a session's approval mode (stored verbatim; the caller validates).
+    pub async fn set_approval_mode(&self, id: &SessionId, mode: &str) -> Result<(), StoreError> {
+        let _gate = self.write_gate.lock().await;
+        let done =
+            sqlx::query("UPDATE sessions SET approval_mode = ?, updated_at = ? WHERE id = ?")
+                .bind(mode)
+                .bind(intercom_actors::model::now_ms())
+                .bind(&id.0)
+                .execute(&self.pool)
+                .await
+                .map_err(backend("set approval mode"))?;
+        if done.rows_affected() == 0 {
+            return Err(session_not_found(id));
+        }
+        Ok(())
+    }
+
+    /// A session's approval mode (`ask` unless set).
+    pub async fn approval_mode(&self, id: &SessionId) -> Result<String, StoreError> {
+        sqlx::query_scalar("SELECT approval_mode FROM sessions WHERE id = ?")
+            .bind(&id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend("read approval mode"))?
+            .ok_or_else(|| session_not_found(id))
+    }
+}
+
+/// Maps a driver error into [`StoreError::Backend`] for operation `op`.
+fn backend(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| StoreError::Backend {
+        op,
+        message: e.to_string(),
+    }
+}
+
+/// The error for a session id with no row.
+fn session_not_found(id: &SessionId) -> StoreError {
+    StoreError::NotFound {
+        what: format!("session {id}"),
+    }
+}
+
+/// Creates the database's parent directory (0700 on unix) when missing.
+fn create_parent_dir(path: &Path) -> Result<(), StorageOpenError> {
+    let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if parent.is_dir() {
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder
+        .create(parent)
+        .map_err(|source| StorageOpenError::CreateDir {
+            path: parent.to_owned(),
+            source,
+        })
+}
+
+/// Creates an empty database file readable only by this user, when missing.
+/// SQLite treats an empty file as a new database and gives its `-wal` and
+/// `-shm` files the same permissions.
+fn precreate_private_file(path: &Path) -> std::io::Result<()> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    match opts.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use intercom_actors::model::{MessageKind, Protocol, Role, SessionRecord, SessionStatus};
+    use intercom_actors::ports::SessionStore;
+
+    fn rec(id: &str) -> SessionRecord {
+        SessionRecord {
+            id: SessionId::from(id),
+            workspace: "w".into(),
+            cwd: "/".into(),
+            agent: "a".into(),
+            protocol: Protocol::Acp,
+            status: SessionStatus::Active,
+            status_reason: None,
+            title: "t".into(),
+            owner: "u".into(),
+            acp_session_id: None,
+            channel_id: None,
+            thread_ts: None,
+            restart_count: 0,
+            created_at: 1,
+            updated_at: 1,
+            last_activity_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn disk_full_surfaces_as_backend_error() {
+        let store = SqliteStore::open_in_memory().await.expect("open");
+        store.create_session(&rec("s-1")).await.expect("create");
+        // Cap the database at its current size: the next growth is SQLITE_FULL.
+        sqlx::query("PRAGMA max_page_count = 1")
+            .execute(&store.pool)
+            .await
+            .expect("pragma");
+        let big = "x".repeat(64 * 1024);
+        let err = store
+            .append_message(
+                &SessionId::from("s-1"),
+                Role::Agent,
+                MessageKind::Text,
+                &big,
+            )
+            .await
+            .expect_err("must not fit");
+        match err {
+            StoreError::Backend { op, message } => {
+                assert_eq!(op, "append message");
+                assert!(message.contains("full"), "{message}");
+            }
+            other => panic!("expected Backend, got {other}"),
+        }
+        // Reads still work.
+        assert!(
+            store
+                .get_session(&SessionId::from("s-1"))
+                .await
+                .expect("get")
+                .is_some()
+        );
+    }
+
+    #[tokio::test]
+    async fn read_only_database_surfaces_as_backend_error() {
+        let store = SqliteStore::open_in_memory().await.expect("open");
+        sqlx::query("PRAGMA query_only = ON")
+            .execute(&store.pool)
+            .await
+            .expect("pragma");
+        let err = store
+            .create_session(&rec("s-1"))
+            .await
+            .expect_err("read only");
+        assert!(
+            matches!(
+                err,
+                StoreError::Backend {
+                    op: "insert session",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = store
+            .set_status(&SessionId::from("s-1"), SessionStatus::Crashed, None)
+            .await
+            .expect_err("read only");
+        assert!(matches!(err, StoreError::Backend { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn migrations_are_idempotent() {
+        let store = SqliteStore::open_in_memory().await.expect("open");
+        store
+            .migrate(Path::new(":memory:"))
+            .await
+            .expect("second run");
+    }
+}

@@ -1,0 +1,475 @@
+//! `SessionStore` for [`SqliteStore`]: the queries behind the core's port.
+//!
+//! Why this exists: it is the only place that turns the port's operations into
+//! SQL. Every write takes the store's write gate and runs as one autocommitted
+//! statement, so it is durable when the method returns; reads go straight to
+//! the pool. Runtime-checked queries only, so building needs no database.
+
+use async_trait::async_trait;
+use intercom_actors::model::{
+    AuditEntry, Decision, MessageKind, PendingRequest, RequestStatus, Role, SessionId,
+    SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
+};
+use intercom_actors::ports::{SessionStore, StoreError};
+
+use super::rows::{
+    MessageRow, RequestRow, SessionRow, SteeringRow, request_columns, session_columns,
+};
+use super::{SqliteStore, backend, session_not_found};
+
+/// Like [`backend`], but a foreign-key violation means the session is missing.
+fn insert_for_session<'a>(
+    op: &'static str,
+    id: &'a SessionId,
+) -> impl FnOnce(sqlx::Error) -> StoreError + 'a {
+    move |e| {
+        let fk = e
+            .as_database_error()
+            .is_some_and(|d| d.is_foreign_key_violation());
+        if fk {
+            session_not_found(id)
+        } else {
+            backend(op)(e)
+        }
+    }
+}
+
+/// Encodes a value as JSON text for a column.
+fn to_json<T: serde::Serialize>(op: &'static str, value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Backend {
+        op,
+        message: format!("cannot encode JSON: {e}"),
+    })
+}
+
+impl SqliteStore {
+    /// Runs a one-row session `UPDATE` under the write gate; NotFound when no
+    /// session has that id.
+    async fn update_session(
+        &self,
+        op: &'static str,
+        id: &SessionId,
+        query: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> Result<(), StoreError> {
+        let _gate = self.write_gate.lock().await;
+        let done = query.execute(&self.pool).await.map_err(backend(op))?;
+        if done.rows_affected() == 0 {
+            return Err(session_not_found(id));
+        }
+        Ok(())
+    }
+
+    /// Whether a session row exists.
+    async fn session_exists(&self, op: &'static str, id: &SessionId) -> Result<bool, StoreError> {
+        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ?")
+            .bind(&id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend(op))?;
+        Ok(found.is_some())
+    }
+}
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn create_session(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        let _gate = self.write_gate.lock().await;
+        sqlx::query(concat!(
+            "INSERT INTO sessions (",
+            session_columns!(),
+            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(&rec.id.0)
+        .bind(&rec.workspace)
+        .bind(&rec.cwd)
+        .bind(&rec.agent)
+        .bind(rec.protocol.as_str())
+        .bind(rec.status.as_str())
+        .bind(&rec.status_reason)
+        .bind(&rec.title)
+        .bind(&rec.owner)
+        .bind(&rec.acp_session_id)
+        .bind(&rec.channel_id)
+        .bind(&rec.thread_ts)
+        .bind(i64::from(rec.restart_count))
+        .bind(rec.created_at)
+        .bind(rec.updated_at)
+        .bind(rec.last_activity_at)
+        .execute(&self.pool)
+        .await
+        .map_err(backend("insert session"))?;
+        Ok(())
+    }
+
+    async fn delete_session(&self, id: &SessionId) -> Result<(), StoreError> {
+        let _gate = self.write_gate.lock().await;
+        sqlx::query("DELETE FROM sessions WHERE id = ?")
+            .bind(&id.0)
+            .execute(&self.pool)
+            .await
+            .map_err(backend("delete session"))?;
+        Ok(())
+    }
+
+    async fn get_session(&self, id: &SessionId) -> Result<Option<SessionRecord>, StoreError> {
+        let row: Option<SessionRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            session_columns!(),
+            " FROM sessions WHERE id = ?"
+        ))
+        .bind(&id.0)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend("read session"))?;
+        row.map(SessionRecord::try_from).transpose()
+    }
+
+    async fn list_sessions(&self, live_only: bool) -> Result<Vec<SessionRecord>, StoreError> {
+        let query = if live_only {
+            concat!(
+                "SELECT ",
+                session_columns!(),
+                " FROM sessions WHERE status IN ('starting', 'active', 'stalled') \
+                 ORDER BY created_at DESC, id DESC"
+            )
+        } else {
+            concat!(
+                "SELECT ",
+                session_columns!(),
+                " FROM sessions ORDER BY created_at DESC, id DESC"
+            )
+        };
+        let rows: Vec<SessionRow> = sqlx::query_as(query)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend("list sessions"))?;
+        rows.into_iter().map(SessionRecord::try_from).collect()
+    }
+
+    async fn set_status(
+        &self,
+        id: &SessionId,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let q = sqlx::query(
+            "UPDATE sessions SET status = ?, status_reason = ?, updated_at = ? WHERE id = ?",
+        )
+        .bind(status.as_str())
+        .bind(reason)
+        .bind(now_ms())
+        .bind(&id.0);
+        self.update_session("set session status", id, q).await
+    }
+
+    async fn set_acp_session_id(&self, id: &SessionId, acp_id: &str) -> Result<(), StoreError> {
+        let q = sqlx::query("UPDATE sessions SET acp_session_id = ?, updated_at = ? WHERE id = ?")
+            .bind(acp_id)
+            .bind(now_ms())
+            .bind(&id.0);
+        self.update_session("set acp session id", id, q).await
+    }
+
+    async fn set_thread(&self, id: &SessionId, channel: &str, ts: &str) -> Result<(), StoreError> {
+        const OP: &str = "set session thread";
+        let _gate = self.write_gate.lock().await;
+        let done = sqlx::query(
+            "UPDATE sessions SET channel_id = ?, thread_ts = ?, updated_at = ? \
+             WHERE id = ? AND thread_ts IS NULL",
+        )
+        .bind(channel)
+        .bind(ts)
+        .bind(now_ms())
+        .bind(&id.0)
+        .execute(&self.pool)
+        .await
+        .map_err(backend(OP))?;
+        if done.rows_affected() == 0 {
+            // Either the thread is already set (immutable: ignore) or no such session.
+            if !self.session_exists(OP, id).await? {
+                return Err(session_not_found(id));
+            }
+            tracing::debug!(session = %id, "thread already set; keeping the first one");
+        }
+        Ok(())
+    }
+
+    async fn set_restart_count(&self, id: &SessionId, count: u32) -> Result<(), StoreError> {
+        let q = sqlx::query("UPDATE sessions SET restart_count = ?, updated_at = ? WHERE id = ?")
+            .bind(i64::from(count))
+            .bind(now_ms())
+            .bind(&id.0);
+        self.update_session("set restart count", id, q).await
+    }
+
+    async fn touch(&self, id: &SessionId) -> Result<(), StoreError> {
+        let q = sqlx::query("UPDATE sessions SET last_activity_at = ? WHERE id = ?")
+            .bind(now_ms())
+            .bind(&id.0);
+        self.update_session("touch session", id, q).await
+    }
+
+    async fn append_message(
+        &self,
+        id: &SessionId,
+        role: Role,
+        kind: MessageKind,
+        content: &str,
+    ) -> Result<i64, StoreError> {
+        let now = now_ms();
+        let _gate = self.write_gate.lock().await;
+        let done = sqlx::query(
+            "INSERT INTO messages (session_id, role, kind, content, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&id.0)
+        .bind(role.as_str())
+        .bind(kind.as_str())
+        .bind(content)
+        .bind(now)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(insert_for_session("append message", id))?;
+        Ok(done.last_insert_rowid())
+    }
+
+    async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
+        let _gate = self.write_gate.lock().await;
+        let done = sqlx::query("UPDATE messages SET content = ?, updated_at = ? WHERE id = ?")
+            .bind(content)
+            .bind(now_ms())
+            .bind(message_id)
+            .execute(&self.pool)
+            .await
+            .map_err(backend("update message"))?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound {
+                what: format!("message {message_id}"),
+            });
+        }
+        Ok(())
+    }
+
+    async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError> {
+        let rows: Vec<MessageRow> = sqlx::query_as(
+            "SELECT id, role, kind, content, created_at FROM messages \
+             WHERE session_id = ? ORDER BY id",
+        )
+        .bind(&id.0)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend("read transcript"))?;
+        rows.into_iter().map(TranscriptEntry::try_from).collect()
+    }
+
+    async fn insert_request(&self, req: &PendingRequest) -> Result<(), StoreError> {
+        const OP: &str = "insert request";
+        let paths = to_json(OP, &req.paths)?;
+        let options = to_json(OP, &req.options)?;
+        let _gate = self.write_gate.lock().await;
+        sqlx::query(
+            "INSERT INTO requests (id, session_id, request_id, kind, title, diff, paths, \
+             options, status, wire_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&req.id)
+        .bind(&req.session_id.0)
+        .bind(&req.request_id)
+        .bind(req.kind.as_str())
+        .bind(&req.title)
+        .bind(&req.diff)
+        .bind(paths)
+        .bind(options)
+        .bind(req.status.as_str())
+        .bind(&req.wire_id)
+        .bind(req.created_at)
+        .execute(&self.pool)
+        .await
+        .map_err(insert_for_session(OP, &req.session_id))?;
+        Ok(())
+    }
+
+    async fn decide_request(&self, id: &str, decision: &Decision) -> Result<(), StoreError> {
+        const OP: &str = "decide request";
+        let _gate = self.write_gate.lock().await;
+        let done = sqlx::query(
+            "UPDATE requests SET status = 'decided', option_id = ?, approved = ?, reason = ?, \
+             decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
+        )
+        .bind(&decision.option_id)
+        .bind(decision.approved)
+        .bind(&decision.reason)
+        .bind(&decision.decided_by)
+        .bind(decision.decided_at)
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .map_err(backend(OP))?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        // Still under the gate, so the status read here is the one that
+        // made the update miss.
+        let status: Option<String> = sqlx::query_scalar("SELECT status FROM requests WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend(OP))?;
+        match status {
+            None => Err(StoreError::NotFound {
+                what: format!("request {id}"),
+            }),
+            Some(status) => Err(StoreError::AlreadyResolved {
+                id: id.to_owned(),
+                status,
+            }),
+        }
+    }
+
+    async fn close_request(&self, id: &str, status: RequestStatus) -> Result<(), StoreError> {
+        const OP: &str = "close request";
+        if status == RequestStatus::Pending {
+            return Err(StoreError::Backend {
+                op: OP,
+                message: format!("request {id} cannot be closed as pending"),
+            });
+        }
+        let _gate = self.write_gate.lock().await;
+        let done =
+            sqlx::query("UPDATE requests SET status = ? WHERE id = ? AND status = 'pending'")
+                .bind(status.as_str())
+                .bind(id)
+                .execute(&self.pool)
+                .await
+                .map_err(backend(OP))?;
+        if done.rows_affected() == 0 {
+            let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM requests WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend(OP))?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound {
+                    what: format!("request {id}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_request(
+        &self,
+        id: &str,
+    ) -> Result<Option<(PendingRequest, Option<Decision>)>, StoreError> {
+        let row: Option<RequestRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            request_columns!(),
+            " FROM requests WHERE id = ?"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend("read request"))?;
+        row.map(RequestRow::into_parts).transpose()
+    }
+
+    async fn list_requests(
+        &self,
+        session: Option<&SessionId>,
+        pending_only: bool,
+    ) -> Result<Vec<PendingRequest>, StoreError> {
+        // `?1 IS NULL` keeps one statement for all four filter combinations.
+        let rows: Vec<RequestRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            request_columns!(),
+            " FROM requests WHERE (?1 IS NULL OR session_id = ?1) \
+             AND (?2 = 0 OR status = 'pending') \
+             ORDER BY created_at DESC, rowid DESC"
+        ))
+        .bind(session.map(|s| s.0.as_str()))
+        .bind(pending_only)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend("list requests"))?;
+        rows.into_iter()
+            .map(|r| r.into_parts().map(|(req, _)| req))
+            .collect()
+    }
+
+    async fn enqueue_steering(
+        &self,
+        id: &SessionId,
+        text: &str,
+        author: &str,
+    ) -> Result<Steering, StoreError> {
+        let created_at = now_ms();
+        let _gate = self.write_gate.lock().await;
+        let done = sqlx::query(
+            "INSERT INTO steering (session_id, text, author, created_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(&id.0)
+        .bind(text)
+        .bind(author)
+        .bind(created_at)
+        .execute(&self.pool)
+        .await
+        .map_err(insert_for_session("enqueue steering", id))?;
+        Ok(Steering {
+            id: done.last_insert_rowid(),
+            session_id: id.clone(),
+            text: text.to_owned(),
+            author: author.to_owned(),
+            created_at,
+        })
+    }
+
+    async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
+        let rows: Vec<SteeringRow> = sqlx::query_as(
+            "SELECT id, session_id, text, author, created_at FROM steering \
+             WHERE session_id = ? AND delivered_at IS NULL ORDER BY id",
+        )
+        .bind(&id.0)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend("read undelivered steering"))?;
+        Ok(rows.into_iter().map(Steering::from).collect())
+    }
+
+    async fn mark_steering_delivered(&self, steering_id: i64) -> Result<(), StoreError> {
+        const OP: &str = "mark steering delivered";
+        let _gate = self.write_gate.lock().await;
+        // COALESCE keeps the first delivery time if this is called twice.
+        let done = sqlx::query(
+            "UPDATE steering SET delivered_at = COALESCE(delivered_at, ?) WHERE id = ?",
+        )
+        .bind(now_ms())
+        .bind(steering_id)
+        .execute(&self.pool)
+        .await
+        .map_err(backend(OP))?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound {
+                what: format!("steering {steering_id}"),
+            });
+        }
+        Ok(())
+    }
+
+    async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        const OP: &str = "append audit entry";
+        let detail = to_json(OP, &entry.detail)?;
+        let _gate = self.write_gate.lock().await;
+        sqlx::query(
+            "INSERT INTO audit (at, session_id, actor, action, detail) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(now_ms())
+        .bind(entry.session_id.as_ref().map(|s| s.0.as_str()))
+        .bind(&entry.actor)
+        .bind(&entry.action)
+        .bind(detail)
+        .execute(&self.pool)
+        .await
+        .map_err(backend(OP))?;
+        Ok(())
+    }
+}

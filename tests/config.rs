@@ -1,0 +1,650 @@
+//! The configuration file: defaults, the shipped example, path resolution and
+//! validation errors that name their key.
+
+use agent_intercom::config::{Config, ConfigError, check_config};
+use intercom_actors::model::{Framing, Protocol};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn canon(p: &Path) -> PathBuf {
+    fs::canonicalize(p).unwrap()
+}
+
+/// A temp dir holding `config.toml` with `text`.
+fn write_config(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+const AGENT: &str = "[[agent]]\nid = \"a\"\ncommand = \"a\"\n";
+
+#[test]
+fn minimal_file_gets_all_documented_defaults() {
+    let (dir, path) = write_config("");
+    let cfg = Config::load(&path).unwrap();
+    let base = canon(dir.path());
+
+    assert_eq!(cfg.workspace_root, base);
+    assert_eq!(cfg.server.bind.to_string(), "127.0.0.1:3000");
+    assert_eq!(cfg.database.path, base.join("data/agent-intercom.db"));
+    assert_eq!(cfg.slack.api_url, None);
+    assert!(cfg.slack.operators.is_empty());
+    assert!(cfg.agents.is_empty());
+    assert!(cfg.workspaces.is_empty());
+    assert_eq!(cfg.default_agent, None);
+    assert_eq!(cfg.source.as_deref(), Some(path.as_path()));
+
+    let l = &cfg.limits;
+    assert_eq!(
+        (
+            l.max_sessions,
+            l.startup_timeout_secs,
+            l.prompt_timeout_secs,
+            l.idle_timeout_secs,
+            l.shutdown_grace_secs,
+            l.max_line_bytes,
+            l.inbound_messages_per_sec
+        ),
+        (5, 30, 60, 1800, 10, 1_048_576, 1000)
+    );
+    let s = &cfg.stall;
+    assert_eq!(
+        (s.inactivity_secs, s.escalation_secs, s.max_nudges),
+        (300, 120, 3)
+    );
+    assert_eq!(
+        s.nudge_text,
+        "Continue working on the current task. Pick up where you left off."
+    );
+    let sup = &cfg.supervision;
+    assert_eq!(
+        (
+            sup.max_restarts,
+            sup.restart_window_secs,
+            sup.backoff_initial_secs,
+            sup.backoff_max_secs
+        ),
+        (3, 600, 1, 60)
+    );
+
+    let mut expected = Config::default_for_dir(dir.path());
+    expected.source = Some(path.clone());
+    assert_eq!(cfg, expected);
+}
+
+#[test]
+fn agent_and_workspace_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::from_toml_str(
+        "[[agent]]\nid = \"x\"\ncommand = \"x\"\n[[workspace]]\nid = \"w\"\npath = \".\"\n",
+        dir.path(),
+    )
+    .unwrap();
+    let a = &cfg.agents[0];
+    assert!(a.args.is_empty() && a.env.is_empty() && a.auth_method.is_none());
+    assert_eq!((a.protocol, a.framing), (Protocol::Acp, Framing::Ndjson));
+    let w = &cfg.workspaces[0];
+    assert_eq!(w.channel_id, "");
+    assert_eq!(
+        (w.label.as_deref(), w.default_agent.as_deref()),
+        (None, None)
+    );
+    assert_eq!(w.path, canon(dir.path()));
+    assert_eq!(
+        cfg.default_agent.as_deref(),
+        Some("x"),
+        "first agent is the default"
+    );
+    assert_eq!(cfg.source, None);
+}
+
+#[test]
+fn example_config_parses_and_validates() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml.example");
+    let cfg = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let repo = canon(Path::new(env!("CARGO_MANIFEST_DIR")));
+
+    assert_eq!(cfg.workspace_root, repo);
+    assert_eq!(cfg.database.path, repo.join("data/agent-intercom.db"));
+    assert_eq!(cfg.agents.len(), 1);
+    let agent = cfg.agent("scripted").unwrap();
+    assert_eq!(
+        PathBuf::from(&agent.command),
+        repo.join("target/debug/scripted-agent")
+    );
+    assert_eq!(agent.protocol, Protocol::Acp);
+    let ws = cfg.workspace("demo").unwrap();
+    assert_eq!(ws.path, repo);
+    assert_eq!(ws.channel_id, "");
+    assert_eq!(cfg.default_agent_for(Some(ws)).unwrap().id, "scripted");
+    assert_eq!(cfg.default_agent.as_deref(), Some("scripted"));
+
+    // The example spells out every default.
+    let defaults = Config::from_toml_str("", &repo).unwrap();
+    assert_eq!(cfg.server, defaults.server);
+    assert_eq!(cfg.slack, defaults.slack);
+    assert_eq!(cfg.limits, defaults.limits);
+    assert_eq!(cfg.stall, defaults.stall);
+    assert_eq!(cfg.supervision, defaults.supervision);
+
+    let summary = check_config(&path).unwrap();
+    assert!(
+        summary.starts_with(&format!(
+            "config OK: 1 agent, 1 workspace, database {}, bind 127.0.0.1:3000",
+            repo.join("data/agent-intercom.db").display()
+        )),
+        "{summary}"
+    );
+}
+
+#[test]
+fn commented_out_example_agents_are_valid_too() {
+    // Uncomment every `# key = value` / `# [[table]]` line in the example's
+    // agent and workspace sections and check the result still validates.
+    let text =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml.example"))
+            .unwrap();
+    let uncommented: String = text
+        .lines()
+        .map(|line| {
+            let rest = line.strip_prefix("# ").unwrap_or(line);
+            let is_setting = rest.starts_with("[[")
+                || [
+                    "id",
+                    "command",
+                    "args",
+                    "env",
+                    "protocol",
+                    "framing",
+                    "auth_method",
+                    "path",
+                    "channel_id",
+                    "label",
+                    "default_agent",
+                ]
+                .iter()
+                .any(|k| rest.starts_with(&format!("{k} = ")));
+            if line.starts_with("# ") && is_setting {
+                rest
+            } else {
+                line
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg = Config::from_toml_str(&uncommented, repo).unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<&str> = cfg.agents.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, ["scripted", "claude", "gemini", "copilot", "legacy"]);
+    assert_eq!(cfg.agent("legacy").unwrap().framing, Framing::Lsp);
+    assert_eq!(cfg.agent("legacy").unwrap().protocol, Protocol::Intercom);
+    assert_eq!(cfg.agent("claude").unwrap().command, "npx");
+    assert_eq!(cfg.workspaces.len(), 2);
+}
+
+#[test]
+fn relative_paths_resolve_against_the_config_files_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("etc");
+    fs::create_dir_all(sub.join("proj")).unwrap();
+    let path = sub.join("config.toml");
+    fs::write(
+        &path,
+        "workspace_root = \".\"\n[database]\npath = \"../var/./db.sqlite\"\n\
+         [[workspace]]\nid = \"p\"\npath = \"proj/../proj\"\n",
+    )
+    .unwrap();
+    let cfg = Config::load(&path).unwrap();
+    let base = canon(dir.path());
+    assert_eq!(cfg.database.path, base.join("var/db.sqlite"));
+    assert_eq!(cfg.workspace_root, base.join("etc"));
+    assert_eq!(cfg.workspaces[0].path, base.join("etc/proj"));
+}
+
+#[test]
+fn absolute_database_path_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = canon(dir.path()).join("x/y.db");
+    let cfg = Config::from_toml_str(
+        &format!("[database]\npath = {:?}\n", db.to_str().unwrap()),
+        Path::new("/somewhere/else"),
+    )
+    .unwrap();
+    assert_eq!(cfg.database.path, db);
+}
+
+/// Each invalid file yields `ConfigError::Invalid` naming this key.
+#[test]
+fn validation_errors_name_their_key() {
+    let cases: &[(&str, String, &str, &str)] = &[
+        (
+            "duplicate workspace id",
+            "[[workspace]]\nid = \"api\"\npath = \".\"\n[[workspace]]\nid = \"api\"\npath = \".\"\n".into(),
+            "workspace[1].id",
+            "config error at `workspace[1].id`: duplicate workspace id \"api\" (also used by workspace[0])",
+        ),
+        (
+            "empty workspace id",
+            "[[workspace]]\nid = \"\"\npath = \".\"\n".into(),
+            "workspace[0].id",
+            "must not be empty",
+        ),
+        (
+            "blank workspace id",
+            "[[workspace]]\nid = \"  \"\npath = \".\"\n".into(),
+            "workspace[0].id",
+            "must not be empty",
+        ),
+        (
+            "duplicate channel",
+            "[[workspace]]\nid = \"a\"\npath = \".\"\nchannel_id = \"C1\"\n\
+             [[workspace]]\nid = \"b\"\npath = \".\"\nchannel_id = \"\"\n\
+             [[workspace]]\nid = \"c\"\npath = \".\"\nchannel_id = \"C1\"\n"
+                .into(),
+            "workspace[2].channel_id",
+            "duplicate channel id \"C1\" (also used by workspace[0])",
+        ),
+        (
+            "empty workspace path",
+            "[[workspace]]\nid = \"a\"\npath = \"\"\n".into(),
+            "workspace[0].path",
+            "must not be empty",
+        ),
+        (
+            "workspace path via ..",
+            "workspace_root = \"root\"\n[[workspace]]\nid = \"a\"\npath = \"root/../elsewhere\"\n".into(),
+            "workspace[0].path",
+            "outside workspace_root",
+        ),
+        (
+            "workspace default_agent unknown",
+            format!("{AGENT}[[workspace]]\nid = \"w\"\npath = \".\"\ndefault_agent = \"nope\"\n"),
+            "workspace[0].default_agent",
+            "unknown agent \"nope\" (known: a)",
+        ),
+        (
+            "top-level default_agent unknown",
+            format!("default_agent = \"nope\"\n{AGENT}"),
+            "default_agent",
+            "unknown agent \"nope\"",
+        ),
+        (
+            "default_agent with no agents",
+            "default_agent = \"x\"\n".into(),
+            "default_agent",
+            "no [[agent]] profiles are defined",
+        ),
+        (
+            "empty agent id",
+            "[[agent]]\nid = \"\"\ncommand = \"x\"\n".into(),
+            "agent[0].id",
+            "must not be empty",
+        ),
+        (
+            "duplicate agent id",
+            format!("{AGENT}{AGENT}"),
+            "agent[1].id",
+            "duplicate agent id \"a\" (also used by agent[0])",
+        ),
+        (
+            "empty command",
+            "[[agent]]\nid = \"a\"\ncommand = \" \"\n".into(),
+            "agent[0].command",
+            "must not be empty",
+        ),
+        (
+            "bad env name",
+            "[[agent]]\nid = \"a\"\ncommand = \"a\"\nenv = [\"OK\", \"NOT-OK\"]\n".into(),
+            "agent[0].env[1]",
+            "not an environment variable name",
+        ),
+        (
+            "slack secret passed to agent",
+            "[[agent]]\nid = \"a\"\ncommand = \"a\"\nenv = [\"SLACK_BOT_TOKEN\"]\n".into(),
+            "agent[0].env[0]",
+            "never passed to agents",
+        ),
+        (
+            "mcp is not a child-process protocol",
+            "[[agent]]\nid = \"a\"\ncommand = \"a\"\nprotocol = \"mcp\"\n".into(),
+            "agent[0].protocol",
+            "\"acp\" or \"intercom\"",
+        ),
+        (
+            "max_sessions 0",
+            "[limits]\nmax_sessions = 0\n".into(),
+            "limits.max_sessions",
+            "at least 1",
+        ),
+        (
+            "max_line_bytes too small",
+            "[limits]\nmax_line_bytes = 1023\n".into(),
+            "limits.max_line_bytes",
+            "at least 1024 (got 1023)",
+        ),
+        (
+            "backoff max below initial",
+            "[supervision]\nbackoff_initial_secs = 10\nbackoff_max_secs = 5\n".into(),
+            "supervision.backoff_max_secs",
+            "at least supervision.backoff_initial_secs (10), got 5",
+        ),
+        (
+            "escalation 0 with stall detection on",
+            "[stall]\nescalation_secs = 0\n".into(),
+            "stall.escalation_secs",
+            "at least 1",
+        ),
+        (
+            "bad bind",
+            "[server]\nbind = \"localhost\"\n".into(),
+            "server.bind",
+            "\"localhost\" is not a socket address",
+        ),
+        (
+            "bind without port",
+            "[server]\nbind = \"127.0.0.1\"\n".into(),
+            "server.bind",
+            "not a socket address",
+        ),
+        (
+            "token in file",
+            "[slack]\nbot_token = \"xoxb-1\"\n".into(),
+            "slack.bot_token",
+            "set the SLACK_BOT_TOKEN environment variable",
+        ),
+        (
+            "api_url not http",
+            "[slack]\napi_url = \"slack.com/api\"\n".into(),
+            "slack.api_url",
+            "not an http(s) URL",
+        ),
+        (
+            "empty operator",
+            "[slack]\noperators = [\"U1\", \"\"]\n".into(),
+            "slack.operators[1]",
+            "not empty",
+        ),
+    ];
+    for (name, text, key, fragment) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Config::from_toml_str(text, dir.path()).expect_err(name);
+        assert!(
+            matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
+            "{name}: expected Invalid at `{key}`, got {err:?}"
+        );
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with(&format!("config error at `{key}`: ")),
+            "{name}: {shown}"
+        );
+        assert!(
+            shown.contains(fragment),
+            "{name}: {shown:?} lacks {fragment:?}"
+        );
+    }
+}
+
+#[test]
+fn first_error_wins_in_a_fixed_order() {
+    // Both agent and workspace problems: agents are checked first.
+    let text = "[[agent]]\nid = \"\"\ncommand = \"x\"\n[[workspace]]\nid = \"\"\npath = \".\"\n";
+    for _ in 0..3 {
+        let err = Config::from_toml_str(text, Path::new("/")).unwrap_err();
+        assert_eq!(err.key(), Some("agent[0].id"));
+    }
+}
+
+#[test]
+fn workspace_path_outside_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(root.join("inside")).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+
+    let try_path = |p: &str| {
+        Config::from_toml_str(
+            &format!("workspace_root = \"root\"\n[[workspace]]\nid = \"w\"\npath = {p:?}\n"),
+            tmp.path(),
+        )
+    };
+    assert!(try_path("root/inside").is_ok());
+    assert!(try_path("root").is_ok(), "the root itself is allowed");
+    assert!(try_path("root/not-yet-created").is_ok());
+    for bad in ["outside", "root/../outside", "/", "rootx"] {
+        let err = try_path(bad).expect_err(bad);
+        assert_eq!(err.key(), Some("workspace[0].path"), "{bad}: {err}");
+    }
+    // Absolute path inside is fine.
+    assert!(try_path(root.join("inside").to_str().unwrap()).is_ok());
+}
+
+#[cfg(unix)]
+#[test]
+fn symlink_pointing_outside_root_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let outside = tempfile::tempdir().unwrap();
+    fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
+    std::os::unix::fs::symlink(root.join("."), root.join("self")).unwrap();
+
+    let try_path = |p: &str| {
+        Config::from_toml_str(
+            &format!("workspace_root = \"root\"\n[[workspace]]\nid = \"w\"\npath = {p:?}\n"),
+            tmp.path(),
+        )
+    };
+    for bad in ["root/escape", "root/escape/sub", "root/escape/missing/dir"] {
+        let err = try_path(bad).expect_err(bad);
+        assert_eq!(err.key(), Some("workspace[0].path"), "{bad}: {err}");
+        assert!(err.to_string().contains("outside workspace_root"), "{err}");
+    }
+    let ok = try_path("root/self").unwrap();
+    assert_eq!(ok.workspaces[0].path, canon(&root));
+
+    let cfg = Config::from_toml_str("workspace_root = \"root\"\n", tmp.path()).unwrap();
+    assert!(cfg.is_under_root(&root));
+    assert!(
+        cfg.is_under_root(Path::new("sub/dir")),
+        "relative to the root"
+    );
+    assert!(cfg.is_under_root(Path::new("self/x")));
+    assert!(!cfg.is_under_root(Path::new("escape")));
+    assert!(!cfg.is_under_root(&root.join("escape/new")));
+    assert!(!cfg.is_under_root(Path::new("..")));
+    assert!(!cfg.is_under_root(&root.join("../root2")));
+    assert!(!cfg.is_under_root(outside.path()));
+}
+
+#[cfg(unix)]
+#[test]
+fn workspace_root_through_a_symlink_is_canonicalised() {
+    let tmp = tempfile::tempdir().unwrap();
+    let real = tmp.path().join("real");
+    fs::create_dir_all(real.join("ws")).unwrap();
+    std::os::unix::fs::symlink(&real, tmp.path().join("alias")).unwrap();
+    let cfg = Config::from_toml_str(
+        "workspace_root = \"alias\"\n[[workspace]]\nid = \"w\"\npath = \"real/ws\"\n",
+        tmp.path(),
+    )
+    .unwrap();
+    assert_eq!(cfg.workspace_root, canon(&real));
+    assert_eq!(cfg.workspaces[0].path, canon(&real.join("ws")));
+}
+
+/// Unknown keys are parse errors naming the key, with a line number.
+#[test]
+fn unknown_keys_are_errors() {
+    let cases = [
+        (
+            "top level",
+            "workspace_roots = \".\"\n",
+            "workspace_roots",
+            1,
+        ),
+        (
+            "in [limits]",
+            "[limits]\nmax_session = 3\n",
+            "max_session",
+            2,
+        ),
+        (
+            "in [[agent]]",
+            "[[agent]]\nid = \"a\"\ncommand = \"a\"\nprotocl = \"acp\"\n",
+            "protocl",
+            4,
+        ),
+        ("in [server]", "[server]\nport = 3000\n", "port", 2),
+        ("in [slack]", "[slack]\n\ntoken = \"x\"\n", "token", 3),
+        (
+            "unknown section",
+            "[logging]\nlevel = \"x\"\n",
+            "logging",
+            1,
+        ),
+        (
+            "agents spelled as plural",
+            "[[agents]]\nid = \"a\"\n",
+            "agents",
+            1,
+        ),
+    ];
+    for (name, text, key, line) in cases {
+        let err = Config::from_toml_str(text, Path::new("/")).expect_err(name);
+        let ConfigError::Parse { path, message } = &err else {
+            panic!("{name}: expected Parse, got {err:?}");
+        };
+        assert_eq!(path, &None);
+        assert!(
+            message.contains(&format!("unknown field `{key}`")),
+            "{name}: {message}"
+        );
+        assert!(
+            message.contains(&format!("line {line}")),
+            "{name}: {message}"
+        );
+        assert!(
+            err.to_string().starts_with("cannot parse config: "),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn bad_values_are_parse_errors_with_the_file_name() {
+    let (_dir, path) = write_config("[limits]\nmax_sessions = \"five\"\n");
+    let err = Config::load(&path).unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with(&format!("cannot parse config file {}: ", path.display())),
+        "{shown}"
+    );
+    assert!(shown.contains("line 2"), "{shown}");
+
+    let err = Config::from_toml_str(
+        "[[agent]]\nid = \"a\"\ncommand = \"a\"\nprotocol = \"ssh\"\n",
+        Path::new("/"),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+    assert!(err.to_string().contains("ssh"), "{err}");
+
+    let err = Config::from_toml_str("not toml at all", Path::new("/")).unwrap_err();
+    assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+}
+
+#[test]
+fn check_config_on_a_missing_file_gives_the_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nope.toml");
+    let err = check_config(&path).unwrap_err();
+    assert!(matches!(err, ConfigError::Io { .. }), "{err:?}");
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with(&format!("cannot read config file {}: ", path.display())),
+        "{shown}"
+    );
+    assert!(
+        shown.ends_with("; create one from config.toml.example"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn check_config_summarises() {
+    let (dir, path) = write_config(
+        "[server]\nbind = \"0.0.0.0:8080\"\n[slack]\napi_url = \"http://localhost:9999/api\"\noperators = [\"U1\"]\n\
+         [[agent]]\nid = \"a\"\ncommand = \"a\"\n[[agent]]\nid = \"b\"\ncommand = \"b\"\n\
+         [[workspace]]\nid = \"x\"\npath = \".\"\nchannel_id = \"C1\"\n\
+         [[workspace]]\nid = \"y\"\npath = \".\"\n[[workspace]]\nid = \"z\"\npath = \".\"\n",
+    );
+    let summary = check_config(&path).unwrap();
+    let db = canon(dir.path()).join("data/agent-intercom.db");
+    assert!(
+        summary.starts_with(&format!(
+            "config OK: 2 agents, 3 workspaces, database {}, bind 0.0.0.0:8080",
+            db.display()
+        )),
+        "{summary}"
+    );
+    assert!(summary.contains("default agent \"a\""), "{summary}");
+    assert!(
+        summary.contains("1 workspace bound to Slack channels, 1 Slack operator"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("Slack API http://localhost:9999/api/"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn slack_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::from_toml_str(
+        "[slack]\napi_url = \"https://slack.example/api\"\noperators = [\"U1\", \"W2\"]\n",
+        dir.path(),
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.slack.api_url.as_deref(),
+        Some("https://slack.example/api/")
+    );
+    assert_eq!(cfg.slack.operators, ["U1", "W2"]);
+}
+
+#[test]
+fn lookups() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::from_toml_str(
+        &format!(
+            "default_agent = \"b\"\n{AGENT}[[agent]]\nid = \"b\"\ncommand = \"./bin/b\"\n\
+             [[workspace]]\nid = \"w\"\npath = \".\"\ndefault_agent = \"a\"\n\
+             [[workspace]]\nid = \"v\"\npath = \".\"\n"
+        ),
+        dir.path(),
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.agent("a").unwrap().command,
+        "a",
+        "bare names stay for PATH lookup"
+    );
+    assert_eq!(
+        PathBuf::from(&cfg.agent("b").unwrap().command),
+        canon(dir.path()).join("bin/b")
+    );
+    assert!(cfg.agent("c").is_none());
+    assert!(cfg.workspace("nope").is_none());
+    assert_eq!(cfg.default_agent_for(cfg.workspace("w")).unwrap().id, "a");
+    assert_eq!(cfg.default_agent_for(cfg.workspace("v")).unwrap().id, "b");
+    assert_eq!(cfg.default_agent_for(None).unwrap().id, "b");
+    assert!(
+        Config::default_for_dir(dir.path())
+            .default_agent_for(None)
+            .is_none()
+    );
+}
