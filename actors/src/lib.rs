@@ -14,6 +14,7 @@ pub mod memory;
 pub mod model;
 pub mod ports;
 pub mod protocol;
+pub mod registry;
 pub mod session;
 pub mod settings;
 pub mod supervisor;

@@ -289,9 +289,6 @@ impl SessionState {
             self.replayed += 1;
             return;
         }
-        if let Some(turn) = &mut self.turn {
-            turn.heard_back = true;
-        }
         match update {
             Update::AgentText(t) => {
                 self.text.text.push_str(&t);

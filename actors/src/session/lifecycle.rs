@@ -49,12 +49,12 @@ impl SessionState {
     async fn check_prompt_timeout(&mut self, now: Instant) {
         let timeout = self.settings.limits.prompt_timeout();
         let Some(turn) = &mut self.turn else { return };
-        if turn.heard_back || turn.timeout_noted || now.duration_since(turn.started) < timeout {
+        if turn.timeout_noted || now.duration_since(turn.started) < timeout {
             return;
         }
         turn.timeout_noted = true;
         let text = format!(
-            "The agent has not answered the prompt within {} s; the session stays active.",
+            "The agent has not answered the prompt within {} s (limits.prompt_timeout_secs); the session stays active.",
             timeout.as_secs()
         );
         tracing::warn!(session = %self.record.id, "{text}");

@@ -382,7 +382,6 @@ struct Turn {
     rpc_id: i64,
     prompt: String,
     started: Instant,
-    heard_back: bool,
     timeout_noted: bool,
 }
 

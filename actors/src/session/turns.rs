@@ -43,7 +43,6 @@ impl SessionState {
                     rpc_id,
                     prompt: text,
                     started: Instant::now(),
-                    heard_back: false,
                     timeout_noted: false,
                 });
             }

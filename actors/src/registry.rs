@@ -1,0 +1,338 @@
+//! The WorkspaceRegistry: workspace id -> directory, channel and agent.
+//!
+//! It owns the workspace map and answers resolve requests. A `Reload`
+//! replaces the whole map at once (the edge validates a new config before
+//! sending it), so a session never sees half of an edit. Resolution and the
+//! path rules (`workspace_root` containment after resolving `..` and
+//! symlinks) live here so every entry point — API, Slack, MCP — agrees.
+
+use std::path::{Path, PathBuf};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::fsjail;
+use crate::settings::{AgentProfile, WorkspaceEntry};
+
+/// The routing data the registry serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkspaceMap {
+    /// Agents may only run under this directory.
+    pub workspace_root: PathBuf,
+    /// Configured workspaces.
+    pub workspaces: Vec<WorkspaceEntry>,
+    /// Agent profiles.
+    pub agents: Vec<AgentProfile>,
+    /// Agent for path sessions and workspaces without one.
+    pub default_agent: Option<String>,
+}
+
+/// A resolved start target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Workspace id (or the directory, for path sessions).
+    pub workspace: String,
+    /// Canonical directory.
+    pub cwd: PathBuf,
+    /// Slack channel, if any.
+    pub channel_id: Option<String>,
+    /// Agent profile.
+    pub profile: AgentProfile,
+}
+
+/// What to resolve.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    /// A workspace id.
+    pub workspace: Option<String>,
+    /// Or a directory under `workspace_root`.
+    pub path: Option<PathBuf>,
+    /// Agent override.
+    pub agent: Option<String>,
+}
+
+/// Why resolution failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// Neither workspace nor path given.
+    #[error("name a workspace or a path")]
+    NoTarget,
+    /// No such workspace.
+    #[error("unknown workspace {0:?}; configured: {1}")]
+    UnknownWorkspace(String, String),
+    /// No such agent profile.
+    #[error("unknown agent {0:?}; configured: {1}")]
+    UnknownAgent(String, String),
+    /// No agent named and no default.
+    #[error("no agent given and no default_agent configured")]
+    NoAgent,
+    /// The path does not exist.
+    #[error("path {0} does not exist or is not a directory")]
+    PathNotFound(String),
+    /// The path is outside `workspace_root`.
+    #[error("path {path} is outside workspace_root {root}")]
+    OutsideRoot {
+        /// Given.
+        path: String,
+        /// Root.
+        root: String,
+    },
+}
+
+impl WorkspaceMap {
+    fn agent_ids(&self) -> String {
+        let ids: Vec<&str> = self.agents.iter().map(|a| a.id.as_str()).collect();
+        if ids.is_empty() {
+            "none".into()
+        } else {
+            ids.join(", ")
+        }
+    }
+
+    fn pick_agent(&self, wanted: Option<&str>) -> Result<AgentProfile, ResolveError> {
+        let id = wanted
+            .or(self.default_agent.as_deref())
+            .or(self.agents.first().map(|a| a.id.as_str()))
+            .ok_or(ResolveError::NoAgent)?;
+        self.agents
+            .iter()
+            .find(|a| a.id == id)
+            .cloned()
+            .ok_or_else(|| ResolveError::UnknownAgent(id.to_owned(), self.agent_ids()))
+    }
+
+    /// The workspace a Slack channel maps to.
+    pub fn by_channel(&self, channel: &str) -> Option<&WorkspaceEntry> {
+        self.workspaces
+            .iter()
+            .find(|w| !w.channel_id.is_empty() && w.channel_id == channel)
+    }
+
+    /// Resolves a start target.
+    pub fn resolve(&self, target: &Target) -> Result<Resolved, ResolveError> {
+        if let Some(ws) = &target.workspace {
+            let entry = self
+                .workspaces
+                .iter()
+                .find(|w| &w.id == ws)
+                .ok_or_else(|| {
+                    let ids: Vec<&str> = self.workspaces.iter().map(|w| w.id.as_str()).collect();
+                    ResolveError::UnknownWorkspace(
+                        ws.clone(),
+                        if ids.is_empty() {
+                            "none".into()
+                        } else {
+                            ids.join(", ")
+                        },
+                    )
+                })?;
+            let wanted = target.agent.as_deref().or(entry.default_agent.as_deref());
+            let profile = self.pick_agent(wanted)?;
+            let cwd = entry
+                .path
+                .canonicalize()
+                .map_err(|_| ResolveError::PathNotFound(entry.path.display().to_string()))?;
+            return Ok(Resolved {
+                workspace: entry.id.clone(),
+                cwd,
+                channel_id: Some(entry.channel_id.clone()).filter(|c| !c.is_empty()),
+                profile,
+            });
+        }
+        let path = target.path.as_ref().ok_or(ResolveError::NoTarget)?;
+        let cwd = self.contain(path)?;
+        let profile = self.pick_agent(target.agent.as_deref())?;
+        Ok(Resolved {
+            workspace: cwd.display().to_string(),
+            cwd,
+            channel_id: None,
+            profile,
+        })
+    }
+
+    /// Resolves `path` (relative to the root) and proves it is an existing
+    /// directory under `workspace_root`.
+    pub fn contain(&self, path: &Path) -> Result<PathBuf, ResolveError> {
+        let joined = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.workspace_root.join(path)
+        };
+        let real = joined
+            .canonicalize()
+            .map_err(|_| ResolveError::PathNotFound(path.display().to_string()))?;
+        if !real.is_dir() {
+            return Err(ResolveError::PathNotFound(path.display().to_string()));
+        }
+        let inside = fsjail::resolve_inside(&self.workspace_root, &real).is_ok();
+        if !inside {
+            return Err(ResolveError::OutsideRoot {
+                path: path.display().to_string(),
+                root: self.workspace_root.display().to_string(),
+            });
+        }
+        Ok(real)
+    }
+}
+
+/// Messages the registry handles.
+pub enum RegistryMsg {
+    /// Resolve a start target.
+    Resolve(Target, RpcReplyPort<Result<Resolved, ResolveError>>),
+    /// Replace the whole map (already validated).
+    Reload(Box<WorkspaceMap>),
+    /// The current map.
+    Get(RpcReplyPort<WorkspaceMap>),
+}
+
+/// The WorkspaceRegistry handler.
+pub struct WorkspaceRegistry;
+
+impl Actor for WorkspaceRegistry {
+    type Msg = RegistryMsg;
+    type State = WorkspaceMap;
+    type Arguments = WorkspaceMap;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<RegistryMsg>,
+        map: WorkspaceMap,
+    ) -> Result<WorkspaceMap, ActorProcessingErr> {
+        Ok(map)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<RegistryMsg>,
+        msg: RegistryMsg,
+        map: &mut WorkspaceMap,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Resolve(target, reply) => {
+                let _ = reply.send(map.resolve(&target));
+            }
+            RegistryMsg::Reload(new) => {
+                tracing::info!(
+                    workspaces = new.workspaces.len(),
+                    agents = new.agents.len(),
+                    "workspace map reloaded"
+                );
+                *map = *new;
+            }
+            RegistryMsg::Get(reply) => {
+                let _ = reply.send(map.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(id: &str) -> AgentProfile {
+        AgentProfile {
+            id: id.into(),
+            command: "x".into(),
+            args: vec![],
+            env: vec![],
+            protocol: Default::default(),
+            framing: Default::default(),
+            auth_method: None,
+        }
+    }
+
+    fn map(root: &Path) -> WorkspaceMap {
+        std::fs::create_dir_all(root.join("api")).expect("mkdir");
+        WorkspaceMap {
+            workspace_root: root.to_path_buf(),
+            workspaces: vec![WorkspaceEntry {
+                id: "api".into(),
+                path: root.join("api"),
+                channel_id: "C1".into(),
+                label: None,
+                default_agent: Some("b".into()),
+            }],
+            agents: vec![profile("a"), profile("b")],
+            default_agent: Some("a".into()),
+        }
+    }
+
+    #[test]
+    fn workspace_resolution_uses_its_default_agent_and_channel() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let m = map(&root);
+        let r = m
+            .resolve(&Target {
+                workspace: Some("api".into()),
+                ..Default::default()
+            })
+            .expect("resolve");
+        assert_eq!(
+            (r.profile.id.as_str(), r.channel_id.as_deref()),
+            ("b", Some("C1"))
+        );
+        let r = m
+            .resolve(&Target {
+                workspace: Some("api".into()),
+                agent: Some("a".into()),
+                ..Default::default()
+            })
+            .expect("resolve");
+        assert_eq!(r.profile.id, "a");
+        assert!(matches!(
+            m.resolve(&Target {
+                workspace: Some("nope".into()),
+                ..Default::default()
+            }),
+            Err(ResolveError::UnknownWorkspace(..))
+        ));
+        assert!(matches!(
+            m.resolve(&Target {
+                workspace: Some("api".into()),
+                agent: Some("zz".into()),
+                ..Default::default()
+            }),
+            Err(ResolveError::UnknownAgent(..))
+        ));
+    }
+
+    #[test]
+    fn path_sessions_stay_under_the_root() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let outside = tempfile::tempdir().expect("tmp2");
+        let root = dir.path().canonicalize().expect("canon");
+        let m = map(&root);
+        std::os::unix::fs::symlink(outside.path(), root.join("escape")).expect("symlink");
+        let ok = m
+            .resolve(&Target {
+                path: Some("api".into()),
+                ..Default::default()
+            })
+            .expect("resolve");
+        assert_eq!(
+            (ok.cwd, ok.profile.id.as_str(), ok.channel_id),
+            (root.join("api"), "a", None)
+        );
+        for bad in ["escape", "api/../..", "/"] {
+            assert!(
+                matches!(
+                    m.resolve(&Target {
+                        path: Some(bad.into()),
+                        ..Default::default()
+                    }),
+                    Err(ResolveError::OutsideRoot { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            m.resolve(&Target {
+                path: Some("missing".into()),
+                ..Default::default()
+            }),
+            Err(ResolveError::PathNotFound(_))
+        ));
+    }
+}

@@ -1,0 +1,677 @@
+//! End-to-end lifecycle tests: the real supervisor and session actors driving
+//! the scripted agent as a child process, with in-memory ports.
+
+mod support;
+
+use intercom_actors::model::{RequestStatus, SessionStatus};
+use intercom_actors::ports::{OperatorEvent, SessionStore};
+use intercom_actors::session::{Caller, Choice, SessionMsg, StartError, StopCause};
+use intercom_actors::settings::{Limits, StallPolicy, SupervisionPolicy};
+use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
+use serde_json::json;
+use support::{Harness, Knobs, group_alive, until_group_gone};
+
+fn owner() -> Caller {
+    Caller {
+        id: "U_OWNER".into(),
+        operator: false,
+    }
+}
+
+async fn decide(
+    h: &Harness,
+    id: &intercom_actors::model::SessionId,
+    request: &str,
+    choice: Choice,
+    reason: Option<&str>,
+    caller: Caller,
+) -> Result<intercom_actors::model::Decision, intercom_actors::session::SessionError> {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Decide {
+        request_id: request.into(),
+        choice,
+        reason: reason.map(str::to_owned),
+        caller,
+        reply
+    })
+    .expect("decide call")
+}
+
+#[tokio::test]
+async fn happy_path_with_a_permission_round_trip() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"chunk": "Planning. "},
+        {"plan": [{"content": "write it", "status": "in_progress", "priority": "high"}]},
+        {"tool_call": {"id": "t1", "title": "Write notes.txt", "kind": "edit", "status": "pending"}},
+        {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit"}},
+        {"tool_update": {"id": "t1", "status": "completed"}},
+        {"chunk": "Done."}
+    ]]});
+    let rec = h.start(scenario, "please write notes").await;
+    assert_eq!(rec.status, SessionStatus::Active);
+    assert_eq!(rec.title, "please write notes");
+    let opened = h
+        .until("permission request", |e| {
+            matches!(e, OperatorEvent::RequestOpened { .. })
+        })
+        .await;
+    let OperatorEvent::RequestOpened { request } = opened else {
+        unreachable!()
+    };
+    assert_eq!(request.request_id, "req-1");
+    assert_eq!(request.title, "Write notes.txt");
+    assert_eq!(request.options.len(), 4);
+    assert_eq!(
+        h.store
+            .list_requests(Some(&rec.id), true)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+
+    let d = decide(
+        &h,
+        &rec.id,
+        "req-1",
+        Choice::Option("allow-once".into()),
+        None,
+        owner(),
+    )
+    .await
+    .expect("decided");
+    assert!(d.approved);
+    assert_eq!(d.decided_by, "U_OWNER");
+    let text = h
+        .until_transcript(&rec.id, "permission t1: selected allow-once")
+        .await;
+    assert!(text.contains("[user:text] please write notes"), "{text}");
+    assert!(text.contains("prompt: please write notes"), "{text}");
+    let (req, decision) = h
+        .store
+        .get_request(&request.id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(req.status, RequestStatus::Decided);
+    assert_eq!(decision.expect("decision").option_id, "allow-once");
+    h.until(
+        "agent text",
+        |e| matches!(e, OperatorEvent::AgentText { text, .. } if text.contains("Done.")),
+    )
+    .await;
+    let text = h
+        .until_transcript(&rec.id, "\"status\":\"completed\"")
+        .await;
+    assert!(text.contains("[system:plan]"), "{text}");
+    // A second decision on the same request is refused.
+    let again = decide(&h, &rec.id, "req-1", Choice::Approve, None, owner()).await;
+    assert!(
+        matches!(
+            again,
+            Err(intercom_actors::session::SessionError::AlreadyResolved { .. })
+        ),
+        "{again:?}"
+    );
+    assert!(
+        h.store
+            .audit_entries()
+            .iter()
+            .any(|a| a.action == "request.decided")
+    );
+}
+
+async fn snapshot(
+    h: &Harness,
+    id: &intercom_actors::model::SessionId,
+) -> intercom_actors::session::SessionSnapshot {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, SessionMsg::Snapshot).expect("snapshot")
+}
+
+async fn steer(
+    h: &Harness,
+    id: &intercom_actors::model::SessionId,
+    text: &str,
+    interrupt: bool,
+) -> intercom_actors::session::SteerOutcome {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: text.into(),
+        interrupt,
+        caller: owner(),
+        reply
+    })
+    .expect("steer call")
+    .expect("steer accepted")
+}
+
+#[tokio::test]
+async fn crash_restart_and_resume_with_session_load() {
+    let h = Harness::new(Knobs::default()).await;
+    let marker = h.dir.path().join("crashed-once");
+    let scenario = json!({
+        "load_session": true,
+        "on_load": [{"user_chunk": "HISTORY-USER"}, {"chunk": "HISTORY-AGENT"}],
+        "turns": [[
+            {"chunk": "starting work"},
+            {"exit_once": {"code": 7, "marker": marker}},
+            {"chunk": "alive after restart"}
+        ]]
+    });
+    let rec = h.start(scenario, "do the thing").await;
+    let notice = h
+        .until(
+            "restart notice",
+            |e| matches!(e, OperatorEvent::Notice { text, .. } if text.contains("Restarting")),
+        )
+        .await;
+    let OperatorEvent::Notice { text, .. } = notice else {
+        unreachable!()
+    };
+    assert!(text.contains("exit code 7"), "{text}");
+    h.until("resume notice", |e| matches!(e, OperatorEvent::Notice { text, .. } if text.contains("resumed the agent's session")))
+        .await;
+    // Mid-turn crash + resume: the agent is told to continue.
+    let transcript = h.until_transcript(&rec.id, "alive after restart").await;
+    assert!(
+        !transcript.contains("HISTORY-"),
+        "replayed history was stored again:\n{transcript}"
+    );
+    let stored = h
+        .until_record(&rec.id, "active after restart", |r| {
+            r.status == SessionStatus::Active && r.restart_count == 1
+        })
+        .await;
+    assert_eq!(
+        stored.acp_session_id,
+        rec.acp_session_id.clone().or(stored.acp_session_id.clone())
+    );
+    assert!(
+        transcript.contains("agent exited unexpectedly (exit code 7)"),
+        "{transcript}"
+    );
+}
+
+#[tokio::test]
+async fn restart_budget_exhausted_marks_the_session_crashed() {
+    let h = Harness::new(Knobs {
+        policy: SupervisionPolicy {
+            max_restarts: 2,
+            restart_window_secs: 600,
+            backoff_initial_secs: 0,
+            backoff_max_secs: 0,
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let scenario = json!({"turns": [[{"stderr": "fatal: model exploded"}, {"exit": 1}]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("session ended", |e| {
+        matches!(
+            e,
+            OperatorEvent::SessionEnded {
+                status: SessionStatus::Crashed,
+                ..
+            }
+        )
+    })
+    .await;
+    let stored = h
+        .until_record(&rec.id, "crashed", |r| r.status == SessionStatus::Crashed)
+        .await;
+    assert_eq!(stored.restart_count, 2);
+    let reason = stored.status_reason.unwrap_or_default();
+    assert!(
+        reason.contains("exit code 1") && reason.contains("model exploded"),
+        "{reason}"
+    );
+    assert_eq!(h.live_count().await, 0);
+}
+
+#[tokio::test]
+async fn a_stalled_agent_is_nudged_then_marked_stalled() {
+    let h = Harness::new(Knobs {
+        stall: StallPolicy {
+            inactivity_secs: 1,
+            escalation_secs: 1,
+            max_nudges: 2,
+            nudge_text: "wake up".into(),
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let rec = h
+        .start(
+            json!({"turns": [[{"chunk": "thinking"}, {"hang": true}]]}),
+            "go",
+        )
+        .await;
+    h.until(
+        "stall alert",
+        |e| matches!(e, OperatorEvent::Notice { text, .. } if text.contains("No activity")),
+    )
+    .await;
+    h.until("stalled", |e| {
+        matches!(
+            e,
+            OperatorEvent::StatusChanged {
+                status: SessionStatus::Stalled,
+                ..
+            }
+        )
+    })
+    .await;
+    let nudges = h
+        .store
+        .audit_entries()
+        .iter()
+        .filter(|a| a.action == "session.nudged")
+        .count();
+    assert_eq!(nudges, 2);
+    let stored = h
+        .store
+        .get_session(&rec.id)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(stored.status, SessionStatus::Stalled);
+    assert!(
+        stored
+            .status_reason
+            .unwrap_or_default()
+            .contains("2 nudges")
+    );
+}
+
+#[tokio::test]
+async fn malformed_and_two_mib_lines_are_skipped_and_the_session_survives() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"raw": "this is not json {"},
+        {"raw": "{\"jsonrpc\":\"2.0\",\"method\":42}"},
+        {"big_line": 2097152},
+        {"chunk": "still alive"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    let text = h.until_transcript(&rec.id, "still alive").await;
+    assert!(text.contains("2097152-byte message"), "{text}");
+    assert_eq!(snapshot(&h, &rec.id).await.status, SessionStatus::Active);
+}
+
+#[tokio::test]
+async fn startup_timeout_fails_the_start_and_leaves_no_record() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            startup_timeout_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let req = h.request(h.profile(json!({"handshake_delay_ms": 30000})), "go");
+    let err = h.start_req(req).await.expect_err("must time out");
+    assert!(
+        matches!(
+            err,
+            SupervisorError::StartFailed(StartError::Timeout { secs: 1, .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("within 1 s"), "{err}");
+    assert!(h.store.list_sessions(false).await.expect("list").is_empty());
+    assert_eq!(h.live_count().await, 0);
+}
+
+#[tokio::test]
+async fn a_missing_agent_binary_is_a_clear_error_and_leaves_no_record() {
+    let h = Harness::new(Knobs::default()).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "/nonexistent/gemini".into();
+    let err = h
+        .start_req(h.request(profile, "go"))
+        .await
+        .expect_err("missing binary");
+    assert!(
+        err.to_string().contains("`/nonexistent/gemini`") && err.to_string().contains("not found"),
+        "{err}"
+    );
+    assert!(h.store.list_sessions(false).await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn the_session_limit_is_enforced() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            max_sessions: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let first = h.start(json!({}), "one").await;
+    let err = h
+        .start_req(h.request(h.profile(json!({})), "two"))
+        .await
+        .expect_err("limit");
+    assert_eq!(err, SupervisorError::LimitReached { max: 1 });
+    assert_eq!(h.store.list_sessions(false).await.expect("list").len(), 1);
+    // Stopping the first frees the slot.
+    let actor = h.actor(&first.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: StopCause::Operator,
+        caller: owner(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("ok");
+    h.until("ended", |e| matches!(e, OperatorEvent::SessionEnded { .. }))
+        .await;
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while h.live_count().await != 0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::task::yield_now().await;
+    }
+    h.start(json!({}), "three").await;
+}
+
+#[tokio::test]
+async fn idle_timeout_completes_the_session() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            idle_timeout_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let rec = h.start(json!({"turns": [[{"chunk": "done"}]]}), "go").await;
+    let pid = snapshot(&h, &rec.id).await.pid.expect("pid");
+    h.until("idle end", |e| {
+        matches!(
+            e,
+            OperatorEvent::SessionEnded {
+                status: SessionStatus::Completed,
+                ..
+            }
+        )
+    })
+    .await;
+    let stored = h
+        .store
+        .get_session(&rec.id)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(
+        (stored.status, stored.status_reason.as_deref()),
+        (SessionStatus::Completed, Some("idle_timeout"))
+    );
+    until_group_gone(pid).await;
+}
+
+#[tokio::test]
+async fn shutdown_stops_live_sessions_and_kills_stubborn_agents() {
+    let h = Harness::new(Knobs::default()).await;
+    // One agent that exits on stdin EOF, one that ignores it (hangs).
+    let polite = h
+        .start(
+            json!({"turns": [[{"permission": {"tool_call_id": "t1", "title": "x"}}]]}),
+            "a",
+        )
+        .await;
+    let stubborn = h.start(json!({"turns": [[{"hang": true}]]}), "b").await;
+    h.until("permission", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    let pids = [
+        snapshot(&h, &polite.id).await.pid.expect("pid"),
+        snapshot(&h, &stubborn.id).await.pid.expect("pid"),
+    ];
+    ractor::call!(h.sup, SupervisorMsg::Shutdown).expect("shutdown");
+    for id in [&polite.id, &stubborn.id] {
+        let r = h.store.get_session(id).await.expect("get").expect("row");
+        assert_eq!(
+            (r.status, r.status_reason.as_deref()),
+            (SessionStatus::Cancelled, Some("server_shutdown")),
+            "{id}"
+        );
+    }
+    for pid in pids {
+        until_group_gone(pid).await;
+    }
+    // The pending permission was answered cancelled and recorded as such.
+    let reqs = h
+        .store
+        .list_requests(Some(&polite.id), false)
+        .await
+        .expect("list");
+    assert_eq!(reqs[0].status, RequestStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn fs_path_escapes_are_refused_and_inside_writes_are_gated() {
+    let h = Harness::new(Knobs::default()).await;
+    let outside = tempfile::tempdir().expect("outside");
+    std::os::unix::fs::symlink(outside.path(), h.workspace.join("link")).expect("symlink");
+    let scenario = json!({"turns": [[
+        {"write_file": {"path": "../escape.txt", "content": "x"}},
+        {"write_file": {"path": "/tmp/agent-intercom-escape.txt", "content": "x"}},
+        {"write_file": {"path": "link/escape.txt", "content": "x"}},
+        {"read_file": {"path": "/etc/hostname"}},
+        {"write_file": {"path": "inside.txt", "content": "hello\n"}}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    let opened = h
+        .until("write approval", |e| {
+            matches!(e, OperatorEvent::RequestOpened { .. })
+        })
+        .await;
+    let OperatorEvent::RequestOpened { request } = opened else {
+        unreachable!()
+    };
+    assert_eq!(request.title, "Write inside.txt");
+    assert!(
+        request
+            .diff
+            .as_deref()
+            .unwrap_or_default()
+            .contains("+hello"),
+        "{:?}",
+        request.diff
+    );
+    assert!(
+        !h.workspace.join("inside.txt").exists(),
+        "written before approval"
+    );
+    decide(
+        &h,
+        &rec.id,
+        &request.request_id,
+        Choice::Approve,
+        None,
+        owner(),
+    )
+    .await
+    .expect("approve");
+    let text = h.until_transcript(&rec.id, "inside.txt: ok").await;
+    assert_eq!(text.matches("outside the workspace").count(), 4, "{text}");
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("inside.txt")).expect("written"),
+        "hello\n"
+    );
+    assert!(!h.dir.path().join("escape.txt").exists());
+    assert!(!outside.path().join("escape.txt").exists());
+    assert!(!std::path::Path::new("/tmp/agent-intercom-escape.txt").exists());
+}
+
+#[tokio::test]
+async fn the_server_environment_does_not_leak_into_agents() {
+    // SAFETY: set before the agent is spawned; no other code reads it.
+    unsafe { std::env::set_var("SLACK_BOT_TOKEN", "xoxb-test-secret") };
+    let h = Harness::new(Knobs::default()).await;
+    let rec = h
+        .start(
+            json!({"turns": [[{"echo_env": ["SLACK_BOT_TOKEN", "PATH"]}]]}),
+            "go",
+        )
+        .await;
+    let text = h.until_transcript(&rec.id, "env SLACK_BOT_TOKEN").await;
+    let text = h.until_transcript(&rec.id, "env PATH").await.max(text);
+    assert!(text.contains("env SLACK_BOT_TOKEN unset"), "{text}");
+    assert!(!text.contains("xoxb-test-secret"));
+}
+
+#[tokio::test]
+async fn steering_is_queued_during_a_turn_and_delivered_in_order() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[{"permission": {"tool_call_id": "t1", "title": "gate"}}], [{"chunk": "ok"}]]});
+    let rec = h.start(scenario, "first").await;
+    h.until("gate", |e| matches!(e, OperatorEvent::RequestOpened { .. }))
+        .await;
+    assert!(steer(&h, &rec.id, "steer A", false).await.queued);
+    assert!(steer(&h, &rec.id, "steer B", false).await.queued);
+    assert_eq!(snapshot(&h, &rec.id).await.queued.len(), 2);
+    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+        .await
+        .expect("approve");
+    let text = h.until_transcript(&rec.id, "prompt: steer B").await;
+    let (a, b) = (
+        text.find("prompt: steer A").expect("A"),
+        text.find("prompt: steer B").expect("B"),
+    );
+    assert!(a < b, "{text}");
+    h.until(
+        "idle",
+        |e| matches!(e, OperatorEvent::StatusChanged { activity, .. } if activity == "idle"),
+    )
+    .await;
+    // Wait for the turn of B to end before steering again.
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while snapshot(&h, &rec.id).await.turn_running {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::task::yield_now().await;
+    }
+    assert!(!steer(&h, &rec.id, "steer C", false).await.queued);
+    h.until_transcript(&rec.id, "prompt: steer C").await;
+    assert!(
+        h.store
+            .undelivered_steering(&rec.id)
+            .await
+            .expect("undelivered")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn interrupt_and_steer_cancels_the_turn_first() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[{"permission": {"tool_call_id": "t1", "title": "gate"}}, {"chunk": "after gate"}], [{"chunk": "steered"}]]});
+    let rec = h.start(scenario, "first").await;
+    h.until("gate", |e| matches!(e, OperatorEvent::RequestOpened { .. }))
+        .await;
+    assert!(steer(&h, &rec.id, "change course", true).await.queued);
+    let text = h.until_transcript(&rec.id, "prompt: change course").await;
+    assert!(text.contains("permission t1: cancelled"), "{text}");
+    assert!(!text.contains("after gate"), "{text}");
+    let reqs = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list");
+    assert_eq!(reqs[0].status, RequestStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn auth_required_without_a_method_names_the_offered_methods() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario =
+        json!({"require_auth": true, "auth_methods": [{"id": "api-key", "name": "API key"}]});
+    let err = h
+        .start_req(h.request(h.profile(scenario.clone()), "go"))
+        .await
+        .expect_err("auth");
+    let text = err.to_string();
+    assert!(
+        text.contains("requires authentication") && text.contains("api-key (API key)"),
+        "{text}"
+    );
+    // With auth_method configured it authenticates and starts.
+    let mut profile = h.profile(scenario);
+    profile.auth_method = Some("api-key".into());
+    h.start_req(h.request(profile, "go"))
+        .await
+        .expect("authenticated start");
+}
+
+#[tokio::test]
+async fn prompt_timeout_is_noted_and_the_session_stays_active() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            prompt_timeout_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let rec = h.start(json!({"turns": [[{"hang": true}]]}), "go").await;
+    let text = h
+        .until_transcript(&rec.id, "has not answered the prompt within 1 s")
+        .await;
+    assert!(text.contains("stays active"));
+    assert_eq!(snapshot(&h, &rec.id).await.status, SessionStatus::Active);
+    assert!(group_alive(snapshot(&h, &rec.id).await.pid.expect("pid")));
+}
+
+#[tokio::test]
+async fn non_owners_cannot_act_and_operators_can() {
+    let h = Harness::new(Knobs {
+        operators: vec!["U_OPS".into()],
+        ..Knobs::default()
+    })
+    .await;
+    let rec = h
+        .start(
+            json!({"turns": [[{"permission": {"tool_call_id": "t1", "title": "gate"}}]]}),
+            "go",
+        )
+        .await;
+    h.until("gate", |e| matches!(e, OperatorEvent::RequestOpened { .. }))
+        .await;
+    let stranger = Caller {
+        id: "U_STRANGER".into(),
+        operator: false,
+    };
+    let err = decide(&h, &rec.id, "req-1", Choice::Approve, None, stranger)
+        .await
+        .expect_err("refused");
+    assert!(matches!(
+        err,
+        intercom_actors::session::SessionError::Unauthorized { .. }
+    ));
+    assert_eq!(
+        h.store
+            .list_requests(Some(&rec.id), true)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+    assert!(
+        h.store
+            .audit_entries()
+            .iter()
+            .any(|a| a.action == "action.denied" && a.actor == "U_STRANGER")
+    );
+    let ops = Caller {
+        id: "U_OPS".into(),
+        operator: false,
+    };
+    decide(&h, &rec.id, "req-1", Choice::Reject, Some("not now"), ops)
+        .await
+        .expect("operator decides");
+    h.until_transcript(&rec.id, "permission t1: selected reject-once")
+        .await;
+}

@@ -1,0 +1,253 @@
+//! Test harness: a real SessionSupervisor with in-memory ports, driving the
+//! repository's scripted agent as a real child process.
+//!
+//! Tests wait on events or stored state with generous deadlines (see
+//! [`Harness::until`]); nothing sleeps and hopes.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use intercom_actors::memory::{MemoryStore, RecordingSink};
+use intercom_actors::model::{Framing, Protocol, SessionId, SessionRecord, TranscriptEntry};
+use intercom_actors::ports::{OperatorEvent, SessionStore};
+use intercom_actors::session::{SessionMsg, SessionSettings};
+use intercom_actors::settings::{AgentProfile, Limits, StallPolicy, SupervisionPolicy};
+use intercom_actors::supervisor::{
+    SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
+};
+use ractor::{Actor, ActorRef};
+use serde_json::Value;
+
+/// Deadline for anything a test waits on.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Path of the scripted agent built by `cargo test --workspace` / `cargo build`.
+pub fn agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/<profile>/scripted-agent
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("scripted-agent");
+    if !bin.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "scripted-agent"])
+            .status()
+            .expect("cargo build scripted-agent");
+        assert!(status.success(), "building scripted-agent failed");
+    }
+    bin
+}
+
+/// Knobs for one harness.
+#[derive(Clone)]
+pub struct Knobs {
+    pub limits: Limits,
+    pub stall: StallPolicy,
+    pub policy: SupervisionPolicy,
+    pub operators: Vec<String>,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs {
+            limits: Limits {
+                startup_timeout_secs: 20,
+                shutdown_grace_secs: 1,
+                ..Limits::default()
+            },
+            stall: StallPolicy {
+                inactivity_secs: 0,
+                ..StallPolicy::default()
+            },
+            policy: SupervisionPolicy {
+                backoff_initial_secs: 0,
+                backoff_max_secs: 0,
+                ..SupervisionPolicy::default()
+            },
+            operators: vec![],
+        }
+    }
+}
+
+pub struct Harness {
+    pub sup: ActorRef<SupervisorMsg>,
+    pub store: Arc<MemoryStore>,
+    pub sink: Arc<RecordingSink>,
+    pub dir: tempfile::TempDir,
+    pub workspace: PathBuf,
+    scenarios: std::sync::atomic::AtomicUsize,
+}
+
+impl Harness {
+    pub async fn new(knobs: Knobs) -> Harness {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir_all(&workspace).expect("mkdir ws");
+        let workspace = workspace.canonicalize().expect("canon");
+        let store = Arc::new(MemoryStore::new());
+        let sink = Arc::new(RecordingSink::new());
+        let settings = Arc::new(SessionSettings {
+            limits: knobs.limits,
+            stall: knobs.stall,
+            operators: knobs.operators.into_iter().collect::<HashSet<_>>(),
+        });
+        let args = SupervisorArgs {
+            policy: knobs.policy,
+            settings,
+            store: store.clone(),
+            sink: sink.clone(),
+            mcp_for: None,
+        };
+        let (sup, _) = Actor::spawn(None, SessionSupervisor, args)
+            .await
+            .expect("supervisor");
+        Harness {
+            sup,
+            store,
+            sink,
+            dir,
+            workspace,
+            scenarios: Default::default(),
+        }
+    }
+
+    /// An agent profile running the scripted agent with `scenario`.
+    pub fn profile(&self, scenario: Value) -> AgentProfile {
+        let n = self
+            .scenarios
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = self.dir.path().join(format!("scenario-{n}.json"));
+        std::fs::write(&path, scenario.to_string()).expect("write scenario");
+        let protocol = match scenario.get("protocol").and_then(Value::as_str) {
+            Some("intercom") => Protocol::Intercom,
+            _ => Protocol::Acp,
+        };
+        let framing = match scenario.get("framing").and_then(Value::as_str) {
+            Some("lsp") => Framing::Lsp,
+            _ => Framing::Ndjson,
+        };
+        AgentProfile {
+            id: format!("scripted-{n}"),
+            command: agent_bin().display().to_string(),
+            args: vec!["--scenario".into(), path.display().to_string()],
+            env: vec![],
+            protocol,
+            framing,
+            auth_method: None,
+        }
+    }
+
+    pub fn request(&self, profile: AgentProfile, prompt: &str) -> StartRequest {
+        StartRequest {
+            workspace: "ws".into(),
+            cwd: self.workspace.clone(),
+            channel_id: Some("C1".into()),
+            profile,
+            prompt: prompt.into(),
+            owner: "U_OWNER".into(),
+        }
+    }
+
+    pub async fn start_req(&self, req: StartRequest) -> Result<SessionRecord, SupervisorError> {
+        ractor::call!(self.sup, |reply| SupervisorMsg::Start { req, reply })
+            .expect("supervisor call")
+    }
+
+    pub async fn start(&self, scenario: Value, prompt: &str) -> SessionRecord {
+        let req = self.request(self.profile(scenario), prompt);
+        self.start_req(req).await.expect("session starts")
+    }
+
+    pub async fn actor(&self, id: &SessionId) -> ActorRef<SessionMsg> {
+        ractor::call!(self.sup, |reply| SupervisorMsg::Lookup {
+            id: id.clone(),
+            reply
+        })
+        .expect("lookup")
+        .expect("session is live")
+    }
+
+    pub async fn transcript(&self, id: &SessionId) -> Vec<TranscriptEntry> {
+        self.store.transcript(id).await.expect("transcript")
+    }
+
+    pub async fn transcript_text(&self, id: &SessionId) -> String {
+        self.transcript(id)
+            .await
+            .into_iter()
+            .map(|m| format!("[{}:{}] {}", m.role.as_str(), m.kind.as_str(), m.content))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits until the session's transcript contains `needle`.
+    pub async fn until_transcript(&self, id: &SessionId, needle: &str) -> String {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let text = self.transcript_text(id).await;
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "transcript never contained {needle:?}:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until an event satisfies `pred`.
+    pub async fn until(&self, what: &str, pred: impl Fn(&OperatorEvent) -> bool) -> OperatorEvent {
+        match self.sink.wait_for(WAIT, pred).await {
+            Some(e) => e,
+            None => panic!("never saw {what}; events:\n{:#?}", self.sink.events()),
+        }
+    }
+
+    /// Waits until the stored session satisfies `pred`.
+    pub async fn until_record(
+        &self,
+        id: &SessionId,
+        what: &str,
+        pred: impl Fn(&SessionRecord) -> bool,
+    ) -> SessionRecord {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(r) = self.store.get_session(id).await.expect("get")
+                && pred(&r)
+            {
+                return r;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "session never became {what}: {:?}",
+                self.store.get_session(id).await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn live_count(&self) -> usize {
+        ractor::call!(self.sup, SupervisorMsg::LiveCount).expect("count")
+    }
+}
+
+/// True while any process of the group exists.
+pub fn group_alive(pgid: i32) -> bool {
+    intercom_actors::child::group_alive(pgid)
+}
+
+/// Waits until a process group is gone.
+pub async fn until_group_gone(pgid: i32) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while group_alive(pgid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "process group {pgid} still alive"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
