@@ -45,6 +45,21 @@ pub struct StartRequest {
     pub owner: String,
 }
 
+/// An MCP client attaching as a session of its own.
+#[derive(Debug, Clone)]
+pub struct AttachRequest {
+    /// Workspace id, or empty for a local-only session.
+    pub workspace: String,
+    /// Directory the IDE works in.
+    pub cwd: std::path::PathBuf,
+    /// Slack channel, when the workspace has one.
+    pub channel_id: Option<String>,
+    /// Client name (for the title).
+    pub title: String,
+    /// Who it belongs to.
+    pub owner: String,
+}
+
 /// Why a session could not be started.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SupervisorError {
@@ -76,6 +91,20 @@ pub enum SupervisorMsg {
         req: StartRequest,
         /// The stored record.
         reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    },
+    /// Attach an MCP client as a new session (no child process).
+    Attach {
+        /// What to attach.
+        req: AttachRequest,
+        /// The stored record.
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    },
+    /// The session a bridge token (`/mcp?session_id=...`) belongs to.
+    ResolveBridgeToken {
+        /// The token.
+        token: String,
+        /// Its session, when live.
+        reply: RpcReplyPort<Option<SessionId>>,
     },
     /// A session actor reports how it ended.
     SessionExited {
@@ -126,9 +155,6 @@ pub enum SupervisorMsg {
     ShutdownDeadline,
 }
 
-/// Builds the MCP servers handed to one session's agent.
-pub type McpFor = Arc<dyn Fn(&SessionId) -> Vec<McpHttpServer> + Send + Sync>;
-
 /// Supervisor configuration.
 pub struct SupervisorArgs {
     /// Restart policy.
@@ -139,8 +165,9 @@ pub struct SupervisorArgs {
     pub store: Arc<dyn SessionStore>,
     /// Operator events.
     pub sink: Arc<dyn OperatorSink>,
-    /// Builds the MCP servers handed to a session's agent (the ACP-MCP bridge).
-    pub mcp_for: Option<McpFor>,
+    /// Base URL of this server's MCP endpoint (`http://host:port/mcp`); when
+    /// set, ACP agents that support HTTP MCP get it with a per-session token.
+    pub bridge_url: Option<String>,
 }
 
 /// What a restart needs to know.
@@ -170,6 +197,7 @@ pub struct SupervisorState {
     args: SupervisorArgs,
     sessions: HashMap<SessionId, Entry>,
     threads: HashMap<(String, String), SessionId>,
+    bridge_tokens: HashMap<String, SessionId>,
     shutdown: Option<RpcReplyPort<()>>,
 }
 
@@ -191,6 +219,7 @@ impl Actor for SessionSupervisor {
             args,
             sessions: HashMap::new(),
             threads: HashMap::new(),
+            bridge_tokens: HashMap::new(),
             shutdown: None,
         })
     }
@@ -203,6 +232,15 @@ impl Actor for SessionSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Start { req, reply } => state.start(req, reply).await,
+            SupervisorMsg::Attach { req, reply } => state.attach(req, reply).await,
+            SupervisorMsg::ResolveBridgeToken { token, reply } => {
+                let id = state
+                    .bridge_tokens
+                    .get(&token)
+                    .filter(|id| state.sessions.contains_key(*id))
+                    .cloned();
+                let _ = reply.send(id);
+            }
             SupervisorMsg::SessionExited { id, exit } => state.on_exit(id, exit).await,
             SupervisorMsg::RestartDue(id) => state.restart(id).await,
             SupervisorMsg::Lookup { id, reply } => {
@@ -297,12 +335,7 @@ impl SupervisorState {
         start: StartMode,
         ready: Option<oneshot::Sender<Result<(), StartError>>>,
     ) -> Result<ActorRef<SessionMsg>, StartError> {
-        let mcp_servers = self
-            .args
-            .mcp_for
-            .as_ref()
-            .map(|f| f(&record.id))
-            .unwrap_or_default();
+        let mcp_servers = self.bridge_for(&record.id, profile.protocol);
         let args = SessionArgs {
             record,
             profile,
@@ -325,6 +358,114 @@ impl SupervisorState {
                 }
                 other => StartError::Spawn(other.to_string()),
             }),
+        }
+    }
+
+    /// The MCP server handed to an ACP agent: this server, with a token
+    /// bound to the session (stable across restarts of the session).
+    fn bridge_for(&mut self, id: &SessionId, protocol: Protocol) -> Vec<McpHttpServer> {
+        let (Some(base), Protocol::Acp) = (&self.args.bridge_url, protocol) else {
+            return Vec::new();
+        };
+        let token = match self.bridge_tokens.iter().find(|(_, s)| *s == id) {
+            Some((t, _)) => t.clone(),
+            None => {
+                let t = crate::ids::random_token();
+                self.bridge_tokens.insert(t.clone(), id.clone());
+                t
+            }
+        };
+        vec![McpHttpServer {
+            name: "agent-intercom".into(),
+            url: format!("{base}?session_id={token}"),
+        }]
+    }
+
+    async fn attach(
+        &mut self,
+        req: AttachRequest,
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    ) {
+        if self.shutdown.is_some() {
+            let _ = reply.send(Err(SupervisorError::ShuttingDown));
+            return;
+        }
+        let max = self.args.settings.limits.max_sessions;
+        if self.sessions.len() >= max {
+            let _ = reply.send(Err(SupervisorError::LimitReached { max }));
+            return;
+        }
+        let now = now_ms();
+        let record = SessionRecord {
+            id: SessionId::generate(),
+            workspace: req.workspace,
+            cwd: req.cwd.display().to_string(),
+            agent: "mcp".into(),
+            protocol: Protocol::Mcp,
+            status: SessionStatus::Starting,
+            status_reason: None,
+            title: req.title.chars().take(80).collect(),
+            owner: req.owner,
+            acp_session_id: None,
+            channel_id: req.channel_id.filter(|c| !c.is_empty()),
+            thread_ts: None,
+            restart_count: 0,
+            created_at: now,
+            updated_at: now,
+            last_activity_at: now,
+        };
+        if let Err(e) = self.args.store.create_session(&record).await {
+            let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
+            return;
+        }
+        self.args.sink.emit(OperatorEvent::SessionStarted {
+            session: record.clone(),
+        });
+        let profile = placeholder_entry(&record).profile;
+        let (tx, rx) = oneshot::channel();
+        match self
+            .spawn_session(
+                record.clone(),
+                profile.clone(),
+                StartMode::Attached,
+                Some(tx),
+            )
+            .await
+        {
+            Ok(actor) => {
+                self.sessions.insert(
+                    record.id.clone(),
+                    Entry {
+                        actor: Some(actor),
+                        profile,
+                        restarts: Vec::new(),
+                        total_restarts: 0,
+                        plan: None,
+                        recovering: false,
+                        first_start: true,
+                    },
+                );
+                let store = self.args.store.clone();
+                tokio::spawn(async move {
+                    let outcome = match rx.await {
+                        Ok(Ok(())) => Ok(store
+                            .get_session(&record.id)
+                            .await
+                            .ok()
+                            .flatten()
+                            .unwrap_or(record)),
+                        Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
+                        Err(_) => Err(SupervisorError::StartFailed(StartError::Spawn(
+                            "session stopped".into(),
+                        ))),
+                    };
+                    let _ = reply.send(outcome);
+                });
+            }
+            Err(err) => {
+                let _ = self.args.store.delete_session(&record.id).await;
+                let _ = reply.send(Err(SupervisorError::StartFailed(err)));
+            }
         }
     }
 
@@ -427,10 +568,18 @@ impl SupervisorState {
         let Some(entry) = self.sessions.get_mut(&id) else {
             return;
         };
+        if entry.profile.protocol == Protocol::Mcp {
+            // MCP clients are not restarted: they reconnect on their own.
+            self.sessions.remove(&id);
+            self.bridge_tokens.retain(|_, s| s != &id);
+            self.check_shutdown_done();
+            return;
+        }
         entry.actor = None;
         match exit {
             SessionExit::Finished(_) => {
                 self.sessions.remove(&id);
+                self.bridge_tokens.retain(|_, s| s != &id);
             }
             SessionExit::StartFailed(err) if entry.first_start => {
                 tracing::info!(session = %id, "first start failed: {err}");
@@ -584,6 +733,7 @@ impl SupervisorState {
     /// Marks a session ended for good and forgets it.
     async fn end_session(&mut self, id: &SessionId, status: SessionStatus, reason: &str) {
         self.sessions.remove(id);
+        self.bridge_tokens.retain(|_, s| s != id);
         let store = self.args.store.clone();
         if let Err(e) = store.set_status(id, status, Some(reason)).await {
             tracing::error!(session = %id, "status write failed: {e}");

@@ -47,7 +47,9 @@ impl SessionState {
     }
 
     pub(super) async fn begin_handshake(&mut self) {
-        if self.is_acp() {
+        if self.record.protocol == crate::model::Protocol::Mcp {
+            self.on_ready(false).await;
+        } else if self.is_acp() {
             self.phase = Phase::Initializing;
             self.request(
                 methods::INITIALIZE,
@@ -122,14 +124,9 @@ impl SessionState {
                 );
                 self.emit_notice(NoticeLevel::Warning, &text).await;
                 self.acp_session = None;
-                self.request(
-                    methods::SESSION_NEW,
-                    acp::new_session_params(
-                        std::path::Path::new(&self.record.cwd),
-                        &self.mcp_servers,
-                    ),
-                    Outgoing::NewSession,
-                );
+                let cwd = std::path::PathBuf::from(&self.record.cwd);
+                let params = acp::new_session_params(&cwd, self.bridge());
+                self.request(methods::SESSION_NEW, params, Outgoing::NewSession);
             }
             (Outgoing::Prompt, _) => {}
         }
@@ -181,7 +178,7 @@ impl SessionState {
             if let Some(method) = method {
                 self.acp_session = Some(id.clone());
                 self.replaying = method == methods::SESSION_LOAD;
-                let params = acp::load_session_params(&id, &cwd, &self.mcp_servers);
+                let params = acp::load_session_params(&id, &cwd, self.bridge());
                 self.request(method, params, Outgoing::LoadSession { method });
                 return;
             }
@@ -198,8 +195,17 @@ impl SessionState {
             });
             return;
         }
-        let params = acp::new_session_params(&cwd, &self.mcp_servers);
+        let params = acp::new_session_params(&cwd, self.bridge());
         self.request(methods::SESSION_NEW, params, Outgoing::NewSession);
+    }
+
+    /// The bridge MCP servers, only for agents that speak HTTP MCP.
+    fn bridge(&self) -> &[acp::McpHttpServer] {
+        if self.agent.mcp_http {
+            &self.mcp_servers
+        } else {
+            &[]
+        }
     }
 
     async fn fail_handshake(&mut self, method: &str, error: String) {
@@ -221,6 +227,14 @@ impl SessionState {
         }
         let start = self.start.clone();
         match start {
+            StartMode::Attached => {
+                self.audit(
+                    &self.record.owner.clone(),
+                    "session.attached",
+                    json!({"protocol": "mcp"}),
+                )
+                .await;
+            }
             StartMode::Fresh { prompt } => {
                 self.audit(
                     &self.record.owner.clone(),

@@ -230,7 +230,7 @@ impl SessionState {
         paths: Vec<String>,
         options: Vec<PermissionOption>,
         write: Option<(std::path::PathBuf, String)>,
-    ) {
+    ) -> Option<u64> {
         let n = self.next_request;
         self.next_request += 1;
         let request_id = format!("req-{n}");
@@ -257,11 +257,12 @@ impl SessionState {
             if self.is_acp() {
                 self.respond(wire, Err(err));
             }
-            return;
+            return None;
         }
         self.pending.insert(
             n,
             Pending {
+                number: n,
                 record: record.clone(),
                 wire,
                 write,
@@ -274,6 +275,7 @@ impl SessionState {
             activity: "needs input".into(),
             reason: None,
         });
+        Some(n)
     }
 
     async fn on_update(&mut self, params: &Value) {

@@ -10,6 +10,7 @@
 mod handshake;
 mod inbound;
 mod lifecycle;
+mod mcp;
 mod requests;
 mod turns;
 
@@ -77,6 +78,8 @@ pub enum StartMode {
         /// The first prompt.
         prompt: String,
     },
+    /// An MCP client attached: no child process, no first prompt.
+    Attached,
     /// A restart after a crash or a server restart.
     Restart {
         /// The agent's session id to resume, when there is one.
@@ -246,6 +249,8 @@ pub enum StopCause {
     IdleTimeout,
     /// The server is shutting down.
     Shutdown,
+    /// The MCP client went away.
+    Disconnected,
 }
 
 impl StopCause {
@@ -254,12 +259,17 @@ impl StopCause {
             StopCause::Operator => (SessionStatus::Cancelled, "stopped by operator"),
             StopCause::IdleTimeout => (SessionStatus::Completed, "idle_timeout"),
             StopCause::Shutdown => (SessionStatus::Cancelled, "server_shutdown"),
+            StopCause::Disconnected => (SessionStatus::Completed, "client_disconnected"),
         }
     }
 }
 
+pub use mcp::{McpAnswer, McpCall};
+
 /// Messages a SessionActor handles.
 pub enum SessionMsg {
+    /// A tool call from an MCP client bound to this session.
+    Mcp(McpCall),
     /// Something from the agent process.
     Child(ChildEvent),
     /// The clock ticked.
@@ -369,6 +379,8 @@ enum Outgoing {
 /// A request from the agent waiting for the operator.
 #[derive(Debug, Clone)]
 struct Pending {
+    /// Session-scoped number (`req-N`).
+    number: u64,
     record: PendingRequest,
     /// The JSON-RPC id to answer (ACP) or dialect id.
     wire: RpcId,
@@ -432,6 +444,8 @@ pub struct SessionState {
     turn: Option<Turn>,
     reprompt_after_cancel: Option<String>,
     queue: VecDeque<Steering>,
+    mcp_waiters: HashMap<u64, oneshot::Sender<McpAnswer>>,
+    standby: Option<oneshot::Sender<Option<String>>>,
     text: TextBuffer,
     tools: HashMap<String, (i64, Value)>,
     plan_message: Option<i64>,
@@ -458,6 +472,12 @@ impl Actor for SessionActor {
     ) -> Result<SessionState, ActorProcessingErr> {
         let mut state = SessionState::new(myself.clone(), args);
         state.load_queued_steering().await;
+        myself.send_interval(TICK, || SessionMsg::Tick);
+        if state.record.protocol == Protocol::Mcp {
+            // An MCP client is the agent: nothing to spawn.
+            state.exited = true;
+            return Ok(state);
+        }
         let spec = ChildSpec {
             profile: state.profile.id.clone(),
             command: state.profile.command.clone(),
@@ -481,7 +501,6 @@ impl Actor for SessionActor {
                 return Err(Box::new(err));
             }
         }
-        myself.send_interval(TICK, || SessionMsg::Tick);
         myself.send_after(state.settings.limits.startup_timeout(), || {
             SessionMsg::StartupDeadline
         });
@@ -505,6 +524,7 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SessionMsg::Child(ev) => state.on_child_event(ev).await,
+            SessionMsg::Mcp(call) => state.on_mcp(call).await,
             SessionMsg::Tick => state.on_tick().await,
             SessionMsg::StartupDeadline => state.on_startup_deadline().await,
             SessionMsg::KillDue(stage) => state.on_kill_due(stage),
@@ -599,6 +619,8 @@ impl SessionState {
             turn: None,
             reprompt_after_cancel: None,
             queue: VecDeque::new(),
+            mcp_waiters: HashMap::new(),
+            standby: None,
             text: TextBuffer::default(),
             tools: HashMap::new(),
             plan_message: None,

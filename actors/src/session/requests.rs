@@ -14,7 +14,7 @@ use crate::protocol::acp;
 use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
 
 impl SessionState {
-    fn find_pending(&self, request_id: &str) -> Option<u64> {
+    pub(super) fn find_pending(&self, request_id: &str) -> Option<u64> {
         self.pending
             .iter()
             .find(|(_, p)| p.record.request_id == request_id || p.record.id == request_id)
@@ -80,6 +80,10 @@ impl SessionState {
 
     /// Writes the decision to the agent in its protocol.
     async fn answer(&mut self, pending: &Pending, decision: &Decision) {
+        if let Some(waiter) = self.mcp_waiters.remove(&pending.number) {
+            let _ = waiter.send(super::McpAnswer::Decided(decision.clone()));
+            return;
+        }
         let wire = pending.wire.clone();
         match (self.is_acp(), pending.record.kind) {
             (true, RequestKind::FileWrite) => {
@@ -138,15 +142,20 @@ impl SessionState {
     pub(super) async fn cancel_pending(&mut self, why: &str) {
         let all: Vec<Pending> = std::mem::take(&mut self.pending).into_values().collect();
         for pending in all {
-            if !self.exited {
-                self.answer_cancelled(&pending);
-            }
+            self.answer_cancelled(&pending);
             self.close_request(&pending, RequestStatus::Cancelled, why)
                 .await;
         }
     }
 
     fn answer_cancelled(&mut self, pending: &Pending) {
+        if let Some(waiter) = self.mcp_waiters.remove(&pending.number) {
+            let _ = waiter.send(super::McpAnswer::Closed(RequestStatus::Cancelled));
+            return;
+        }
+        if self.exited {
+            return; // nobody left to answer
+        }
         let wire = pending.wire.clone();
         match (self.is_acp(), pending.record.kind) {
             (true, RequestKind::FileWrite) => self.respond(
@@ -172,7 +181,12 @@ impl SessionState {
         }
     }
 
-    async fn close_request(&mut self, pending: &Pending, status: RequestStatus, why: &str) {
+    pub(super) async fn close_request(
+        &mut self,
+        pending: &Pending,
+        status: RequestStatus,
+        why: &str,
+    ) {
         if let Err(e) = self.store.close_request(&pending.record.id, status).await {
             tracing::error!(session = %self.record.id, "closing request {}: {e}", pending.record.id);
         }

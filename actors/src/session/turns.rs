@@ -167,6 +167,26 @@ impl SessionState {
         )
         .await;
         self.last_any = Instant::now();
+        if self.record.protocol == Protocol::Mcp || self.standby.is_some() {
+            let id = steering.id;
+            if self.steer_mcp(steering.clone()).await {
+                return Ok(SteerOutcome {
+                    queued: false,
+                    steering_id: id,
+                });
+            }
+            if self.record.protocol == Protocol::Mcp {
+                self.queue.push_back(steering.clone());
+                self.emit(OperatorEvent::SteeringQueued {
+                    session_id: self.id().clone(),
+                    steering,
+                });
+                return Ok(SteerOutcome {
+                    queued: true,
+                    steering_id: id,
+                });
+            }
+        }
         if self.can_take_prompt_now() {
             let id = steering.id;
             self.deliver(steering).await;

@@ -83,6 +83,15 @@ pub struct Harness {
 
 impl Harness {
     pub async fn new(knobs: Knobs) -> Harness {
+        Self::build(knobs, None).await
+    }
+
+    /// A harness whose supervisor offers `url` as the ACP-MCP bridge.
+    pub async fn new_with_bridge(knobs: Knobs, url: &str) -> Harness {
+        Self::build(knobs, Some(url.to_owned())).await
+    }
+
+    async fn build(knobs: Knobs, bridge_url: Option<String>) -> Harness {
         let dir = tempfile::tempdir().expect("tempdir");
         let workspace = dir.path().join("ws");
         std::fs::create_dir_all(&workspace).expect("mkdir ws");
@@ -99,7 +108,7 @@ impl Harness {
             settings,
             store: store.clone(),
             sink: sink.clone(),
-            mcp_for: None,
+            bridge_url,
         };
         let (sup, _) = Actor::spawn(None, SessionSupervisor, args)
             .await
