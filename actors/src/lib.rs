@@ -15,6 +15,7 @@ pub mod model;
 pub mod ports;
 pub mod protocol;
 pub mod registry;
+pub mod rules;
 pub mod session;
 pub mod settings;
 pub mod supervisor;

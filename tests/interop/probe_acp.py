@@ -16,7 +16,7 @@ Usage:
 
 Examples:
     python3 tests/interop/probe_acp.py -- tests/interop/node_modules/.bin/claude-code-acp
-    python3 tests/interop/probe_acp.py -- tests/interop/node_modules/.bin/gemini --experimental-acp
+    python3 tests/interop/probe_acp.py -- tests/interop/node_modules/.bin/gemini --acp
 
 A machine-readable summary is printed as the last line ("SUMMARY {...}") and
 optionally written to --summary FILE.
@@ -60,6 +60,7 @@ class Probe:
             "stderr": [],
             "non_json_stdout": [],
         }
+        self.tmp_home: str | None = None  # created (and removed) by us unless --home
         self.cwd = tempfile.mkdtemp(prefix="acp-probe-cwd-")
         with open(os.path.join(self.cwd, "README.md"), "w") as f:
             f.write("probe workspace\n")
@@ -76,7 +77,7 @@ class Probe:
     def build_env(self) -> dict:
         home = self.args.home
         if home is None:
-            home = tempfile.mkdtemp(prefix="acp-probe-home-")
+            home = self.tmp_home = tempfile.mkdtemp(prefix="acp-probe-home-")
         env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": home}
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
         cmd_text = " ".join(self.args.command)
@@ -293,6 +294,10 @@ class Probe:
         finally:
             self.kill_group()
             shutil.rmtree(self.cwd, ignore_errors=True)
+            if self.tmp_home and not a.keep_home:
+                shutil.rmtree(self.tmp_home, ignore_errors=True)
+            elif self.tmp_home:
+                self.log("**", f"kept HOME {self.tmp_home}")
         line = json.dumps(self.summary, sort_keys=True)
         if a.summary:
             with open(a.summary, "w") as f:
@@ -383,7 +388,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds for session/new and session/prompt")
     p.add_argument("--settle", type=float, default=1.0, help="seconds to drain output before closing stdin")
     p.add_argument("--eof-wait", type=float, default=5.0, help="seconds to wait for exit after stdin EOF")
-    p.add_argument("--home", default=None, help="HOME for the agent (default: a fresh temp dir)")
+    p.add_argument("--home", default=None,
+                   help="HOME for the agent (default: a fresh temp dir, removed afterwards)")
+    p.add_argument("--keep-home", action="store_true", help="keep the temp HOME for inspection")
     p.add_argument("--sandbox", choices=("auto", "yes", "no"), default="auto",
                    help="set IS_SANDBOX=1 (auto: when root and command is claude-code-acp)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra env var (repeatable)")

@@ -102,7 +102,7 @@ impl SessionState {
             },
             (Outgoing::NewSession, Err(e)) => {
                 if self.needs_auth(&e) {
-                    self.authenticate_or_fail().await;
+                    self.authenticate_or_fail(e.message.clone()).await;
                 } else {
                     self.fail_handshake(methods::SESSION_NEW, e.to_string())
                         .await;
@@ -116,7 +116,7 @@ impl SessionState {
             (Outgoing::LoadSession { method }, Err(e)) => {
                 self.replaying = false;
                 if self.needs_auth(&e) {
-                    self.authenticate_or_fail().await;
+                    self.authenticate_or_fail(e.message.clone()).await;
                     return;
                 }
                 let text = format!(
@@ -132,14 +132,14 @@ impl SessionState {
         }
     }
 
+    /// ACP reserves -32000 for "authentication required"; agents word it
+    /// differently ("Gemini API key is missing or not configured.").
     fn needs_auth(&self, e: &RpcError) -> bool {
-        e.code == codes::AUTH_REQUIRED && e.message.to_ascii_lowercase().contains("auth")
-            || e.message
-                .to_ascii_lowercase()
-                .contains("authentication required")
+        e.code == codes::AUTH_REQUIRED
+            || e.message.to_ascii_lowercase().contains("authentication required")
     }
 
-    async fn authenticate_or_fail(&mut self) {
+    async fn authenticate_or_fail(&mut self, detail: String) {
         match (&self.profile.auth_method, self.auth_tried) {
             (Some(method), false) => {
                 self.auth_tried = true;
@@ -151,6 +151,7 @@ impl SessionState {
                 let err = StartError::AuthRequired {
                     agent: self.profile.id.clone(),
                     methods: self.agent.describe_auth_methods(),
+                    detail,
                 };
                 self.fail_start(err).await;
             }

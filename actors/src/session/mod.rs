@@ -120,13 +120,15 @@ pub enum StartError {
     },
     /// The agent requires authentication and none is configured (or it failed).
     #[error(
-        "agent `{agent}` requires authentication; it offers: {methods}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`"
+        "agent `{agent}` requires authentication ({detail}); it offers: {methods}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`"
     )]
     AuthRequired {
         /// Profile.
         agent: String,
         /// Offered methods.
         methods: String,
+        /// What the agent said.
+        detail: String,
     },
     /// A handshake call failed.
     #[error("agent `{agent}` failed {method}: {error}")]

@@ -1,0 +1,333 @@
+//! Server-owned approval rules and approval modes.
+//!
+//! Agents' own "allow always" is per call and inconsistent, so agent-intercom
+//! keeps its own rules. A rule has a scope (global, workspace, session), a
+//! match (ACP tool kind, path globs inside the workspace, a command prefix or
+//! regex for `execute`, an agent id) and an action (allow, ask, deny).
+//!
+//! Evaluation order (documented in ARCHITECTURE.md, tested table-driven):
+//! 1. Only rules whose scope covers the request and whose match fits count.
+//! 2. Any matching `deny` wins, whatever its scope (deny beats allow).
+//! 3. Otherwise the most specific scope wins (session > workspace > global);
+//!    within one scope `ask` beats `allow`.
+//! 4. With no matching rule the session's mode decides: `ask` asks,
+//!    `auto-edits` allows `read`/`edit`/`search` kinds whose paths are all
+//!    inside the workspace, `auto` allows everything.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::SessionId;
+
+/// Who a rule applies to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "scope", content = "id", rename_all = "snake_case")]
+pub enum Scope {
+    /// Every session.
+    Global,
+    /// Sessions of one workspace.
+    Workspace(String),
+    /// One session.
+    Session(SessionId),
+}
+
+impl Scope {
+    fn rank(&self) -> u8 {
+        match self {
+            Scope::Global => 0,
+            Scope::Workspace(_) => 1,
+            Scope::Session(_) => 2,
+        }
+    }
+
+    fn covers(&self, facts: &RequestFacts) -> bool {
+        match self {
+            Scope::Global => true,
+            Scope::Workspace(w) => w == &facts.workspace,
+            Scope::Session(s) => s == &facts.session,
+        }
+    }
+}
+
+/// What a rule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleAction {
+    /// Answer with the first allow option.
+    Allow,
+    /// Ask the operator.
+    Ask,
+    /// Answer with the first reject option.
+    Deny,
+}
+
+/// The conditions of a rule; empty conditions match anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuleMatch {
+    /// ACP tool kind: read, edit, delete, move, search, execute, fetch, think, other.
+    pub kind: Option<String>,
+    /// Globs over workspace-relative paths; every path of the request must match one.
+    pub paths: Vec<String>,
+    /// For execute: the command must start with this.
+    pub command_prefix: Option<String>,
+    /// For execute: the command must match this regex.
+    pub command_regex: Option<String>,
+    /// Agent profile id.
+    pub agent: Option<String>,
+}
+
+/// One rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    /// Stable id (`cfg-3` for config rules, `r-...` for operator rules).
+    pub id: String,
+    /// Who it applies to.
+    #[serde(flatten)]
+    pub scope: Scope,
+    /// When it applies.
+    #[serde(rename = "match")]
+    pub matcher: RuleMatch,
+    /// What it does.
+    pub action: RuleAction,
+}
+
+/// A rule that cannot be used, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rule {id}: {reason}")]
+pub struct RuleError {
+    /// The rule.
+    pub id: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl Rule {
+    /// Checks globs and regexes compile.
+    pub fn validate(&self) -> Result<(), RuleError> {
+        let err = |reason: String| RuleError { id: self.id.clone(), reason };
+        for g in &self.matcher.paths {
+            globset::Glob::new(g).map_err(|e| err(format!("bad path glob {g:?}: {e}")))?;
+        }
+        if let Some(r) = &self.matcher.command_regex {
+            regex::Regex::new(r).map_err(|e| err(format!("bad command_regex {r:?}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn matches(&self, facts: &RequestFacts) -> bool {
+        let m = &self.matcher;
+        if !self.scope.covers(facts) {
+            return false;
+        }
+        if m.kind.as_deref().is_some_and(|k| Some(k) != facts.kind.as_deref()) {
+            return false;
+        }
+        if m.agent.as_deref().is_some_and(|a| a != facts.agent) {
+            return false;
+        }
+        if !m.paths.is_empty() && !paths_match(&m.paths, facts) {
+            return false;
+        }
+        if let Some(prefix) = &m.command_prefix
+            && !facts.command.as_deref().is_some_and(|c| c.trim_start().starts_with(prefix.as_str()))
+        {
+            return false;
+        }
+        if let Some(re) = &m.command_regex {
+            let ok = regex::Regex::new(re)
+                .ok()
+                .zip(facts.command.as_deref())
+                .is_some_and(|(re, c)| re.is_match(c));
+            if !ok {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+fn paths_match(globs: &[String], facts: &RequestFacts) -> bool {
+    if facts.paths.is_empty() || !facts.paths_inside {
+        return false;
+    }
+    let mut builder = globset::GlobSetBuilder::new();
+    for g in globs {
+        match globset::Glob::new(g) {
+            Ok(glob) => {
+                builder.add(glob);
+            }
+            Err(_) => return false,
+        }
+    }
+    let Ok(set) = builder.build() else { return false };
+    facts.paths.iter().all(|p| set.is_match(Path::new(p)))
+}
+
+/// What is known about a request when rules are evaluated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// ACP tool kind, when known.
+    pub kind: Option<String>,
+    /// Paths relative to the workspace.
+    pub paths: Vec<String>,
+    /// True when every path resolved inside the workspace.
+    pub paths_inside: bool,
+    /// The command of an execute request.
+    pub command: Option<String>,
+    /// Agent profile id.
+    pub agent: String,
+    /// Workspace id.
+    pub workspace: String,
+    /// Session id.
+    pub session: SessionId,
+}
+
+/// Per-session approval mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalMode {
+    /// Ask for everything no rule decides.
+    #[default]
+    Ask,
+    /// Allow reads and edits inside the workspace; ask for the rest.
+    AutoEdits,
+    /// Allow everything no deny rule forbids.
+    Auto,
+}
+
+impl ApprovalMode {
+    /// Stored / wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalMode::Ask => "ask",
+            ApprovalMode::AutoEdits => "auto-edits",
+            ApprovalMode::Auto => "auto",
+        }
+    }
+
+    /// Parses a stored / user-given name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "ask" => Some(ApprovalMode::Ask),
+            "auto-edits" | "auto_edits" => Some(ApprovalMode::AutoEdits),
+            "auto" => Some(ApprovalMode::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// The outcome of evaluation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// What to do.
+    pub action: RuleAction,
+    /// The rule that decided (`None`: the mode or the default).
+    pub rule: Option<String>,
+    /// A short explanation for the thread / audit.
+    pub why: String,
+}
+
+/// Evaluates `rules` and `mode` for one request.
+pub fn evaluate(rules: &[Rule], mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
+    let matching: Vec<&Rule> = rules.iter().filter(|r| r.matches(facts)).collect();
+    if let Some(deny) = matching.iter().find(|r| r.action == RuleAction::Deny) {
+        return Verdict { action: RuleAction::Deny, rule: Some(deny.id.clone()), why: format!("denied by rule {}", deny.id) };
+    }
+    let best = matching.iter().max_by_key(|r| (r.scope.rank(), r.action == RuleAction::Ask));
+    if let Some(rule) = best {
+        let verb = if rule.action == RuleAction::Allow { "allowed" } else { "asked" };
+        return Verdict { action: rule.action, rule: Some(rule.id.clone()), why: format!("{verb} by rule {}", rule.id) };
+    }
+    let auto_edit_kind = matches!(facts.kind.as_deref(), Some("read" | "edit" | "search"));
+    match mode {
+        ApprovalMode::Auto => Verdict { action: RuleAction::Allow, rule: None, why: "allowed by mode auto".into() },
+        ApprovalMode::AutoEdits if auto_edit_kind && facts.paths_inside => {
+            Verdict { action: RuleAction::Allow, rule: None, why: "allowed by mode auto-edits".into() }
+        }
+        _ => Verdict { action: RuleAction::Ask, rule: None, why: "no rule matched".into() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(id: &str, scope: Scope, matcher: RuleMatch, action: RuleAction) -> Rule {
+        Rule { id: id.into(), scope, matcher, action }
+    }
+
+    fn facts(kind: &str, paths: &[&str], command: Option<&str>) -> RequestFacts {
+        RequestFacts {
+            kind: Some(kind.into()),
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+            paths_inside: true,
+            command: command.map(str::to_owned),
+            agent: "claude".into(),
+            workspace: "api".into(),
+            session: SessionId("s-1".into()),
+        }
+    }
+
+    fn kind(k: &str) -> RuleMatch {
+        RuleMatch { kind: Some(k.into()), ..Default::default() }
+    }
+
+    #[test]
+    fn evaluation_order_table() {
+        let ws = || Scope::Workspace("api".into());
+        let sess = || Scope::Session(SessionId("s-1".into()));
+        let docs = RuleMatch { paths: vec!["docs/**".into()], ..Default::default() };
+        let git = RuleMatch { kind: Some("execute".into()), command_prefix: Some("git ".into()), ..Default::default() };
+        let rm = RuleMatch { command_regex: Some(r"^rm\s+-rf".into()), ..Default::default() };
+        type Case = (&'static str, Vec<Rule>, ApprovalMode, RequestFacts, RuleAction, Option<&'static str>);
+        let cases: Vec<Case> = vec![
+            ("no rules, ask mode", vec![], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
+            ("global allow by kind", vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)], ApprovalMode::Ask, facts("read", &["a.rs"], None), RuleAction::Allow, Some("g1")),
+            ("kind mismatch falls through", vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
+            ("deny beats a more specific allow", vec![rule("g-deny", Scope::Global, kind("edit"), RuleAction::Deny), rule("s-allow", sess(), kind("edit"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Deny, Some("g-deny")),
+            ("session beats workspace", vec![rule("w-ask", ws(), kind("edit"), RuleAction::Ask), rule("s-allow", sess(), kind("edit"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Allow, Some("s-allow")),
+            ("workspace beats global", vec![rule("g-allow", Scope::Global, kind("edit"), RuleAction::Allow), rule("w-ask", ws(), kind("edit"), RuleAction::Ask)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, Some("w-ask")),
+            ("ask beats allow in one scope", vec![rule("a", Scope::Global, kind("edit"), RuleAction::Allow), rule("b", Scope::Global, kind("edit"), RuleAction::Ask)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, Some("b")),
+            ("other workspace does not apply", vec![rule("w", Scope::Workspace("web".into()), kind("edit"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
+            ("path glob matches all paths", vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["docs/a.md", "docs/x/b.md"], None), RuleAction::Allow, Some("d")),
+            ("one path outside the glob", vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["docs/a.md", "src/b.rs"], None), RuleAction::Ask, None),
+            ("command prefix", vec![rule("git", Scope::Global, git.clone(), RuleAction::Allow)], ApprovalMode::Ask, facts("execute", &[], Some("git status")), RuleAction::Allow, Some("git")),
+            ("command prefix mismatch", vec![rule("git", Scope::Global, git, RuleAction::Allow)], ApprovalMode::Ask, facts("execute", &[], Some("gitk")), RuleAction::Ask, None),
+            ("command regex deny beats auto", vec![rule("rm", Scope::Global, rm, RuleAction::Deny)], ApprovalMode::Auto, facts("execute", &[], Some("rm -rf /")), RuleAction::Deny, Some("rm")),
+            ("auto allows the rest", vec![], ApprovalMode::Auto, facts("execute", &[], Some("make")), RuleAction::Allow, None),
+            ("auto-edits allows edits inside", vec![], ApprovalMode::AutoEdits, facts("edit", &["a.rs"], None), RuleAction::Allow, None),
+            ("auto-edits asks for execute", vec![], ApprovalMode::AutoEdits, facts("execute", &[], Some("make")), RuleAction::Ask, None),
+            ("agent filter", vec![rule("ag", Scope::Global, RuleMatch { agent: Some("gemini".into()), ..Default::default() }, RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
+        ];
+        for (name, rules, mode, facts, action, rule_id) in cases {
+            let v = evaluate(&rules, mode, &facts);
+            assert_eq!((v.action, v.rule.as_deref()), (action, rule_id), "case: {name}");
+        }
+    }
+
+    #[test]
+    fn auto_edits_never_allows_paths_outside() {
+        let mut f = facts("edit", &["../x"], None);
+        f.paths_inside = false;
+        assert_eq!(evaluate(&[], ApprovalMode::AutoEdits, &f).action, RuleAction::Ask);
+        let glob = rule("d", Scope::Global, RuleMatch { paths: vec!["**".into()], ..Default::default() }, RuleAction::Allow);
+        assert_eq!(evaluate(&[glob], ApprovalMode::Ask, &f).action, RuleAction::Ask);
+    }
+
+    #[test]
+    fn invalid_globs_and_regexes_are_reported() {
+        let bad = rule("x", Scope::Global, RuleMatch { command_regex: Some("(".into()), ..Default::default() }, RuleAction::Deny);
+        assert!(bad.validate().expect_err("bad").to_string().contains("command_regex"));
+        let bad = rule("y", Scope::Global, RuleMatch { paths: vec!["a/[".into()], ..Default::default() }, RuleAction::Deny);
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn modes_parse() {
+        for m in [ApprovalMode::Ask, ApprovalMode::AutoEdits, ApprovalMode::Auto] {
+            assert_eq!(ApprovalMode::parse(m.as_str()), Some(m));
+        }
+    }
+}
