@@ -23,6 +23,7 @@ struct Tables {
     requests: Vec<(PendingRequest, Option<Decision>)>,
     steering: Vec<(Steering, bool)>,
     audit: Vec<AuditEntry>,
+    modes: std::collections::HashMap<SessionId, crate::rules::ApprovalMode>,
     next_id: i64,
 }
 
@@ -284,6 +285,22 @@ impl SessionStore for MemoryStore {
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
         self.with(|t| {
             t.audit.push(entry.clone());
+            Ok(())
+        })
+    }
+    async fn approval_mode(
+        &self,
+        id: &SessionId,
+    ) -> Result<crate::rules::ApprovalMode, StoreError> {
+        self.with(|t| Ok(t.modes.get(id).copied().unwrap_or_default()))
+    }
+    async fn set_approval_mode(
+        &self,
+        id: &SessionId,
+        mode: crate::rules::ApprovalMode,
+    ) -> Result<(), StoreError> {
+        self.with(|t| {
+            t.modes.insert(id.clone(), mode);
             Ok(())
         })
     }

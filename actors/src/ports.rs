@@ -9,6 +9,7 @@ use crate::model::{
     AuditEntry, Decision, MessageKind, PendingRequest, RequestStatus, Role, SessionId,
     SessionRecord, SessionStatus, Steering, TranscriptEntry,
 };
+use crate::rules::ApprovalMode;
 use async_trait::async_trait;
 use serde::Serialize;
 
@@ -113,6 +114,22 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Appends to the audit log.
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
+
+    /// The session's approval mode (`ask` when never set).
+    async fn approval_mode(&self, _id: &SessionId) -> Result<ApprovalMode, StoreError> {
+        Ok(ApprovalMode::Ask)
+    }
+    /// Sets the session's approval mode (it survives restarts).
+    async fn set_approval_mode(
+        &self,
+        _id: &SessionId,
+        _mode: ApprovalMode,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Backend {
+            op: "set approval mode",
+            message: "not supported by this store".into(),
+        })
+    }
 }
 
 /// Something the operator should see, emitted by session actors.

@@ -20,6 +20,31 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::SessionId;
 
+/// The current rule set, shared by every session; replaced as a whole.
+#[derive(Debug, Clone, Default)]
+pub struct SharedRules(std::sync::Arc<std::sync::RwLock<std::sync::Arc<Vec<Rule>>>>);
+
+impl SharedRules {
+    /// A rule set holding `rules`.
+    pub fn new(rules: Vec<Rule>) -> Self {
+        let shared = Self::default();
+        shared.set(rules);
+        shared
+    }
+
+    /// Replaces the rules.
+    pub fn set(&self, rules: Vec<Rule>) {
+        if let Ok(mut guard) = self.0.write() {
+            *guard = std::sync::Arc::new(rules);
+        }
+    }
+
+    /// The rules now.
+    pub fn current(&self) -> std::sync::Arc<Vec<Rule>> {
+        self.0.read().map(|g| g.clone()).unwrap_or_default()
+    }
+}
+
 /// Who a rule applies to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "scope", content = "id", rename_all = "snake_case")]
@@ -106,7 +131,10 @@ pub struct RuleError {
 impl Rule {
     /// Checks globs and regexes compile.
     pub fn validate(&self) -> Result<(), RuleError> {
-        let err = |reason: String| RuleError { id: self.id.clone(), reason };
+        let err = |reason: String| RuleError {
+            id: self.id.clone(),
+            reason,
+        };
         for g in &self.matcher.paths {
             globset::Glob::new(g).map_err(|e| err(format!("bad path glob {g:?}: {e}")))?;
         }
@@ -121,7 +149,10 @@ impl Rule {
         if !self.scope.covers(facts) {
             return false;
         }
-        if m.kind.as_deref().is_some_and(|k| Some(k) != facts.kind.as_deref()) {
+        if m.kind
+            .as_deref()
+            .is_some_and(|k| Some(k) != facts.kind.as_deref())
+        {
             return false;
         }
         if m.agent.as_deref().is_some_and(|a| a != facts.agent) {
@@ -131,7 +162,10 @@ impl Rule {
             return false;
         }
         if let Some(prefix) = &m.command_prefix
-            && !facts.command.as_deref().is_some_and(|c| c.trim_start().starts_with(prefix.as_str()))
+            && !facts
+                .command
+                .as_deref()
+                .is_some_and(|c| c.trim_start().starts_with(prefix.as_str()))
         {
             return false;
         }
@@ -161,7 +195,9 @@ fn paths_match(globs: &[String], facts: &RequestFacts) -> bool {
             Err(_) => return false,
         }
     }
-    let Ok(set) = builder.build() else { return false };
+    let Ok(set) = builder.build() else {
+        return false;
+    };
     facts.paths.iter().all(|p| set.is_match(Path::new(p)))
 }
 
@@ -233,20 +269,44 @@ pub struct Verdict {
 pub fn evaluate(rules: &[Rule], mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
     let matching: Vec<&Rule> = rules.iter().filter(|r| r.matches(facts)).collect();
     if let Some(deny) = matching.iter().find(|r| r.action == RuleAction::Deny) {
-        return Verdict { action: RuleAction::Deny, rule: Some(deny.id.clone()), why: format!("denied by rule {}", deny.id) };
+        return Verdict {
+            action: RuleAction::Deny,
+            rule: Some(deny.id.clone()),
+            why: format!("denied by rule {}", deny.id),
+        };
     }
-    let best = matching.iter().max_by_key(|r| (r.scope.rank(), r.action == RuleAction::Ask));
+    let best = matching
+        .iter()
+        .max_by_key(|r| (r.scope.rank(), r.action == RuleAction::Ask));
     if let Some(rule) = best {
-        let verb = if rule.action == RuleAction::Allow { "allowed" } else { "asked" };
-        return Verdict { action: rule.action, rule: Some(rule.id.clone()), why: format!("{verb} by rule {}", rule.id) };
+        let verb = if rule.action == RuleAction::Allow {
+            "allowed"
+        } else {
+            "asked"
+        };
+        return Verdict {
+            action: rule.action,
+            rule: Some(rule.id.clone()),
+            why: format!("{verb} by rule {}", rule.id),
+        };
     }
     let auto_edit_kind = matches!(facts.kind.as_deref(), Some("read" | "edit" | "search"));
     match mode {
-        ApprovalMode::Auto => Verdict { action: RuleAction::Allow, rule: None, why: "allowed by mode auto".into() },
-        ApprovalMode::AutoEdits if auto_edit_kind && facts.paths_inside => {
-            Verdict { action: RuleAction::Allow, rule: None, why: "allowed by mode auto-edits".into() }
-        }
-        _ => Verdict { action: RuleAction::Ask, rule: None, why: "no rule matched".into() },
+        ApprovalMode::Auto => Verdict {
+            action: RuleAction::Allow,
+            rule: None,
+            why: "allowed by mode auto".into(),
+        },
+        ApprovalMode::AutoEdits if auto_edit_kind && facts.paths_inside => Verdict {
+            action: RuleAction::Allow,
+            rule: None,
+            why: "allowed by mode auto-edits".into(),
+        },
+        _ => Verdict {
+            action: RuleAction::Ask,
+            rule: None,
+            why: "no rule matched".into(),
+        },
     }
 }
 
@@ -255,7 +315,12 @@ mod tests {
     use super::*;
 
     fn rule(id: &str, scope: Scope, matcher: RuleMatch, action: RuleAction) -> Rule {
-        Rule { id: id.into(), scope, matcher, action }
+        Rule {
+            id: id.into(),
+            scope,
+            matcher,
+            action,
+        }
     }
 
     fn facts(kind: &str, paths: &[&str], command: Option<&str>) -> RequestFacts {
@@ -271,39 +336,207 @@ mod tests {
     }
 
     fn kind(k: &str) -> RuleMatch {
-        RuleMatch { kind: Some(k.into()), ..Default::default() }
+        RuleMatch {
+            kind: Some(k.into()),
+            ..Default::default()
+        }
     }
 
     #[test]
     fn evaluation_order_table() {
         let ws = || Scope::Workspace("api".into());
         let sess = || Scope::Session(SessionId("s-1".into()));
-        let docs = RuleMatch { paths: vec!["docs/**".into()], ..Default::default() };
-        let git = RuleMatch { kind: Some("execute".into()), command_prefix: Some("git ".into()), ..Default::default() };
-        let rm = RuleMatch { command_regex: Some(r"^rm\s+-rf".into()), ..Default::default() };
-        type Case = (&'static str, Vec<Rule>, ApprovalMode, RequestFacts, RuleAction, Option<&'static str>);
+        let docs = RuleMatch {
+            paths: vec!["docs/**".into()],
+            ..Default::default()
+        };
+        let git = RuleMatch {
+            kind: Some("execute".into()),
+            command_prefix: Some("git ".into()),
+            ..Default::default()
+        };
+        let rm = RuleMatch {
+            command_regex: Some(r"^rm\s+-rf".into()),
+            ..Default::default()
+        };
+        type Case = (
+            &'static str,
+            Vec<Rule>,
+            ApprovalMode,
+            RequestFacts,
+            RuleAction,
+            Option<&'static str>,
+        );
         let cases: Vec<Case> = vec![
-            ("no rules, ask mode", vec![], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
-            ("global allow by kind", vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)], ApprovalMode::Ask, facts("read", &["a.rs"], None), RuleAction::Allow, Some("g1")),
-            ("kind mismatch falls through", vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
-            ("deny beats a more specific allow", vec![rule("g-deny", Scope::Global, kind("edit"), RuleAction::Deny), rule("s-allow", sess(), kind("edit"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Deny, Some("g-deny")),
-            ("session beats workspace", vec![rule("w-ask", ws(), kind("edit"), RuleAction::Ask), rule("s-allow", sess(), kind("edit"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Allow, Some("s-allow")),
-            ("workspace beats global", vec![rule("g-allow", Scope::Global, kind("edit"), RuleAction::Allow), rule("w-ask", ws(), kind("edit"), RuleAction::Ask)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, Some("w-ask")),
-            ("ask beats allow in one scope", vec![rule("a", Scope::Global, kind("edit"), RuleAction::Allow), rule("b", Scope::Global, kind("edit"), RuleAction::Ask)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, Some("b")),
-            ("other workspace does not apply", vec![rule("w", Scope::Workspace("web".into()), kind("edit"), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
-            ("path glob matches all paths", vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["docs/a.md", "docs/x/b.md"], None), RuleAction::Allow, Some("d")),
-            ("one path outside the glob", vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["docs/a.md", "src/b.rs"], None), RuleAction::Ask, None),
-            ("command prefix", vec![rule("git", Scope::Global, git.clone(), RuleAction::Allow)], ApprovalMode::Ask, facts("execute", &[], Some("git status")), RuleAction::Allow, Some("git")),
-            ("command prefix mismatch", vec![rule("git", Scope::Global, git, RuleAction::Allow)], ApprovalMode::Ask, facts("execute", &[], Some("gitk")), RuleAction::Ask, None),
-            ("command regex deny beats auto", vec![rule("rm", Scope::Global, rm, RuleAction::Deny)], ApprovalMode::Auto, facts("execute", &[], Some("rm -rf /")), RuleAction::Deny, Some("rm")),
-            ("auto allows the rest", vec![], ApprovalMode::Auto, facts("execute", &[], Some("make")), RuleAction::Allow, None),
-            ("auto-edits allows edits inside", vec![], ApprovalMode::AutoEdits, facts("edit", &["a.rs"], None), RuleAction::Allow, None),
-            ("auto-edits asks for execute", vec![], ApprovalMode::AutoEdits, facts("execute", &[], Some("make")), RuleAction::Ask, None),
-            ("agent filter", vec![rule("ag", Scope::Global, RuleMatch { agent: Some("gemini".into()), ..Default::default() }, RuleAction::Allow)], ApprovalMode::Ask, facts("edit", &["a.rs"], None), RuleAction::Ask, None),
+            (
+                "no rules, ask mode",
+                vec![],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Ask,
+                None,
+            ),
+            (
+                "global allow by kind",
+                vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)],
+                ApprovalMode::Ask,
+                facts("read", &["a.rs"], None),
+                RuleAction::Allow,
+                Some("g1"),
+            ),
+            (
+                "kind mismatch falls through",
+                vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Ask,
+                None,
+            ),
+            (
+                "deny beats a more specific allow",
+                vec![
+                    rule("g-deny", Scope::Global, kind("edit"), RuleAction::Deny),
+                    rule("s-allow", sess(), kind("edit"), RuleAction::Allow),
+                ],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Deny,
+                Some("g-deny"),
+            ),
+            (
+                "session beats workspace",
+                vec![
+                    rule("w-ask", ws(), kind("edit"), RuleAction::Ask),
+                    rule("s-allow", sess(), kind("edit"), RuleAction::Allow),
+                ],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Allow,
+                Some("s-allow"),
+            ),
+            (
+                "workspace beats global",
+                vec![
+                    rule("g-allow", Scope::Global, kind("edit"), RuleAction::Allow),
+                    rule("w-ask", ws(), kind("edit"), RuleAction::Ask),
+                ],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Ask,
+                Some("w-ask"),
+            ),
+            (
+                "ask beats allow in one scope",
+                vec![
+                    rule("a", Scope::Global, kind("edit"), RuleAction::Allow),
+                    rule("b", Scope::Global, kind("edit"), RuleAction::Ask),
+                ],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Ask,
+                Some("b"),
+            ),
+            (
+                "other workspace does not apply",
+                vec![rule(
+                    "w",
+                    Scope::Workspace("web".into()),
+                    kind("edit"),
+                    RuleAction::Allow,
+                )],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Ask,
+                None,
+            ),
+            (
+                "path glob matches all paths",
+                vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)],
+                ApprovalMode::Ask,
+                facts("edit", &["docs/a.md", "docs/x/b.md"], None),
+                RuleAction::Allow,
+                Some("d"),
+            ),
+            (
+                "one path outside the glob",
+                vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)],
+                ApprovalMode::Ask,
+                facts("edit", &["docs/a.md", "src/b.rs"], None),
+                RuleAction::Ask,
+                None,
+            ),
+            (
+                "command prefix",
+                vec![rule("git", Scope::Global, git.clone(), RuleAction::Allow)],
+                ApprovalMode::Ask,
+                facts("execute", &[], Some("git status")),
+                RuleAction::Allow,
+                Some("git"),
+            ),
+            (
+                "command prefix mismatch",
+                vec![rule("git", Scope::Global, git, RuleAction::Allow)],
+                ApprovalMode::Ask,
+                facts("execute", &[], Some("gitk")),
+                RuleAction::Ask,
+                None,
+            ),
+            (
+                "command regex deny beats auto",
+                vec![rule("rm", Scope::Global, rm, RuleAction::Deny)],
+                ApprovalMode::Auto,
+                facts("execute", &[], Some("rm -rf /")),
+                RuleAction::Deny,
+                Some("rm"),
+            ),
+            (
+                "auto allows the rest",
+                vec![],
+                ApprovalMode::Auto,
+                facts("execute", &[], Some("make")),
+                RuleAction::Allow,
+                None,
+            ),
+            (
+                "auto-edits allows edits inside",
+                vec![],
+                ApprovalMode::AutoEdits,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Allow,
+                None,
+            ),
+            (
+                "auto-edits asks for execute",
+                vec![],
+                ApprovalMode::AutoEdits,
+                facts("execute", &[], Some("make")),
+                RuleAction::Ask,
+                None,
+            ),
+            (
+                "agent filter",
+                vec![rule(
+                    "ag",
+                    Scope::Global,
+                    RuleMatch {
+                        agent: Some("gemini".into()),
+                        ..Default::default()
+                    },
+                    RuleAction::Allow,
+                )],
+                ApprovalMode::Ask,
+                facts("edit", &["a.rs"], None),
+                RuleAction::Ask,
+                None,
+            ),
         ];
         for (name, rules, mode, facts, action, rule_id) in cases {
             let v = evaluate(&rules, mode, &facts);
-            assert_eq!((v.action, v.rule.as_deref()), (action, rule_id), "case: {name}");
+            assert_eq!(
+                (v.action, v.rule.as_deref()),
+                (action, rule_id),
+                "case: {name}"
+            );
         }
     }
 
@@ -311,22 +544,61 @@ mod tests {
     fn auto_edits_never_allows_paths_outside() {
         let mut f = facts("edit", &["../x"], None);
         f.paths_inside = false;
-        assert_eq!(evaluate(&[], ApprovalMode::AutoEdits, &f).action, RuleAction::Ask);
-        let glob = rule("d", Scope::Global, RuleMatch { paths: vec!["**".into()], ..Default::default() }, RuleAction::Allow);
-        assert_eq!(evaluate(&[glob], ApprovalMode::Ask, &f).action, RuleAction::Ask);
+        assert_eq!(
+            evaluate(&[], ApprovalMode::AutoEdits, &f).action,
+            RuleAction::Ask
+        );
+        let glob = rule(
+            "d",
+            Scope::Global,
+            RuleMatch {
+                paths: vec!["**".into()],
+                ..Default::default()
+            },
+            RuleAction::Allow,
+        );
+        assert_eq!(
+            evaluate(&[glob], ApprovalMode::Ask, &f).action,
+            RuleAction::Ask
+        );
     }
 
     #[test]
     fn invalid_globs_and_regexes_are_reported() {
-        let bad = rule("x", Scope::Global, RuleMatch { command_regex: Some("(".into()), ..Default::default() }, RuleAction::Deny);
-        assert!(bad.validate().expect_err("bad").to_string().contains("command_regex"));
-        let bad = rule("y", Scope::Global, RuleMatch { paths: vec!["a/[".into()], ..Default::default() }, RuleAction::Deny);
+        let bad = rule(
+            "x",
+            Scope::Global,
+            RuleMatch {
+                command_regex: Some("(".into()),
+                ..Default::default()
+            },
+            RuleAction::Deny,
+        );
+        assert!(
+            bad.validate()
+                .expect_err("bad")
+                .to_string()
+                .contains("command_regex")
+        );
+        let bad = rule(
+            "y",
+            Scope::Global,
+            RuleMatch {
+                paths: vec!["a/[".into()],
+                ..Default::default()
+            },
+            RuleAction::Deny,
+        );
         assert!(bad.validate().is_err());
     }
 
     #[test]
     fn modes_parse() {
-        for m in [ApprovalMode::Ask, ApprovalMode::AutoEdits, ApprovalMode::Auto] {
+        for m in [
+            ApprovalMode::Ask,
+            ApprovalMode::AutoEdits,
+            ApprovalMode::Auto,
+        ] {
             assert_eq!(ApprovalMode::parse(m.as_str()), Some(m));
         }
     }

@@ -140,6 +140,8 @@ pub enum SupervisorMsg {
         /// Root ts.
         ts: String,
     },
+    /// The rule set changed: every live session re-evaluates its pending requests.
+    RulesChanged,
     /// Live sessions (including ones waiting to restart).
     LiveCount(RpcReplyPort<usize>),
     /// After a server restart: resume or interrupt sessions stored as live.
@@ -252,6 +254,13 @@ impl Actor for SessionSupervisor {
             }
             SupervisorMsg::ThreadPosted { id, channel, ts } => {
                 state.threads.insert((channel, ts), id);
+            }
+            SupervisorMsg::RulesChanged => {
+                for entry in state.sessions.values() {
+                    if let Some(actor) = &entry.actor {
+                        let _ = actor.send_message(SessionMsg::RulesChanged);
+                    }
+                }
             }
             SupervisorMsg::LiveCount(reply) => {
                 let _ = reply.send(state.sessions.len());

@@ -455,6 +455,22 @@ impl SessionStore for SqliteStore {
         Ok(())
     }
 
+    async fn approval_mode(
+        &self,
+        id: &SessionId,
+    ) -> Result<intercom_actors::rules::ApprovalMode, StoreError> {
+        let name = SqliteStore::approval_mode(self, id).await?;
+        Ok(intercom_actors::rules::ApprovalMode::parse(&name).unwrap_or_default())
+    }
+
+    async fn set_approval_mode(
+        &self,
+        id: &SessionId,
+        mode: intercom_actors::rules::ApprovalMode,
+    ) -> Result<(), StoreError> {
+        SqliteStore::set_approval_mode(self, id, mode.as_str()).await
+    }
+
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
         const OP: &str = "append audit entry";
         let detail = to_json(OP, &entry.detail)?;

@@ -206,6 +206,22 @@ pub struct ToolCallView {
     pub diffs: Vec<String>,
     /// Paths from locations and diffs.
     pub paths: Vec<String>,
+    /// The command of an execute call (`rawInput.command`), when given.
+    pub command: Option<String>,
+}
+
+fn command_of(raw: Option<&Value>) -> Option<String> {
+    match raw?.get("command")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        _ => None,
+    }
 }
 
 /// A `session/update`, digested.
@@ -264,6 +280,7 @@ fn view_of_call(call: &acp::ToolCall) -> ToolCallView {
         status: snake(call.status),
         ..Default::default()
     };
+    view.command = command_of(call.raw_input.as_ref());
     view.paths = call
         .locations
         .iter()
@@ -282,6 +299,7 @@ fn view_of_update(upd: &acp::ToolCallUpdate) -> ToolCallView {
         status: f.status.and_then(snake),
         ..Default::default()
     };
+    view.command = command_of(f.raw_input.as_ref());
     if let Some(locs) = &f.locations {
         view.paths = locs.iter().map(|l| l.path.display().to_string()).collect();
     }

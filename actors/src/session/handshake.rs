@@ -136,7 +136,9 @@ impl SessionState {
     /// differently ("Gemini API key is missing or not configured.").
     fn needs_auth(&self, e: &RpcError) -> bool {
         e.code == codes::AUTH_REQUIRED
-            || e.message.to_ascii_lowercase().contains("authentication required")
+            || e.message
+                .to_ascii_lowercase()
+                .contains("authentication required")
     }
 
     async fn authenticate_or_fail(&mut self, detail: String) {

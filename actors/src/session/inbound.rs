@@ -124,16 +124,20 @@ impl SessionState {
                         )
                     });
                     let diff = (!ask.tool.diffs.is_empty()).then(|| ask.tool.diffs.join("\n"));
-                    self.open_request(
-                        id,
-                        RequestKind::Permission,
-                        title,
-                        diff,
-                        ask.tool.paths,
-                        ask.options,
-                        None,
-                    )
-                    .await;
+                    let opened = self
+                        .open_request(
+                            id,
+                            RequestKind::Permission,
+                            title,
+                            diff,
+                            ask.tool.paths,
+                            ask.options,
+                            None,
+                        )
+                        .await;
+                    if let Some(n) = opened {
+                        self.apply_rules(n, ask.tool.kind, ask.tool.command).await;
+                    }
                 }
                 Err(e) => self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
             },
@@ -207,16 +211,20 @@ impl SessionState {
             },
         ];
         let title = format!("Write {rel}");
-        self.open_request(
-            id,
-            RequestKind::FileWrite,
-            title,
-            Some(diff),
-            vec![rel],
-            options,
-            Some((real, content)),
-        )
-        .await;
+        let opened = self
+            .open_request(
+                id,
+                RequestKind::FileWrite,
+                title,
+                Some(diff),
+                vec![rel],
+                options,
+                Some((real, content)),
+            )
+            .await;
+        if let Some(n) = opened {
+            self.apply_rules(n, Some("edit".into()), None).await;
+        }
     }
 
     /// Stores a new pending request and shows it to the operator.
@@ -266,6 +274,7 @@ impl SessionState {
                 record: record.clone(),
                 wire,
                 write,
+                governed: None,
             },
         );
         self.emit(OperatorEvent::RequestOpened { request: record });
@@ -426,16 +435,20 @@ impl SessionState {
                     "{} ({} risk): {}",
                     req.title, req.risk_level, req.description
                 );
-                self.open_request(
-                    RpcId::Str(id),
-                    RequestKind::Permission,
-                    title,
-                    req.diff,
-                    vec![req.file_path],
-                    options,
-                    None,
-                )
-                .await;
+                let opened = self
+                    .open_request(
+                        RpcId::Str(id),
+                        RequestKind::Permission,
+                        title,
+                        req.diff,
+                        vec![req.file_path],
+                        options,
+                        None,
+                    )
+                    .await;
+                if let Some(n) = opened {
+                    self.apply_rules(n, Some("edit".into()), None).await;
+                }
             }
             DialectIn::PromptForward { id, text, kind } => {
                 let options = vec![

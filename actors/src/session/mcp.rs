@@ -254,6 +254,9 @@ impl SessionState {
                 let global = self.pending.get(&n).map(|p| p.record.id.clone());
                 self.mcp_waiters.insert(n, reply);
                 let _ = opened.send(global);
+                if kind == RequestKind::Permission {
+                    self.apply_rules(n, Some("edit".into()), None).await;
+                }
             }
             None => {
                 let _ = opened.send(None);

@@ -12,6 +12,7 @@ mod inbound;
 mod lifecycle;
 mod mcp;
 mod requests;
+mod rules;
 mod turns;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -32,6 +33,7 @@ use crate::ports::{OperatorEvent, OperatorSink, SessionStore, StoreError};
 use crate::protocol::acp::{AgentInfo, McpHttpServer};
 use crate::protocol::intercom::DialectWriter;
 use crate::protocol::jsonrpc::RpcId;
+use crate::rules::ApprovalMode;
 use crate::settings::{AgentProfile, Limits, StallPolicy};
 use crate::supervisor::SupervisorMsg;
 
@@ -220,6 +222,8 @@ pub struct SessionSnapshot {
     pub agent: AgentInfo,
     /// The agent's process id.
     pub pid: Option<i32>,
+    /// Approval mode.
+    pub mode: ApprovalMode,
 }
 
 /// Final outcome a session reports to its supervisor.
@@ -322,6 +326,17 @@ pub enum SessionMsg {
     },
     /// Current state.
     Snapshot(RpcReplyPort<SessionSnapshot>),
+    /// Change the approval mode (persisted; re-applied after restarts).
+    SetMode {
+        /// The new mode.
+        mode: ApprovalMode,
+        /// Who.
+        caller: Caller,
+        /// Done.
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    },
+    /// The rule set changed: re-evaluate pending requests.
+    RulesChanged,
 }
 
 /// Shared, read-only settings for sessions.
@@ -333,6 +348,8 @@ pub struct SessionSettings {
     pub stall: StallPolicy,
     /// User ids that may act on any session.
     pub operators: HashSet<String>,
+    /// Approval rules (config + operator rules), shared and hot-swapped.
+    pub rules: crate::rules::SharedRules,
 }
 
 /// Everything a SessionActor starts from.
@@ -388,6 +405,8 @@ struct Pending {
     wire: RpcId,
     /// For gated writes: where and what.
     write: Option<(PathBuf, String)>,
+    /// Rule facts (ACP tool kind, command) when approval rules govern it.
+    governed: Option<(Option<String>, Option<String>)>,
 }
 
 /// A running prompt turn.
@@ -431,6 +450,7 @@ pub struct SessionState {
     exited: bool,
     phase: Phase,
     status: SessionStatus,
+    mode: ApprovalMode,
     agent: AgentInfo,
     acp_session: Option<String>,
     auth_tried: bool,
@@ -474,6 +494,11 @@ impl Actor for SessionActor {
     ) -> Result<SessionState, ActorProcessingErr> {
         let mut state = SessionState::new(myself.clone(), args);
         state.load_queued_steering().await;
+        state.mode = state
+            .store
+            .approval_mode(&state.record.id)
+            .await
+            .unwrap_or_default();
         myself.send_interval(TICK, || SessionMsg::Tick);
         if state.record.protocol == Protocol::Mcp {
             // An MCP client is the agent: nothing to spawn.
@@ -572,6 +597,15 @@ impl Actor for SessionActor {
             SessionMsg::Snapshot(reply) => {
                 let _ = reply.send(state.snapshot());
             }
+            SessionMsg::SetMode {
+                mode,
+                caller,
+                reply,
+            } => {
+                let r = state.set_mode(mode, &caller).await;
+                let _ = reply.send(r);
+            }
+            SessionMsg::RulesChanged => state.reapply_rules().await,
         }
         Ok(())
     }
@@ -607,6 +641,7 @@ impl SessionState {
             child: None,
             exited: false,
             phase: Phase::Initializing,
+            mode: ApprovalMode::Ask,
             agent: AgentInfo::default(),
             acp_session: None,
             auth_tried: false,
@@ -705,6 +740,7 @@ impl SessionState {
             queued: self.queue.iter().cloned().collect(),
             agent: self.agent.clone(),
             pid: self.child.as_ref().map(AgentChild::pid),
+            mode: self.mode,
         }
     }
 

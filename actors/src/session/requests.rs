@@ -39,13 +39,26 @@ impl SessionState {
                 _ => Err(SessionError::NotFound(request_id.to_owned())),
             };
         };
-        let pending = self.pending[&n].clone();
-        let option = pick_option(&pending, &choice)?;
+        self.resolve(n, &choice, reason, &caller.id).await
+    }
+
+    /// Records and answers a decision on pending request `n` (no auth check).
+    pub(super) async fn resolve(
+        &mut self,
+        n: u64,
+        choice: &Choice,
+        reason: Option<String>,
+        decided_by: &str,
+    ) -> Result<Decision, SessionError> {
+        let Some(pending) = self.pending.get(&n).cloned() else {
+            return Err(SessionError::NotFound(format!("req-{n}")));
+        };
+        let option = pick_option(&pending, choice)?;
         let decision = Decision {
             option_id: option.id.clone(),
             approved: option.kind.is_allow(),
             reason,
-            decided_by: caller.id.clone(),
+            decided_by: decided_by.to_owned(),
             decided_at: now_ms(),
         };
         // Commit first; only a recorded decision reaches the agent.
@@ -55,7 +68,7 @@ impl SessionState {
         self.pending.remove(&n);
         self.answer(&pending, &decision).await;
         self.audit(
-            &caller.id,
+            decided_by,
             "request.decided",
             json!({"request": pending.record.id, "option": decision.option_id, "approved": decision.approved, "reason": decision.reason}),
         )

@@ -48,6 +48,7 @@ pub struct Knobs {
     pub stall: StallPolicy,
     pub policy: SupervisionPolicy,
     pub operators: Vec<String>,
+    pub rules: intercom_actors::rules::SharedRules,
 }
 
 impl Default for Knobs {
@@ -68,6 +69,7 @@ impl Default for Knobs {
                 ..SupervisionPolicy::default()
             },
             operators: vec![],
+            rules: Default::default(),
         }
     }
 }
@@ -102,6 +104,7 @@ impl Harness {
             limits: knobs.limits,
             stall: knobs.stall,
             operators: knobs.operators.into_iter().collect::<HashSet<_>>(),
+            rules: knobs.rules.clone(),
         });
         let args = SupervisorArgs {
             policy: knobs.policy,

@@ -1,0 +1,136 @@
+//! Approval rules and modes applied to a session's pending requests.
+//!
+//! A new permission or write request is evaluated against the shared rule
+//! set and the session's mode; `allow` and `deny` verdicts are answered at
+//! once, exactly like a human decision (committed, answered, audited with the
+//! deciding rule, shown to the operator). A rule change or a mode change
+//! re-evaluates what is still pending.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use super::{Caller, Choice, SessionError, SessionState};
+use crate::fsjail;
+use crate::ports::NoticeLevel;
+use crate::rules::{ApprovalMode, RequestFacts, RuleAction, evaluate};
+
+impl SessionState {
+    fn facts(
+        &self,
+        paths: &[String],
+        kind: Option<String>,
+        command: Option<String>,
+    ) -> RequestFacts {
+        let root = Path::new(&self.record.cwd);
+        let root_real = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        let mut inside = true;
+        let mut relative = Vec::with_capacity(paths.len());
+        for p in paths {
+            match fsjail::resolve_inside(root, Path::new(p)) {
+                Ok(real) => relative.push(
+                    real.strip_prefix(&root_real)
+                        .map(|r| r.display().to_string())
+                        .unwrap_or_else(|_| p.clone()),
+                ),
+                Err(_) => {
+                    inside = false;
+                    relative.push(p.clone());
+                }
+            }
+        }
+        RequestFacts {
+            kind,
+            paths: relative,
+            paths_inside: inside,
+            command,
+            agent: self.record.agent.clone(),
+            workspace: self.record.workspace.clone(),
+            session: self.record.id.clone(),
+        }
+    }
+
+    /// Evaluates rules for pending request `n`, answering it when they decide.
+    pub(super) async fn apply_rules(
+        &mut self,
+        n: u64,
+        kind: Option<String>,
+        command: Option<String>,
+    ) {
+        let Some(pending) = self.pending.get_mut(&n) else {
+            return;
+        };
+        pending.governed = Some((kind, command));
+        self.evaluate_pending(n).await;
+    }
+
+    async fn evaluate_pending(&mut self, n: u64) {
+        let Some(pending) = self.pending.get(&n) else {
+            return;
+        };
+        let Some((kind, command)) = pending.governed.clone() else {
+            return;
+        };
+        let facts = self.facts(&pending.record.paths, kind, command);
+        let verdict = evaluate(&self.settings.rules.current(), self.mode, &facts);
+        let choice = match verdict.action {
+            RuleAction::Ask => return,
+            RuleAction::Allow => Choice::Approve,
+            RuleAction::Deny => Choice::Reject,
+        };
+        let by = match &verdict.rule {
+            Some(id) => format!("rule:{id}"),
+            None => format!("mode:{}", self.mode.as_str()),
+        };
+        let title = pending.record.title.clone();
+        match self
+            .resolve(n, &choice, Some(verdict.why.clone()), &by)
+            .await
+        {
+            Ok(_) => {
+                let text = format!(
+                    "{title}: {} automatically ({}).",
+                    if verdict.action == RuleAction::Allow {
+                        "allowed"
+                    } else {
+                        "denied"
+                    },
+                    verdict.why
+                );
+                self.emit_notice(NoticeLevel::Info, &text).await;
+            }
+            Err(e) => tracing::warn!(session = %self.record.id, "automatic decision failed: {e}"),
+        }
+    }
+
+    /// Re-evaluates every pending request (rules or mode changed).
+    pub(super) async fn reapply_rules(&mut self) {
+        let numbers: Vec<u64> = self.pending.keys().copied().collect();
+        for n in numbers {
+            self.evaluate_pending(n).await;
+        }
+    }
+
+    pub(super) async fn set_mode(
+        &mut self,
+        mode: ApprovalMode,
+        caller: &Caller,
+    ) -> Result<(), SessionError> {
+        self.authorize(caller, "set mode").await?;
+        self.store.set_approval_mode(self.id(), mode).await?;
+        self.mode = mode;
+        self.audit(
+            &caller.id,
+            "session.mode_set",
+            json!({"mode": mode.as_str()}),
+        )
+        .await;
+        self.emit_notice(
+            NoticeLevel::Info,
+            &format!("Approval mode is now {}.", mode.as_str()),
+        )
+        .await;
+        self.reapply_rules().await;
+        Ok(())
+    }
+}
