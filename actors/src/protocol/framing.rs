@@ -44,6 +44,8 @@ pub struct NdjsonCodec {
     scanned: usize,
     /// Bytes of an over-long line dropped so far; `Some` while discarding.
     discarding: Option<usize>,
+    /// Whether the last dropped byte was `\r` (not part of the line's length).
+    dropped_cr: bool,
 }
 
 impl NdjsonCodec {
@@ -53,6 +55,7 @@ impl NdjsonCodec {
             max,
             scanned: 0,
             discarding: None,
+            dropped_cr: false,
         }
     }
 }
@@ -66,9 +69,11 @@ impl Decoder for NdjsonCodec {
             let newline = buf[self.scanned..].iter().position(|b| *b == b'\n');
             let Some(offset) = newline else {
                 self.scanned = buf.len();
-                if buf.len() > self.max {
+                // +1: a line of exactly `max` bytes may still get its `\r`.
+                if buf.len() > self.max + 1 {
                     // Drop what we have; remember how much for the report.
                     *self.discarding.get_or_insert(0) += buf.len();
+                    self.dropped_cr = buf.last() == Some(&b'\r');
                     buf.clear();
                     self.scanned = 0;
                 }
@@ -77,8 +82,15 @@ impl Decoder for NdjsonCodec {
             let end = self.scanned + offset;
             self.scanned = 0;
             if let Some(dropped) = self.discarding.take() {
+                let cr = if end > 0 {
+                    buf[end - 1] == b'\r'
+                } else {
+                    self.dropped_cr
+                };
                 buf.advance(end + 1);
-                return Ok(Some(Frame::Oversized { len: dropped + end }));
+                return Ok(Some(Frame::Oversized {
+                    len: dropped + end - usize::from(cr),
+                }));
             }
             let mut line = buf.split_to(end + 1);
             line.truncate(end);
