@@ -48,9 +48,35 @@ impl Rng {
 }
 
 const WORDS: &[&str] = &[
-    "the", "session", "agent", "returns", "error", "handling", "module", "parser", "fn", "let",
-    "match", "Result", "Ok(())", "self", "struct", "impl", "async", "await", "é", "✓", "\"quoted\"",
-    "path/to/file.rs", "\\n", "tab\t", "and", "then", "we", "refactor", "test",
+    "the",
+    "session",
+    "agent",
+    "returns",
+    "error",
+    "handling",
+    "module",
+    "parser",
+    "fn",
+    "let",
+    "match",
+    "Result",
+    "Ok(())",
+    "self",
+    "struct",
+    "impl",
+    "async",
+    "await",
+    "é",
+    "✓",
+    "\"quoted\"",
+    "path/to/file.rs",
+    "\\n",
+    "tab\t",
+    "and",
+    "then",
+    "we",
+    "refactor",
+    "test",
 ];
 
 fn prose(rng: &mut Rng, len: usize) -> String {

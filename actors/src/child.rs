@@ -31,6 +31,9 @@ pub const BASE_ENV_ALLOWLIST: &[&str] = &[
     "SHELL",
 ];
 
+/// How long the reaper waits for stdout/stderr to drain after an exit.
+const PIPE_DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Bytes of stderr kept for crash reports.
 pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
 
@@ -203,7 +206,7 @@ impl AgentChild {
 
         let codec = FrameCodec::new(spec.framing, spec.max_frame);
         let events = on_event.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut frames = FramedRead::new(stdout, codec);
             loop {
                 match frames.next().await {
@@ -241,7 +244,7 @@ impl AgentChild {
 
         let tail = StderrTail::default();
         let sink = tail.clone();
-        tokio::spawn(async move {
+        let drain = tokio::spawn(async move {
             let mut buf = vec![0u8; 8192];
             while let Ok(n) = stderr.read(&mut buf).await {
                 if n == 0 {
@@ -254,6 +257,15 @@ impl AgentChild {
         let events = on_event;
         tokio::spawn(async move {
             let status = child.wait().await;
+            // Report the exit only after the last output was handled, so a
+            // final message or stderr line is never lost to the race between
+            // the reaper and the readers (grandchildren may hold the pipes
+            // open, hence the bound).
+            let _ = tokio::time::timeout(PIPE_DRAIN_GRACE, async {
+                let _ = reader.await;
+                let _ = drain.await;
+            })
+            .await;
             let (code, signal) = match status {
                 Ok(s) => {
                     use std::os::unix::process::ExitStatusExt;

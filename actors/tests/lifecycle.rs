@@ -675,3 +675,34 @@ async fn non_owners_cannot_act_and_operators_can() {
     h.until_transcript(&rec.id, "permission t1: selected reject-once")
         .await;
 }
+
+#[tokio::test]
+async fn a_flooding_agent_is_coalesced_and_its_permission_request_still_answered() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"flood": 100000},
+        {"permission": {"tool_call_id": "t1", "title": "inside the flood"}},
+        {"flood": 1000},
+        {"chunk": "END"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("permission", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+        .await
+        .expect("answered");
+    let text = h.until_transcript(&rec.id, "END").await;
+    // Coalesced: the flood is one or a few transcript entries, not 101k rows,
+    // and no chunk was dropped.
+    let entries = h.transcript(&rec.id).await;
+    assert!(entries.len() < 20, "{} entries", entries.len());
+    let xs: usize = entries
+        .iter()
+        .filter(|m| m.role == intercom_actors::model::Role::Agent)
+        .map(|m| m.content.matches('x').count())
+        .sum();
+    assert_eq!(xs, 101_000, "every chunk arrived");
+    assert!(text.contains("permission t1: selected allow-once"));
+}

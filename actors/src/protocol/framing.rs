@@ -117,14 +117,16 @@ impl Decoder for NdjsonCodec {
             buf.clear();
             return Ok(Some(Frame::Oversized { len }));
         }
-        if buf.iter().all(u8::is_ascii_whitespace) {
-            buf.clear();
+        if buf.is_empty() {
             return Ok(None);
         }
         // A final line without a trailing newline is still a message.
         let line = buf.split();
         if line.len() > self.max {
             return Ok(Some(Frame::Oversized { len: line.len() }));
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
         }
         Ok(Some(Frame::Message(line.freeze())))
     }

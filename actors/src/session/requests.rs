@@ -30,7 +30,12 @@ impl SessionState {
     ) -> Result<Decision, SessionError> {
         self.authorize(caller, "decide").await?;
         let Some(n) = self.find_pending(request_id) else {
-            let global = crate::model::PendingRequest::global_id(self.id(), request_id);
+            let prefix = format!("{}:", self.id());
+            let global = if request_id.starts_with(&prefix) {
+                request_id.to_owned()
+            } else {
+                crate::model::PendingRequest::global_id(self.id(), request_id)
+            };
             return match self.store.get_request(&global).await {
                 Ok(Some((req, _))) => Err(SessionError::AlreadyResolved {
                     id: req.id,

@@ -154,7 +154,12 @@ impl SessionState {
     ) -> Result<SteerOutcome, SessionError> {
         self.authorize(caller, "steer").await?;
         if matches!(self.phase, Phase::Stopping | Phase::Ended) || !self.status.is_live() {
-            return Err(SessionError::NotLive(self.status));
+            let status = self
+                .stopping
+                .as_ref()
+                .map(|c| c.final_status().0)
+                .unwrap_or(self.status);
+            return Err(SessionError::NotLive(status));
         }
         let steering = self
             .store

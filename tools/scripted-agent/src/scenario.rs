@@ -83,6 +83,8 @@ pub enum Step {
     ReadFile(ReadFile),
     Raw(String),
     BigLine(usize),
+    /// Writes this many one-character agent chunks as fast as possible.
+    Flood(usize),
     SleepMs(u64),
     Hang(bool),
     Exit(i32),

@@ -66,6 +66,11 @@ fn run_step(agent: &mut Agent, step: &Step) -> Flow {
         Step::Thought(text) => emit(agent, TextKind::Thought, text),
         Step::Raw(text) => agent.out.frame(text.as_bytes()),
         Step::BigLine(len) => big_line(agent, *len),
+        Step::Flood(n) => {
+            for _ in 0..*n {
+                emit(agent, TextKind::Agent, "x");
+            }
+        }
         Step::SleepMs(ms) => return sleep(agent, *ms),
         Step::Hang(true) => hang(agent),
         Step::Exit(code) => std::process::exit(*code),
