@@ -1,0 +1,177 @@
+//! Interop with real ACP agents from npm (installed by `tests/interop/install.sh`
+//! at pinned versions): claude-code-acp and gemini-cli. Offline they answer the
+//! handshake and then fail on authentication, which must reach the operator as
+//! a clear message naming the agent and the auth methods it offers. Every
+//! agent process group must be gone afterwards.
+//!
+//! Ignored by a plain `cargo test` (they need the npm install);
+//! `tests/interop/run.sh`, which `.ci/run` calls, installs the agents and runs
+//! them with `--ignored`, where a missing install is a failure.
+
+mod support;
+
+use std::path::PathBuf;
+
+use intercom_actors::model::SessionStatus;
+use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
+use intercom_actors::session::{Caller, SessionMsg, StartError, StopCause};
+use intercom_actors::settings::{AgentProfile, Limits};
+use intercom_actors::supervisor::SupervisorError;
+use support::{Harness, Knobs, until_group_gone};
+
+fn bin(name: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop/node_modules/.bin");
+    let path = root.join(name);
+    assert!(
+        path.exists(),
+        "{} missing: run tests/interop/install.sh",
+        path.display()
+    );
+    path
+}
+
+fn knobs() -> Knobs {
+    Knobs {
+        limits: Limits {
+            startup_timeout_secs: 90,
+            shutdown_grace_secs: 2,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    }
+}
+
+fn profile(id: &str, command: PathBuf, args: &[&str], env: &[&str]) -> AgentProfile {
+    AgentProfile {
+        id: id.into(),
+        command: command.display().to_string(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        env: env.iter().map(|s| s.to_string()).collect(),
+        protocol: Default::default(),
+        framing: Default::default(),
+        auth_method: None,
+    }
+}
+
+/// Agents need a writable HOME of their own; as root claude-code-acp needs IS_SANDBOX=1.
+fn isolate_home(h: &Harness) {
+    let home = h.dir.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    // SAFETY: set before any agent is spawned in this test binary; tests in
+    // this file run one after another (see `serial`).
+    unsafe {
+        std::env::set_var("HOME", &home);
+        std::env::set_var("IS_SANDBOX", "1");
+    }
+}
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn claude_code_acp_handshakes_then_reports_authentication() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::new(knobs()).await;
+    isolate_home(&h);
+    let p = profile("claude", bin("claude-code-acp"), &[], &["IS_SANDBOX"]);
+    let rec = h
+        .start_req(h.request(p, "hello"))
+        .await
+        .expect("claude-code-acp creates a session offline");
+    assert_eq!(rec.status, SessionStatus::Active);
+    assert!(
+        rec.acp_session_id.is_some()
+            || h.store
+                .get_session(&rec.id)
+                .await
+                .expect("get")
+                .and_then(|r| r.acp_session_id)
+                .is_some()
+    );
+    let actor = h.actor(&rec.id).await;
+    let snap = ractor::call!(actor, SessionMsg::Snapshot).expect("snapshot");
+    assert!(
+        snap.agent.load_session,
+        "claude-code-acp advertises loadSession"
+    );
+    assert!(
+        snap.agent.describe_auth_methods().contains("claude-login"),
+        "{:?}",
+        snap.agent
+    );
+    let pid = snap.pid.expect("pid");
+    let notice = h
+        .until("auth failure", |e| {
+            matches!(
+                e,
+                OperatorEvent::Notice {
+                    level: NoticeLevel::Error,
+                    ..
+                }
+            )
+        })
+        .await;
+    let OperatorEvent::Notice { text, .. } = notice else {
+        unreachable!()
+    };
+    assert!(
+        text.contains("agent `claude` requires authentication"),
+        "{text}"
+    );
+    assert!(
+        text.contains("claude-login (Log in with Claude Code)"),
+        "{text}"
+    );
+    // It ignores stdin EOF once a session exists: the stop must escalate.
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: StopCause::Operator,
+        caller: Caller::local(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("ok");
+    h.until("ended", |e| matches!(e, OperatorEvent::SessionEnded { .. }))
+        .await;
+    until_group_gone(pid).await;
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn gemini_cli_fails_session_new_with_a_named_auth_error() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::new(knobs()).await;
+    isolate_home(&h);
+    let p = profile("gemini", bin("gemini"), &["--acp"], &[]);
+    let err = h
+        .start_req(h.request(p, "hello"))
+        .await
+        .expect_err("no API key offline");
+    let SupervisorError::StartFailed(StartError::AuthRequired {
+        agent,
+        methods,
+        detail,
+    }) = &err
+    else {
+        panic!("unexpected {err:?}");
+    };
+    assert_eq!(agent, "gemini");
+    assert!(
+        methods.contains("gemini-api-key") && methods.contains("oauth-personal"),
+        "{methods}"
+    );
+    assert!(detail.contains("API key"), "{detail}");
+    assert!(err.to_string().contains("Set `auth_method`"), "{err}");
+    assert!(
+        h.store.list_sessions(false).await.expect("list").is_empty(),
+        "no session row left behind"
+    );
+    // The agent re-launches itself as a child: only a group kill reaches both.
+    let leftovers = std::process::Command::new("pgrep")
+        .args(["-f", "gemini --acp"])
+        .output()
+        .expect("pgrep");
+    let pids = String::from_utf8_lossy(&leftovers.stdout).trim().to_owned();
+    for pid in pids.lines().filter_map(|p| p.parse::<i32>().ok()) {
+        until_group_gone(pid).await;
+    }
+}

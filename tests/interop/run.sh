@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Interop step: real third-party peers at pinned versions.
+#  1. install claude-code-acp, gemini-cli, the MCP Inspector CLI and the
+#     official Python MCP SDK (install.sh; idempotent)
+#  2. run the server core against the real ACP agents (handshake, auth errors,
+#     process-group cleanup)
+#  3. the MCP interop (mcp/run.sh) against the real server binary
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+cd "$ROOT"
+
+"$HERE/install.sh"
+
+echo "-- real ACP agents"
+cargo test -p intercom-actors --test interop_agents -- --ignored --test-threads=1
+
+if [ -x "$HERE/mcp/run.sh" ]; then
+  echo "-- MCP clients"
+  "$HERE/mcp/run.sh"
+fi
