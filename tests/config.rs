@@ -1,8 +1,11 @@
 //! The configuration file: defaults, the shipped example, path resolution and
 //! validation errors that name their key.
 
-use agent_intercom::config::{Config, ConfigError, check_config};
-use intercom_actors::model::{Framing, Protocol};
+use agent_intercom::config::{
+    ApprovalMode, Config, ConfigError, DiscoverySection, MAX_DISCOVERY_DEPTH, check_config,
+};
+use intercom_actors::model::{Framing, Protocol, SessionId};
+use intercom_actors::rules::{RequestFacts, Rule, RuleAction, RuleMatch, Scope, Verdict, evaluate};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +38,16 @@ fn minimal_file_gets_all_documented_defaults() {
     assert!(cfg.workspaces.is_empty());
     assert_eq!(cfg.default_agent, None);
     assert_eq!(cfg.source.as_deref(), Some(path.as_path()));
+    assert!(cfg.workspace_modes.is_empty());
+    assert_eq!(
+        cfg.discovery,
+        DiscoverySection {
+            enabled: false,
+            depth: 2
+        }
+    );
+    assert!(cfg.discovered.is_empty());
+    assert!(cfg.rules.is_empty());
 
     let l = &cfg.limits;
     assert_eq!(
@@ -120,6 +133,11 @@ fn example_config_parses_and_validates() {
     assert_eq!(ws.channel_id, "");
     assert_eq!(cfg.default_agent_for(Some(ws)).unwrap().id, "scripted");
     assert_eq!(cfg.default_agent.as_deref(), Some("scripted"));
+    assert_eq!(cfg.approval_mode_for("demo"), ApprovalMode::Ask);
+    assert!(
+        cfg.rules.is_empty(),
+        "the example's rules are commented out"
+    );
 
     // The example spells out every default.
     let defaults = Config::from_toml_str("", &repo).unwrap();
@@ -128,6 +146,7 @@ fn example_config_parses_and_validates() {
     assert_eq!(cfg.limits, defaults.limits);
     assert_eq!(cfg.stall, defaults.stall);
     assert_eq!(cfg.supervision, defaults.supervision);
+    assert_eq!(cfg.discovery, defaults.discovery);
 
     let summary = check_config(&path).unwrap();
     assert!(
@@ -163,6 +182,15 @@ fn commented_out_example_agents_are_valid_too() {
                     "channel_id",
                     "label",
                     "default_agent",
+                    "approval_mode",
+                    "scope",
+                    "workspace",
+                    "action",
+                    "kind",
+                    "paths",
+                    "command_prefix",
+                    "command_regex",
+                    "agent",
                 ]
                 .iter()
                 .any(|k| rest.starts_with(&format!("{k} = ")));
@@ -182,6 +210,67 @@ fn commented_out_example_agents_are_valid_too() {
     assert_eq!(cfg.agent("legacy").unwrap().protocol, Protocol::Intercom);
     assert_eq!(cfg.agent("claude").unwrap().command, "npx");
     assert_eq!(cfg.workspaces.len(), 2);
+    assert_eq!(cfg.approval_mode_for("api"), ApprovalMode::AutoEdits);
+    let ids: Vec<&str> = cfg.rules.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["no-rm-rf", "cfg-1", "cfg-2", "ask-migrations"]);
+
+    // The example rules do what their comments say.
+    let facts = |kind: &str, paths: &[&str], command: Option<&str>, agent: &str| RequestFacts {
+        kind: Some(kind.into()),
+        paths: paths.iter().map(|p| p.to_string()).collect(),
+        paths_inside: true,
+        command: command.map(str::to_owned),
+        agent: agent.into(),
+        workspace: "api".into(),
+        session: SessionId::from("s-1"),
+    };
+    let decide = |f: &RequestFacts, mode| {
+        let Verdict { action, rule, .. } = evaluate(&cfg.rules, mode, f);
+        (action, rule)
+    };
+    let rule = |id: &str| Some(id.to_owned());
+    assert_eq!(
+        decide(
+            &facts("execute", &[], Some("rm -rf /"), "claude"),
+            ApprovalMode::Auto
+        ),
+        (RuleAction::Deny, rule("no-rm-rf"))
+    );
+    assert_eq!(
+        decide(
+            &facts("read", &["src/main.rs"], None, "claude"),
+            ApprovalMode::Ask
+        ),
+        (RuleAction::Allow, rule("cfg-1"))
+    );
+    assert_eq!(
+        decide(
+            &facts("execute", &[], Some("git diff HEAD"), "claude"),
+            ApprovalMode::Ask
+        ),
+        (RuleAction::Allow, rule("cfg-2"))
+    );
+    assert_eq!(
+        decide(
+            &facts("execute", &[], Some("git push"), "claude"),
+            ApprovalMode::Ask
+        ),
+        (RuleAction::Ask, None)
+    );
+    assert_eq!(
+        decide(
+            &facts("edit", &["migrations/1.sql"], None, "claude"),
+            ApprovalMode::Auto
+        ),
+        (RuleAction::Ask, rule("ask-migrations"))
+    );
+    assert_eq!(
+        decide(
+            &facts("edit", &["migrations/1.sql"], None, "gemini"),
+            ApprovalMode::Auto
+        ),
+        (RuleAction::Allow, None)
+    );
 }
 
 #[test]
@@ -365,6 +454,24 @@ fn validation_errors_name_their_key() {
             "[slack]\noperators = [\"U1\", \"\"]\n".into(),
             "slack.operators[1]",
             "not empty",
+        ),
+        (
+            "bad workspace approval mode",
+            "[[workspace]]\nid = \"a\"\npath = \".\"\napproval_mode = \"yolo\"\n".into(),
+            "workspace[0].approval_mode",
+            "\"yolo\" is not an approval mode; use \"ask\", \"auto-edits\" or \"auto\"",
+        ),
+        (
+            "discovery depth 0",
+            "[discovery]\nenabled = true\ndepth = 0\n".into(),
+            "discovery.depth",
+            "must be between 1",
+        ),
+        (
+            "discovery depth too deep",
+            format!("[discovery]\ndepth = {}\n", MAX_DISCOVERY_DEPTH + 1),
+            "discovery.depth",
+            "must be between 1",
         ),
     ];
     for (name, text, key, fragment) in cases {
@@ -647,4 +754,338 @@ fn lookups() {
             .default_agent_for(None)
             .is_none()
     );
+}
+
+/// Each invalid `[[rule]]` yields `ConfigError::Invalid` naming its exact key.
+#[test]
+fn invalid_rules_name_their_key() {
+    // Two valid rules first, so the failing one is rule[2].
+    let prefix = format!(
+        "{AGENT}[[workspace]]\nid = \"api\"\npath = \".\"\n\
+         [[rule]]\naction = \"allow\"\nkind = \"read\"\n\
+         [[rule]]\nid = \"named\"\nworkspace = \"api\"\naction = \"deny\"\n"
+    );
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "bad regex",
+            "action = \"deny\"\nkind = \"execute\"\ncommand_regex = \"(unclosed\"\n",
+            "rule[2].command_regex",
+            "bad command_regex \"(unclosed\"",
+        ),
+        (
+            "bad glob",
+            "action = \"allow\"\npaths = [\"docs/**\", \"src/[\"]\n",
+            "rule[2].paths[1]",
+            "bad path glob \"src/[\"",
+        ),
+        (
+            "absolute glob",
+            "action = \"allow\"\npaths = [\"/etc/**\"]\n",
+            "rule[2].paths[0]",
+            "globs match paths relative to the workspace",
+        ),
+        (
+            "empty glob",
+            "action = \"allow\"\npaths = [\"\"]\n",
+            "rule[2].paths[0]",
+            "must not be empty",
+        ),
+        (
+            "unknown kind",
+            "action = \"allow\"\nkind = \"write\"\n",
+            "rule[2].kind",
+            "\"write\" is not a tool kind; use one of read, edit, delete, move, search, execute, think, fetch, switch_mode, other",
+        ),
+        (
+            "unknown workspace",
+            "workspace = \"web\"\naction = \"allow\"\n",
+            "rule[2].workspace",
+            "unknown workspace \"web\" (known: api)",
+        ),
+        (
+            "workspace scope without a workspace",
+            "scope = \"workspace\"\naction = \"allow\"\n",
+            "rule[2].workspace",
+            "is required with scope = \"workspace\"",
+        ),
+        (
+            "global scope with a workspace",
+            "scope = \"global\"\nworkspace = \"api\"\naction = \"allow\"\n",
+            "rule[2].workspace",
+            "only allowed with scope = \"workspace\"",
+        ),
+        (
+            "session scope",
+            "scope = \"session\"\naction = \"allow\"\n",
+            "rule[2].scope",
+            "session rules are created by operators",
+        ),
+        (
+            "unknown scope",
+            "scope = \"team\"\naction = \"allow\"\n",
+            "rule[2].scope",
+            "\"team\" is not a scope",
+        ),
+        (
+            "missing action",
+            "kind = \"read\"\n",
+            "rule[2].action",
+            "is required",
+        ),
+        (
+            "unknown action",
+            "action = \"permit\"\n",
+            "rule[2].action",
+            "\"permit\" is not an action",
+        ),
+        (
+            "unknown agent",
+            "action = \"allow\"\nagent = \"gemini\"\n",
+            "rule[2].agent",
+            "unknown agent \"gemini\" (known: a)",
+        ),
+        (
+            "command prefix on a non-execute kind",
+            "action = \"allow\"\nkind = \"edit\"\ncommand_prefix = \"git \"\n",
+            "rule[2].command_prefix",
+            "only execute requests have a command",
+        ),
+        (
+            "command regex on a non-execute kind",
+            "action = \"allow\"\nkind = \"read\"\ncommand_regex = \"x\"\n",
+            "rule[2].command_regex",
+            "only execute requests have a command",
+        ),
+        (
+            "empty command prefix",
+            "action = \"allow\"\ncommand_prefix = \"\"\n",
+            "rule[2].command_prefix",
+            "must not be empty",
+        ),
+        (
+            "duplicate id",
+            "id = \"named\"\naction = \"allow\"\n",
+            "rule[2].id",
+            "duplicate rule id \"named\" (also used by rule[1])",
+        ),
+        (
+            "reserved config prefix",
+            "id = \"cfg-0\"\naction = \"allow\"\n",
+            "rule[2].id",
+            "reserved prefix \"cfg-\"",
+        ),
+        (
+            "reserved operator prefix",
+            "id = \"r-12345678\"\naction = \"allow\"\n",
+            "rule[2].id",
+            "reserved prefix \"r-\"",
+        ),
+        (
+            "id with spaces",
+            "id = \"my rule\"\naction = \"allow\"\n",
+            "rule[2].id",
+            "may only contain",
+        ),
+    ];
+    for (name, rule, key, fragment) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("{prefix}[[rule]]\n{rule}");
+        let err = Config::from_toml_str(&text, dir.path()).expect_err(name);
+        assert_eq!(err.key(), Some(*key), "{name}: {err}");
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with(&format!("config error at `{key}`: ")),
+            "{name}: {shown}"
+        );
+        assert!(
+            shown.contains(fragment),
+            "{name}: {shown:?} lacks {fragment:?}"
+        );
+    }
+    // The prefix alone is valid.
+    let dir = tempfile::tempdir().unwrap();
+    Config::from_toml_str(&prefix, dir.path()).unwrap();
+}
+
+#[test]
+fn unknown_keys_in_new_sections_are_errors() {
+    for (text, key) in [
+        ("[[rule]]\naction = \"allow\"\nkinds = \"read\"\n", "kinds"),
+        ("[discovery]\nenable = true\n", "enable"),
+        (
+            "[[workspace]]\nid = \"a\"\npath = \".\"\nmode = \"auto\"\n",
+            "mode",
+        ),
+    ] {
+        let err = Config::from_toml_str(text, Path::new("/")).expect_err(key);
+        assert!(
+            matches!(&err, ConfigError::Parse { message, .. } if message.contains(&format!("unknown field `{key}`"))),
+            "{key}: {err}"
+        );
+    }
+}
+
+#[test]
+fn rules_become_core_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::from_toml_str(
+        &format!(
+            "{AGENT}[[workspace]]\nid = \"api\"\npath = \".\"\napproval_mode = \"auto\"\n\
+             [[workspace]]\nid = \"web\"\npath = \".\"\n\
+             [[rule]]\naction = \"allow\"\nkind = \"read\"\npaths = [\"docs/**\", \"*.md\"]\n\
+             [[rule]]\nid = \"git\"\nworkspace = \"api\"\naction = \"ask\"\nkind = \"execute\"\n\
+             command_prefix = \"git \"\ncommand_regex = '^git\\s'\nagent = \"a\"\n\
+             [[rule]]\nscope = \"global\"\naction = \"deny\"\n"
+        ),
+        dir.path(),
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.rules,
+        vec![
+            Rule {
+                id: "cfg-0".into(),
+                scope: Scope::Global,
+                matcher: RuleMatch {
+                    kind: Some("read".into()),
+                    paths: vec!["docs/**".into(), "*.md".into()],
+                    ..Default::default()
+                },
+                action: RuleAction::Allow,
+            },
+            Rule {
+                id: "git".into(),
+                scope: Scope::Workspace("api".into()),
+                matcher: RuleMatch {
+                    kind: Some("execute".into()),
+                    command_prefix: Some("git ".into()),
+                    command_regex: Some(r"^git\s".into()),
+                    agent: Some("a".into()),
+                    ..Default::default()
+                },
+                action: RuleAction::Ask,
+            },
+            Rule {
+                id: "cfg-2".into(),
+                scope: Scope::Global,
+                matcher: RuleMatch::default(),
+                action: RuleAction::Deny,
+            },
+        ]
+    );
+    assert_eq!(cfg.approval_mode_for("api"), ApprovalMode::Auto);
+    assert_eq!(cfg.approval_mode_for("web"), ApprovalMode::Ask);
+    assert_eq!(cfg.approval_mode_for("unknown"), ApprovalMode::Ask);
+    assert_eq!(
+        cfg.workspace_modes.get("api").copied(),
+        Some(ApprovalMode::Auto)
+    );
+    // Both spellings of auto-edits are accepted.
+    for spelling in ["auto-edits", "auto_edits"] {
+        let cfg = Config::from_toml_str(
+            &format!("[[workspace]]\nid = \"w\"\npath = \".\"\napproval_mode = \"{spelling}\"\n"),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(cfg.approval_mode_for("w"), ApprovalMode::AutoEdits);
+    }
+}
+
+/// `dir/rel/.git` as a directory.
+fn git_repo(root: &Path, rel: &str) {
+    fs::create_dir_all(root.join(rel).join(".git")).unwrap();
+}
+
+#[test]
+fn discovery_finds_nested_repositories_within_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = canon(dir.path());
+    git_repo(&root, "api");
+    git_repo(&root, "team/web");
+    git_repo(&root, "team/deep/tool");
+    git_repo(&root, "api/vendored"); // inside a repository: not separate
+    git_repo(&root, ".cache/r"); // hidden
+    git_repo(&root, "node_modules/r");
+    git_repo(&root, "target/r");
+    let load = |depth: usize| {
+        Config::from_toml_str(
+            &format!("{AGENT}[discovery]\nenabled = true\ndepth = {depth}\n"),
+            &root,
+        )
+        .unwrap()
+    };
+    let ids =
+        |cfg: &Config| -> Vec<String> { cfg.discovered.iter().map(|w| w.id.clone()).collect() };
+
+    let cfg = load(2);
+    assert_eq!(ids(&cfg), ["api", "team/web"]);
+    let web = cfg.workspace("team/web").unwrap();
+    assert_eq!(web.path, root.join("team/web"));
+    assert_eq!(web.channel_id, "");
+    assert_eq!(web.default_agent, None);
+    assert_eq!(cfg.default_agent_for(Some(web)).unwrap().id, "a");
+    assert_eq!(cfg.approval_mode_for("team/web"), ApprovalMode::Ask);
+    assert_eq!(ids(&load(1)), ["api"]);
+    assert_eq!(ids(&load(3)), ["api", "team/deep/tool", "team/web"]);
+
+    // Off by default, even with repositories present.
+    let off = Config::from_toml_str(AGENT, &root).unwrap();
+    assert!(off.discovered.is_empty());
+    assert!(off.workspace("api").is_none());
+
+    // The registry's map holds configured entries first, then discovered ones.
+    let map = cfg.workspace_map();
+    assert_eq!(map.workspace_root, root);
+    let map_ids: Vec<&str> = map.workspaces.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(map_ids, ["api", "team/web"]);
+    assert_eq!(map.agents, cfg.agents);
+    assert_eq!(map.default_agent.as_deref(), Some("a"));
+}
+
+#[test]
+fn a_configured_workspace_wins_over_a_discovered_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = canon(dir.path());
+    git_repo(&root, "api");
+    git_repo(&root, "web");
+    git_repo(&root, "tools");
+    let cfg = Config::from_toml_str(
+        &format!(
+            "{AGENT}[[workspace]]\nid = \"api\"\npath = \"tools\"\nchannel_id = \"C1\"\n\
+             [[workspace]]\nid = \"frontend\"\npath = \"web\"\napproval_mode = \"auto\"\n\
+             [discovery]\nenabled = true\n"
+        ),
+        &root,
+    )
+    .unwrap();
+    // "api" (same id) and "web" (same directory as "frontend") are configured;
+    // "tools" is the configured "api"'s directory.
+    assert!(cfg.discovered.is_empty(), "{:?}", cfg.discovered);
+    assert_eq!(cfg.workspace("api").unwrap().path, root.join("tools"));
+    assert_eq!(cfg.workspace("api").unwrap().channel_id, "C1");
+    assert_eq!(cfg.approval_mode_for("frontend"), ApprovalMode::Auto);
+    let map = cfg.workspace_map();
+    let ids: Vec<&str> = map.workspaces.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(ids, ["api", "frontend"]);
+}
+
+#[test]
+fn discovery_runs_again_on_every_load_and_rules_may_name_discovered_workspaces() {
+    let (dir, path) = write_config(&format!(
+        "{AGENT}[discovery]\nenabled = true\n\
+         [[rule]]\nworkspace = \"later\"\naction = \"allow\"\nkind = \"read\"\n"
+    ));
+    let root = canon(dir.path());
+    let err = Config::load(&path).unwrap_err();
+    assert_eq!(err.key(), Some("rule[0].workspace"), "{err}");
+    git_repo(&root, "later");
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(cfg.discovered.len(), 1);
+    assert_eq!(cfg.rules[0].scope, Scope::Workspace("later".into()));
+    let summary = cfg.summary();
+    assert!(
+        summary.contains("discovery (depth 2) found 1 git repository"),
+        "{summary}"
+    );
+    assert!(summary.contains("1 approval rule"), "{summary}");
 }

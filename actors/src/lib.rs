@@ -9,6 +9,7 @@
 
 pub mod child;
 pub mod fsjail;
+pub mod gateway;
 pub mod ids;
 pub mod memory;
 pub mod model;
@@ -18,4 +19,5 @@ pub mod registry;
 pub mod rules;
 pub mod session;
 pub mod settings;
+pub mod slack_port;
 pub mod supervisor;

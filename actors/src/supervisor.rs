@@ -140,6 +140,15 @@ pub enum SupervisorMsg {
         /// Root ts.
         ts: String,
     },
+    /// Stop a session, also while it waits for a crash restart.
+    Stop {
+        /// Which.
+        id: SessionId,
+        /// Who.
+        caller: Caller,
+        /// Ok once stopping began; `false` when it was not live.
+        reply: RpcReplyPort<Result<bool, crate::session::SessionError>>,
+    },
     /// The rule set changed: every live session re-evaluates its pending requests.
     RulesChanged,
     /// Live sessions (including ones waiting to restart).
@@ -255,6 +264,7 @@ impl Actor for SessionSupervisor {
             SupervisorMsg::ThreadPosted { id, channel, ts } => {
                 state.threads.insert((channel, ts), id);
             }
+            SupervisorMsg::Stop { id, caller, reply } => state.stop(id, caller, reply).await,
             SupervisorMsg::RulesChanged => {
                 for entry in state.sessions.values() {
                     if let Some(actor) = &entry.actor {
@@ -708,7 +718,7 @@ impl SupervisorState {
             require_resume: false,
         });
         let record = match self.args.store.get_session(&id).await {
-            Ok(Some(r)) => r,
+            Ok(Some(r)) if r.status.is_live() => r,
             _ => {
                 self.sessions.remove(&id);
                 return;
@@ -850,6 +860,49 @@ impl SupervisorState {
             }
         }
         (resumed, interrupted)
+    }
+
+    async fn stop(
+        &mut self,
+        id: SessionId,
+        caller: Caller,
+        reply: RpcReplyPort<Result<bool, crate::session::SessionError>>,
+    ) {
+        let Some(entry) = self.sessions.get(&id) else {
+            let _ = reply.send(Ok(false));
+            return;
+        };
+        if let Some(actor) = entry.actor.clone() {
+            // The actor checks the caller and answers.
+            let _ = actor.send_message(SessionMsg::Stop {
+                cause: StopCause::Operator,
+                caller,
+                reply: None,
+            });
+            let _ = reply.send(Ok(true));
+            return;
+        }
+        // Waiting for a restart: no actor to ask, so check the owner here.
+        let owner = self
+            .args
+            .store
+            .get_session(&id)
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.owner)
+            .unwrap_or_default();
+        let allowed = caller.operator || caller.id == owner || self.args.settings.operators.contains(&caller.id);
+        if !allowed {
+            let _ = reply.send(Err(crate::session::SessionError::Unauthorized {
+                user: caller.id,
+                session: id,
+                owner,
+            }));
+            return;
+        }
+        self.end_session(&id, SessionStatus::Cancelled, "stopped by operator").await;
+        let _ = reply.send(Ok(true));
     }
 
     async fn begin_shutdown(&mut self, reply: RpcReplyPort<()>) {

@@ -10,24 +10,46 @@
 //!
 //! Slack tokens are never read from the file; they come from the
 //! `SLACK_BOT_TOKEN` / `SLACK_APP_TOKEN` environment variables.
+//!
+//! Besides the configured `[[workspace]]` entries, git repositories under
+//! `workspace_root` can be discovered (`[discovery]`, `discover.rs`) on every
+//! load; `[[rule]]` entries become the core's approval
+//! [`Rule`](intercom_actors::rules::Rule)s (`rules.rs`). [`watch`] reloads the
+//! whole file when it changes; [`Config::workspace_map`] is what the
+//! WorkspaceRegistry serves.
 
+mod discover;
 mod paths;
+mod rules;
 mod validate;
+pub mod watch;
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+pub use intercom_actors::rules::{ApprovalMode, Rule};
 pub use intercom_actors::settings::{
     AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
 };
+pub use rules::RULE_KINDS;
+pub use watch::{ConfigStatus, WatchError, WatchHandle, watch};
+
+use intercom_actors::registry::WorkspaceMap;
 
 /// `server.bind` when the file does not set it.
 pub const DEFAULT_BIND: &str = "127.0.0.1:3000";
 /// `database.path` when the file does not set it (relative to the config file's directory).
 pub const DEFAULT_DATABASE_PATH: &str = "data/agent-intercom.db";
+/// `discovery.depth` when the file does not set it.
+pub const DEFAULT_DISCOVERY_DEPTH: usize = 2;
+/// Largest accepted `discovery.depth`.
+pub const MAX_DISCOVERY_DEPTH: usize = 8;
+/// Discovery stops after this many repositories (with a warning).
+pub const MAX_DISCOVERED: usize = 500;
 
 /// A loaded, resolved and validated configuration.
 ///
@@ -50,6 +72,19 @@ pub struct Config {
     pub agents: Vec<AgentProfile>,
     /// `[[workspace]]` entries, in file order, paths absolute.
     pub workspaces: Vec<WorkspaceEntry>,
+    /// `[[workspace]] approval_mode` of every configured workspace (`ask`
+    /// when the entry does not set it). Discovered workspaces are not here:
+    /// use [`Config::approval_mode_for`], which defaults to `ask`.
+    pub workspace_modes: BTreeMap<String, ApprovalMode>,
+    /// `[discovery]`.
+    pub discovery: DiscoverySection,
+    /// Git repositories found under `workspace_root` at load time (empty when
+    /// discovery is off), sorted by id; none shares an id or a path with a
+    /// configured workspace.
+    pub discovered: Vec<WorkspaceEntry>,
+    /// `[[rule]]` entries as approval rules, in file order (scope global or
+    /// workspace, ids `cfg-<index>` unless set).
+    pub rules: Vec<Rule>,
     /// `[limits]`.
     pub limits: Limits,
     /// `[stall]`.
@@ -83,6 +118,25 @@ impl Default for ServerSection {
 pub struct DatabaseSection {
     /// SQLite file (absolute).
     pub path: PathBuf,
+}
+
+/// `[discovery]`: git repositories under `workspace_root` as workspaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscoverySection {
+    /// Whether discovery runs (on every load). Default: off.
+    pub enabled: bool,
+    /// How many directory levels below `workspace_root` are searched
+    /// (1 = its direct children). Default: [`DEFAULT_DISCOVERY_DEPTH`].
+    pub depth: usize,
+}
+
+impl Default for DiscoverySection {
+    fn default() -> Self {
+        DiscoverySection {
+            enabled: false,
+            depth: DEFAULT_DISCOVERY_DEPTH,
+        }
+    }
 }
 
 /// `[slack]`. Tokens are not here: they come from the environment.
@@ -180,7 +234,11 @@ pub(crate) struct RawConfig {
     #[serde(default, rename = "agent")]
     pub(crate) agents: Vec<AgentProfile>,
     #[serde(default, rename = "workspace")]
-    pub(crate) workspaces: Vec<WorkspaceEntry>,
+    pub(crate) workspaces: Vec<RawWorkspace>,
+    #[serde(default)]
+    pub(crate) discovery: RawDiscovery,
+    #[serde(default, rename = "rule")]
+    pub(crate) rules: Vec<rules::RawRule>,
     #[serde(default)]
     pub(crate) limits: Limits,
     #[serde(default)]
@@ -216,6 +274,40 @@ impl Default for RawDatabase {
     fn default() -> Self {
         RawDatabase {
             path: PathBuf::from(DEFAULT_DATABASE_PATH),
+        }
+    }
+}
+
+/// `[[workspace]]` as written: the core's [`WorkspaceEntry`] plus the
+/// server-level `approval_mode` (the core type stays unchanged).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWorkspace {
+    pub(crate) id: String,
+    pub(crate) path: PathBuf,
+    #[serde(default)]
+    pub(crate) channel_id: String,
+    #[serde(default)]
+    pub(crate) label: Option<String>,
+    #[serde(default)]
+    pub(crate) default_agent: Option<String>,
+    /// Kept as text so a bad value is reported against `workspace[i].approval_mode`.
+    #[serde(default)]
+    pub(crate) approval_mode: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawDiscovery {
+    pub(crate) enabled: bool,
+    pub(crate) depth: usize,
+}
+
+impl Default for RawDiscovery {
+    fn default() -> Self {
+        RawDiscovery {
+            enabled: false,
+            depth: DEFAULT_DISCOVERY_DEPTH,
         }
     }
 }
@@ -279,6 +371,10 @@ impl Config {
             slack: SlackSection::default(),
             agents: Vec::new(),
             workspaces: Vec::new(),
+            workspace_modes: BTreeMap::new(),
+            discovery: DiscoverySection::default(),
+            discovered: Vec::new(),
+            rules: Vec::new(),
             limits: Limits::default(),
             stall: StallPolicy::default(),
             supervision: SupervisionPolicy::default(),
@@ -292,9 +388,34 @@ impl Config {
         self.agents.iter().find(|a| a.id == id)
     }
 
-    /// The workspace with this id.
+    /// The workspace with this id: a configured one, else a discovered one.
     pub fn workspace(&self, id: &str) -> Option<&WorkspaceEntry> {
-        self.workspaces.iter().find(|w| w.id == id)
+        self.workspaces
+            .iter()
+            .chain(&self.discovered)
+            .find(|w| w.id == id)
+    }
+
+    /// The approval mode sessions in workspace `id` start with: the
+    /// workspace's `approval_mode`, `ask` for discovered or unknown ids.
+    pub fn approval_mode_for(&self, id: &str) -> ApprovalMode {
+        self.workspace_modes.get(id).copied().unwrap_or_default()
+    }
+
+    /// The routing data for the WorkspaceRegistry: configured workspaces (in
+    /// file order) followed by discovered repositories.
+    pub fn workspace_map(&self) -> WorkspaceMap {
+        WorkspaceMap {
+            workspace_root: self.workspace_root.clone(),
+            workspaces: self
+                .workspaces
+                .iter()
+                .chain(&self.discovered)
+                .cloned()
+                .collect(),
+            agents: self.agents.clone(),
+            default_agent: self.default_agent.clone(),
+        }
     }
 
     /// The workspace bound to this (non-empty) Slack channel.
@@ -360,6 +481,15 @@ impl Config {
         if let Some(url) = &self.slack.api_url {
             s.push_str(&format!(", Slack API {url}"));
         }
+        if self.discovery.enabled {
+            let n = self.discovered.len();
+            s.push_str(&format!(
+                "; discovery (depth {}) found {n} git {}",
+                self.discovery.depth,
+                if n == 1 { "repository" } else { "repositories" },
+            ));
+        }
+        s.push_str(&format!("; {}", plural(self.rules.len(), "approval rule")));
         if let Some(src) = &self.source {
             s.push_str(&format!(" (from {})", src.display()));
         }

@@ -1,16 +1,18 @@
 //! Turning a [`RawConfig`] into a [`Config`]: path resolution and every
 //! cross-field rule. The first problem found is returned; the order is fixed
-//! (server, paths, slack, agents, default agent, workspaces, limits, stall,
-//! supervision; file order within each) so the same file always yields the
-//! same error.
+//! (server, paths, slack, agents, default agent, workspaces, discovery, rules,
+//! limits, stall, supervision; file order within each) so the same file
+//! always yields the same error. Discovery (when enabled) walks
+//! `workspace_root` here, so it runs again on every load.
 
 use super::paths::{canonicalish, join_normalized};
 use super::{
-    AgentProfile, Config, ConfigError, DatabaseSection, RawConfig, RawSlack, ServerSection,
-    SlackSection, WorkspaceEntry,
+    AgentProfile, ApprovalMode, Config, ConfigError, DatabaseSection, DiscoverySection,
+    MAX_DISCOVERED, MAX_DISCOVERY_DEPTH, RawConfig, RawDiscovery, RawSlack, RawWorkspace,
+    ServerSection, SlackSection, WorkspaceEntry, discover,
 };
 use intercom_actors::model::Protocol;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -29,7 +31,19 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
     let slack = slack(raw.slack)?;
     let agents = agents(raw.agents, base)?;
     let default_agent = default_agent(raw.default_agent, &agents)?;
-    let workspaces = workspaces(raw.workspaces, base, &workspace_root, &agents)?;
+    let (workspaces, workspace_modes) = workspaces(raw.workspaces, base, &workspace_root, &agents)?;
+    let discovery = discovery_section(&raw.discovery)?;
+    let discovered = if discovery.enabled {
+        discovered(&workspace_root, discovery.depth, &workspaces)
+    } else {
+        Vec::new()
+    };
+    let workspace_ids: Vec<&str> = workspaces
+        .iter()
+        .chain(&discovered)
+        .map(|w| w.id.as_str())
+        .collect();
+    let rules = super::rules::rules(raw.rules, &workspace_ids, &agents)?;
     limits(&raw.limits)?;
     stall(&raw.stall)?;
     supervision(&raw.supervision)?;
@@ -40,6 +54,10 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
         slack,
         agents,
         workspaces,
+        workspace_modes,
+        discovery,
+        discovered,
+        rules,
         limits: raw.limits,
         stall: raw.stall,
         supervision: raw.supervision,
@@ -245,16 +263,27 @@ fn default_agent(explicit: Option<String>, agents: &[AgentProfile]) -> Result<Op
     }
 }
 
+type Workspaces = (Vec<WorkspaceEntry>, BTreeMap<String, ApprovalMode>);
+
 fn workspaces(
-    mut workspaces: Vec<WorkspaceEntry>,
+    raw: Vec<RawWorkspace>,
     base: &Path,
     root: &Path,
     agents: &[AgentProfile],
-) -> Result<Vec<WorkspaceEntry>> {
+) -> Result<Workspaces> {
     let mut ids: HashMap<String, usize> = HashMap::new();
     let mut channels: HashMap<String, usize> = HashMap::new();
-    for (i, ws) in workspaces.iter_mut().enumerate() {
+    let mut modes = BTreeMap::new();
+    let mut workspaces = Vec::with_capacity(raw.len());
+    for (i, raw) in raw.into_iter().enumerate() {
         let key = |field: &str| format!("workspace[{i}].{field}");
+        let mut ws = WorkspaceEntry {
+            id: raw.id,
+            path: raw.path,
+            channel_id: raw.channel_id,
+            label: raw.label,
+            default_agent: raw.default_agent,
+        };
         check_id(&ws.id, &key("id"))?;
         if let Some(first) = ids.insert(ws.id.clone(), i) {
             return Err(ConfigError::invalid(
@@ -315,8 +344,57 @@ fn workspaces(
                 unknown_agent(agent, agents),
             ));
         }
+        let mode = match raw.approval_mode.as_deref() {
+            None => ApprovalMode::default(),
+            Some(text) => ApprovalMode::parse(text).ok_or_else(|| {
+                ConfigError::invalid(
+                    key("approval_mode"),
+                    format!(
+                        "{text:?} is not an approval mode; use \"ask\", \"auto-edits\" or \"auto\""
+                    ),
+                )
+            })?,
+        };
+        modes.insert(ws.id.clone(), mode);
+        workspaces.push(ws);
     }
-    Ok(workspaces)
+    Ok((workspaces, modes))
+}
+
+fn discovery_section(d: &RawDiscovery) -> Result<DiscoverySection> {
+    if !(1..=MAX_DISCOVERY_DEPTH).contains(&d.depth) {
+        return Err(ConfigError::invalid(
+            "discovery.depth",
+            format!(
+                "must be between 1 (direct children of workspace_root) and {MAX_DISCOVERY_DEPTH}, got {}",
+                d.depth
+            ),
+        ));
+    }
+    Ok(DiscoverySection {
+        enabled: d.enabled,
+        depth: d.depth,
+    })
+}
+
+/// Repositories under `root` as workspaces, minus those a configured entry
+/// already covers (same id or same directory): configured entries win.
+fn discovered(root: &Path, depth: usize, configured: &[WorkspaceEntry]) -> Vec<WorkspaceEntry> {
+    discover::discover(root, depth, MAX_DISCOVERED)
+        .into_iter()
+        .filter(|found| {
+            !configured
+                .iter()
+                .any(|w| w.id == found.id || w.path == found.path)
+        })
+        .map(|found| WorkspaceEntry {
+            id: found.id,
+            path: found.path,
+            channel_id: String::new(),
+            label: None,
+            default_agent: None,
+        })
+        .collect()
 }
 
 fn limits(l: &super::Limits) -> Result<()> {
@@ -386,7 +464,7 @@ fn check_id(id: &str, key: &str) -> Result<()> {
     Ok(())
 }
 
-fn unknown_agent(id: &str, agents: &[AgentProfile]) -> String {
+pub(super) fn unknown_agent(id: &str, agents: &[AgentProfile]) -> String {
     if agents.is_empty() {
         format!("unknown agent {id:?} (no [[agent]] profiles are defined)")
     } else {

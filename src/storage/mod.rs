@@ -10,7 +10,9 @@
 //! in `store.rs`, row decoding in `rows.rs`, the instance lock in `lock.rs`.
 
 mod lock;
+mod outbox;
 mod rows;
+pub mod rules;
 mod store;
 
 use std::path::{Path, PathBuf};
@@ -84,7 +86,8 @@ pub enum StorageOpenError {
 ///
 /// Cheap to share behind an `Arc`. Reads use a small pool; every write holds
 /// `write_gate`, so at most one write statement or transaction is in flight
-/// and each one is committed (with `synchronous = FULL`) before its method
+/// and each one is committed (WAL, `synchronous = NORMAL`: durable across a
+/// process crash, the last commits may be lost on power loss) before its method
 /// returns.
 #[derive(Debug)]
 pub struct SqliteStore {
@@ -130,7 +133,7 @@ impl SqliteStore {
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()

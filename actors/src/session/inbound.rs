@@ -386,6 +386,7 @@ impl SessionState {
     pub(super) async fn flush_text(&mut self, publish: bool) {
         if self.text.dirty {
             self.text.dirty = false;
+            self.text.flushed_at = Instant::now();
             match self.text.message_id {
                 Some(id) => {
                     let _ = self.store.update_message(id, &self.text.text).await;

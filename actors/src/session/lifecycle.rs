@@ -14,13 +14,19 @@ use crate::model::{MessageKind, Protocol, Role, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::supervisor::SupervisorMsg;
 
+/// How often streaming agent text is persisted mid-turn.
+const TEXT_FLUSH: Duration = Duration::from_secs(1);
+
 /// A stdout that closed without the process exiting is a broken pipe after this.
 const CLOSED_STDOUT_GRACE: Duration = Duration::from_secs(2);
 
 impl SessionState {
     pub(super) async fn on_tick(&mut self) {
         let now = Instant::now();
-        if self.text.dirty {
+        // Streaming text is persisted at most once a second (and always
+        // before a request or at turn end): the writer path stays free for
+        // decisions when many agents stream at once.
+        if self.text.dirty && now.duration_since(self.text.flushed_at) >= TEXT_FLUSH {
             self.flush_text(false).await;
         }
         if let Some(at) = self.stream_closed_at

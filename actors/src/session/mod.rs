@@ -419,11 +419,23 @@ struct Turn {
 }
 
 /// Agent text being aggregated for the current turn.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct TextBuffer {
     text: String,
     message_id: Option<i64>,
     dirty: bool,
+    flushed_at: Instant,
+}
+
+impl Default for TextBuffer {
+    fn default() -> Self {
+        TextBuffer {
+            text: String::new(),
+            message_id: None,
+            dirty: false,
+            flushed_at: Instant::now(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]

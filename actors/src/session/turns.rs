@@ -22,11 +22,25 @@ impl SessionState {
             Ok(rows) => self.queue.extend(rows),
             Err(e) => tracing::error!(session = %self.record.id, "loading queued steering: {e}"),
         }
+        // Request ids stay unique across restarts of the session.
+        match self.store.list_requests(Some(self.id()), false).await {
+            Ok(rows) => {
+                let highest = rows
+                    .iter()
+                    .filter_map(|r| r.request_id.strip_prefix("req-")?.parse::<u64>().ok())
+                    .max()
+                    .unwrap_or(0);
+                self.next_request = highest + 1;
+            }
+            Err(e) => tracing::error!(session = %self.record.id, "loading request ids: {e}"),
+        }
     }
 
     /// Starts a turn with `text` (ACP) or sends it (dialect).
     pub(super) async fn send_prompt(&mut self, text: String, role: Role) {
         self.note(role, MessageKind::Text, &text).await;
+        // Tool call ids are per turn: a new turn's `t1` is a new entry.
+        self.tools.clear();
         self.last_any = Instant::now();
         match self.record.protocol {
             Protocol::Acp => {

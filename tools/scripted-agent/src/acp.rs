@@ -344,7 +344,9 @@ fn permission(agent: &mut Agent, perm: &Permission) -> Flow {
     insert_opt(&mut tool_call, "title", perm.title.as_deref());
     insert_opt(&mut tool_call, "kind", perm.kind.as_deref());
     let params = json!({"sessionId": agent.session_id, "toolCall": tool_call, "options": options});
+    let started = std::time::Instant::now();
     let response = request(agent, "session/request_permission", params);
+    record_rtt(agent, started.elapsed());
     let (line, allowed) = permission_outcome(&perm.tool_call_id, response.as_ref(), &options);
     agent.last_permission_allowed = allowed;
     eprintln!("{line}");
@@ -353,6 +355,22 @@ fn permission(agent: &mut Agent, perm: &Permission) -> Flow {
         Flow::End("cancelled".to_owned())
     } else {
         Flow::Continue
+    }
+}
+
+/// Appends a round trip to the scenario's `rtt_log`, one line per request.
+fn record_rtt(agent: &Agent, rtt: std::time::Duration) {
+    let Some(path) = &agent.scenario.rtt_log else {
+        return;
+    };
+    let line = format!("{}\n", rtt.as_micros());
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = written {
+        crate::agent::note(&format!("cannot append to rtt_log {}: {e}", path.display()));
     }
 }
 

@@ -58,6 +58,10 @@ pub struct Scenario {
     pub turns: Vec<Vec<Step>>,
     #[serde(default)]
     pub on_load: Vec<Step>,
+    /// Benchmarks: append each permission round trip (microseconds, from
+    /// writing the request to reading the answer) to this file.
+    #[serde(default)]
+    pub rtt_log: Option<std::path::PathBuf>,
 }
 
 fn default_agent_name() -> String {
@@ -241,6 +245,7 @@ impl Scenario {
             on_start: Vec::new(),
             turns: vec![turn],
             on_load: Vec::new(),
+            rtt_log: None,
         }
     }
 }

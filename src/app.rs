@@ -1,0 +1,796 @@
+//! The running server's wiring: one [`App`] per process.
+//!
+//! It owns the opened store, the WorkspaceRegistry and the SessionSupervisor
+//! actors and a local event feed, and offers the operations every entry point
+//! needs (the HTTP API now, Slack and MCP later): start a session, look one
+//! up, steer, decide on an approval by its global id, cancel, list. Each
+//! operation returns an [`AppError`] whose [`AppError::code`] is the stable
+//! machine-readable code the HTTP API sends.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use intercom_actors::model::{
+    Decision, PendingRequest, RequestStatus, SessionId, SessionRecord, SessionStatus,
+    TranscriptEntry,
+};
+use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore, StoreError};
+use intercom_actors::registry::{
+    RegistryMsg, ResolveError, Target, WorkspaceMap, WorkspaceRegistry,
+};
+use intercom_actors::session::{
+    Caller, Choice, SessionError, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
+    StopCause,
+};
+use intercom_actors::settings::AgentProfile;
+use intercom_actors::supervisor::{
+    SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
+};
+use ractor::{Actor, ActorRef};
+use tokio::sync::broadcast;
+
+use crate::config::Config;
+use crate::storage::SqliteStore;
+
+/// Owner recorded for sessions started through the local API.
+pub const LOCAL_OWNER: &str = "local";
+
+/// How many operator events the local feed buffers per subscriber.
+const EVENT_BUFFER: usize = 1024;
+
+/// How long a cancel waits for the session to end before answering anyway.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a snapshot of a live session may take.
+const SNAPSHOT_TIMEOUT_MS: u64 = 2000;
+
+/// Why an operation was refused. The variant decides the HTTP status; the
+/// message is shown to the operator as is.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum AppError {
+    /// The request itself is wrong (empty prompt, bad option, no target).
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such session, request, workspace, agent or path.
+    #[error("{0}")]
+    NotFound(String),
+    /// Not allowed (a path outside `workspace_root`, not the owner).
+    #[error("{0}")]
+    Forbidden(String),
+    /// `limits.max_sessions` reached.
+    #[error("{0}")]
+    LimitReached(String),
+    /// The agent did not start; no session was kept.
+    #[error("{0}")]
+    AgentStartFailed(String),
+    /// The target is not in a state that allows it (ended session, decided request).
+    #[error("{message}")]
+    Conflict {
+        /// What is wrong.
+        message: String,
+        /// The session's current status, when that is the reason.
+        status: Option<SessionStatus>,
+    },
+    /// Storage failed: nothing was acknowledged.
+    #[error("storage unavailable, nothing was done: {0}")]
+    Storage(String),
+    /// The server is shutting down.
+    #[error("{0}")]
+    Unavailable(String),
+    /// An actor did not answer (a bug or a crash).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl AppError {
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AppError::BadRequest(_) => "bad_request",
+            AppError::NotFound(_) => "not_found",
+            AppError::Forbidden(_) => "forbidden",
+            AppError::LimitReached(_) => "limit_reached",
+            AppError::AgentStartFailed(_) => "agent_start_failed",
+            AppError::Conflict { .. } => "conflict",
+            AppError::Storage(_) => "storage_error",
+            AppError::Unavailable(_) => "unavailable",
+            AppError::Internal(_) => "internal",
+        }
+    }
+
+    fn conflict_status(status: SessionStatus, message: String) -> Self {
+        AppError::Conflict {
+            message,
+            status: Some(status),
+        }
+    }
+
+    fn ended(status: SessionStatus) -> Self {
+        Self::conflict_status(status, format!("session is {status}; start a new one"))
+    }
+
+    fn actor(what: &str, e: impl std::fmt::Display) -> Self {
+        AppError::Internal(format!("{what}: {e}"))
+    }
+}
+
+impl From<StoreError> for AppError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { what } => AppError::NotFound(format!("{what} not found")),
+            StoreError::AlreadyResolved { id, status } => AppError::Conflict {
+                message: format!("request {id} is already {status}"),
+                status: None,
+            },
+            other @ StoreError::Backend { .. } => AppError::Storage(other.to_string()),
+        }
+    }
+}
+
+impl From<ResolveError> for AppError {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::NoTarget => AppError::BadRequest(e.to_string()),
+            ResolveError::OutsideRoot { .. } => AppError::Forbidden(e.to_string()),
+            ResolveError::UnknownWorkspace(..)
+            | ResolveError::UnknownAgent(..)
+            | ResolveError::NoAgent
+            | ResolveError::PathNotFound(_) => AppError::NotFound(e.to_string()),
+        }
+    }
+}
+
+impl From<SupervisorError> for AppError {
+    fn from(e: SupervisorError) -> Self {
+        let message = e.to_string();
+        match e {
+            SupervisorError::LimitReached { .. } => AppError::LimitReached(message),
+            SupervisorError::EmptyPrompt => AppError::BadRequest(message),
+            SupervisorError::StartFailed(_) => AppError::AgentStartFailed(message),
+            SupervisorError::Storage(_) => AppError::Storage(message),
+            SupervisorError::ShuttingDown => AppError::Unavailable(message),
+        }
+    }
+}
+
+impl From<SessionError> for AppError {
+    fn from(e: SessionError) -> Self {
+        let message = e.to_string();
+        match e {
+            SessionError::Unauthorized { .. } => AppError::Forbidden(message),
+            SessionError::NotFound(_) => AppError::NotFound(message),
+            SessionError::InvalidOption { .. } => AppError::BadRequest(message),
+            SessionError::AlreadyResolved { .. } => AppError::Conflict {
+                message,
+                status: None,
+            },
+            SessionError::NotLive(status) => AppError::conflict_status(status, message),
+            SessionError::Storage(_) => AppError::Storage(message),
+        }
+    }
+}
+
+/// Why the application could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum AppStartError {
+    /// An actor failed to spawn.
+    #[error("cannot start the {actor} actor: {message}")]
+    Spawn {
+        /// Which actor.
+        actor: &'static str,
+        /// ractor's message.
+        message: String,
+    },
+}
+
+/// The local operator feed: every [`OperatorEvent`] on a broadcast channel
+/// (for `cancel` waiting on the end of a session, and future streaming).
+#[derive(Debug)]
+pub struct LocalEvents {
+    tx: broadcast::Sender<OperatorEvent>,
+}
+
+impl LocalEvents {
+    /// A feed with no subscribers yet.
+    pub fn new() -> Self {
+        let (tx, _) = broadcast::channel(EVENT_BUFFER);
+        LocalEvents { tx }
+    }
+
+    /// A receiver for events emitted from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<OperatorEvent> {
+        self.tx.subscribe()
+    }
+}
+
+impl Default for LocalEvents {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OperatorSink for LocalEvents {
+    fn emit(&self, event: OperatorEvent) {
+        tracing::debug!(session = %event.session_id(), event = ?event_name(&event), "operator event");
+        // No subscriber is fine: the store has everything.
+        let _ = self.tx.send(event);
+    }
+}
+
+fn event_name(event: &OperatorEvent) -> &'static str {
+    match event {
+        OperatorEvent::SessionStarted { .. } => "session_started",
+        OperatorEvent::StatusChanged { .. } => "status_changed",
+        OperatorEvent::AgentText { .. } => "agent_text",
+        OperatorEvent::ToolCall { .. } => "tool_call",
+        OperatorEvent::Plan { .. } => "plan",
+        OperatorEvent::RequestOpened { .. } => "request_opened",
+        OperatorEvent::RequestClosed { .. } => "request_closed",
+        OperatorEvent::SteeringQueued { .. } => "steering_queued",
+        OperatorEvent::SteeringDelivered { .. } => "steering_delivered",
+        OperatorEvent::Notice { .. } => "notice",
+        OperatorEvent::SessionEnded { .. } => "session_ended",
+    }
+}
+
+/// A session with what is waiting on it, for `GET /api/sessions/{id}`.
+#[derive(Debug, Clone)]
+pub struct SessionDetail {
+    /// The stored record.
+    pub record: SessionRecord,
+    /// Its pending requests (from the store).
+    pub pending: Vec<PendingRequest>,
+    /// The actor's view, when an agent is attached.
+    pub live: Option<SessionSnapshot>,
+}
+
+/// Whether Slack is connected, for `/healthz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlackState {
+    /// No tokens: local operator mode.
+    Disabled,
+    /// Socket Mode is connected.
+    Connected,
+    /// Socket Mode is reconnecting.
+    Reconnecting,
+}
+
+impl SlackState {
+    /// The `/healthz` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlackState::Disabled => "disabled",
+            SlackState::Connected => "connected",
+            SlackState::Reconnecting => "reconnecting",
+        }
+    }
+}
+
+impl SlackState {
+    fn to_u8(self) -> u8 {
+        match self {
+            SlackState::Disabled => 0,
+            SlackState::Connected => 1,
+            SlackState::Reconnecting => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => SlackState::Connected,
+            2 => SlackState::Reconnecting,
+            _ => SlackState::Disabled,
+        }
+    }
+}
+
+/// What other edges plug into the application at start.
+#[derive(Default)]
+pub struct AppOptions {
+    /// Sinks that receive every operator event besides the local feed
+    /// (the Slack gateway).
+    pub extra_sinks: Vec<Arc<dyn OperatorSink>>,
+    /// This server's MCP endpoint, handed to ACP agents that support HTTP MCP.
+    pub bridge_url: Option<String>,
+}
+
+struct Inner {
+    store: Arc<SqliteStore>,
+    supervisor: ActorRef<SupervisorMsg>,
+    registry: ActorRef<RegistryMsg>,
+    events: Arc<LocalEvents>,
+    profiles: Vec<AgentProfile>,
+    slack: AtomicU8,
+}
+
+/// The running application; cheap to clone (shared).
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+/// The workspace map the registry serves, from the configuration.
+pub fn workspace_map(config: &Config) -> WorkspaceMap {
+    WorkspaceMap {
+        workspace_root: config.workspace_root.clone(),
+        workspaces: config.workspaces.clone(),
+        agents: config.agents.clone(),
+        default_agent: config.default_agent.clone(),
+    }
+}
+
+fn session_settings(config: &Config) -> SessionSettings {
+    SessionSettings {
+        limits: config.limits.clone(),
+        stall: config.stall.clone(),
+        operators: config
+            .slack
+            .operators
+            .iter()
+            .cloned()
+            .collect::<HashSet<_>>(),
+        ..Default::default()
+    }
+}
+
+impl App {
+    /// Spawns the registry and the supervisor over an opened store, with
+    /// what `options` plugs in. Does not recover sessions: call
+    /// [`App::recover`] once the server can take requests.
+    pub async fn start(
+        config: &Config,
+        store: SqliteStore,
+        options: AppOptions,
+    ) -> Result<App, AppStartError> {
+        let store = Arc::new(store);
+        let events = Arc::new(LocalEvents::new());
+        let mut sinks: Vec<Arc<dyn OperatorSink>> = vec![events.clone()];
+        sinks.extend(options.extra_sinks);
+        let (registry, _) = Actor::spawn(None, WorkspaceRegistry, workspace_map(config))
+            .await
+            .map_err(|e| AppStartError::Spawn {
+                actor: "workspace registry",
+                message: e.to_string(),
+            })?;
+        let args = SupervisorArgs {
+            policy: config.supervision.clone(),
+            settings: Arc::new(session_settings(config)),
+            store: store.clone(),
+            sink: Arc::new(FanOut(sinks)),
+            bridge_url: options.bridge_url,
+        };
+        let (supervisor, _) = Actor::spawn(None, SessionSupervisor, args)
+            .await
+            .map_err(|e| AppStartError::Spawn {
+                actor: "session supervisor",
+                message: e.to_string(),
+            })?;
+        let inner = Inner {
+            store,
+            supervisor,
+            registry,
+            events,
+            profiles: config.agents.clone(),
+            slack: AtomicU8::new(SlackState::Disabled.to_u8()),
+        };
+        Ok(App {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// After a server restart: resumes or interrupts the sessions stored as
+    /// live. Returns (resumed, interrupted).
+    pub async fn recover(&self) -> Result<(usize, usize), AppError> {
+        let profiles = self.inner.profiles.clone();
+        ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Recover {
+            profiles,
+            reply
+        })
+        .map_err(|e| AppError::actor("recovery", e))
+    }
+
+    /// The local event feed.
+    pub fn subscribe(&self) -> broadcast::Receiver<OperatorEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Slack's state for `/healthz`.
+    pub fn slack(&self) -> SlackState {
+        SlackState::from_u8(self.inner.slack.load(Ordering::Relaxed))
+    }
+
+    /// Records Slack's connection state (the Slack gateway calls this).
+    pub fn set_slack(&self, state: SlackState) {
+        self.inner.slack.store(state.to_u8(), Ordering::Relaxed);
+    }
+
+    /// The session supervisor, for edges that need more than the helpers.
+    pub fn supervisor(&self) -> &ActorRef<SupervisorMsg> {
+        &self.inner.supervisor
+    }
+
+    /// The workspace registry (config reload sends `RegistryMsg::Reload`).
+    pub fn registry(&self) -> &ActorRef<RegistryMsg> {
+        &self.inner.registry
+    }
+
+    /// The store (read access for edges that need more than the helpers).
+    pub fn store(&self) -> &SqliteStore {
+        &self.inner.store
+    }
+
+    /// Live sessions, including ones waiting to restart.
+    pub async fn live_count(&self) -> Result<usize, AppError> {
+        ractor::call!(self.inner.supervisor, SupervisorMsg::LiveCount)
+            .map_err(|e| AppError::actor("supervisor", e))
+    }
+
+    /// Resolves `target` and starts a session; answers once the agent's
+    /// handshake finished (or failed, leaving no session behind).
+    pub async fn start_session(
+        &self,
+        target: Target,
+        prompt: &str,
+        owner: &str,
+    ) -> Result<SessionRecord, AppError> {
+        if prompt.trim().is_empty() {
+            return Err(AppError::BadRequest("the prompt is empty".into()));
+        }
+        let resolved = ractor::call!(self.inner.registry, RegistryMsg::Resolve, target)
+            .map_err(|e| AppError::actor("workspace registry", e))??;
+        let req = StartRequest {
+            workspace: resolved.workspace,
+            cwd: resolved.cwd,
+            channel_id: resolved.channel_id,
+            profile: resolved.profile,
+            prompt: prompt.to_owned(),
+            owner: owner.to_owned(),
+        };
+        let record = ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Start {
+            req,
+            reply
+        })
+        .map_err(|e| AppError::actor("supervisor", e))??;
+        tracing::info!(session = %record.id, workspace = %record.workspace, agent = %record.agent, owner, "session started");
+        Ok(record)
+    }
+
+    /// One stored session.
+    pub async fn session(&self, id: &SessionId) -> Result<SessionRecord, AppError> {
+        self.inner
+            .store
+            .get_session(id)
+            .await?
+            .ok_or_else(|| AppError::NotFound(format!("no session {id}")))
+    }
+
+    /// Sessions, newest first: live ones, or all with `all`.
+    pub async fn list_sessions(&self, all: bool) -> Result<Vec<SessionRecord>, AppError> {
+        Ok(self.inner.store.list_sessions(!all).await?)
+    }
+
+    /// A session with its pending requests and, when live, the actor's view.
+    pub async fn session_detail(&self, id: &SessionId) -> Result<SessionDetail, AppError> {
+        let record = self.session(id).await?;
+        let pending = self.inner.store.list_requests(Some(id), true).await?;
+        let live = match self.actor(id).await? {
+            Some(actor) => ractor::call_t!(actor, SessionMsg::Snapshot, SNAPSHOT_TIMEOUT_MS).ok(),
+            None => None,
+        };
+        Ok(SessionDetail {
+            record,
+            pending,
+            live,
+        })
+    }
+
+    /// A session's transcript, oldest first.
+    pub async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, AppError> {
+        self.session(id).await?;
+        Ok(self.inner.store.transcript(id).await?)
+    }
+
+    async fn actor(&self, id: &SessionId) -> Result<Option<ActorRef<SessionMsg>>, AppError> {
+        ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Lookup {
+            id: id.clone(),
+            reply
+        })
+        .map_err(|e| AppError::actor("supervisor", e))
+    }
+
+    /// Sends steering to a session: delivered now when the agent is idle,
+    /// queued behind the running turn otherwise (`interrupt` cancels it).
+    pub async fn steer(
+        &self,
+        id: &SessionId,
+        text: &str,
+        interrupt: bool,
+        caller: Caller,
+    ) -> Result<SteerOutcome, AppError> {
+        if text.trim().is_empty() {
+            return Err(AppError::BadRequest("the prompt text is empty".into()));
+        }
+        let record = self.session(id).await?;
+        if !record.status.is_live() {
+            return Err(AppError::ended(record.status));
+        }
+        let Some(actor) = self.actor(id).await? else {
+            return self.steer_while_restarting(&record, text, &caller).await;
+        };
+        let text = text.to_owned();
+        let outcome = ractor::call!(actor, |reply| SessionMsg::Steer {
+            text,
+            interrupt,
+            caller,
+            reply
+        });
+        match outcome {
+            Ok(result) => Ok(result?),
+            // The actor ended between the lookup and the call.
+            Err(_) => Err(AppError::ended(self.session(id).await?.status)),
+        }
+    }
+
+    /// A live session without an actor is between crash restarts: the new
+    /// actor loads undelivered steering from the store, so queue it there.
+    async fn steer_while_restarting(
+        &self,
+        record: &SessionRecord,
+        text: &str,
+        caller: &Caller,
+    ) -> Result<SteerOutcome, AppError> {
+        let current = self.session(&record.id).await?;
+        if current.status != SessionStatus::Starting {
+            return Err(AppError::ended(current.status));
+        }
+        let steering = self
+            .inner
+            .store
+            .enqueue_steering(&record.id, text, &caller.id)
+            .await?;
+        Ok(SteerOutcome {
+            queued: true,
+            steering_id: steering.id,
+        })
+    }
+
+    /// One approval request with its decision, by global id.
+    pub async fn approval(
+        &self,
+        global_id: &str,
+    ) -> Result<(PendingRequest, Option<Decision>), AppError> {
+        self.inner
+            .store
+            .get_request(global_id)
+            .await?
+            .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))
+    }
+
+    /// Approval requests, newest first, optionally only those in `status`.
+    pub async fn approvals(
+        &self,
+        status: Option<RequestStatus>,
+    ) -> Result<Vec<PendingRequest>, AppError> {
+        let pending_only = status == Some(RequestStatus::Pending);
+        let all = self.inner.store.list_requests(None, pending_only).await?;
+        Ok(match status {
+            Some(s) => all.into_iter().filter(|r| r.status == s).collect(),
+            None => all,
+        })
+    }
+
+    /// Decides on a pending request by its global id (`<session_id>:req-N`).
+    /// Returns the request (now decided) and the recorded decision.
+    pub async fn decide(
+        &self,
+        global_id: &str,
+        choice: Choice,
+        reason: Option<String>,
+        caller: Caller,
+    ) -> Result<(PendingRequest, Decision), AppError> {
+        let (session, _) = split_request_id(global_id)
+            .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))?;
+        let (req, _) = self.approval(global_id).await?;
+        if req.status != RequestStatus::Pending {
+            return Err(AppError::Conflict {
+                message: format!("request {global_id} is already {}", req.status.as_str()),
+                status: None,
+            });
+        }
+        let actor = self
+            .actor(&session)
+            .await?
+            .ok_or_else(|| AppError::Conflict {
+                message: format!(
+                    "session {session} has no running agent to answer request {global_id}"
+                ),
+                status: None,
+            })?;
+        let request_id = req.request_id.clone();
+        let decision = ractor::call!(actor, |reply| SessionMsg::Decide {
+            request_id,
+            choice,
+            reason,
+            caller,
+            reply
+        })
+        .map_err(|e| AppError::actor("session", e))??;
+        let (req, _) = self.approval(global_id).await?;
+        tracing::info!(request = global_id, option = %decision.option_id, approved = decision.approved, by = %decision.decided_by, "request decided");
+        Ok((req, decision))
+    }
+
+    /// Stops a session (idempotent). Waits briefly for it to end and returns
+    /// the record as it then is.
+    pub async fn cancel(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
+        let record = self.session(id).await?;
+        if !record.status.is_live() {
+            return Ok(record);
+        }
+        let mut events = self.subscribe();
+        let Some(actor) = self.actor(id).await? else {
+            return Err(AppError::conflict_status(
+                record.status,
+                format!("session {id} is restarting its agent; cancel again in a moment"),
+            ));
+        };
+        let stop = ractor::call!(actor, |reply| SessionMsg::Stop {
+            cause: StopCause::Operator,
+            caller,
+            reply: Some(reply)
+        });
+        match stop {
+            Ok(result) => result?,
+            // The actor ended between the lookup and the call: already stopping.
+            Err(e) => tracing::debug!(session = %id, "stop raced the session's end: {e}"),
+        }
+        wait_for_end(&mut events, id, CANCEL_WAIT).await;
+        self.session(id).await
+    }
+
+    /// Graceful shutdown: cancels every session (the supervisor waits its
+    /// grace period, then kills), then stops the actors.
+    pub async fn shutdown(&self) {
+        if let Err(e) = ractor::call!(self.inner.supervisor, SupervisorMsg::Shutdown) {
+            tracing::warn!("supervisor shutdown call failed: {e}");
+        }
+        self.inner.supervisor.stop_and_wait(None, None).await.ok();
+        self.inner.registry.stop_and_wait(None, None).await.ok();
+    }
+
+    /// Closes the store when this is the last reference (after
+    /// [`App::shutdown`]); otherwise the store closes when the last user drops it.
+    pub async fn close(self) {
+        let Ok(inner) = Arc::try_unwrap(self.inner) else {
+            tracing::debug!("app still shared; the store closes when dropped");
+            return;
+        };
+        match Arc::try_unwrap(inner.store) {
+            Ok(store) => store.close().await,
+            Err(_) => tracing::debug!("store still shared; it closes when dropped"),
+        }
+    }
+}
+
+/// The config file used when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "config.toml";
+/// The fallback when [`DEFAULT_CONFIG`] does not exist (a fresh clone).
+pub const EXAMPLE_CONFIG: &str = "config.toml.example";
+
+/// Which config file to load, and whether it is the example fallback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigChoice {
+    /// The file.
+    pub path: PathBuf,
+    /// True when `./config.toml` is missing and `./config.toml.example` is used.
+    pub fallback: bool,
+}
+
+/// `explicit` when given; else `./config.toml`, or `./config.toml.example`
+/// when only that exists (so one command works on a fresh clone).
+pub fn choose_config(explicit: Option<&Path>) -> ConfigChoice {
+    if let Some(path) = explicit {
+        return ConfigChoice {
+            path: path.to_path_buf(),
+            fallback: false,
+        };
+    }
+    let default = PathBuf::from(DEFAULT_CONFIG);
+    let example = PathBuf::from(EXAMPLE_CONFIG);
+    if !default.exists() && example.is_file() {
+        return ConfigChoice {
+            path: example,
+            fallback: true,
+        };
+    }
+    ConfigChoice {
+        path: default,
+        fallback: false,
+    }
+}
+
+/// Splits a global request id at its last `:` into (session, request).
+pub fn split_request_id(global: &str) -> Option<(SessionId, &str)> {
+    let (session, request) = global.rsplit_once(':')?;
+    if session.is_empty() || request.is_empty() {
+        return None;
+    }
+    Some((SessionId(session.to_owned()), request))
+}
+
+async fn wait_for_end(
+    events: &mut broadcast::Receiver<OperatorEvent>,
+    id: &SessionId,
+    limit: Duration,
+) {
+    let ended = async {
+        loop {
+            match events.recv().await {
+                Ok(OperatorEvent::SessionEnded { session_id, .. }) if &session_id == id => return,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(limit, ended).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_split_at_the_last_colon() {
+        let (s, r) = split_request_id("s-0123456789abcdef:req-3").expect("split");
+        assert_eq!((s.0.as_str(), r), ("s-0123456789abcdef", "req-3"));
+        let (s, r) = split_request_id("a:b:req-1").expect("split");
+        assert_eq!((s.0.as_str(), r), ("a:b", "req-1"));
+        assert!(split_request_id("nocolon").is_none());
+        assert!(split_request_id(":req-1").is_none());
+        assert!(split_request_id("s-1:").is_none());
+    }
+
+    #[test]
+    fn errors_have_stable_codes() {
+        let limit: AppError = SupervisorError::LimitReached { max: 1 }.into();
+        assert_eq!(limit.code(), "limit_reached");
+        let outside: AppError = ResolveError::OutsideRoot {
+            path: "/".into(),
+            root: "/r".into(),
+        }
+        .into();
+        assert_eq!(outside.code(), "forbidden");
+        let missing: AppError = ResolveError::PathNotFound("x".into()).into();
+        assert_eq!(missing.code(), "not_found");
+        let ended: AppError = SessionError::NotLive(SessionStatus::Completed).into();
+        assert_eq!(
+            ended,
+            AppError::Conflict {
+                message: "session is completed; start a new one".into(),
+                status: Some(SessionStatus::Completed)
+            }
+        );
+        let storage: AppError = StoreError::Backend {
+            op: "x",
+            message: "disk full".into(),
+        }
+        .into();
+        assert_eq!(storage.code(), "storage_error");
+    }
+
+    #[tokio::test]
+    async fn local_events_reach_subscribers() {
+        let events = LocalEvents::new();
+        let mut rx = events.subscribe();
+        events.emit(OperatorEvent::SessionEnded {
+            session_id: SessionId("s-1".into()),
+            status: SessionStatus::Cancelled,
+            reason: None,
+        });
+        let got = rx.recv().await.expect("event");
+        assert_eq!(got.session_id().0, "s-1");
+    }
+}

@@ -1,0 +1,370 @@
+//! Hot reload: watch `config.toml` and hand every new version to a callback.
+//!
+//! Why this exists: operators change routing and approval rules without a
+//! restart. [`watch`] watches the config file's DIRECTORY (editors often save
+//! by writing a temporary file and renaming it over the original, which a
+//! watch on the file itself would lose), keeps only events that name the
+//! config file (create, modify, rename, remove; access events are ignored),
+//! debounces them with notify-debouncer-full, lets a burst settle, then
+//! loads, resolves and validates the WHOLE file and calls `on_reload` once
+//! with the result. The consumer applies an `Ok` atomically (one registry
+//! `Reload`, one rule-set swap) and on `Err` keeps what it had and reports
+//! the error, e.g. through [`ConfigStatus`].
+//!
+//! Threads: notify's watcher thread, the debouncer's thread, and one reload
+//! thread owned by the [`WatchHandle`] on which `on_reload` runs (a plain
+//! std thread: blocking, or `tokio::runtime::Handle::block_on`, is fine
+//! there). If the config file is a symlink, changes to its target are not
+//! seen; replacing the link itself is.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use notify::event::{EventKind, MetadataKind, ModifyKind};
+use notify::{RecommendedWatcher, RecursiveMode};
+use notify_debouncer_full::{DebounceEventResult, Debouncer, RecommendedCache, new_debouncer};
+
+use super::{Config, ConfigError, paths};
+
+/// How long the debouncer waits for a file's events to stop.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// After a debounced batch, further batches within this are merged into the
+/// same reload (a slow save can straddle two debouncer ticks).
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Why the watch could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The path names no file (e.g. `/` or `..`).
+    #[error("cannot watch {}: it does not name a file", .path.display())]
+    NoFileName {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The OS watch could not be set up.
+    #[error(
+        "cannot watch directory {} of the config file: {source}; check that it exists and, on Linux, that fs.inotify.max_user_watches / max_user_instances are not exhausted",
+        .dir.display()
+    )]
+    Notify {
+        /// The directory.
+        dir: PathBuf,
+        /// notify's error.
+        source: notify::Error,
+    },
+    /// The reload thread could not be started.
+    #[error("cannot start the config reload thread: {source}")]
+    Thread {
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A running watch. Dropping it stops watching (without waiting); call
+/// [`WatchHandle::stop`] to wait until no callback can run any more.
+pub struct WatchHandle {
+    path: PathBuf,
+    debouncer: Option<Debouncer<RecommendedWatcher, RecommendedCache>>,
+    worker: Option<JoinHandle<()>>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for WatchHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchHandle")
+            .field("path", &self.path)
+            .field("stopped", &self.stopped.load(Ordering::Acquire))
+            .finish_non_exhaustive()
+    }
+}
+
+impl WatchHandle {
+    /// The watched config file (absolute).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops watching and waits for the threads to end; no callback runs
+    /// after this returns (unless called from inside the callback itself,
+    /// where it cannot wait for its own thread).
+    pub fn stop(mut self) {
+        self.stopped.store(true, Ordering::Release);
+        if let Some(debouncer) = self.debouncer.take() {
+            // Joins the debouncer thread, which drops the reload channel's sender.
+            debouncer.stop();
+        }
+        if let Some(worker) = self.worker.take()
+            && worker.thread().id() != std::thread::current().id()
+            && worker.join().is_err()
+        {
+            tracing::error!("config reload thread panicked");
+        }
+    }
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::Release);
+        if let Some(debouncer) = self.debouncer.take() {
+            debouncer.stop_nonblocking();
+        }
+    }
+}
+
+/// Watches the config file at `path` and calls `on_reload` with the freshly
+/// loaded and validated [`Config`] (or why it is not valid) once per settled
+/// burst of changes to it. Nothing is loaded at start: load the first
+/// version with [`Config::load`].
+pub fn watch(
+    path: PathBuf,
+    on_reload: impl Fn(Result<Config, ConfigError>) + Send + 'static,
+) -> Result<WatchHandle, WatchError> {
+    let path = paths::absolutize(&path);
+    let Some(file_name) = path.file_name().map(OsString::from) else {
+        return Err(WatchError::NoFileName { path });
+    };
+    let dir = path
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
+
+    let (tx, rx) = mpsc::channel::<()>();
+    let stopped = Arc::new(AtomicBool::new(false));
+
+    let worker = {
+        let path = path.clone();
+        let stopped = Arc::clone(&stopped);
+        std::thread::Builder::new()
+            .name("config-reload".into())
+            .spawn(move || reload_loop(&path, &rx, &stopped, &on_reload))
+            .map_err(|source| WatchError::Thread { source })?
+    };
+
+    let handler = {
+        let file_name = file_name.clone();
+        move |result: DebounceEventResult| match result {
+            Ok(events) => {
+                if events.iter().any(|e| concerns(e, &file_name)) {
+                    let _ = tx.send(());
+                }
+            }
+            Err(errors) => {
+                for e in &errors {
+                    tracing::warn!("config watch error: {e}");
+                }
+                // Events may have been lost: re-read the file to be sure.
+                let _ = tx.send(());
+            }
+        }
+    };
+    let notify_err = |source| WatchError::Notify {
+        dir: dir.clone(),
+        source,
+    };
+    // On error the handler (and with it the sender) is dropped, so the reload
+    // thread sees the channel close and ends.
+    let mut debouncer = new_debouncer(DEBOUNCE, None, handler).map_err(notify_err)?;
+    debouncer
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(notify_err)?;
+    tracing::info!(config = %path.display(), "watching the config file for changes");
+    Ok(WatchHandle {
+        path,
+        debouncer: Some(debouncer),
+        worker: Some(worker),
+        stopped,
+    })
+}
+
+/// Whether a (debounced) event is a change to the config file.
+fn concerns(event: &notify::Event, file_name: &OsString) -> bool {
+    match event.kind {
+        // Opening, reading and closing change nothing; a write also produces Modify.
+        EventKind::Access(_) => false,
+        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
+        _ => {
+            event.need_rescan()
+                || event
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name() == Some(file_name.as_os_str()))
+        }
+    }
+}
+
+/// The reload thread: waits for a signal, lets the burst settle, loads the
+/// file and calls back (a panic in the callback is logged and survived);
+/// ends when the sender is gone.
+fn reload_loop(
+    path: &Path,
+    rx: &mpsc::Receiver<()>,
+    stopped: &AtomicBool,
+    on_reload: &impl Fn(Result<Config, ConfigError>),
+) {
+    while rx.recv().is_ok() {
+        loop {
+            match rx.recv_timeout(SETTLE) {
+                Ok(()) => {}
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        if stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let result = Config::load(path);
+        match &result {
+            Ok(config) => tracing::info!(
+                config = %path.display(),
+                workspaces = config.workspaces.len() + config.discovered.len(),
+                rules = config.rules.len(),
+                "config reloaded"
+            ),
+            Err(e) => tracing::error!(
+                config = %path.display(),
+                key = e.key().unwrap_or(""),
+                "config change rejected, keeping the previous configuration: {e}"
+            ),
+        }
+        // A panicking consumer must not end hot reload for good.
+        let call = std::panic::AssertUnwindSafe(|| on_reload(result));
+        if std::panic::catch_unwind(call).is_err() {
+            tracing::error!("the config reload callback panicked; still watching");
+        }
+    }
+}
+
+/// Whether the running configuration matches the file, for `/healthz`:
+/// `None` while the last load succeeded, the error text while the file is
+/// invalid (the previous configuration stays in use). Cheap to clone; all
+/// clones share one state.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigStatus(Arc<RwLock<Option<String>>>);
+
+impl ConfigStatus {
+    /// A status that reports OK.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The last load succeeded.
+    pub fn ok(&self) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The last load failed with `error`; the previous configuration is kept.
+    pub fn stale(&self, error: impl fmt::Display) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(error.to_string());
+    }
+
+    /// The error that makes the running configuration stale, if any.
+    pub fn current(&self) -> Option<String> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether the running configuration is stale.
+    pub fn is_stale(&self) -> bool {
+        self.current().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, RenameMode};
+
+    fn event(kind: EventKind, paths: &[&str]) -> notify::Event {
+        let mut e = notify::Event::new(kind);
+        for p in paths {
+            e = e.add_path(PathBuf::from(p));
+        }
+        e
+    }
+
+    #[test]
+    fn only_changes_to_the_config_file_count() {
+        let name = OsString::from("config.toml");
+        let yes = [
+            event(
+                EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+                &["/d/config.toml"],
+            ),
+            event(EventKind::Create(CreateKind::File), &["/d/config.toml"]),
+            event(
+                EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+                &["/d/.config.toml.swp", "/d/config.toml"],
+            ),
+            event(
+                EventKind::Remove(notify::event::RemoveKind::File),
+                &["/d/config.toml"],
+            ),
+            event(EventKind::Other, &[]).set_flag(notify::event::Flag::Rescan),
+        ];
+        for e in &yes {
+            assert!(concerns(e, &name), "{e:?}");
+        }
+        let no = [
+            event(EventKind::Access(AccessKind::Read), &["/d/config.toml"]),
+            event(
+                EventKind::Access(AccessKind::Open(AccessMode::Any)),
+                &["/d/config.toml"],
+            ),
+            event(
+                EventKind::Access(AccessKind::Close(AccessMode::Read)),
+                &["/d/config.toml"],
+            ),
+            event(
+                EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                &["/d/config.toml"],
+            ),
+            event(
+                EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)),
+                &["/d/config.toml"],
+            ),
+            event(
+                EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+                &["/d/other.toml"],
+            ),
+            event(EventKind::Create(CreateKind::File), &["/d/config.toml.bak"]),
+        ];
+        for e in &no {
+            assert!(!concerns(e, &name), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn status_round_trip() {
+        let status = ConfigStatus::new();
+        let shared = status.clone();
+        assert_eq!(status.current(), None);
+        shared.stale("config error at `rule[0].action`: bad");
+        assert!(status.is_stale());
+        assert_eq!(
+            status.current().as_deref(),
+            Some("config error at `rule[0].action`: bad")
+        );
+        shared.ok();
+        assert_eq!(status.current(), None);
+    }
+
+    #[test]
+    fn a_path_without_a_file_name_is_refused() {
+        let err = watch(PathBuf::from("/"), |_| {}).expect_err("no file name");
+        assert!(matches!(err, WatchError::NoFileName { .. }), "{err}");
+    }
+
+    #[test]
+    fn handle_is_send() {
+        fn send<T: Send>() {}
+        send::<WatchHandle>();
+    }
+}

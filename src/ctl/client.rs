@@ -1,0 +1,241 @@
+//! A small blocking client of the HTTP API, for `ctl` (and tests).
+//!
+//! Every call returns the raw JSON text of a successful answer (so `--json`
+//! can print it verbatim) or a [`CtlError`] that knows its exit code.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::http::views::ErrorBody;
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a whole call may take (a start waits for the agent's handshake).
+const CALL_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Exit codes scripts can rely on.
+pub mod exit {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// Anything else.
+    pub const OTHER: i32 = 1;
+    /// Bad command line (or the server said `bad_request`).
+    pub const USAGE: i32 = 2;
+    /// No such session or request.
+    pub const NOT_FOUND: i32 = 3;
+    /// The session or request is not in a state that allows it.
+    pub const CONFLICT: i32 = 4;
+    /// No token, a wrong token, or not allowed.
+    pub const UNAUTHORIZED: i32 = 5;
+    /// The server could not be reached.
+    pub const UNREACHABLE: i32 = 6;
+}
+
+/// Why a `ctl` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// Nothing answered at the URL.
+    #[error("cannot reach the server at {url}: {reason}; is `agent-intercom serve` running?")]
+    Unreachable {
+        /// The base URL.
+        url: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The server answered with an error.
+    #[error("{} ({}, HTTP {status})", .body.error, .body.code)]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The JSON error.
+        body: ErrorBody,
+    },
+    /// The server's answer was not what the API documents.
+    #[error("unexpected answer from the server: {0}")]
+    Protocol(String),
+    /// No token could be found.
+    #[error("{0}")]
+    NoToken(String),
+    /// The command line is wrong.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl CtlError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CtlError::Unreachable { .. } => exit::UNREACHABLE,
+            CtlError::NoToken(_) => exit::UNAUTHORIZED,
+            CtlError::Usage(_) => exit::USAGE,
+            CtlError::Protocol(_) => exit::OTHER,
+            CtlError::Api { status, .. } => match status {
+                400 => exit::USAGE,
+                401 | 403 => exit::UNAUTHORIZED,
+                404 => exit::NOT_FOUND,
+                409 => exit::CONFLICT,
+                _ => exit::OTHER,
+            },
+        }
+    }
+}
+
+/// The API client.
+#[derive(Debug, Clone)]
+pub struct Client {
+    agent: ureq::Agent,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    /// A client for the server at `base` (e.g. `http://127.0.0.1:3000`).
+    pub fn new(base: &str, token: &str) -> Self {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build();
+        Client {
+            agent: config.into(),
+            base: base.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+        }
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `GET path`, the raw JSON text.
+    pub fn get(&self, path: &str) -> Result<String, CtlError> {
+        let request = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token));
+        self.finish(request.call())
+    }
+
+    /// `POST path` with a JSON body, the raw JSON text.
+    pub fn post(&self, path: &str, body: &Value) -> Result<String, CtlError> {
+        let request = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token));
+        self.finish(request.send_json(body))
+    }
+
+    /// `GET path`, parsed.
+    pub fn get_as<T: DeserializeOwned>(&self, path: &str) -> Result<(String, T), CtlError> {
+        let raw = self.get(path)?;
+        let parsed = parse(&raw)?;
+        Ok((raw, parsed))
+    }
+
+    /// `POST path`, parsed.
+    pub fn post_as<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<(String, T), CtlError> {
+        let raw = self.post(path, body)?;
+        let parsed = parse(&raw)?;
+        Ok((raw, parsed))
+    }
+
+    fn finish(
+        &self,
+        result: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<String, CtlError> {
+        let mut response = result.map_err(|e| self.transport(e))?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| CtlError::Protocol(format!("reading the body: {e}")))?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        let body = serde_json::from_str::<ErrorBody>(&text).unwrap_or_else(|_| ErrorBody {
+            error: if text.trim().is_empty() {
+                format!("HTTP {status}")
+            } else {
+                text.trim().to_owned()
+            },
+            code: "unknown".into(),
+            status: None,
+        });
+        Err(CtlError::Api { status, body })
+    }
+
+    fn transport(&self, e: ureq::Error) -> CtlError {
+        match e {
+            ureq::Error::Io(_)
+            | ureq::Error::Timeout(_)
+            | ureq::Error::HostNotFound
+            | ureq::Error::ConnectionFailed => CtlError::Unreachable {
+                url: self.base.clone(),
+                reason: e.to_string(),
+            },
+            ureq::Error::BadUri(_) => CtlError::Usage(format!("bad --url {}: {e}", self.base)),
+            other => CtlError::Protocol(other.to_string()),
+        }
+    }
+}
+
+/// Percent-encodes one path segment (ids are plain, but be safe).
+pub fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b':' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+fn parse<T: DeserializeOwned>(raw: &str) -> Result<T, CtlError> {
+    serde_json::from_str(raw).map_err(|e| CtlError::Protocol(format!("{e}: {raw}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_http_status() {
+        let api = |status| CtlError::Api {
+            status,
+            body: ErrorBody {
+                error: "x".into(),
+                code: "x".into(),
+                status: None,
+            },
+        };
+        assert_eq!(api(404).exit_code(), exit::NOT_FOUND);
+        assert_eq!(api(409).exit_code(), exit::CONFLICT);
+        assert_eq!(api(401).exit_code(), exit::UNAUTHORIZED);
+        assert_eq!(api(400).exit_code(), exit::USAGE);
+        assert_eq!(api(502).exit_code(), exit::OTHER);
+    }
+
+    #[test]
+    fn unreachable_server_is_exit_6() {
+        // Port 9 on loopback: nothing listens there in a test sandbox.
+        let client = Client::new("http://127.0.0.1:9", "t");
+        let err = client.get("/healthz").expect_err("nothing listens");
+        assert_eq!(err.exit_code(), exit::UNREACHABLE, "{err}");
+    }
+
+    #[test]
+    fn segments_are_escaped() {
+        assert_eq!(segment("s-1:req-2"), "s-1:req-2");
+        assert_eq!(segment("a b/c"), "a%20b%2Fc");
+    }
+}

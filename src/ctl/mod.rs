@@ -1,0 +1,416 @@
+//! `agent-intercom ctl`: the terminal client of the HTTP API.
+//!
+//! It finds the server and its token the way an operator would expect: the
+//! URL from `--url`, `AGENT_INTERCOM_URL`, or the config's `[server] bind`;
+//! the token from `--token`, `AGENT_INTERCOM_TOKEN`, or the `api-token` file
+//! beside the config's database. Output is an aligned table by default and
+//! the server's raw JSON with `--json`. Exit codes are in [`client::exit`]:
+//! 0 ok, 1 other, 2 usage, 3 not found, 4 conflict, 5 unauthorized,
+//! 6 server unreachable.
+
+pub mod client;
+pub mod render;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::app::choose_config;
+use crate::config::{Config, DEFAULT_BIND};
+use crate::http::auth::{TOKEN_ENV, read_token_file, token_path};
+use crate::http::views::{
+    ApprovalView, MessageView, PromptAccepted, SessionDetailView, SessionView,
+};
+use client::{Client, CtlError, segment};
+
+/// How often `log --follow` polls.
+const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+
+/// `ctl` options and subcommand.
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    /// Server URL [default: from the config's [server] bind, else http://127.0.0.1:3000]
+    #[arg(long, global = true, env = "AGENT_INTERCOM_URL")]
+    pub url: Option<String>,
+    /// API token [default: the api-token file beside the config's database]
+    #[arg(long, global = true, env = TOKEN_ENV, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Config file used to find the URL and the token file [default: ./config.toml]
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Print the server's JSON instead of tables
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// `ctl` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum CtlCommand {
+    /// List live sessions (all with --all)
+    Sessions {
+        /// Include ended sessions
+        #[arg(long)]
+        all: bool,
+    },
+    /// Start a session in a workspace (or, with --path, a directory under workspace_root)
+    Start {
+        /// Workspace id (a directory with --path)
+        workspace: String,
+        /// The first prompt
+        prompt: String,
+        /// Agent profile [default: the workspace's]
+        #[arg(long)]
+        agent: Option<String>,
+        /// Treat WORKSPACE as a directory under workspace_root
+        #[arg(long)]
+        path: bool,
+    },
+    /// Show a session and its pending approvals
+    Show {
+        /// Session id
+        id: String,
+    },
+    /// Print a session's transcript
+    Log {
+        /// Session id
+        id: String,
+        /// Keep printing new entries until the session ends
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Send a prompt (steering) to a session
+    Prompt {
+        /// Session id
+        id: String,
+        /// The text
+        text: String,
+        /// Cancel the running turn first
+        #[arg(long)]
+        interrupt: bool,
+    },
+    /// Stop a session
+    Cancel {
+        /// Session id
+        id: String,
+    },
+    /// List pending approvals
+    Pending,
+    /// Approve a pending request
+    Approve {
+        /// Approval id (`<session>:req-N`)
+        id: String,
+        /// Option id to choose [default: the first allow option]
+        #[arg(long)]
+        option: Option<String>,
+        /// A note recorded with the decision
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Reject a pending request
+    Reject {
+        /// Approval id (`<session>:req-N`)
+        id: String,
+        /// Why (recorded, and told to the agent where it listens)
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+/// Runs a `ctl` command; returns the process exit code.
+pub fn run(args: &CtlArgs) -> i32 {
+    let result = connect(args).and_then(|client| execute(&client, args));
+    match result {
+        Ok(()) => client::exit::OK,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Where the server and its token are, absent flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Defaults {
+    url: String,
+    token_file: PathBuf,
+}
+
+fn defaults(explicit: Option<&Path>) -> Result<Defaults, CtlError> {
+    let choice = choose_config(explicit);
+    match Config::load(&choice.path) {
+        Ok(config) => Ok(Defaults {
+            url: url_for(config.server.bind),
+            token_file: token_path(&config.database.path),
+        }),
+        Err(e) if explicit.is_some() => Err(CtlError::Usage(e.to_string())),
+        Err(_) => Ok(Defaults {
+            url: format!("http://{DEFAULT_BIND}"),
+            token_file: PathBuf::from("data").join(crate::http::auth::TOKEN_FILE_NAME),
+        }),
+    }
+}
+
+/// The URL a client uses for a bind address (wildcards become loopback).
+fn url_for(bind: SocketAddr) -> String {
+    let ip = match bind.ip() {
+        std::net::IpAddr::V4(v4) if v4.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, bind.port()))
+}
+
+fn connect(args: &CtlArgs) -> Result<Client, CtlError> {
+    let need_defaults = args.url.is_none() || args.token.is_none();
+    let defaults = if need_defaults {
+        Some(defaults(args.config.as_deref())?)
+    } else {
+        None
+    };
+    let url = match (&args.url, &defaults) {
+        (Some(u), _) => u.clone(),
+        (None, Some(d)) => d.url.clone(),
+        (None, None) => format!("http://{DEFAULT_BIND}"),
+    };
+    let token = match (&args.token, &defaults) {
+        (Some(t), _) if !t.trim().is_empty() => t.trim().to_owned(),
+        (_, Some(d)) => read_token(&d.token_file)?,
+        _ => return Err(CtlError::NoToken("the --token given is empty".into())),
+    };
+    Ok(Client::new(&url, &token))
+}
+
+fn read_token(path: &Path) -> Result<String, CtlError> {
+    match read_token_file(path) {
+        Ok(Some(token)) => Ok(token),
+        Ok(None) => Err(CtlError::NoToken(format!(
+            "no API token: {} does not exist; start the server once (it creates it), or set {TOKEN_ENV} / pass --token",
+            path.display()
+        ))),
+        Err(e) => Err(CtlError::NoToken(e.to_string())),
+    }
+}
+
+fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
+    let json = args.json;
+    match &args.command {
+        CtlCommand::Sessions { all } => {
+            let path = if *all {
+                "/api/sessions?all=true"
+            } else {
+                "/api/sessions"
+            };
+            let (raw, list) = client.get_as::<Vec<SessionView>>(path)?;
+            emit(json, &raw, || render::sessions(&list));
+        }
+        CtlCommand::Start {
+            workspace,
+            prompt,
+            agent,
+            path,
+        } => start(client, json, workspace, prompt, agent.as_deref(), *path)?,
+        CtlCommand::Show { id } => {
+            let url = format!("/api/sessions/{}", segment(id));
+            let (raw, detail) = client.get_as::<SessionDetailView>(&url)?;
+            emit(json, &raw, || render::session_detail(&detail));
+        }
+        CtlCommand::Log { id, follow } => log(client, json, id, *follow)?,
+        CtlCommand::Prompt {
+            id,
+            text,
+            interrupt,
+        } => {
+            let url = format!("/api/sessions/{}/prompt", segment(id));
+            let body = json!({"text": text, "interrupt": interrupt});
+            let (raw, answer) = client.post_as::<PromptAccepted>(&url, &body)?;
+            emit(json, &raw, || {
+                if answer.queued {
+                    "queued: it is delivered when the running turn ends\n".to_owned()
+                } else {
+                    "delivered\n".to_owned()
+                }
+            });
+        }
+        CtlCommand::Cancel { id } => {
+            let url = format!("/api/sessions/{}/cancel", segment(id));
+            let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
+            emit(json, &raw, || render::session_line(&session));
+        }
+        CtlCommand::Pending => {
+            let (raw, list) =
+                client.get_as::<Vec<ApprovalView>>("/api/approvals?status=pending")?;
+            emit(json, &raw, || render::approvals(&list));
+        }
+        CtlCommand::Approve { id, option, reason } => {
+            let mut body = match option {
+                Some(o) => json!({"option_id": o}),
+                None => json!({"decision": "approve"}),
+            };
+            if let Some(r) = reason {
+                body["reason"] = Value::from(r.as_str());
+            }
+            decide(client, json, id, &body)?;
+        }
+        CtlCommand::Reject { id, reason } => {
+            let mut body = json!({"decision": "reject"});
+            if let Some(r) = reason {
+                body["reason"] = Value::from(r.as_str());
+            }
+            decide(client, json, id, &body)?;
+        }
+    }
+    Ok(())
+}
+
+fn start(
+    client: &Client,
+    json: bool,
+    target: &str,
+    prompt: &str,
+    agent: Option<&str>,
+    is_path: bool,
+) -> Result<(), CtlError> {
+    let key = if is_path { "path" } else { "workspace" };
+    let mut body = json!({ key: target, "prompt": prompt });
+    if let Some(a) = agent {
+        body["agent"] = Value::from(a);
+    }
+    let (raw, session) = client.post_as::<SessionView>("/api/sessions", &body)?;
+    emit(json, &raw, || render::session_line(&session));
+    Ok(())
+}
+
+fn decide(client: &Client, json: bool, id: &str, body: &Value) -> Result<(), CtlError> {
+    let url = format!("/api/approvals/{}", segment(id));
+    let (raw, approval) = client.post_as::<ApprovalView>(&url, body)?;
+    emit(json, &raw, || render::decided(&approval));
+    Ok(())
+}
+
+fn log(client: &Client, json: bool, id: &str, follow: bool) -> Result<(), CtlError> {
+    let messages_url = format!("/api/sessions/{}/messages", segment(id));
+    let session_url = format!("/api/sessions/{}", segment(id));
+    if !follow {
+        let (raw, list) = client.get_as::<Vec<MessageView>>(&messages_url)?;
+        emit(json, &raw, || list.iter().map(render::message).collect());
+        return Ok(());
+    }
+    let mut seen: HashMap<i64, String> = HashMap::new();
+    loop {
+        // Read the status first: entries written before the end are then
+        // all in the transcript fetched next.
+        let (_, session) = client.get_as::<SessionView>(&session_url)?;
+        let (_, list) = client.get_as::<Vec<MessageView>>(&messages_url)?;
+        print_new(&list, &mut seen, json);
+        if !session.status.is_live() {
+            let reason = session
+                .status_reason
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default();
+            if !json {
+                write_out(&format!("-- session {}{reason}\n", session.status));
+            }
+            return Ok(());
+        }
+        std::thread::sleep(FOLLOW_EVERY);
+    }
+}
+
+/// Prints entries not printed yet, and the growth of entries that grew.
+fn print_new(list: &[MessageView], seen: &mut HashMap<i64, String>, json: bool) {
+    for m in list {
+        let shown = match seen.get(&m.id) {
+            Some(old) if old == &m.content => None,
+            Some(old) if m.kind == "text" && m.content.starts_with(old.as_str()) => {
+                let mut more = m.clone();
+                more.content = format!("…{}", &m.content[old.len()..]);
+                Some(more)
+            }
+            _ => Some(m.clone()),
+        };
+        if let Some(entry) = shown {
+            if json {
+                write_out(&format!(
+                    "{}\n",
+                    serde_json::to_string(m).unwrap_or_default()
+                ));
+            } else {
+                write_out(&render::message(&entry));
+            }
+        }
+        seen.insert(m.id, m.content.clone());
+    }
+}
+
+/// The raw JSON with `--json`, else the rendered text.
+fn emit(json: bool, raw: &str, render: impl FnOnce() -> String) {
+    if json {
+        write_out(&format!("{}\n", raw.trim_end()));
+    } else {
+        write_out(&render());
+    }
+}
+
+/// Writes to stdout; a closed pipe (`ctl log | head`) ends the process quietly.
+fn write_out(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        std::process::exit(client::exit::OK);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_binds_become_loopback_urls() {
+        let url = |s: &str| url_for(s.parse().expect("addr"));
+        assert_eq!(url("0.0.0.0:3000"), "http://127.0.0.1:3000");
+        assert_eq!(url("[::]:8080"), "http://[::1]:8080");
+        assert_eq!(url("127.0.0.1:3001"), "http://127.0.0.1:3001");
+    }
+
+    #[test]
+    fn defaults_come_from_the_config() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            "[server]\nbind = \"127.0.0.1:4123\"\n[database]\npath = \"db/x.db\"\n",
+        )
+        .expect("write");
+        let d = defaults(Some(&cfg)).expect("defaults");
+        assert_eq!(d.url, "http://127.0.0.1:4123");
+        assert!(d.token_file.ends_with("db/api-token"), "{:?}", d.token_file);
+        let missing = defaults(Some(&dir.path().join("nope.toml")));
+        assert!(matches!(missing, Err(CtlError::Usage(_))));
+    }
+
+    #[test]
+    fn growing_text_prints_only_the_new_part() {
+        let mut seen = HashMap::new();
+        let m = |content: &str| MessageView {
+            id: 7,
+            role: "agent".into(),
+            kind: "text".into(),
+            content: content.into(),
+            created_at: 0,
+        };
+        print_new(&[m("Hello")], &mut seen, false);
+        assert_eq!(seen.get(&7).map(String::as_str), Some("Hello"));
+        print_new(&[m("Hello world")], &mut seen, false);
+        assert_eq!(seen.get(&7).map(String::as_str), Some("Hello world"));
+    }
+}

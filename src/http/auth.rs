@@ -1,0 +1,255 @@
+//! The API token: where it comes from, and the bearer check on `/api`.
+//!
+//! The token is `AGENT_INTERCOM_TOKEN` when set, else the content of
+//! `api-token` in the database's directory, generated at first start (32
+//! random bytes as hex, file mode 0600). The comparison is constant-time and
+//! the token is never logged.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+
+/// Environment variable that overrides the token file.
+pub const TOKEN_ENV: &str = "AGENT_INTERCOM_TOKEN";
+/// Name of the token file, next to the database.
+pub const TOKEN_FILE_NAME: &str = "api-token";
+
+/// The bearer token every `/api` call must present.
+#[derive(Clone)]
+pub struct ApiToken(String);
+
+impl std::fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiToken(<redacted>)")
+    }
+}
+
+impl ApiToken {
+    /// Wraps a token (trimmed).
+    pub fn new(token: &str) -> Self {
+        ApiToken(token.trim().to_owned())
+    }
+
+    /// The token text (to hand to a client; never log it).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Constant-time comparison with a presented token.
+    pub fn matches(&self, presented: &str) -> bool {
+        ct_eq(self.0.as_bytes(), presented.as_bytes())
+    }
+}
+
+/// Where the token came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `AGENT_INTERCOM_TOKEN`.
+    Env,
+    /// An existing token file.
+    File(PathBuf),
+    /// A token file generated just now.
+    Generated(PathBuf),
+}
+
+/// Why the token could not be read or created.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// Reading or writing the token file failed.
+    #[error("cannot {action} API token file {}: {source}; set {TOKEN_ENV} or fix the file", .path.display())]
+    Io {
+        /// read / create.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// The token file for a database at `database`: `api-token` beside it.
+pub fn token_path(database: &Path) -> PathBuf {
+    database.parent().map_or_else(
+        || PathBuf::from(TOKEN_FILE_NAME),
+        |d| d.join(TOKEN_FILE_NAME),
+    )
+}
+
+/// Reads a token file; `None` when it does not exist or is empty.
+pub fn read_token_file(path: &Path) -> Result<Option<String>, TokenError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if text.trim().is_empty() => Ok(None),
+        Ok(text) => Ok(Some(text.trim().to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(TokenError::Io {
+            action: "read",
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// The token from `env_value` (the value of [`TOKEN_ENV`]) when non-empty,
+/// else from the file at `path`, generating the file when missing.
+pub fn load_or_create(
+    env_value: Option<String>,
+    path: &Path,
+) -> Result<(ApiToken, TokenSource), TokenError> {
+    if let Some(value) = env_value.filter(|v| !v.trim().is_empty()) {
+        return Ok((ApiToken::new(&value), TokenSource::Env));
+    }
+    if let Some(existing) = read_token_file(path)? {
+        warn_if_readable_by_others(path);
+        return Ok((ApiToken::new(&existing), TokenSource::File(path.to_owned())));
+    }
+    let token = generate();
+    match write_private(path, &token) {
+        Ok(()) => Ok((
+            ApiToken::new(&token),
+            TokenSource::Generated(path.to_owned()),
+        )),
+        // Someone else created it meanwhile: use theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let existing = read_token_file(path)?.unwrap_or_default();
+            Ok((ApiToken::new(&existing), TokenSource::File(path.to_owned())))
+        }
+        Err(source) => Err(TokenError::Io {
+            action: "create",
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// 32 random bytes as 64 hex digits, from the OS.
+fn generate() -> String {
+    let mut bytes = [0u8; 32];
+    let from_os = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    match from_os {
+        Ok(()) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
+        Err(e) => {
+            tracing::warn!("/dev/urandom unavailable ({e}); using the process RNG");
+            format!(
+                "{}{}",
+                intercom_actors::ids::random_token(),
+                intercom_actors::ids::random_token()
+            )
+        }
+    }
+}
+
+fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut file = opts.open(path)?;
+    file.write_all(format!("{token}\n").as_bytes())?;
+    file.sync_all()
+}
+
+fn warn_if_readable_by_others(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(file = %path.display(), "the API token file is readable by other users; chmod 600 it");
+        }
+    }
+}
+
+/// Middleware: refuses `/api` calls without the right bearer token.
+pub async fn require_token(
+    State(token): State<Arc<ApiToken>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match bearer(&request) {
+        Some(presented) if token.matches(presented) => next.run(request).await,
+        Some(_) => ApiError::Unauthorized("wrong API token".into()).into_response(),
+        None => ApiError::Unauthorized(format!(
+            "missing API token: send Authorization: Bearer <token> (the token is in {TOKEN_ENV} or data/{TOKEN_FILE_NAME})"
+        ))
+        .into_response(),
+    }
+}
+
+fn bearer(request: &Request) -> Option<&str> {
+    let value = request
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ct_eq_compares_whole_strings() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"abcd"));
+        assert!(ct_eq(b"", b""));
+    }
+
+    #[test]
+    fn env_wins_then_file_then_generated() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("data").join(TOKEN_FILE_NAME);
+        let (t, src) = load_or_create(Some("from-env".into()), &path).expect("env");
+        assert_eq!((t.expose(), src), ("from-env", TokenSource::Env));
+        assert!(!path.exists());
+
+        let (generated, src) = load_or_create(Some("  ".into()), &path).expect("generate");
+        assert_eq!(src, TokenSource::Generated(path.clone()));
+        assert_eq!(generated.expose().len(), 64);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let (again, src) = load_or_create(None, &path).expect("read");
+        assert_eq!(src, TokenSource::File(path.clone()));
+        assert_eq!(again.expose(), generated.expose());
+        assert!(format!("{again:?}").contains("redacted"));
+    }
+
+    #[test]
+    fn token_file_lives_beside_the_database() {
+        assert_eq!(
+            token_path(Path::new("/x/data/agent-intercom.db")),
+            PathBuf::from("/x/data/api-token")
+        );
+    }
+}

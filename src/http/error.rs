@@ -1,0 +1,190 @@
+//! Errors as JSON, and extractors whose rejections are JSON too.
+//!
+//! Every failed `/api` call answers `{"error": "...", "code": "..."}` with a
+//! stable code (see [`crate::app::AppError::code`]); axum's own plain-text
+//! rejections (bad JSON, bad query string) are mapped to `bad_request`.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+use super::views::ErrorBody;
+use crate::app::AppError;
+
+/// Seconds a client should wait after `limit_reached`.
+pub const RETRY_AFTER_SECS: u32 = 60;
+
+/// A failed API call.
+#[derive(Debug)]
+pub enum ApiError {
+    /// An application error.
+    App(AppError),
+    /// No or a wrong bearer token.
+    Unauthorized(String),
+}
+
+impl From<AppError> for ApiError {
+    fn from(e: AppError) -> Self {
+        ApiError::App(e)
+    }
+}
+
+impl ApiError {
+    /// A `bad_request`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::App(AppError::BadRequest(message.into()))
+    }
+
+    fn status(&self) -> StatusCode {
+        let ApiError::App(e) = self else {
+            return StatusCode::UNAUTHORIZED;
+        };
+        match e {
+            AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AppError::NotFound(_) => StatusCode::NOT_FOUND,
+            AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+            AppError::LimitReached(_) => StatusCode::TOO_MANY_REQUESTS,
+            AppError::AgentStartFailed(_) => StatusCode::BAD_GATEWAY,
+            AppError::Conflict { .. } => StatusCode::CONFLICT,
+            AppError::Storage(_) | AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn body(&self) -> ErrorBody {
+        match self {
+            ApiError::Unauthorized(message) => ErrorBody {
+                error: message.clone(),
+                code: "unauthorized".into(),
+                status: None,
+            },
+            ApiError::App(e) => ErrorBody {
+                error: e.to_string(),
+                code: e.code().into(),
+                status: match e {
+                    AppError::Conflict { status, .. } => *status,
+                    _ => None,
+                },
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(code = self.body().code, "API error: {}", self.body().error);
+        }
+        let mut response = (status, Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        match &self {
+            ApiError::Unauthorized(_) => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::App(AppError::LimitReached(_)) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            ApiError::App(_) => {}
+        }
+        response
+    }
+}
+
+/// A JSON body whose rejection is a JSON `bad_request`.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(&rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: &JsonRejection) -> ApiError {
+    let detail = rejection.body_text();
+    let message = match rejection {
+        JsonRejection::MissingJsonContentType(_) => {
+            "send the body as JSON with Content-Type: application/json".to_owned()
+        }
+        _ => format!("bad JSON body: {detail}"),
+    };
+    ApiError::bad_request(message)
+}
+
+/// A query string whose rejection is a JSON `bad_request`.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => Err(query_rejection(&rejection)),
+        }
+    }
+}
+
+fn query_rejection(rejection: &QueryRejection) -> ApiError {
+    ApiError::bad_request(format!("bad query string: {}", rejection.body_text()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_follow_the_error_kind() {
+        let cases = [
+            (AppError::BadRequest("x".into()), 400),
+            (AppError::NotFound("x".into()), 404),
+            (AppError::Forbidden("x".into()), 403),
+            (AppError::LimitReached("x".into()), 429),
+            (AppError::AgentStartFailed("x".into()), 502),
+            (
+                AppError::Conflict {
+                    message: "x".into(),
+                    status: None,
+                },
+                409,
+            ),
+            (AppError::Storage("x".into()), 503),
+        ];
+        for (err, want) in cases {
+            assert_eq!(ApiError::App(err).status().as_u16(), want);
+        }
+        assert_eq!(ApiError::Unauthorized("x".into()).status().as_u16(), 401);
+    }
+
+    #[test]
+    fn limit_reached_carries_retry_after() {
+        let response = ApiError::App(AppError::LimitReached("full".into())).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"60"[..])
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! The operator HTTP API (axum): `/healthz` and the token-protected `/api`.
+//!
+//! [`router`] builds the routes over an [`App`]; [`serve_on`] runs them on a
+//! bound listener until a shutdown future resolves (tests bind
+//! `127.0.0.1:0` and call it directly); [`server`] is the `serve` command
+//! around both. The routes are documented in `docs/api.md`.
+
+pub mod auth;
+pub mod error;
+pub mod routes;
+pub mod server;
+pub mod views;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+
+use crate::app::App;
+use auth::ApiToken;
+
+/// The whole HTTP surface.
+pub fn router(app: App, token: ApiToken) -> Router {
+    let api = Router::new()
+        .route(
+            "/sessions",
+            get(routes::list_sessions).post(routes::create_session),
+        )
+        .route("/sessions/{id}", get(routes::get_session))
+        .route("/sessions/{id}/messages", get(routes::messages))
+        .route("/sessions/{id}/prompt", post(routes::prompt))
+        .route("/sessions/{id}/cancel", post(routes::cancel))
+        .route("/approvals", get(routes::list_approvals))
+        .route(
+            "/approvals/{id}",
+            get(routes::get_approval).post(routes::decide),
+        )
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            Arc::new(token),
+            auth::require_token,
+        ));
+    Router::new()
+        .route("/healthz", get(routes::healthz))
+        .nest("/api", api)
+        .layer(middleware::from_fn(log_request))
+        .with_state(app)
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then stops
+/// accepting and lets in-flight requests finish.
+pub async fn serve_on<F>(listener: TcpListener, router: Router, shutdown: F) -> std::io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Logs each request at debug level (method, path, status, duration). The
+/// query string and headers are never logged: they may carry secrets.
+async fn log_request(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    tracing::debug!(
+        %method,
+        path,
+        status = response.status().as_u16(),
+        ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    response
+}

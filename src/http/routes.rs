@@ -1,0 +1,233 @@
+//! The handlers behind each route: parse, call the [`App`], shape the answer.
+//!
+//! The table of routes is in `docs/api.md`; the router is in `mod.rs`.
+
+use std::path::PathBuf;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use intercom_actors::model::{RequestStatus, SessionId};
+use intercom_actors::registry::Target;
+use intercom_actors::session::{Caller, Choice};
+use serde::Deserialize;
+
+use super::error::{ApiError, ApiJson, ApiQuery};
+use super::views::{
+    ApprovalView, ErrorBody, Health, MessageView, PromptAccepted, SessionDetailView, SessionView,
+};
+use crate::app::{App, AppError, LOCAL_OWNER};
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// `GET /healthz` (no auth).
+pub async fn healthz(State(app): State<App>) -> Response {
+    let slack = app.slack().as_str().to_owned();
+    match app.live_count().await {
+        Ok(sessions) => Json(Health {
+            status: "ok".into(),
+            sessions,
+            slack,
+        })
+        .into_response(),
+        Err(e) => {
+            tracing::warn!("health check failed: {e}");
+            let body = Health {
+                status: "unavailable".into(),
+                sessions: 0,
+                slack,
+            };
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
+}
+
+/// `POST /api/sessions` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartBody {
+    workspace: Option<String>,
+    path: Option<PathBuf>,
+    prompt: String,
+    agent: Option<String>,
+}
+
+/// `POST /api/sessions`.
+pub async fn create_session(
+    State(app): State<App>,
+    ApiJson(body): ApiJson<StartBody>,
+) -> ApiResult<(StatusCode, Json<SessionView>)> {
+    if body.workspace.is_some() && body.path.is_some() {
+        return Err(ApiError::bad_request(
+            "give either \"workspace\" or \"path\", not both",
+        ));
+    }
+    let target = Target {
+        workspace: body.workspace,
+        path: body.path,
+        agent: body.agent,
+    };
+    let record = app.start_session(target, &body.prompt, LOCAL_OWNER).await?;
+    Ok((StatusCode::CREATED, Json(record.into())))
+}
+
+/// `GET /api/sessions` query.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    all: bool,
+}
+
+/// `GET /api/sessions[?all=true]`.
+pub async fn list_sessions(
+    State(app): State<App>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Vec<SessionView>>> {
+    let sessions = app.list_sessions(query.all).await?;
+    Ok(Json(sessions.into_iter().map(SessionView::from).collect()))
+}
+
+/// `GET /api/sessions/{id}`.
+pub async fn get_session(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionDetailView>> {
+    let detail = app.session_detail(&SessionId(id)).await?;
+    Ok(Json(detail.into()))
+}
+
+/// `GET /api/sessions/{id}/messages`.
+pub async fn messages(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<MessageView>>> {
+    let entries = app.transcript(&SessionId(id)).await?;
+    Ok(Json(entries.into_iter().map(MessageView::from).collect()))
+}
+
+/// `POST /api/sessions/{id}/prompt` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptBody {
+    text: String,
+    #[serde(default)]
+    interrupt: bool,
+}
+
+/// `POST /api/sessions/{id}/prompt`.
+pub async fn prompt(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<PromptBody>,
+) -> ApiResult<(StatusCode, Json<PromptAccepted>)> {
+    let outcome = app
+        .steer(&SessionId(id), &body.text, body.interrupt, Caller::local())
+        .await?;
+    let answer = PromptAccepted {
+        queued: outcome.queued,
+    };
+    Ok((StatusCode::ACCEPTED, Json(answer)))
+}
+
+/// `POST /api/sessions/{id}/cancel`.
+pub async fn cancel(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionView>> {
+    let record = app.cancel(&SessionId(id), Caller::local()).await?;
+    Ok(Json(record.into()))
+}
+
+/// `GET /api/approvals` query.
+#[derive(Debug, Deserialize)]
+pub struct ApprovalQuery {
+    status: Option<String>,
+}
+
+/// `GET /api/approvals[?status=pending|decided|cancelled|expired|all]`.
+pub async fn list_approvals(
+    State(app): State<App>,
+    ApiQuery(query): ApiQuery<ApprovalQuery>,
+) -> ApiResult<Json<Vec<ApprovalView>>> {
+    let status = match query.status.as_deref() {
+        None | Some("all") => None,
+        Some(s) => Some(RequestStatus::parse(s).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "status must be pending, decided, cancelled, expired or all, not {s:?}"
+            ))
+        })?),
+    };
+    let requests = app.approvals(status).await?;
+    let views = requests
+        .into_iter()
+        .map(|r| ApprovalView::new(r, None))
+        .collect();
+    Ok(Json(views))
+}
+
+/// `GET /api/approvals/{id}`.
+pub async fn get_approval(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<ApprovalView>> {
+    let (request, decision) = app.approval(&id).await?;
+    Ok(Json(ApprovalView::new(request, decision)))
+}
+
+/// `POST /api/approvals/{id}` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    option_id: Option<String>,
+    decision: Option<String>,
+    reason: Option<String>,
+}
+
+impl DecideBody {
+    fn choice(&self) -> Result<Choice, ApiError> {
+        match (&self.option_id, self.decision.as_deref()) {
+            (Some(_), Some(_)) => Err(ApiError::bad_request(
+                "give either \"option_id\" or \"decision\", not both",
+            )),
+            (Some(option), None) => Ok(Choice::Option(option.clone())),
+            (None, Some("approve")) => Ok(Choice::Approve),
+            (None, Some("reject")) => Ok(Choice::Reject),
+            (None, Some(other)) => Err(ApiError::bad_request(format!(
+                "decision must be \"approve\" or \"reject\", not {other:?}"
+            ))),
+            (None, None) => Err(ApiError::bad_request(
+                "give \"option_id\" or \"decision\": \"approve\" | \"reject\"",
+            )),
+        }
+    }
+}
+
+/// `POST /api/approvals/{id}`.
+pub async fn decide(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<DecideBody>,
+) -> ApiResult<Json<ApprovalView>> {
+    let choice = body.choice()?;
+    let reason = body.reason.filter(|r| !r.trim().is_empty());
+    let (request, decision) = app.decide(&id, choice, reason, Caller::local()).await?;
+    Ok(Json(ApprovalView::new(request, Some(decision))))
+}
+
+/// Any other path under `/api`.
+pub async fn not_found() -> ApiError {
+    ApiError::App(AppError::NotFound(
+        "no such API route; see docs/api.md".into(),
+    ))
+}
+
+/// A known path with the wrong method.
+pub async fn method_not_allowed() -> Response {
+    let body = ErrorBody {
+        error: "method not allowed on this route; see docs/api.md".into(),
+        code: "method_not_allowed".into(),
+        status: None,
+    };
+    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}

@@ -1,0 +1,197 @@
+//! `agent-intercom serve`: from a config file to a running server.
+//!
+//! Order matters for clear failures: the config is validated, the database
+//! lock taken (a second instance stops here), the API token found or
+//! generated, the port bound (a taken port stops here), and only then are
+//! the actors started and stored live sessions recovered. SIGINT/SIGTERM
+//! shut down gracefully; a second signal exits at once with status 130.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::auth::{self, TokenError, TokenSource};
+use crate::app::{App, AppError, AppOptions, AppStartError, choose_config};
+use crate::config::{Config, ConfigError};
+use crate::storage::{SqliteStore, StorageOpenError};
+
+/// Why `serve` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be opened (or another instance holds it).
+    #[error(transparent)]
+    Storage(#[from] StorageOpenError),
+    /// The API token could not be read or created.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// The port could not be bound.
+    #[error("cannot listen on {addr}: {reason}; change [server] bind")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What went wrong, in words.
+        reason: String,
+    },
+    /// The actors did not start.
+    #[error(transparent)]
+    Start(#[from] AppStartError),
+    /// Recovering stored sessions failed.
+    #[error("recovering stored sessions failed: {0}")]
+    Recover(AppError),
+    /// The HTTP server failed.
+    #[error("HTTP server failed: {0}")]
+    Http(std::io::Error),
+}
+
+/// Options of the `serve` subcommand.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// `--config`, when given.
+    pub config: Option<PathBuf>,
+}
+
+/// Runs the server until a signal stops it.
+pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
+    let config = load_config(&options)?;
+    announce_slack();
+    let store = SqliteStore::open(&config.database.path).await?;
+    let token = load_token(&config)?;
+    let listener = bind(config.server.bind).await?;
+    let app = App::start(&config, store, AppOptions::default()).await?;
+    let (resumed, interrupted) = match app.recover().await {
+        Ok(counts) => counts,
+        Err(e) => {
+            app.shutdown().await;
+            return Err(ServeError::Recover(e));
+        }
+    };
+    tracing::info!(
+        resumed,
+        interrupted,
+        "recovered stored sessions ({resumed} resumed, {interrupted} interrupted)"
+    );
+    tracing::info!(addr = %config.server.bind, "listening on http://{}", config.server.bind);
+    let router = super::router(app.clone(), token);
+    let result = run_until_signal(listener, router, &app).await;
+    app.close().await;
+    tracing::info!("stopped");
+    result
+}
+
+fn load_config(options: &ServeOptions) -> Result<Config, ConfigError> {
+    let choice = choose_config(options.config.as_deref());
+    if choice.fallback {
+        tracing::info!(
+            "no config.toml; using config.toml.example (copy it to config.toml to customise)"
+        );
+    }
+    let config = Config::load(&choice.path)?;
+    tracing::info!("{}", config.summary());
+    Ok(config)
+}
+
+/// Logs once whether Slack is on. The Slack gateway is not part of this
+/// build yet, so the server always runs in local operator mode.
+fn announce_slack() {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    if set("SLACK_BOT_TOKEN") && set("SLACK_APP_TOKEN") {
+        tracing::warn!(
+            "SLACK_BOT_TOKEN and SLACK_APP_TOKEN are set, but this build has no Slack gateway yet"
+        );
+    }
+    tracing::info!("Slack disabled: local operator mode");
+}
+
+fn load_token(config: &Config) -> Result<auth::ApiToken, TokenError> {
+    let path = auth::token_path(&config.database.path);
+    let env = std::env::var(auth::TOKEN_ENV).ok();
+    let (token, source) = auth::load_or_create(env, &path)?;
+    match source {
+        TokenSource::Env => tracing::info!("API token from {}", auth::TOKEN_ENV),
+        TokenSource::File(p) => tracing::info!(file = %p.display(), "API token from file"),
+        TokenSource::Generated(p) => {
+            // Once, on stdout, never through the log.
+            println!(
+                "API token (shown once; saved to {}, mode 0600):\n    {}\n`agent-intercom ctl` reads that file; other clients send `Authorization: Bearer <token>`.",
+                p.display(),
+                token.expose()
+            );
+        }
+    }
+    Ok(token)
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|e| ServeError::Bind {
+        addr,
+        reason: match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "address in use; is another agent-intercom running?".to_owned()
+            }
+            _ => e.to_string(),
+        },
+    })
+}
+
+/// Serves until SIGINT/SIGTERM, then stops accepting and shuts the
+/// sessions down (both at once, so a slow request does not delay the agents).
+async fn run_until_signal(
+    listener: TcpListener,
+    router: axum::Router,
+    app: &App,
+) -> Result<(), ServeError> {
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    tokio::spawn(watch_signals(stop_tx));
+    let mut server_stop = stop_rx.clone();
+    let server = super::serve_on(listener, router, async move {
+        let _ = server_stop.wait_for(|stop| *stop).await;
+    });
+    tokio::pin!(server);
+    tokio::select! {
+        served = &mut server => {
+            tracing::error!("HTTP server ended unexpectedly; stopping every session");
+            app.shutdown().await;
+            return served.map_err(ServeError::Http);
+        }
+        _ = stop_rx.wait_for(|stop| *stop) => {}
+    }
+    tracing::info!("shutting down: stopping every session");
+    let (served, ()) = tokio::join!(server, app.shutdown());
+    served.map_err(ServeError::Http)
+}
+
+/// First SIGINT/SIGTERM: graceful stop. Second: exit immediately.
+async fn watch_signals(stop: watch::Sender<bool>) {
+    if let Err(e) = next_signal().await {
+        tracing::error!("cannot listen for signals: {e}; use SIGKILL to stop");
+        return;
+    }
+    tracing::info!("signal received; shutting down gracefully (send it again to exit at once)");
+    let _ = stop.send(true);
+    if next_signal().await.is_ok() {
+        eprintln!("second signal: exiting immediately");
+        std::process::exit(130);
+    }
+}
+
+#[cfg(unix)]
+async fn next_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+async fn next_signal() -> std::io::Result<()> {
+    tokio::signal::ctrl_c().await
+}

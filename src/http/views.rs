@@ -1,0 +1,223 @@
+//! The JSON shapes of the HTTP API, shared by the server and `ctl`.
+//!
+//! These are the public wire format documented in `docs/api.md`; every
+//! timestamp is an integer of Unix milliseconds. The server builds them from
+//! the core's records; `ctl` deserialises them to render tables.
+
+use intercom_actors::model::{
+    Decision, PendingRequest, PermissionOption, Protocol, RequestKind, RequestStatus,
+    SessionRecord, SessionStatus, TranscriptEntry,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::app::SessionDetail;
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// Live sessions.
+    pub sessions: usize,
+    /// `disabled`, `connected` or `reconnecting`.
+    pub slack: String,
+}
+
+/// A session, as listed and returned by start/cancel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// `s-` and 16 hex digits.
+    pub id: String,
+    /// Workspace id, or the directory for `path` sessions.
+    pub workspace: String,
+    /// Agent profile id.
+    pub agent: String,
+    /// starting, active, stalled, completed, cancelled, crashed, error, interrupted.
+    pub status: SessionStatus,
+    /// Why it is in that status.
+    pub status_reason: Option<String>,
+    /// First 80 characters of the first prompt.
+    pub title: String,
+    /// Who started it (`local` for the API).
+    pub owner: String,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub updated_at: i64,
+    /// Unix ms of the last agent activity.
+    pub last_activity_at: i64,
+    /// Crash restarts so far.
+    pub restart_count: u32,
+    /// Directory the agent runs in.
+    pub cwd: String,
+    /// Wire protocol.
+    pub protocol: Protocol,
+    /// Slack channel, if any.
+    pub channel_id: Option<String>,
+    /// Slack thread root, if posted.
+    pub thread_ts: Option<String>,
+}
+
+impl From<SessionRecord> for SessionView {
+    fn from(r: SessionRecord) -> Self {
+        SessionView {
+            id: r.id.0,
+            workspace: r.workspace,
+            agent: r.agent,
+            status: r.status,
+            status_reason: r.status_reason,
+            title: r.title,
+            owner: r.owner,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            last_activity_at: r.last_activity_at,
+            restart_count: r.restart_count,
+            cwd: r.cwd,
+            protocol: r.protocol,
+            channel_id: r.channel_id,
+            thread_ts: r.thread_ts,
+        }
+    }
+}
+
+/// What the running actor reports about a live session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveView {
+    /// Whether a prompt turn is running.
+    pub turn_running: bool,
+    /// Steering messages waiting for the turn to end.
+    pub queued_prompts: usize,
+    /// The agent's process id (its process group id too).
+    pub agent_pid: Option<i32>,
+    /// The agent's name, from its `initialize` answer.
+    pub agent_name: Option<String>,
+}
+
+/// `GET /api/sessions/{id}`: the session, its pending requests and, while
+/// an agent is attached, the live view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionDetailView {
+    /// The session.
+    #[serde(flatten)]
+    pub session: SessionView,
+    /// Requests waiting for a decision.
+    pub pending: Vec<ApprovalView>,
+    /// Present while an agent process is attached.
+    pub live: Option<LiveView>,
+}
+
+impl From<SessionDetail> for SessionDetailView {
+    fn from(d: SessionDetail) -> Self {
+        SessionDetailView {
+            session: d.record.into(),
+            pending: d
+                .pending
+                .into_iter()
+                .map(|p| ApprovalView::new(p, None))
+                .collect(),
+            live: d.live.map(|s| LiveView {
+                turn_running: s.turn_running,
+                queued_prompts: s.queued.len(),
+                agent_pid: s.pid,
+                agent_name: s.agent.name,
+            }),
+        }
+    }
+}
+
+/// One transcript entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageView {
+    /// Increasing id (entries may be updated in place while they grow).
+    pub id: i64,
+    /// user, agent or system.
+    pub role: String,
+    /// text, plan, tool or error.
+    pub kind: String,
+    /// Text, or JSON for plan and tool entries.
+    pub content: String,
+    /// Unix ms.
+    pub created_at: i64,
+}
+
+impl From<TranscriptEntry> for MessageView {
+    fn from(e: TranscriptEntry) -> Self {
+        MessageView {
+            id: e.id,
+            role: e.role.as_str().to_owned(),
+            kind: e.kind.as_str().to_owned(),
+            content: e.content,
+            created_at: e.created_at,
+        }
+    }
+}
+
+/// An approval request (a permission, a gated file write, a forwarded prompt).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalView {
+    /// Global id `<session_id>:<request_id>`; use it in `/api/approvals/{id}`.
+    pub id: String,
+    /// Owning session.
+    pub session_id: String,
+    /// Session-scoped id (`req-1`).
+    pub request_id: String,
+    /// One-line summary.
+    pub title: String,
+    /// permission, file_write or forwarded_prompt.
+    pub kind: RequestKind,
+    /// Unified diff, for file writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+    /// Files concerned, when known.
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// What the operator may choose.
+    pub options: Vec<PermissionOption>,
+    /// pending, decided, cancelled or expired.
+    pub status: RequestStatus,
+    /// Unix ms.
+    pub created_at: i64,
+    /// The decision, when decided (single-request answers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+}
+
+impl ApprovalView {
+    /// The view of a request and, when known, its decision.
+    pub fn new(p: PendingRequest, decision: Option<Decision>) -> Self {
+        ApprovalView {
+            id: p.id,
+            session_id: p.session_id.0,
+            request_id: p.request_id,
+            title: p.title,
+            kind: p.kind,
+            diff: p.diff,
+            paths: p.paths,
+            options: p.options,
+            status: p.status,
+            created_at: p.created_at,
+            decision,
+        }
+    }
+}
+
+/// `POST /api/sessions/{id}/prompt` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptAccepted {
+    /// True when it waits behind a running turn.
+    pub queued: bool,
+}
+
+/// The error body of every failed `/api` call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Human-readable message.
+    pub error: String,
+    /// Stable code: bad_request, unauthorized, not_found, forbidden,
+    /// limit_reached, agent_start_failed, conflict, storage_error,
+    /// unavailable, internal.
+    pub code: String,
+    /// The session's status, on conflicts about an ended session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SessionStatus>,
+}

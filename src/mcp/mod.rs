@@ -1,0 +1,274 @@
+//! The MCP server: IDE agents connect over streamable HTTP at `/mcp`.
+//!
+//! [`router`] serves rmcp's streamable HTTP transport. Each MCP session
+//! (rmcp's `Mcp-Session-Id`) gets one [`server::IntercomMcp`] handler, which
+//! attaches ONE core session (`SupervisorMsg::Attach`) on its first tool call
+//! and sends `McpCall::Disconnected` when the MCP session closes or expires.
+//! The query string says where the session belongs: `?workspace_id=` (the
+//! channel comes from the workspace map), the deprecated `?channel_id=`, or
+//! `?session_id=<bridge token>` for ACP agents that were handed this server
+//! (the ACP-MCP bridge): those calls go to the ACP session's actor and never
+//! create a session; a missing or unknown token is refused with 401 before
+//! rmcp sees the request.
+//!
+//! rmcp's DNS-rebinding guard stays on: only loopback `Host` headers (and
+//! the configured `allowed_hosts`) are served; others get 403.
+//!
+//! Layout: `server.rs` (the handler and the tools), `tools.rs` (tool schemas
+//! and argument checking), `patch.rs` (diffs and atomic writes).
+
+mod patch;
+mod server;
+mod tools;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use intercom_actors::model::SessionId;
+use intercom_actors::ports::SessionStore;
+use intercom_actors::registry::RegistryMsg;
+use intercom_actors::supervisor::SupervisorMsg;
+use ractor::ActorRef;
+use ractor::rpc::CallResult;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+pub use patch::{Change, PatchError};
+
+/// Default for [`McpDeps::approval_timeout`]: 5 minutes.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default for [`McpDeps::transmit_timeout`]: 5 minutes.
+pub const DEFAULT_TRANSMIT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Hosts always allowed in the `Host` header (any port).
+pub const LOOPBACK_HOSTS: &[&str] = &["localhost", "127.0.0.1", "::1"];
+/// Where the router serves MCP.
+pub const PATH: &str = "/mcp";
+
+/// How long a call to an actor may take before it counts as a failure.
+const ACTOR_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the MCP endpoint needs from the running server.
+#[derive(Clone)]
+pub struct McpDeps {
+    /// Creates sessions, resolves bridge tokens, finds session actors.
+    pub supervisor: ActorRef<SupervisorMsg>,
+    /// The workspace map (workspace id / channel -> directory and channel).
+    pub registry: ActorRef<RegistryMsg>,
+    /// Requests, transcripts, steering.
+    pub store: Arc<dyn SessionStore>,
+    /// How long `check_clearance` (and a `standby` without
+    /// `timeout_seconds`) waits for the operator.
+    pub approval_timeout: Duration,
+    /// How long `transmit` waits before continuing on its own.
+    pub transmit_timeout: Duration,
+    /// Extra `Host` values to serve besides loopback (`name` or `name:port`),
+    /// for a server reached through a proxy or by another name.
+    pub allowed_hosts: Vec<String>,
+    /// Cancelled at shutdown: ends every MCP session and open stream so the
+    /// HTTP server's graceful shutdown does not wait on them.
+    pub shutdown: CancellationToken,
+}
+
+impl McpDeps {
+    /// Deps with the default timeouts, loopback hosts only, and a fresh
+    /// shutdown token.
+    pub fn new(
+        supervisor: ActorRef<SupervisorMsg>,
+        registry: ActorRef<RegistryMsg>,
+        store: Arc<dyn SessionStore>,
+    ) -> Self {
+        McpDeps {
+            supervisor,
+            registry,
+            store,
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            transmit_timeout: DEFAULT_TRANSMIT_TIMEOUT,
+            allowed_hosts: Vec::new(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// The `Host` values rmcp accepts: loopback plus the configured ones.
+    fn hosts(&self) -> Vec<String> {
+        allowed_hosts(&self.allowed_hosts)
+    }
+
+    /// The longest a tool call may block: an rmcp session must outlive it,
+    /// since rmcp counts a session without traffic as idle.
+    fn longest_wait(&self) -> Duration {
+        self.approval_timeout
+            .max(self.transmit_timeout)
+            .max(Duration::from_secs(tools::MAX_STANDBY_SECS))
+    }
+}
+
+/// Loopback plus `extra` (trimmed, without blanks and duplicates).
+fn allowed_hosts(extra: &[String]) -> Vec<String> {
+    let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| (*h).to_owned()).collect();
+    for h in extra {
+        let h = h.trim();
+        if !h.is_empty() && !hosts.iter().any(|x| x == h) {
+            hosts.push(h.to_owned());
+        }
+    }
+    hosts
+}
+
+/// Why an actor call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActorCallError {
+    /// The actor is gone or did not answer in time.
+    #[error("{what} did not answer: {reason}")]
+    NoAnswer {
+        /// Which actor call.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Calls an actor and waits (bounded) for the answer.
+async fn ask<M, T, F>(
+    actor: &ActorRef<M>,
+    what: &'static str,
+    timeout: Duration,
+    build: F,
+) -> Result<T, ActorCallError>
+where
+    M: ractor::Message,
+    T: Send + 'static,
+    F: FnOnce(ractor::RpcReplyPort<T>) -> M,
+{
+    match actor.call(build, Some(timeout)).await {
+        Ok(CallResult::Success(v)) => Ok(v),
+        Ok(CallResult::Timeout) => Err(ActorCallError::NoAnswer {
+            what,
+            reason: format!("no answer within {} s", timeout.as_secs()),
+        }),
+        Ok(CallResult::SenderError) => Err(ActorCallError::NoAnswer {
+            what,
+            reason: "the actor dropped the request".into(),
+        }),
+        Err(e) => Err(ActorCallError::NoAnswer {
+            what,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Request extension set by the bridge check: the ACP session this
+/// connection acts for.
+#[derive(Debug, Clone)]
+pub(crate) struct BridgedSession(pub SessionId);
+
+/// The axum router serving MCP at [`PATH`], for a router of any state.
+/// Mount it with `Router::merge` (not `nest`, which can drop the `Host`
+/// header rmcp checks).
+pub fn router<S>(deps: McpDeps) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    let shared = Arc::new(server::Shared::new(deps));
+    let deps = &shared.deps;
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(deps.hosts())
+        .with_cancellation_token(deps.shutdown.child_token());
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(deps.longest_wait() + Duration::from_secs(300));
+    let factory_shared = shared.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(server::IntercomMcp::new(factory_shared.clone())),
+        Arc::new(sessions),
+        config,
+    );
+    Router::new()
+        .route_service(PATH, service)
+        .route_layer(axum::middleware::from_fn_with_state(shared, bridge_auth))
+}
+
+/// `?session_id=<token>` must name a live session's bridge token: 401
+/// otherwise. Requests without `session_id` pass on.
+async fn bridge_auth(
+    State(shared): State<Arc<server::Shared>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let method = req.method().clone();
+    let query: HashMap<String, String> = Query::try_from_uri(req.uri())
+        .map(|Query(q)| q)
+        .unwrap_or_default();
+    let Some(token) = query.get("session_id") else {
+        return session_deleted_is_no_content(next.run(req).await, &method);
+    };
+    if token.is_empty() {
+        return unauthorized("the session_id bridge token is empty");
+    }
+    let token = token.clone();
+    let resolved = ask(
+        &shared.deps.supervisor,
+        "supervisor (resolve bridge token)",
+        ACTOR_TIMEOUT,
+        |reply| SupervisorMsg::ResolveBridgeToken { token, reply },
+    )
+    .await;
+    match resolved {
+        Ok(Some(id)) => {
+            req.extensions_mut().insert(BridgedSession(id));
+            session_deleted_is_no_content(next.run(req).await, &method)
+        }
+        Ok(None) => unauthorized("unknown or expired session_id bridge token"),
+        Err(e) => {
+            tracing::error!("bridge token check failed: {e}");
+            (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
+        }
+    }
+}
+
+/// rmcp answers a session `DELETE` with 202; the official Python SDK
+/// expects 200 or 204 and logs a warning otherwise. The session is gone
+/// either way, so say 204.
+fn session_deleted_is_no_content(mut res: Response, method: &Method) -> Response {
+    if *method == Method::DELETE && res.status() == StatusCode::ACCEPTED {
+        *res.status_mut() = StatusCode::NO_CONTENT;
+    }
+    res
+}
+
+fn unauthorized(why: &'static str) -> Response {
+    tracing::warn!("MCP bridge request refused: {why}");
+    // No WWW-Authenticate: this is not OAuth, and MCP clients that see one
+    // start an authorization-server discovery that cannot succeed.
+    (StatusCode::UNAUTHORIZED, why).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_always_allowed_and_extra_hosts_are_added_once() {
+        assert_eq!(allowed_hosts(&[]), vec!["localhost", "127.0.0.1", "::1"]);
+        let extra = ["intercom.example:8443", "localhost", " "].map(String::from);
+        assert_eq!(
+            allowed_hosts(&extra),
+            vec!["localhost", "127.0.0.1", "::1", "intercom.example:8443"]
+        );
+    }
+
+    #[test]
+    fn a_deleted_session_answers_no_content() {
+        let res = (StatusCode::ACCEPTED, "").into_response();
+        let res = session_deleted_is_no_content(res, &Method::DELETE);
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+        let res = (StatusCode::ACCEPTED, "").into_response();
+        let res = session_deleted_is_no_content(res, &Method::POST);
+        assert_eq!(res.status(), StatusCode::ACCEPTED);
+    }
+}

@@ -1,0 +1,651 @@
+//! Applying an approved change: unified diffs, whole files, atomic writes.
+//!
+//! `check_clearance` carries either a unified diff or the complete new
+//! content of `file_path`; `check_diff` applies it once approved. This module
+//! tells the two apart ([`Change::parse`]), applies hunks strictly (every
+//! context and removed line must match; a hunk may only move by an offset, as
+//! `patch` does, never with fuzz), hashes file content for the
+//! changed-since-approval check, and writes through a temporary file in the
+//! same directory followed by a rename so a reader never sees half a file.
+//!
+//! A small applier instead of a crate: the rules we need (strict context,
+//! error messages that name the hunk, CRLF files keep their line endings,
+//! `\ No newline at end of file`, several files in one diff) are short to
+//! state and easy to test here, and it keeps the dependency tree small.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// Why a change could not be parsed or applied. Messages name the hunk.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    /// A `@@ ... @@` line that does not parse.
+    #[error("hunk {hunk}: malformed header {header:?} (expected `@@ -a,b +c,d @@`)")]
+    BadHeader {
+        /// 1-based hunk number.
+        hunk: usize,
+        /// The line.
+        header: String,
+    },
+    /// The hunk body has fewer or more lines than its header says.
+    #[error("hunk {hunk} ({header}): {problem}")]
+    BadBody {
+        /// 1-based hunk number.
+        hunk: usize,
+        /// Its header.
+        header: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A `---` line without its `+++` line.
+    #[error("file header {0:?} is not followed by a `+++` line")]
+    BadFileHeader(String),
+    /// The hunk's context or removed lines are not in the file.
+    #[error(
+        "hunk {hunk} ({header}) does not apply: expected line {line} to be {expected:?}, found {found:?}"
+    )]
+    Mismatch {
+        /// 1-based hunk number.
+        hunk: usize,
+        /// Its header.
+        header: String,
+        /// 1-based line in the original file where it was expected.
+        line: usize,
+        /// The line the hunk expects.
+        expected: String,
+        /// What the file has there (`<end of file>` past the end).
+        found: String,
+    },
+    /// The hunks overlap or are out of order.
+    #[error("hunk {hunk} ({header}) overlaps the previous hunk or is out of order")]
+    Overlap {
+        /// 1-based hunk number.
+        hunk: usize,
+        /// Its header.
+        header: String,
+    },
+    /// The diff deletes a file (not supported).
+    #[error("the diff deletes {0}; deleting files is not supported, only writing them")]
+    Deletion(String),
+    /// The diff has no hunks.
+    #[error("the diff contains no hunks")]
+    Empty,
+}
+
+/// One line of a hunk body, with its line terminator (unless the diff said
+/// `\ No newline at end of file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HunkLine {
+    Context(String),
+    Remove(String),
+    Add(String),
+}
+
+/// One `@@ -a,b +c,d @@` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hunk {
+    /// 1-based hunk number within its file.
+    number: usize,
+    /// The header line, for messages.
+    header: String,
+    old_start: usize,
+    new_start: usize,
+    lines: Vec<HunkLine>,
+}
+
+/// The hunks for one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePatch {
+    /// The target from the `+++` line (`a/`/`b/` stripped), when there was one.
+    pub path: Option<String>,
+    /// `--- /dev/null`: the file is created.
+    pub creates: bool,
+    /// The hunks, in order.
+    pub hunks: Vec<Hunk>,
+}
+
+/// What an approved change consists of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The complete new content of the target file.
+    Whole(String),
+    /// A unified diff for one or more files.
+    Diff(Vec<FilePatch>),
+}
+
+const PREAMBLE: &[&str] = &[
+    "diff ",
+    "index ",
+    "Index: ",
+    "====",
+    "new file mode",
+    "deleted file mode",
+    "old mode",
+    "new mode",
+    "similarity index",
+    "dissimilarity index",
+    "rename from",
+    "rename to",
+    "copy from",
+    "copy to",
+];
+
+fn is_preamble(line: &str) -> bool {
+    PREAMBLE.iter().any(|p| line.starts_with(p))
+}
+
+fn trim_eol(line: &str) -> &str {
+    line.strip_suffix('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .unwrap_or(line)
+}
+
+/// The path named by a `---`/`+++` line: `None` for `/dev/null`; the
+/// timestamp (after a tab) and the `a/`/`b/` prefix are dropped.
+fn header_path(rest: &str) -> Option<String> {
+    let raw = trim_eol(rest);
+    let raw = raw.split('\t').next().unwrap_or(raw).trim();
+    let raw = raw
+        .strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .unwrap_or(raw);
+    if raw == "/dev/null" {
+        return None;
+    }
+    let stripped = raw
+        .strip_prefix("a/")
+        .or_else(|| raw.strip_prefix("b/"))
+        .unwrap_or(raw);
+    Some(stripped.to_owned())
+}
+
+/// Parses `-a,b` / `+c,d` ranges (the count defaults to 1).
+fn parse_range(s: &str, sign: char) -> Option<(usize, usize)> {
+    let s = s.strip_prefix(sign)?;
+    let (start, len) = match s.split_once(',') {
+        Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+        None => (s.parse().ok()?, 1),
+    };
+    Some((start, len))
+}
+
+fn parse_header(line: &str, number: usize) -> Result<(usize, usize, usize, usize), PatchError> {
+    let bad = || PatchError::BadHeader {
+        hunk: number,
+        header: trim_eol(line).to_owned(),
+    };
+    let body = trim_eol(line).strip_prefix("@@ ").ok_or_else(bad)?;
+    let (ranges, _) = body.split_once(" @@").ok_or_else(bad)?;
+    let mut parts = ranges.split_whitespace();
+    let (old_start, old_len) = parts
+        .next()
+        .and_then(|p| parse_range(p, '-'))
+        .ok_or_else(bad)?;
+    let (new_start, new_len) = parts
+        .next()
+        .and_then(|p| parse_range(p, '+'))
+        .ok_or_else(bad)?;
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok((old_start, old_len, new_start, new_len))
+}
+
+impl Change {
+    /// Tells a unified diff from whole-file content and parses it.
+    ///
+    /// Text is a diff when its first line that is not diff preamble
+    /// (`diff --git`, `index`, mode lines) is a `--- ` line followed by a
+    /// `+++ ` line, or a `@@ -` hunk header. Anything else is the complete
+    /// new content of the file.
+    pub fn parse(text: &str) -> Result<Change, PatchError> {
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        let first = lines.iter().position(|l| !is_preamble(l));
+        let Some(first) = first else {
+            return Ok(Change::Whole(text.to_owned()));
+        };
+        let looks_like_diff = (lines[first].starts_with("--- ")
+            && lines.get(first + 1).is_some_and(|l| l.starts_with("+++ ")))
+            || lines[first].starts_with("@@ -");
+        if !looks_like_diff {
+            return Ok(Change::Whole(text.to_owned()));
+        }
+        parse_diff(&lines[first..]).map(Change::Diff)
+    }
+}
+
+fn parse_diff(lines: &[&str]) -> Result<Vec<FilePatch>, PatchError> {
+    let mut files: Vec<FilePatch> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if let Some(old) = line.strip_prefix("--- ") {
+            let Some(new) = lines.get(i + 1).and_then(|l| l.strip_prefix("+++ ")) else {
+                return Err(PatchError::BadFileHeader(trim_eol(line).to_owned()));
+            };
+            let old_path = header_path(old);
+            let new_path = header_path(new);
+            if new_path.is_none() {
+                let what = old_path.unwrap_or_else(|| "a file".into());
+                return Err(PatchError::Deletion(what));
+            }
+            files.push(FilePatch {
+                path: new_path,
+                creates: old_path.is_none(),
+                hunks: Vec::new(),
+            });
+            i += 2;
+        } else if line.starts_with("@@") {
+            if files.is_empty() {
+                // Bare hunks: the target is the request's file_path.
+                files.push(FilePatch {
+                    path: None,
+                    creates: false,
+                    hunks: Vec::new(),
+                });
+            }
+            let file = files.last_mut().ok_or(PatchError::Empty)?;
+            let number = file.hunks.len() + 1;
+            let (hunk, used) = parse_hunk(&lines[i..], number)?;
+            file.hunks.push(hunk);
+            i += used;
+        } else if is_preamble(line) || trim_eol(line).is_empty() {
+            i += 1;
+        } else {
+            // Commentary between files (e.g. `git format-patch` text) is ignored.
+            i += 1;
+        }
+    }
+    if files.is_empty() || files.iter().any(|f| f.hunks.is_empty()) {
+        return Err(PatchError::Empty);
+    }
+    Ok(files)
+}
+
+/// Parses one hunk starting at its header; returns it and the lines used.
+fn parse_hunk(lines: &[&str], number: usize) -> Result<(Hunk, usize), PatchError> {
+    let header_line = lines[0];
+    let header = trim_eol(header_line).to_owned();
+    let (old_start, old_len, new_start, new_len) = parse_header(header_line, number)?;
+    let body_err = |problem: String| PatchError::BadBody {
+        hunk: number,
+        header: header.clone(),
+        problem,
+    };
+    let (mut old_seen, mut new_seen) = (0usize, 0usize);
+    let mut body: Vec<HunkLine> = Vec::new();
+    let mut i = 1;
+    while old_seen < old_len || new_seen < new_len {
+        let Some(line) = lines.get(i) else {
+            return Err(body_err(format!(
+                "the diff ends after {old_seen} of {old_len} old and {new_seen} of {new_len} new lines"
+            )));
+        };
+        let (tag, text) = match line.chars().next() {
+            Some(c @ (' ' | '-' | '+')) => (c, &line[1..]),
+            // Some tools strip the space of an empty context line.
+            Some('\n') | Some('\r') => (' ', *line),
+            Some('\\') => {
+                no_newline(&mut body);
+                i += 1;
+                continue;
+            }
+            _ => {
+                return Err(body_err(format!(
+                    "line {:?} is not a context, `-` or `+` line, but the header promises {} old and {} new lines (found {old_seen} and {new_seen})",
+                    trim_eol(line),
+                    old_len,
+                    new_len
+                )));
+            }
+        };
+        match tag {
+            ' ' => {
+                old_seen += 1;
+                new_seen += 1;
+                body.push(HunkLine::Context(text.to_owned()));
+            }
+            '-' => {
+                old_seen += 1;
+                body.push(HunkLine::Remove(text.to_owned()));
+            }
+            _ => {
+                new_seen += 1;
+                body.push(HunkLine::Add(text.to_owned()));
+            }
+        }
+        if old_seen > old_len || new_seen > new_len {
+            return Err(body_err(format!(
+                "more lines than the header's {old_len} old / {new_len} new"
+            )));
+        }
+        i += 1;
+    }
+    // A trailing `\ No newline at end of file` belongs to the last line.
+    if lines.get(i).is_some_and(|l| l.starts_with('\\')) {
+        no_newline(&mut body);
+        i += 1;
+    }
+    Ok((
+        Hunk {
+            number,
+            header,
+            old_start,
+            new_start,
+            lines: body,
+        },
+        i,
+    ))
+}
+
+fn no_newline(body: &mut [HunkLine]) {
+    if let Some(last) = body.last_mut() {
+        let text = match last {
+            HunkLine::Context(t) | HunkLine::Remove(t) | HunkLine::Add(t) => t,
+        };
+        if let Some(t) = text.strip_suffix('\n') {
+            *text = t.strip_suffix('\r').unwrap_or(t).to_owned();
+        }
+    }
+}
+
+impl Hunk {
+    fn old_lines(&self) -> impl Iterator<Item = &str> {
+        self.lines.iter().filter_map(|l| match l {
+            HunkLine::Context(t) | HunkLine::Remove(t) => Some(t.as_str()),
+            HunkLine::Add(_) => None,
+        })
+    }
+
+    fn old_len(&self) -> usize {
+        self.old_lines().count()
+    }
+
+    /// Whether the old lines match `file` at `at` (line endings aside).
+    fn matches_at(&self, file: &[&str], at: usize) -> bool {
+        let n = self.old_len();
+        at + n <= file.len()
+            && self
+                .old_lines()
+                .zip(&file[at..at + n])
+                .all(|(want, have)| same_line(want, have))
+    }
+
+    fn first_mismatch(&self, file: &[&str], at: usize) -> PatchError {
+        for (k, want) in self.old_lines().enumerate() {
+            let have = file.get(at + k);
+            if !have.is_some_and(|h| same_line(want, h)) {
+                return PatchError::Mismatch {
+                    hunk: self.number,
+                    header: self.header.clone(),
+                    line: at + k + 1,
+                    expected: trim_eol(want).to_owned(),
+                    found: have
+                        .map(|h| trim_eol(h).to_owned())
+                        .unwrap_or_else(|| "<end of file>".into()),
+                };
+            }
+        }
+        PatchError::Overlap {
+            hunk: self.number,
+            header: self.header.clone(),
+        }
+    }
+}
+
+/// Lines are equal when their text is; `\n` vs `\r\n` does not matter, but
+/// a missing final newline does only in that it is not compared.
+fn same_line(want: &str, have: &str) -> bool {
+    trim_eol(want) == trim_eol(have)
+}
+
+/// Applies `hunks` to `original`. Each hunk must match exactly at its
+/// stated line or, like `patch`, at the nearest offset after the previous
+/// hunk; the error names the first hunk that does not.
+pub fn apply(original: &str, hunks: &[Hunk]) -> Result<String, PatchError> {
+    let file: Vec<&str> = original.split_inclusive('\n').collect();
+    let crlf = file.first().is_some_and(|l| l.ends_with("\r\n"));
+    let mut out = String::with_capacity(original.len());
+    let mut cursor = 0usize; // next unconsumed line of `file`
+    for hunk in hunks {
+        // `-0,0` means "before the first line".
+        let stated = if hunk.old_len() == 0 {
+            hunk.old_start
+        } else {
+            hunk.old_start.saturating_sub(1)
+        };
+        let at = find_position(hunk, &file, cursor, stated).ok_or_else(|| {
+            if stated < cursor {
+                PatchError::Overlap {
+                    hunk: hunk.number,
+                    header: hunk.header.clone(),
+                }
+            } else {
+                hunk.first_mismatch(&file, stated.min(file.len()))
+            }
+        })?;
+        for line in &file[cursor..at] {
+            out.push_str(line);
+        }
+        let mut k = at;
+        for line in &hunk.lines {
+            match line {
+                HunkLine::Context(_) => {
+                    out.push_str(file[k]);
+                    k += 1;
+                }
+                HunkLine::Remove(_) => k += 1,
+                HunkLine::Add(text) => {
+                    if crlf && text.ends_with('\n') && !text.ends_with("\r\n") {
+                        out.push_str(&text[..text.len() - 1]);
+                        out.push_str("\r\n");
+                    } else {
+                        out.push_str(text);
+                    }
+                }
+            }
+        }
+        cursor = k;
+    }
+    for line in &file[cursor..] {
+        out.push_str(line);
+    }
+    Ok(out)
+}
+
+/// The line where `hunk` applies: its stated line if it matches there,
+/// else the nearest matching line at or after `cursor`.
+fn find_position(hunk: &Hunk, file: &[&str], cursor: usize, stated: usize) -> Option<usize> {
+    if stated >= cursor && hunk.matches_at(file, stated) {
+        return Some(stated);
+    }
+    let max = file.len().saturating_sub(hunk.old_len());
+    let mut best: Option<usize> = None;
+    for at in cursor..=max {
+        if hunk.matches_at(file, at) {
+            let closer = best.is_none_or(|b| at.abs_diff(stated) < b.abs_diff(stated));
+            if closer {
+                best = Some(at);
+            }
+        }
+    }
+    best
+}
+
+/// SHA-256 of a file's content; `None` when the file does not exist.
+pub fn hash_file(path: &Path) -> std::io::Result<Option<[u8; 32]>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(Sha256::digest(&bytes).into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `content` to `path` atomically: a temporary file in the same
+/// directory, flushed to disk, then renamed over the target. An existing
+/// file's permissions are kept. Missing parent directories are created.
+pub fn write_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    std::fs::create_dir_all(&dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into());
+    let tmp: PathBuf = dir.join(format!(
+        ".{name}.intercom-{:016x}.tmp",
+        intercom_actors::ids::random_u64()
+    ));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(content)?;
+        if let Ok(meta) = std::fs::metadata(path) {
+            f.set_permissions(meta.permissions())?;
+        }
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn diff(text: &str) -> Vec<FilePatch> {
+        match Change::parse(text).expect("parses") {
+            Change::Diff(files) => files,
+            Change::Whole(_) => panic!("not recognised as a diff"),
+        }
+    }
+
+    const ORIGINAL: &str = "one\ntwo\nthree\nfour\nfive\nsix\nseven\neight\nnine\nten\n";
+
+    #[test]
+    fn whole_content_is_not_mistaken_for_a_diff() {
+        for text in [
+            "fn main() {}\n",
+            "---\ntitle: front matter\n---\n",
+            "",
+            "--- not a header without a plus line\n",
+        ] {
+            assert_eq!(
+                Change::parse(text).expect("parse"),
+                Change::Whole(text.into())
+            );
+        }
+    }
+
+    #[test]
+    fn a_git_diff_with_two_hunks_applies() {
+        let files = diff(
+            "diff --git a/n.txt b/n.txt\nindex 1..2 100644\n--- a/n.txt\n+++ b/n.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n@@ -8,3 +8,4 @@ section\n eight\n nine\n+nine and a half\n ten\n",
+        );
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].path.as_deref(), Some("n.txt"));
+        let out = apply(ORIGINAL, &files[0].hunks).expect("applies");
+        assert_eq!(
+            out,
+            "one\nTWO\nthree\nfour\nfive\nsix\nseven\neight\nnine\nnine and a half\nten\n"
+        );
+    }
+
+    #[test]
+    fn hunks_may_move_by_an_offset_but_not_change_context() {
+        let files = diff("@@ -2,2 +2,2 @@\n three\n-four\n+FOUR\n");
+        // Stated at line 2, found at line 3.
+        let out = apply(ORIGINAL, &files[0].hunks).expect("offset");
+        assert!(out.contains("three\nFOUR\nfive"), "{out}");
+        let files = diff("@@ -1,2 +1,2 @@\n one\n-zwei\n+TWO\n");
+        let err = apply(ORIGINAL, &files[0].hunks).expect_err("mismatch");
+        assert_eq!(
+            err,
+            PatchError::Mismatch {
+                hunk: 1,
+                header: "@@ -1,2 +1,2 @@".into(),
+                line: 2,
+                expected: "zwei".into(),
+                found: "two".into(),
+            }
+        );
+        assert!(err.to_string().starts_with("hunk 1 (@@ -1,2 +1,2 @@)"));
+    }
+
+    #[test]
+    fn creation_and_missing_final_newline() {
+        let files = diff(
+            "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1,2 @@\n+hello\n+world\n\\ No newline at end of file\n",
+        );
+        assert!(files[0].creates);
+        assert_eq!(apply("", &files[0].hunks).expect("create"), "hello\nworld");
+        let files = diff("@@ -1 +1 @@\n-a\n\\ No newline at end of file\n+b\n");
+        assert_eq!(apply("a", &files[0].hunks).expect("apply"), "b\n");
+    }
+
+    #[test]
+    fn crlf_files_keep_their_line_endings() {
+        let files = diff("@@ -1,2 +1,3 @@\n a\n+new\n b\n");
+        assert_eq!(
+            apply("a\r\nb\r\n", &files[0].hunks).expect("apply"),
+            "a\r\nnew\r\nb\r\n"
+        );
+    }
+
+    #[test]
+    fn several_files_and_malformed_diffs() {
+        let files = diff(
+            "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-1\n+2\n--- a/dir/y\n+++ b/dir/y\n@@ -1 +1,2 @@\n y\n+z\n",
+        );
+        let paths: Vec<_> = files.iter().map(|f| f.path.clone()).collect();
+        assert_eq!(paths, vec![Some("x".into()), Some("dir/y".into())]);
+        assert!(matches!(
+            Change::parse("@@ -1,3 +1,3 @@\n a\n-b\n"),
+            Err(PatchError::BadBody { hunk: 1, .. })
+        ));
+        assert!(matches!(
+            Change::parse("@@ -x +1 @@\n a\n"),
+            Err(PatchError::BadHeader { hunk: 1, .. })
+        ));
+        assert!(matches!(
+            Change::parse("--- a/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"),
+            Err(PatchError::Deletion(_))
+        ));
+    }
+
+    #[test]
+    fn out_of_order_hunks_are_refused() {
+        let files = diff("@@ -5,1 +5,1 @@\n-five\n+FIVE\n@@ -1,1 +1,1 @@\n-one\n+ONE\n");
+        assert!(matches!(
+            apply(ORIGINAL, &files[0].hunks),
+            Err(PatchError::Overlap { hunk: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn atomic_writes_replace_and_create() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let target = dir.path().join("sub/file.txt");
+        write_atomic(&target, b"first").expect("create");
+        write_atomic(&target, b"second").expect("replace");
+        assert_eq!(std::fs::read_to_string(&target).expect("read"), "second");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
+            .expect("ls")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+        assert_ne!(
+            hash_file(&target).expect("hash"),
+            hash_file(&dir.path().join("sub/none")).expect("hash")
+        );
+        assert_eq!(hash_file(&dir.path().join("nope")).expect("hash"), None);
+    }
+}

@@ -1,0 +1,614 @@
+//! The `/intercom` slash command: parsing (pure) and execution.
+//!
+//! Why this exists: the operator can do from Slack what the local API does.
+//! `parse` turns the command text into a [`Command`]; `execute` resolves the
+//! session it concerns (explicit id, else the most recently active live
+//! session in the channel, with a hint listing the others), checks who may
+//! do it, and talks to the supervisor, the registry and the session actor.
+//! Every reply is ephemeral; errors say what to do.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use intercom_actors::gateway::GatewayMsg;
+use intercom_actors::model::{RequestStatus, SessionId, SessionRecord, SessionStatus, now_ms};
+use intercom_actors::ports::OperatorEvent;
+use intercom_actors::registry::{RegistryMsg, Target};
+use intercom_actors::session::SessionMsg;
+use intercom_actors::supervisor::{StartRequest, SupervisorMsg};
+
+use super::inbound::{Ctx, Reply, session_error_text};
+use super::render;
+use intercom_actors::slack_port::MessageBody;
+
+/// How long an RPC to an actor may take before the operator is told.
+pub const CALL_TIMEOUT_MS: u64 = 10_000;
+/// Sessions stored as live but without an agent for this long are cleaned up.
+const CLEANUP_AGE: Duration = Duration::from_secs(600);
+
+/// A parsed `/intercom` command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `help` (also: empty text, unknown words).
+    Help(Option<String>),
+    /// `start [workspace] [--agent A] <prompt>`; the first word of `text`
+    /// may turn out to be a workspace id (see [`split_workspace`]).
+    Start {
+        /// `--agent`.
+        agent: Option<String>,
+        /// The rest, split on whitespace boundaries kept verbatim.
+        text: String,
+    },
+    /// `sessions [--all]`.
+    Sessions {
+        /// Include ended sessions.
+        all: bool,
+    },
+    /// `status [id]`.
+    Status(Option<String>),
+    /// `stop [id]`.
+    Stop(Option<String>),
+    /// `pause [id]`.
+    Pause(Option<String>),
+    /// `resume [id]`.
+    Resume(Option<String>),
+    /// `steer [id] <text>`.
+    Steer {
+        /// Session id.
+        id: Option<String>,
+        /// The instruction.
+        text: String,
+    },
+    /// `nudge [id]`.
+    Nudge(Option<String>),
+    /// `cleanup`.
+    Cleanup,
+}
+
+/// True for a word that names a session (`s-` followed by hex digits).
+pub fn looks_like_id(word: &str) -> bool {
+    word.len() > 2 && word.starts_with("s-") && word[2..].chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Splits off the first whitespace-separated word.
+fn first_word(text: &str) -> (&str, &str) {
+    let text = text.trim_start();
+    match text.find(char::is_whitespace) {
+        Some(i) => (&text[..i], text[i..].trim_start()),
+        None => (text, ""),
+    }
+}
+
+/// Splits off an optional leading session id.
+fn optional_id(rest: &str) -> (Option<String>, &str) {
+    let (w, tail) = first_word(rest);
+    if looks_like_id(w) {
+        (Some(w.to_owned()), tail)
+    } else {
+        (None, rest.trim())
+    }
+}
+
+/// Parses the text after `/intercom`.
+pub fn parse(text: &str) -> Command {
+    let (verb, rest) = first_word(text);
+    let id_only = |rest: &str| optional_id(rest).0;
+    match verb.to_ascii_lowercase().as_str() {
+        "" | "help" => Command::Help(None),
+        "start" => {
+            let mut agent = None;
+            let mut rest = rest;
+            // `--agent A` may come before the workspace or before the prompt.
+            let mut kept = String::new();
+            loop {
+                let (w, tail) = first_word(rest);
+                if w == "--agent" {
+                    let (a, tail) = first_word(tail);
+                    agent = Some(a.to_owned()).filter(|a| !a.is_empty());
+                    rest = tail;
+                    continue;
+                }
+                if let Some(a) = w.strip_prefix("--agent=") {
+                    agent = Some(a.to_owned());
+                    rest = tail;
+                    continue;
+                }
+                if kept.is_empty() && !w.is_empty() && !tail.is_empty() {
+                    // Maybe a workspace; keep it and look for --agent once more.
+                    let (w2, _) = first_word(tail);
+                    if w2 == "--agent" || w2.starts_with("--agent=") {
+                        kept = w.to_owned();
+                        rest = tail;
+                        continue;
+                    }
+                }
+                break;
+            }
+            let text = if kept.is_empty() {
+                rest.trim().to_owned()
+            } else {
+                format!("{kept} {}", rest.trim())
+            };
+            Command::Start { agent, text }
+        }
+        "sessions" | "list" | "ls" => Command::Sessions {
+            all: rest.split_whitespace().any(|w| w == "--all" || w == "all"),
+        },
+        "status" => Command::Status(id_only(rest)),
+        "stop" => Command::Stop(id_only(rest)),
+        "pause" => Command::Pause(id_only(rest)),
+        "resume" => Command::Resume(id_only(rest)),
+        "nudge" => Command::Nudge(id_only(rest)),
+        "steer" => {
+            let (id, text) = optional_id(rest);
+            Command::Steer {
+                id,
+                text: text.trim().to_owned(),
+            }
+        }
+        "cleanup" => Command::Cleanup,
+        other => Command::Help(Some(other.to_owned())),
+    }
+}
+
+/// Splits `start`'s text into (workspace, prompt) given the known workspaces.
+pub fn split_workspace<'a>(text: &'a str, known: &HashSet<String>) -> (Option<&'a str>, &'a str) {
+    let (w, rest) = first_word(text);
+    if known.contains(w) && !rest.is_empty() {
+        (Some(w), rest)
+    } else {
+        (None, text.trim())
+    }
+}
+
+/// Picks the session a command acts on: the explicit id (a unique prefix
+/// works too), else the most recently active live session in `channel`.
+/// Returns the session and a hint naming the other candidates.
+pub fn pick_session(
+    live: &[SessionRecord],
+    channel: &str,
+    explicit: Option<&str>,
+) -> Result<(SessionRecord, Option<String>), String> {
+    if let Some(id) = explicit {
+        let found: Vec<&SessionRecord> = live.iter().filter(|s| s.id.0.starts_with(id)).collect();
+        return match found.as_slice() {
+            [one] => Ok(((*one).clone(), None)),
+            [] => Err(format!(
+                "No live session `{id}`. List them with `/intercom sessions`."
+            )),
+            _ => Err(format!(
+                "`{id}` matches {} sessions; give more of the id.",
+                found.len()
+            )),
+        };
+    }
+    let mut here: Vec<&SessionRecord> = live
+        .iter()
+        .filter(|s| s.channel_id.as_deref() == Some(channel))
+        .collect();
+    here.sort_by_key(|s| std::cmp::Reverse(s.last_activity_at));
+    let Some(first) = here.first() else {
+        return Err(
+            "No live session in this channel. Start one with `/intercom start <prompt>`, or name one: `/intercom sessions` lists them."
+                .into(),
+        );
+    };
+    let hint = (here.len() > 1).then(|| {
+        let others: Vec<String> = here[1..]
+            .iter()
+            .take(5)
+            .map(|s| format!("`{}` ({})", s.id, render::escape(&render::truncate(&s.title, 40))))
+            .collect();
+        format!(
+            "Acted on `{}`, the most recently active session here. Others: {}. Name one to pick it, e.g. `/intercom status {}`.",
+            first.id,
+            others.join(", "),
+            here[1].id
+        )
+    });
+    Ok(((*first).clone(), hint))
+}
+
+/// Runs one slash command. Long-running ones (start) are spawned.
+pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) {
+    match command {
+        Command::Help(None) => reply.send(ctx, render::help()),
+        Command::Help(Some(word)) => reply.send(
+            ctx,
+            render::problem(&format!(
+                "Unknown command `{}`. `/intercom help` lists the commands.",
+                render::escape(&word)
+            )),
+        ),
+        Command::Start { agent, text } => {
+            let ctx = ctx.clone();
+            tokio::spawn(async move { start(&ctx, reply, agent, text).await });
+        }
+        Command::Sessions { all } => match ctx.store.list_sessions(!all).await {
+            Ok(list) => reply.send(ctx, render::session_list(&list, all)),
+            Err(e) => reply.send(ctx, render::problem(&format!("Cannot list sessions: {e}"))),
+        },
+        Command::Status(id) => {
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let snapshot = match ctx.actor(&rec.id).await {
+                Some(a) => ractor::call_t!(a, SessionMsg::Snapshot, CALL_TIMEOUT_MS).ok(),
+                None => None,
+            };
+            let (turn, pending, queued) = snapshot
+                .map(|s| (s.turn_running, s.pending.len(), s.queued.len()))
+                .unwrap_or((false, 0, 0));
+            let mut body = render::session_status(&rec, turn, pending, queued);
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Stop(id) => {
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let r = ctx.stop(&rec.id, &reply.user).await;
+            let mut body = match r {
+                Ok(()) => MessageBody::text(format!("Stopping `{}`.", rec.id)),
+                Err(e) => render::problem(&e),
+            };
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Pause(_) | Command::Resume(_) => reply.send(
+            ctx,
+            render::problem(
+                "Pause and resume are not supported yet: the agent cannot be frozen mid-turn. Use `/intercom stop` to end a session, or reply in its thread to steer it.",
+            ),
+        ),
+        Command::Steer { id, text } => {
+            if text.is_empty() {
+                reply.send(
+                    ctx,
+                    render::problem("Say what to tell the agent: `/intercom steer [id] <text>`."),
+                );
+                return;
+            }
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let r = ctx.steer(&rec.id, &text, &reply.user).await;
+            let mut body = match r {
+                Ok(o) if o.queued => MessageBody::text(format!(
+                    ":hourglass_flowing_sand: Queued for `{}`: the agent gets it when its current turn ends.",
+                    rec.id
+                )),
+                Ok(_) => MessageBody::text(format!(
+                    ":white_check_mark: Delivered to `{}`.",
+                    rec.id
+                )),
+                Err(e) => render::problem(&e),
+            };
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Nudge(id) => {
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let mut body = match ctx.nudge(&rec.id, &reply.user).await {
+                Ok(()) => MessageBody::text(format!("Nudged `{}`.", rec.id)),
+                Err(e) => render::problem(&e),
+            };
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Cleanup => cleanup(ctx, reply).await,
+    }
+}
+
+fn append_hint(body: &mut MessageBody, hint: Option<String>) {
+    if let Some(h) = hint {
+        body.text.push_str(&format!("\n_{h}_"));
+    }
+}
+
+/// The session a command concerns, or an ephemeral error (returns None).
+async fn resolve(
+    ctx: &Ctx,
+    reply: &Reply,
+    id: Option<&str>,
+) -> Option<(SessionRecord, Option<String>)> {
+    let live = match ctx.store.list_sessions(true).await {
+        Ok(l) => l,
+        Err(e) => {
+            reply.send(ctx, render::problem(&format!("Cannot list sessions: {e}")));
+            return None;
+        }
+    };
+    // A command typed inside a session's thread concerns that session.
+    let from_thread = match (&reply.thread_ts, id) {
+        (Some(ts), None) => ctx.session_of_thread(&reply.channel, ts).await,
+        _ => None,
+    };
+    let explicit = from_thread.as_ref().map(|s| s.0.as_str()).or(id);
+    match pick_session(&live, &reply.channel, explicit) {
+        Ok(found) => Some(found),
+        Err(e) => {
+            reply.send(ctx, render::problem(&e));
+            None
+        }
+    }
+}
+
+async fn start(ctx: &Ctx, reply: Reply, agent: Option<String>, text: String) {
+    if !ctx.is_operator(&reply.user) {
+        reply.send(
+            ctx,
+            render::problem(
+                "Only operators may start sessions. Ask an operator to add your Slack user id to SLACK_MEMBER_IDS or `[slack] operators`.",
+            ),
+        );
+        return;
+    }
+    let map = match ractor::call_t!(ctx.registry, RegistryMsg::Get, CALL_TIMEOUT_MS) {
+        Ok(m) => m,
+        Err(e) => {
+            reply.send(
+                ctx,
+                render::problem(&format!("The workspace registry did not answer: {e}")),
+            );
+            return;
+        }
+    };
+    let known: HashSet<String> = map.workspaces.iter().map(|w| w.id.clone()).collect();
+    let (named, prompt) = split_workspace(&text, &known);
+    let workspace = match named {
+        Some(w) => w.to_owned(),
+        None => match map.by_channel(&reply.channel) {
+            Some(w) => w.id.clone(),
+            None => {
+                let ids: Vec<&str> = map.workspaces.iter().map(|w| w.id.as_str()).collect();
+                reply.send(
+                    ctx,
+                    render::problem(&format!(
+                        "This channel is not bound to a workspace; name one: `/intercom start <workspace> <prompt>` (configured: {}).",
+                        if ids.is_empty() { "none".to_owned() } else { ids.join(", ") }
+                    )),
+                );
+                return;
+            }
+        },
+    };
+    if prompt.trim().is_empty() {
+        reply.send(
+            ctx,
+            render::problem(
+                "Say what the agent should do: `/intercom start [workspace] [--agent A] <prompt>`.",
+            ),
+        );
+        return;
+    }
+    let target = Target {
+        workspace: Some(workspace.clone()),
+        path: None,
+        agent,
+    };
+    let resolved =
+        match ractor::call_t!(ctx.registry, RegistryMsg::Resolve, CALL_TIMEOUT_MS, target) {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                reply.send(ctx, render::problem(&format!("{e}.")));
+                return;
+            }
+            Err(e) => {
+                reply.send(
+                    ctx,
+                    render::problem(&format!("The workspace registry did not answer: {e}")),
+                );
+                return;
+            }
+        };
+    let channel = resolved.channel_id.clone();
+    let req = StartRequest {
+        workspace: resolved.workspace,
+        cwd: resolved.cwd,
+        channel_id: resolved.channel_id,
+        profile: resolved.profile,
+        prompt: render::unescape(prompt),
+        owner: reply.user.clone(),
+    };
+    let outcome = ractor::call!(ctx.supervisor, |r| SupervisorMsg::Start { req, reply: r });
+    let body = match outcome {
+        Ok(Ok(rec)) => {
+            let place = match channel {
+                Some(c) if c == reply.channel => "in its thread in this channel".to_owned(),
+                Some(c) => format!("in its thread in <#{c}>"),
+                None => "locally only (the workspace has no Slack channel)".to_owned(),
+            };
+            MessageBody::text(format!(
+                ":rocket: Started `{}` in workspace `{}`; follow it {place}.",
+                rec.id, rec.workspace
+            ))
+        }
+        Ok(Err(e)) => render::problem(&format!("Could not start the session: {e}")),
+        Err(e) => render::problem(&format!("The supervisor did not answer: {e}")),
+    };
+    reply.send(ctx, body);
+}
+
+/// Marks sessions stored as live but without a running agent as interrupted.
+async fn cleanup(ctx: &Ctx, reply: Reply) {
+    if !ctx.is_operator(&reply.user) {
+        reply.send(ctx, render::problem("Only operators may run `cleanup`."));
+        return;
+    }
+    let live = match ctx.store.list_sessions(true).await {
+        Ok(l) => l,
+        Err(e) => {
+            reply.send(ctx, render::problem(&format!("Cannot list sessions: {e}")));
+            return;
+        }
+    };
+    let cutoff = now_ms() - CLEANUP_AGE.as_millis() as i64;
+    let mut cleaned: Vec<SessionId> = Vec::new();
+    for rec in live {
+        if rec.last_activity_at > cutoff || ctx.actor(&rec.id).await.is_some() {
+            continue;
+        }
+        let reason = "cleaned up: stored as live but no agent was running";
+        if let Err(e) = ctx
+            .store
+            .set_status(&rec.id, SessionStatus::Interrupted, Some(reason))
+            .await
+        {
+            tracing::error!(session = %rec.id, "cleanup: {e}");
+            continue;
+        }
+        let mut events = Vec::new();
+        if let Ok(reqs) = ctx.store.list_requests(Some(&rec.id), true).await {
+            for r in reqs {
+                let _ = ctx.store.close_request(&r.id, RequestStatus::Expired).await;
+                events.push(OperatorEvent::RequestClosed {
+                    session_id: rec.id.clone(),
+                    id: r.id,
+                    status: RequestStatus::Expired,
+                    decision: None,
+                });
+            }
+        }
+        events.push(OperatorEvent::StatusChanged {
+            session_id: rec.id.clone(),
+            status: SessionStatus::Interrupted,
+            activity: "interrupted".into(),
+            reason: Some(reason.into()),
+        });
+        events.push(OperatorEvent::SessionEnded {
+            session_id: rec.id.clone(),
+            status: SessionStatus::Interrupted,
+            reason: Some(reason.into()),
+        });
+        for e in events {
+            let _ = ctx.gateway.send_message(GatewayMsg::Event(e));
+        }
+        let _ = ctx
+            .store
+            .audit(&intercom_actors::model::AuditEntry {
+                session_id: Some(rec.id.clone()),
+                actor: reply.user.clone(),
+                action: "session.cleaned_up".into(),
+                detail: serde_json::json!({"reason": reason}),
+            })
+            .await;
+        cleaned.push(rec.id);
+    }
+    let body = if cleaned.is_empty() {
+        MessageBody::text("Nothing to clean up: every live session has a running agent.")
+    } else {
+        let ids: Vec<String> = cleaned.iter().map(|i| format!("`{i}`")).collect();
+        MessageBody::text(format!("Marked interrupted: {}.", ids.join(", ")))
+    };
+    reply.send(ctx, body);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use intercom_actors::model::Protocol;
+
+    #[test]
+    fn parses_every_verb() {
+        assert_eq!(parse(""), Command::Help(None));
+        assert_eq!(parse("bogus x"), Command::Help(Some("bogus".into())));
+        assert_eq!(parse("sessions --all"), Command::Sessions { all: true });
+        assert_eq!(parse("sessions"), Command::Sessions { all: false });
+        assert_eq!(parse("status"), Command::Status(None));
+        assert_eq!(parse("stop s-00ab"), Command::Stop(Some("s-00ab".into())));
+        assert_eq!(parse("nudge"), Command::Nudge(None));
+        assert_eq!(parse("pause s-1"), Command::Pause(Some("s-1".into())));
+        assert_eq!(parse("cleanup"), Command::Cleanup);
+        assert_eq!(
+            parse("steer s-ab please  stop"),
+            Command::Steer {
+                id: Some("s-ab".into()),
+                text: "please  stop".into()
+            }
+        );
+        assert_eq!(
+            parse("steer stop-words are fine"),
+            Command::Steer {
+                id: None,
+                text: "stop-words are fine".into()
+            }
+        );
+    }
+
+    #[test]
+    fn start_takes_an_agent_flag_anywhere_before_the_prompt() {
+        assert_eq!(
+            parse("start --agent claude fix the bug"),
+            Command::Start {
+                agent: Some("claude".into()),
+                text: "fix the bug".into()
+            }
+        );
+        assert_eq!(
+            parse("start api --agent claude fix the bug"),
+            Command::Start {
+                agent: Some("claude".into()),
+                text: "api fix the bug".into()
+            }
+        );
+        assert_eq!(
+            parse("start fix the bug"),
+            Command::Start {
+                agent: None,
+                text: "fix the bug".into()
+            }
+        );
+        let known: HashSet<String> = ["api".to_owned()].into();
+        assert_eq!(
+            split_workspace("api fix the bug", &known),
+            (Some("api"), "fix the bug")
+        );
+        assert_eq!(
+            split_workspace("fix the bug", &known),
+            (None, "fix the bug")
+        );
+        assert_eq!(split_workspace("api", &known), (None, "api"));
+    }
+
+    fn rec(id: &str, channel: &str, activity: i64) -> SessionRecord {
+        SessionRecord {
+            id: SessionId::from(id),
+            workspace: "w".into(),
+            cwd: "/".into(),
+            agent: "a".into(),
+            protocol: Protocol::Acp,
+            status: SessionStatus::Active,
+            status_reason: None,
+            title: format!("t {id}"),
+            owner: "U1".into(),
+            acp_session_id: None,
+            channel_id: Some(channel.into()),
+            thread_ts: None,
+            restart_count: 0,
+            created_at: 0,
+            updated_at: 0,
+            last_activity_at: activity,
+        }
+    }
+
+    #[test]
+    fn session_resolution_prefers_explicit_then_most_recent_in_channel() {
+        let live = vec![
+            rec("s-aa1", "C1", 5),
+            rec("s-bb2", "C1", 9),
+            rec("s-cc3", "C2", 99),
+        ];
+        let (s, hint) = pick_session(&live, "C1", None).expect("found");
+        assert_eq!(s.id.0, "s-bb2");
+        let hint = hint.expect("hint");
+        assert!(hint.contains("s-aa1") && !hint.contains("s-cc3"), "{hint}");
+        let (s, hint) = pick_session(&live, "C1", Some("s-cc")).expect("found");
+        assert_eq!((s.id.0.as_str(), hint), ("s-cc3", None));
+        assert!(pick_session(&live, "C9", None).is_err());
+        assert!(pick_session(&live, "C1", Some("s-")).is_err());
+        assert!(pick_session(&live, "C1", Some("s-zz")).is_err());
+    }
+}

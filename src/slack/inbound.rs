@@ -1,0 +1,609 @@
+//! Inbound routing: what arrives over Socket Mode, turned into messages to
+//! the supervisor and the session actors.
+//!
+//! Why this exists: one place decides who may do what and which session a
+//! Slack action concerns. Button clicks carry the global request id
+//! (`<session>:<req-N>`) and are routed by it; modal submissions carry it in
+//! their private metadata; thread replies are routed by `(channel,
+//! thread_ts)` through the supervisor's thread index. Authorization is the
+//! session actor's (owner or operator; it audits refusals); this file only
+//! turns a refusal into an ephemeral message. Events are handled one at a
+//! time, in arrival order, so two replies in a thread steer in order;
+//! `/intercom start` (which waits for the agent's handshake) runs aside.
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+
+use intercom_actors::gateway::GatewayMsg;
+use intercom_actors::model::{AuditEntry, RequestStatus, SessionId};
+use intercom_actors::ports::SessionStore;
+use intercom_actors::registry::RegistryMsg;
+use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome, StopCause};
+use intercom_actors::slack_port::MessageBody;
+use intercom_actors::supervisor::SupervisorMsg;
+use ractor::ActorRef;
+use serde::{Deserialize, Serialize};
+use slack_morphism::prelude::*;
+use tokio::sync::mpsc;
+
+use super::api::BotIdentity;
+use super::commands::{self, CALL_TIMEOUT_MS};
+use super::render;
+
+/// One payload from Socket Mode.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A slash command.
+    Command(Box<SlackCommandEvent>),
+    /// A button click or modal submission.
+    Interaction(Box<SlackInteractionEvent>),
+    /// An Events API event (thread replies).
+    Event(Box<SlackPushEventCallback>),
+}
+
+/// What inbound handlers share.
+pub struct Ctx {
+    /// The session supervisor.
+    pub supervisor: ActorRef<SupervisorMsg>,
+    /// The workspace registry.
+    pub registry: ActorRef<RegistryMsg>,
+    /// Session storage (reads, audit).
+    pub store: Arc<dyn SessionStore>,
+    /// The only writer to Slack.
+    pub gateway: ActorRef<GatewayMsg>,
+    /// Operator user ids.
+    pub operators: HashSet<String>,
+    /// Who the bot is (to ignore its own messages); set once known.
+    pub bot: RwLock<Option<BotIdentity>>,
+}
+
+/// Where an ephemeral answer goes.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Channel.
+    pub channel: String,
+    /// The user who acted.
+    pub user: String,
+    /// The thread they acted in, if any.
+    pub thread_ts: Option<String>,
+}
+
+impl Reply {
+    /// Sends an ephemeral message to the user.
+    pub fn send(&self, ctx: &Ctx, body: MessageBody) {
+        let _ = ctx.gateway.send_message(GatewayMsg::Ephemeral {
+            channel: self.channel.clone(),
+            user: self.user.clone(),
+            thread_ts: self.thread_ts.clone(),
+            body,
+        });
+    }
+}
+
+/// What the feedback modal carries through Slack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeedbackMeta {
+    /// Global request id.
+    pub request: String,
+    /// The option chosen with the feedback.
+    pub option: String,
+    /// Where to answer.
+    pub channel: String,
+    /// The thread, if known.
+    #[serde(default)]
+    pub thread_ts: Option<String>,
+}
+
+/// An operator-facing sentence for a refusal.
+pub fn session_error_text(e: &SessionError) -> String {
+    match e {
+        SessionError::Unauthorized { owner, .. } => format!(
+            "You may not do that: only the session's owner ({}) and operators may act on it.",
+            render::who(owner)
+        ),
+        SessionError::AlreadyResolved { status, .. } => {
+            format!("That request is already {status}; nothing changed.")
+        }
+        SessionError::NotLive(status) => {
+            format!("The session is {status}; start a new one with `/intercom start <prompt>`.")
+        }
+        other => format!("{other}."),
+    }
+}
+
+impl Ctx {
+    /// The bot's identity, when known.
+    pub fn bot_identity(&self) -> Option<BotIdentity> {
+        self.bot.read().ok().and_then(|b| b.clone())
+    }
+
+    /// Records the bot's identity.
+    pub fn set_bot_identity(&self, id: BotIdentity) {
+        if let Ok(mut b) = self.bot.write() {
+            *b = Some(id);
+        }
+    }
+
+    /// Whether `user` is a configured operator.
+    pub fn is_operator(&self, user: &str) -> bool {
+        self.operators.contains(user)
+    }
+
+    /// The caller for a Slack user.
+    pub fn caller(&self, user: &str) -> Caller {
+        Caller {
+            id: user.to_owned(),
+            operator: self.is_operator(user),
+        }
+    }
+
+    /// The actor of a live session.
+    pub async fn actor(&self, id: &SessionId) -> Option<ActorRef<SessionMsg>> {
+        ractor::call_t!(
+            self.supervisor,
+            |reply| SupervisorMsg::Lookup {
+                id: id.clone(),
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
+        .ok()
+        .flatten()
+    }
+
+    /// The live session whose thread this is.
+    pub async fn session_of_thread(&self, channel: &str, ts: &str) -> Option<SessionId> {
+        ractor::call_t!(
+            self.supervisor,
+            |reply| SupervisorMsg::LookupThread {
+                channel: channel.to_owned(),
+                ts: ts.to_owned(),
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
+        .ok()
+        .flatten()
+    }
+
+    /// Nudges a session on behalf of `user`.
+    pub async fn nudge(&self, id: &SessionId, user: &str) -> Result<(), String> {
+        let actor = self.live_actor(id).await?;
+        let caller = self.caller(user);
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Nudge { caller, reply },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| e.to_string())?
+        .map_err(|e| session_error_text(&e))
+    }
+
+    /// Stops a session on behalf of `user`.
+    pub async fn stop(&self, id: &SessionId, user: &str) -> Result<(), String> {
+        let actor = self.live_actor(id).await?;
+        let caller = self.caller(user);
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Stop {
+                cause: StopCause::Operator,
+                caller,
+                reply: Some(reply)
+            },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| e.to_string())?
+        .map_err(|e| session_error_text(&e))
+    }
+
+    /// Steers a session on behalf of `user`.
+    pub async fn steer(
+        &self,
+        id: &SessionId,
+        text: &str,
+        user: &str,
+    ) -> Result<SteerOutcome, String> {
+        let actor = self.live_actor(id).await?;
+        let caller = self.caller(user);
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Steer {
+                text: text.to_owned(),
+                interrupt: false,
+                caller,
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| format!("The session did not answer: {e}"))?
+        .map_err(|e| session_error_text(&e))
+    }
+
+    /// The actor of a live session, or what to tell the operator.
+    async fn live_actor(&self, id: &SessionId) -> Result<ActorRef<SessionMsg>, String> {
+        self.actor(id).await.ok_or_else(|| {
+            format!(
+                "Session `{id}` has no running agent right now (it may have ended or be restarting). `/intercom status {id}` tells which."
+            )
+        })
+    }
+
+    /// Decides a request on behalf of `user`.
+    async fn decide(
+        &self,
+        global: &str,
+        choice: Choice,
+        reason: Option<String>,
+        user: &str,
+    ) -> Result<(), String> {
+        let Some((session, request_id)) = render::split_global(global) else {
+            return Err(format!("`{global}` is not a request id."));
+        };
+        let Some(actor) = self.actor(&session).await else {
+            return Err(format!(
+                "Session `{session}` is not running any more, so this request cannot be answered."
+            ));
+        };
+        let caller = self.caller(user);
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Decide {
+                request_id,
+                choice,
+                reason,
+                caller,
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| e.to_string())?
+        .map(|_| ())
+        .map_err(|e| session_error_text(&e))
+    }
+
+    /// Refuses `user` on `session` unless owner or operator, auditing the
+    /// attempt (used before opening a modal, where no actor call happens yet).
+    async fn may_act(&self, session: &SessionId, user: &str, action: &str) -> Result<(), String> {
+        if self.is_operator(user) {
+            return Ok(());
+        }
+        let owner = match self.store.get_session(session).await {
+            Ok(Some(rec)) => rec.owner,
+            Ok(None) => return Err(format!("Session `{session}` does not exist.")),
+            Err(e) => return Err(format!("Cannot read session `{session}`: {e}")),
+        };
+        if owner == user {
+            return Ok(());
+        }
+        let _ = self
+            .store
+            .audit(&AuditEntry {
+                session_id: Some(session.clone()),
+                actor: user.to_owned(),
+                action: "action.denied".into(),
+                detail: serde_json::json!({"action": action, "owner": owner}),
+            })
+            .await;
+        Err(session_error_text(&SessionError::Unauthorized {
+            user: user.to_owned(),
+            session: session.clone(),
+            owner,
+        }))
+    }
+}
+
+/// Handles inbound payloads in order until the channel closes.
+pub async fn run(ctx: Arc<Ctx>, mut rx: mpsc::Receiver<Inbound>) {
+    while let Some(item) = rx.recv().await {
+        match item {
+            Inbound::Command(c) => on_command(&ctx, *c).await,
+            Inbound::Interaction(i) => on_interaction(&ctx, *i).await,
+            Inbound::Event(e) => on_event(&ctx, *e).await,
+        }
+    }
+}
+
+async fn on_command(ctx: &Arc<Ctx>, c: SlackCommandEvent) {
+    let reply = Reply {
+        channel: c.channel_id.0.clone(),
+        user: c.user_id.0.clone(),
+        thread_ts: None,
+    };
+    let text = c.text.unwrap_or_default();
+    tracing::info!(user = %reply.user, channel = %reply.channel, command = %render::truncate(&text, 80), "slash command");
+    commands::execute(ctx, reply, commands::parse(&text)).await;
+}
+
+async fn on_interaction(ctx: &Arc<Ctx>, event: SlackInteractionEvent) {
+    match event {
+        SlackInteractionEvent::BlockActions(e) => on_block_actions(ctx, e).await,
+        SlackInteractionEvent::ViewSubmission(e) => on_view_submission(ctx, e).await,
+        other => tracing::debug!("ignoring interaction {other:?}"),
+    }
+}
+
+async fn on_block_actions(ctx: &Arc<Ctx>, e: SlackInteractionBlockActionsEvent) {
+    let Some(user) = e.user.as_ref().map(|u| u.id.0.clone()) else {
+        return;
+    };
+    let (message_ts, container_channel) = match &e.container {
+        SlackInteractionActionContainer::Message(m) => (
+            Some(m.message_ts.0.clone()),
+            m.channel_id.as_ref().map(|c| c.0.clone()),
+        ),
+        _ => (None, None),
+    };
+    let channel = e
+        .channel
+        .as_ref()
+        .map(|c| c.id.0.clone())
+        .or(container_channel)
+        .unwrap_or_default();
+    let thread_ts = e
+        .message
+        .as_ref()
+        .and_then(|m| m.origin.thread_ts.as_ref().map(|t| t.0.clone()))
+        .or(message_ts);
+    let reply = Reply {
+        channel: channel.clone(),
+        user: user.clone(),
+        thread_ts: thread_ts.clone(),
+    };
+    for action in e.actions.unwrap_or_default() {
+        let id = action.action_id.0.as_str();
+        let value = action.value.clone().unwrap_or_default();
+        tracing::info!(%user, action = id, %value, "button");
+        let result = if id.starts_with("decide:") {
+            match render::parse_choice(&value) {
+                Some((global, option)) => {
+                    ctx.decide(&global, Choice::Option(option), None, &user)
+                        .await
+                }
+                None => Err("This button is malformed.".into()),
+            }
+        } else if id == "feedback" {
+            open_feedback(ctx, &value, &e.trigger_id.0, &reply).await
+        } else if id == "nudge" {
+            ctx.nudge(&SessionId::from(value.as_str()), &user).await
+        } else if id == "stop" {
+            ctx.stop(&SessionId::from(value.as_str()), &user).await
+        } else {
+            tracing::debug!(action = id, "ignoring unknown action");
+            Ok(())
+        };
+        if let Err(text) = result {
+            reply.send(ctx, render::problem(&text));
+        }
+    }
+}
+
+async fn open_feedback(
+    ctx: &Ctx,
+    value: &str,
+    trigger_id: &str,
+    reply: &Reply,
+) -> Result<(), String> {
+    let Some((global, option)) = render::parse_choice(value) else {
+        return Err("This button is malformed.".into());
+    };
+    let Some((session, _)) = render::split_global(&global) else {
+        return Err("This button is malformed.".into());
+    };
+    ctx.may_act(&session, &reply.user, "decide").await?;
+    let request = match ctx.store.get_request(&global).await {
+        Ok(Some((r, _))) if r.status == RequestStatus::Pending => r,
+        Ok(Some((r, _))) => {
+            return Err(format!(
+                "That request is already {}; nothing changed.",
+                r.status.as_str()
+            ));
+        }
+        Ok(None) => return Err(format!("No request `{global}`.")),
+        Err(e) => return Err(format!("Cannot read request `{global}`: {e}")),
+    };
+    let meta = FeedbackMeta {
+        request: global,
+        option,
+        channel: reply.channel.clone(),
+        thread_ts: reply.thread_ts.clone(),
+    };
+    let meta = serde_json::to_string(&meta).map_err(|e| e.to_string())?;
+    let _ = ctx.gateway.send_message(GatewayMsg::OpenView {
+        trigger_id: trigger_id.to_owned(),
+        view: render::feedback_modal(&request, &meta),
+        reply: None,
+    });
+    Ok(())
+}
+
+async fn on_view_submission(ctx: &Arc<Ctx>, e: SlackInteractionViewSubmissionEvent) {
+    let user = e.user.id.0.clone();
+    let SlackView::Modal(modal) = &e.view.view else {
+        return;
+    };
+    if modal.callback_id.as_ref().map(|c| c.0.as_str()) != Some(render::FEEDBACK_CALLBACK) {
+        return;
+    }
+    let Some(meta) = modal
+        .private_metadata
+        .as_deref()
+        .and_then(|m| serde_json::from_str::<FeedbackMeta>(m).ok())
+    else {
+        tracing::warn!("feedback modal without readable metadata");
+        return;
+    };
+    let text = e
+        .view
+        .state_params
+        .state
+        .as_ref()
+        .and_then(|s| s.values.get(&SlackBlockId(render::FEEDBACK_BLOCK.into())))
+        .and_then(|b| b.get(&SlackActionId(render::FEEDBACK_ACTION.into())))
+        .and_then(|v| v.value.clone())
+        .unwrap_or_default();
+    let reason = Some(text.trim().to_owned()).filter(|t| !t.is_empty());
+    tracing::info!(%user, request = %meta.request, "feedback submitted");
+    let reply = Reply {
+        channel: meta.channel.clone(),
+        user: user.clone(),
+        thread_ts: meta.thread_ts.clone(),
+    };
+    if let Err(text) = ctx
+        .decide(
+            &meta.request,
+            Choice::Option(meta.option.clone()),
+            reason,
+            &user,
+        )
+        .await
+    {
+        reply.send(ctx, render::problem(&text));
+    }
+}
+
+async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
+    let SlackEventCallbackBody::Message(m) = e.event else {
+        return;
+    };
+    // Edits, joins, bot posts and the like are not instructions.
+    if m.subtype.is_some() || m.sender.bot_id.is_some() {
+        return;
+    }
+    let Some(user) = m.sender.user.as_ref().map(|u| u.0.clone()) else {
+        return;
+    };
+    if ctx.bot_identity().is_some_and(|b| b.user_id == user) {
+        return;
+    }
+    let (Some(channel), Some(thread_ts)) = (
+        m.origin.channel.as_ref().map(|c| c.0.clone()),
+        m.origin.thread_ts.as_ref().map(|t| t.0.clone()),
+    ) else {
+        return;
+    };
+    let ts = m.origin.ts.0.clone();
+    if ts == thread_ts {
+        return;
+    }
+    let text = m
+        .content
+        .as_ref()
+        .and_then(|c| c.text.clone())
+        .map(|t| render::unescape(&t))
+        .unwrap_or_default();
+    if text.trim().is_empty() {
+        return;
+    }
+    let reply = Reply {
+        channel: channel.clone(),
+        user: user.clone(),
+        thread_ts: Some(thread_ts.clone()),
+    };
+    let Some(session) = ctx.session_of_thread(&channel, &thread_ts).await else {
+        ended_thread_hint(ctx, &reply, &thread_ts).await;
+        return;
+    };
+    tracing::info!(%user, %session, "thread reply");
+    if let Some(reason) = reject_reason(&text) {
+        match ctx.live_actor(&session).await {
+            Ok(actor) => reject_pending(ctx, &actor, &reply, reason).await,
+            Err(e) => reply.send(ctx, render::problem(&e)),
+        }
+        return;
+    }
+    match ctx.steer(&session, text.trim(), &user).await {
+        Ok(o) => {
+            let _ = ctx.gateway.send_message(GatewayMsg::SteeringAck {
+                session_id: session,
+                steering_id: o.steering_id,
+                channel,
+                ts,
+                queued: o.queued,
+            });
+        }
+        Err(e) => reply.send(ctx, render::problem(&e)),
+    }
+}
+
+/// `reject: <why>` (any case) in a thread rejects the waiting request.
+pub fn reject_reason(text: &str) -> Option<&str> {
+    let t = text.trim_start();
+    let head = t.get(..7)?;
+    head.eq_ignore_ascii_case("reject:").then(|| t[7..].trim())
+}
+
+async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, reason: &str) {
+    let snapshot = match ractor::call_t!(actor, SessionMsg::Snapshot, CALL_TIMEOUT_MS) {
+        Ok(s) => s,
+        Err(e) => {
+            reply.send(
+                ctx,
+                render::problem(&format!("The session did not answer: {e}")),
+            );
+            return;
+        }
+    };
+    let Some(oldest) = snapshot.pending.iter().min_by_key(|p| p.created_at) else {
+        reply.send(
+            ctx,
+            render::problem("No request is waiting for a decision. To give the agent an instruction, reply without `reject:`."),
+        );
+        return;
+    };
+    let reason = Some(reason.to_owned()).filter(|r| !r.is_empty());
+    if let Err(text) = ctx
+        .decide(&oldest.id, Choice::Reject, reason, &reply.user)
+        .await
+    {
+        reply.send(ctx, render::problem(&text));
+    }
+}
+
+/// A reply in the thread of a session that is no longer live.
+async fn ended_thread_hint(ctx: &Ctx, reply: &Reply, thread_ts: &str) {
+    let Ok(all) = ctx.store.list_sessions(false).await else {
+        return;
+    };
+    let Some(rec) = all.into_iter().find(|s| {
+        s.channel_id.as_deref() == Some(reply.channel.as_str())
+            && s.thread_ts.as_deref() == Some(thread_ts)
+    }) else {
+        return; // Not one of ours.
+    };
+    reply.send(
+        ctx,
+        render::problem(&format!(
+            "Session `{}` has ended ({}), so this reply was not delivered. Start a new one with `/intercom start <prompt>`.",
+            rec.id, rec.status
+        )),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reject_prefix_is_case_insensitive() {
+        assert_eq!(reject_reason("reject: too risky"), Some("too risky"));
+        assert_eq!(reject_reason("  REJECT:no"), Some("no"));
+        assert_eq!(reject_reason("rejected it"), None);
+        assert_eq!(reject_reason("re"), None);
+        assert_eq!(reject_reason("é"), None);
+    }
+
+    #[test]
+    fn feedback_metadata_round_trips() {
+        let m = FeedbackMeta {
+            request: "s-1:req-1".into(),
+            option: "reject-once".into(),
+            channel: "C1".into(),
+            thread_ts: Some("1.0".into()),
+        };
+        let text = serde_json::to_string(&m).expect("encode");
+        assert_eq!(
+            serde_json::from_str::<FeedbackMeta>(&text).expect("decode"),
+            m
+        );
+    }
+}

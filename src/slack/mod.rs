@@ -1,0 +1,323 @@
+//! Slack: one thread per session, buttons for decisions, steering by reply,
+//! `/intercom` slash commands, over Socket Mode.
+//!
+//! Why this exists: it is the edge between Slack and the core. Outbound, the
+//! core's [`SlackGateway`] actor is the only writer to Slack; this module
+//! gives it a slack-morphism client ([`api::MorphismApi`]), a Block Kit
+//! renderer ([`render::BlockKit`]) and the SQLite outbox. Inbound, a Socket
+//! Mode connection ([`socket`]) with reconnect and backoff hands slash
+//! commands, button clicks, modal submissions and thread replies to the
+//! router ([`inbound`], [`commands`]), which talks to the supervisor and the
+//! session actors.
+//!
+//! Wiring (what the server's `main` does):
+//!
+//! ```text
+//! let (slack_sink, slack_events) = slack::event_channel();   // before the supervisor
+//! // FanOut(vec![local_sink, slack_sink]) goes into SupervisorArgs.sink
+//! let slack = slack::spawn_slack(SlackOptions { .. }, slack_events).await?;
+//! // /healthz: slack.status().as_str()  ("connected" / "reconnecting" / "connecting")
+//! // shutdown: slack.shutdown().await
+//! ```
+
+pub mod api;
+pub mod commands;
+pub mod inbound;
+pub mod render;
+pub mod socket;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use intercom_actors::gateway::{GatewayArgs, GatewayMsg, RetryPolicy, SlackGateway};
+use intercom_actors::ports::{OperatorEvent, OperatorSink, SessionStore};
+use intercom_actors::registry::RegistryMsg;
+use intercom_actors::slack_port::{Outbox, SlackApiError};
+use intercom_actors::supervisor::SupervisorMsg;
+use ractor::{Actor, ActorRef};
+use tokio::sync::{mpsc, watch};
+
+pub use socket::ConnectionState;
+
+/// Environment variable with the bot token (`xoxb-...`).
+pub const BOT_TOKEN_ENV: &str = "SLACK_BOT_TOKEN";
+/// Environment variable with the app-level token (`xapp-...`, Socket Mode).
+pub const APP_TOKEN_ENV: &str = "SLACK_APP_TOKEN";
+/// Environment variable with extra operator user ids, comma separated.
+pub const MEMBER_IDS_ENV: &str = "SLACK_MEMBER_IDS";
+
+/// Why Slack could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SlackError {
+    /// Only one of the two tokens is set.
+    #[error("{0} is set but {1} is not; Slack needs both (see docs/slack.md)")]
+    HalfConfigured(&'static str, &'static str),
+    /// The TLS setup failed (no CA certificates).
+    #[error(
+        "cannot set up TLS for Slack: {0}; install the system CA certificates (ca-certificates)"
+    )]
+    Tls(String),
+    /// Slack refused the bot token.
+    #[error("Slack refused SLACK_BOT_TOKEN: {0}; check the token and the app's installation")]
+    Auth(String),
+    /// An actor could not be spawned.
+    #[error("cannot start the Slack gateway: {0}")]
+    Spawn(String),
+}
+
+/// The two Slack tokens.
+#[derive(Clone)]
+pub struct SlackTokens {
+    /// Bot token for the Web API.
+    pub bot: String,
+    /// App-level token for Socket Mode.
+    pub app: String,
+}
+
+impl std::fmt::Debug for SlackTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SlackTokens { .. }")
+    }
+}
+
+impl SlackTokens {
+    /// Reads `SLACK_BOT_TOKEN` / `SLACK_APP_TOKEN`: `None` when neither is
+    /// set (Slack disabled), an error when only one is.
+    pub fn from_env() -> Result<Option<SlackTokens>, SlackError> {
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        match (get(BOT_TOKEN_ENV), get(APP_TOKEN_ENV)) {
+            (Some(bot), Some(app)) => Ok(Some(SlackTokens { bot, app })),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(SlackError::HalfConfigured(BOT_TOKEN_ENV, APP_TOKEN_ENV)),
+            (None, Some(_)) => Err(SlackError::HalfConfigured(APP_TOKEN_ENV, BOT_TOKEN_ENV)),
+        }
+    }
+}
+
+/// Operators: `[slack] operators` plus `SLACK_MEMBER_IDS` (comma separated).
+pub fn operators(configured: &[String]) -> Vec<String> {
+    let from_env = std::env::var(MEMBER_IDS_ENV).unwrap_or_default();
+    merge_operators(configured, &from_env)
+}
+
+fn merge_operators(configured: &[String], env: &str) -> Vec<String> {
+    let mut seen = HashSet::new();
+    configured
+        .iter()
+        .map(|s| s.trim().to_owned())
+        .chain(env.split(',').map(|s| s.trim().to_owned()))
+        .filter(|s| !s.is_empty() && seen.insert(s.clone()))
+        .collect()
+}
+
+/// Timing knobs (defaults suit real Slack; tests shorten them).
+#[derive(Debug, Clone)]
+pub struct SlackTuning {
+    /// Backoff for transient Web API failures.
+    pub retry: RetryPolicy,
+    /// First Socket Mode reconnect delay.
+    pub reconnect_initial: Duration,
+    /// Reconnect delay ceiling.
+    pub reconnect_max: Duration,
+    /// WebSocket ping interval; no frame for three intervals means dead.
+    pub ping_interval: Duration,
+    /// How long to wait for `hello` after connecting.
+    pub hello_timeout: Duration,
+}
+
+impl Default for SlackTuning {
+    fn default() -> Self {
+        SlackTuning {
+            retry: RetryPolicy::default(),
+            reconnect_initial: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(60),
+            ping_interval: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Everything Slack needs from the server.
+pub struct SlackOptions {
+    /// Tokens.
+    pub tokens: SlackTokens,
+    /// `[slack] api_url` (an emulator); `None` for Slack's.
+    pub api_url: Option<String>,
+    /// User ids that may act on any session and start sessions.
+    pub operators: Vec<String>,
+    /// The session supervisor.
+    pub supervisor: ActorRef<SupervisorMsg>,
+    /// The workspace registry.
+    pub registry: ActorRef<RegistryMsg>,
+    /// Session storage.
+    pub store: Arc<dyn SessionStore>,
+    /// The durable outbox (the same SQLite store).
+    pub outbox: Arc<dyn Outbox>,
+    /// Timing.
+    pub tuning: SlackTuning,
+}
+
+/// Operator events waiting for Slack (the receiving half of [`event_channel`]).
+pub struct SlackEvents(mpsc::UnboundedReceiver<OperatorEvent>);
+
+struct ChannelSink(mpsc::UnboundedSender<OperatorEvent>);
+
+impl OperatorSink for ChannelSink {
+    fn emit(&self, event: OperatorEvent) {
+        // A closed channel means Slack was shut down; the store has it all.
+        let _ = self.0.send(event);
+    }
+}
+
+/// A sink for the supervisor's fan-out, usable before Slack is started:
+/// events are buffered until [`spawn_slack`] takes the receiver.
+pub fn event_channel() -> (Arc<dyn OperatorSink>, SlackEvents) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Arc::new(ChannelSink(tx)), SlackEvents(rx))
+}
+
+/// Connection status for `/healthz`.
+#[derive(Clone)]
+pub struct SlackStatus(watch::Receiver<ConnectionState>);
+
+impl SlackStatus {
+    /// The current state.
+    pub fn get(&self) -> ConnectionState {
+        *self.0.borrow()
+    }
+
+    /// `connecting`, `connected`, `reconnecting` or `stopped`.
+    pub fn as_str(&self) -> &'static str {
+        self.get().as_str()
+    }
+
+    /// Waits until the state satisfies `pred` (tests, startup logs).
+    pub async fn wait_for(&mut self, pred: impl Fn(ConnectionState) -> bool) -> ConnectionState {
+        match self.0.wait_for(|s| pred(*s)).await {
+            Ok(s) => *s,
+            Err(_) => ConnectionState::Stopped,
+        }
+    }
+}
+
+/// A running Slack integration.
+pub struct SlackHandle {
+    status: SlackStatus,
+    gateway: ActorRef<GatewayMsg>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl SlackHandle {
+    /// Connection status for `/healthz`.
+    pub fn status(&self) -> SlackStatus {
+        self.status.clone()
+    }
+
+    /// The gateway actor (the only writer to Slack).
+    pub fn gateway(&self) -> ActorRef<GatewayMsg> {
+        self.gateway.clone()
+    }
+
+    /// How many outbound operations wait for Slack.
+    pub async fn backlog(&self) -> usize {
+        ractor::call!(self.gateway, GatewayMsg::Backlog).unwrap_or(0)
+    }
+
+    /// Stops listening and stops the gateway; undelivered messages stay in
+    /// the outbox for the next start.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        self.gateway.stop(Some("shutdown".into()));
+    }
+}
+
+/// Starts Slack: checks the bot token, starts the gateway (which re-sends
+/// the outbox), forwards `events` into it, and connects Socket Mode.
+pub async fn spawn_slack(
+    opts: SlackOptions,
+    events: SlackEvents,
+) -> Result<SlackHandle, SlackError> {
+    let api = Arc::new(api::MorphismApi::new(
+        opts.api_url.as_deref(),
+        &opts.tokens.bot,
+        &opts.tokens.app,
+    )?);
+    let identity = match api.identity().await {
+        Ok(id) => Some(id),
+        Err(SlackApiError::Permanent(e)) => return Err(SlackError::Auth(e)),
+        Err(e) => {
+            tracing::warn!("Slack auth.test failed, will retry when connecting: {e}");
+            None
+        }
+    };
+    let threads: Arc<dyn intercom_actors::slack_port::ThreadIndex> =
+        Arc::new(opts.supervisor.clone());
+    let args = GatewayArgs {
+        api: api.clone(),
+        outbox: opts.outbox.clone(),
+        store: opts.store.clone(),
+        render: Arc::new(render::BlockKit),
+        threads: Some(threads),
+        retry: opts.tuning.retry,
+    };
+    let (gateway, _) = Actor::spawn(None, SlackGateway, args)
+        .await
+        .map_err(|e| SlackError::Spawn(e.to_string()))?;
+
+    let mut tasks = Vec::new();
+    let forward_to = gateway.clone();
+    let SlackEvents(mut rx) = events;
+    tasks.push(tokio::spawn(async move {
+        while let Some(event) = rx.recv().await {
+            if forward_to.send_message(GatewayMsg::Event(event)).is_err() {
+                break;
+            }
+        }
+    }));
+
+    let ctx = Arc::new(inbound::Ctx {
+        supervisor: opts.supervisor.clone(),
+        registry: opts.registry.clone(),
+        store: opts.store.clone(),
+        gateway: gateway.clone(),
+        operators: opts.operators.iter().cloned().collect(),
+        bot: std::sync::RwLock::new(identity),
+    });
+    let (inbound_tx, inbound_rx) = mpsc::channel(256);
+    tasks.push(tokio::spawn(inbound::run(ctx.clone(), inbound_rx)));
+
+    let (status_tx, status_rx) = watch::channel(ConnectionState::Connecting);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let socket = socket::SocketLoop {
+        api,
+        ctx,
+        status: status_tx,
+        inbound: inbound_tx,
+        tuning: opts.tuning.clone(),
+        stop: stop_rx,
+    };
+    tasks.push(tokio::spawn(socket.run()));
+    Ok(SlackHandle {
+        status: SlackStatus(status_rx),
+        gateway,
+        stop: stop_tx,
+        tasks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operators_merge_config_and_env_without_duplicates() {
+        let got = merge_operators(&["U1".into(), " U2 ".into()], "U2, U3,,");
+        assert_eq!(got, vec!["U1", "U2", "U3"]);
+    }
+}

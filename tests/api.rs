@@ -1,0 +1,544 @@
+//! The HTTP API end to end: the real app (store, registry, supervisor) served
+//! in-process on 127.0.0.1:0, driving the scripted agent as a child process.
+
+mod common;
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use agent_intercom::app::{App, AppOptions};
+use agent_intercom::config::Config;
+use agent_intercom::http::auth::ApiToken;
+use agent_intercom::http::{router, serve_on};
+use agent_intercom::storage::SqliteStore;
+use common::{Http, Layout, Setup, TOKEN, until};
+use serde_json::{Value, json};
+
+/// A server running in its own thread and runtime; stopped on drop.
+struct Server {
+    http: Http,
+    layout: Layout,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(setup: Setup) -> Server {
+        let layout = Layout::new(&setup);
+        let config = Config::load(&layout.config).expect("config loads");
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(run(config, addr_tx, stop_rx));
+        });
+        let addr: std::net::SocketAddr = addr_rx.recv().expect("server address");
+        Server {
+            http: Http::new(&format!("http://{addr}"), Some(TOKEN)),
+            layout,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+async fn run(
+    config: Config,
+    addr_tx: mpsc::Sender<std::net::SocketAddr>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let store = SqliteStore::open(&config.database.path)
+        .await
+        .expect("store");
+    let app = App::start(&config, store, AppOptions::default())
+        .await
+        .expect("app");
+    app.recover().await.expect("recover");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    addr_tx
+        .send(listener.local_addr().expect("addr"))
+        .expect("send addr");
+    let routes = router(app.clone(), ApiToken::new(TOKEN));
+    serve_on(listener, routes, async {
+        let _ = stop.await;
+    })
+    .await
+    .expect("serve");
+    app.shutdown().await;
+    app.close().await;
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn permission_scenario() -> Value {
+    json!({"turns": [[
+        {"chunk": "working. "},
+        {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit"}},
+        {"chunk": "done."}
+    ]]})
+}
+
+fn with_permission() -> Setup {
+    Setup {
+        scenario: permission_scenario(),
+        ..Setup::default()
+    }
+}
+
+fn sid(session: &Value) -> String {
+    session["id"].as_str().expect("id").to_owned()
+}
+
+#[test]
+fn health_needs_no_token_but_the_api_does() {
+    let server = Server::start(Setup::default());
+    let anonymous = Http::new(&server.http.base, None);
+    let health = anonymous.get("/healthz");
+    assert_eq!(health.status, 200);
+    assert_eq!(
+        health.body,
+        json!({"status": "ok", "sessions": 0, "slack": "disabled"})
+    );
+
+    let missing = anonymous.get("/api/sessions");
+    assert_eq!(missing.status, 401, "{}", missing.text);
+    assert_eq!(missing.body["code"], "unauthorized");
+    assert!(
+        missing.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Bearer"))
+    );
+    let wrong = Http::new(&server.http.base, Some("not-the-token"));
+    let r = wrong.get("/api/sessions");
+    assert_eq!(
+        (r.status, r.body["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let r = wrong.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": "x"}),
+    );
+    assert_eq!(r.status, 401);
+    // Unknown routes under /api are not probed without a token.
+    assert_eq!(anonymous.get("/api/nope").status, 401);
+    let r = server.http.get("/api/nope");
+    assert_eq!(
+        (r.status, r.body["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    assert_eq!(server.http.get("/api/sessions").body, json!([]));
+}
+
+#[test]
+fn a_session_with_a_permission_round_trip() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let session = http.start("please write notes");
+    let id = sid(&session);
+    assert!(id.starts_with("s-") && id.len() == 18, "{id}");
+    assert_eq!(session["workspace"], "demo");
+    assert_eq!(session["agent"], "scripted");
+    assert_eq!(session["owner"], "local");
+    assert_eq!(session["title"], "please write notes");
+    assert_eq!(session["restart_count"], 0);
+    assert!(
+        session["created_at"]
+            .as_i64()
+            .is_some_and(|t| t > 1_600_000_000_000)
+    );
+    for key in [
+        "status",
+        "status_reason",
+        "updated_at",
+        "cwd",
+        "protocol",
+        "channel_id",
+    ] {
+        assert!(session.get(key).is_some(), "missing {key}: {session}");
+    }
+
+    let approval = http.until_pending(&id, "req-1");
+    assert_eq!(approval["id"], format!("{id}:req-1"));
+    assert_eq!(approval["kind"], "permission");
+    assert_eq!(approval["title"], "Write notes.txt");
+    assert_eq!(approval["status"], "pending");
+    assert!(approval.get("diff").is_none(), "{approval}");
+    let options: Vec<&str> = approval["options"]
+        .as_array()
+        .expect("options")
+        .iter()
+        .map(|o| o["id"].as_str().expect("option id"))
+        .collect();
+    assert_eq!(
+        options,
+        ["allow-once", "allow-always", "reject-once", "reject-always"]
+    );
+    assert_eq!(approval["options"][0]["kind"], "allow_once");
+
+    let detail = http.get(&format!("/api/sessions/{id}"));
+    assert_eq!(detail.status, 200);
+    assert_eq!(detail.body["pending"][0]["request_id"], "req-1");
+    assert!(
+        detail.body["live"]["agent_pid"].as_i64().is_some(),
+        "{}",
+        detail.text
+    );
+    assert_eq!(detail.body["live"]["turn_running"], true);
+
+    let decided = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"option_id": "allow-once"}),
+    );
+    assert_eq!(decided.status, 200, "{}", decided.text);
+    assert_eq!(decided.body["status"], "decided");
+    assert_eq!(decided.body["decision"]["option_id"], "allow-once");
+    assert_eq!(decided.body["decision"]["approved"], true);
+    assert_eq!(decided.body["decision"]["decided_by"], "local");
+    let text = http.until_transcript(&id, "permission t1: selected allow-once");
+    assert!(text.contains("[user:text] please write notes"), "{text}");
+    assert!(text.contains("prompt: please write notes"), "{text}");
+
+    let again = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"decision": "approve"}),
+    );
+    assert_eq!(again.status, 409, "{}", again.text);
+    assert_eq!(again.body["code"], "conflict");
+    let stored = http.get(&format!("/api/approvals/{id}:req-1"));
+    assert_eq!(stored.body["decision"]["option_id"], "allow-once");
+
+    // A second turn asks again; this time reject it with a reason.
+    let steer = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "one more"}),
+    );
+    assert_eq!(steer.status, 202, "{}", steer.text);
+    http.until_pending(&id, "req-2");
+    let rejected = http.post(
+        &format!("/api/approvals/{id}:req-2"),
+        &json!({"decision": "reject", "reason": "not now"}),
+    );
+    assert_eq!(rejected.status, 200, "{}", rejected.text);
+    assert_eq!(rejected.body["decision"]["approved"], false);
+    assert_eq!(rejected.body["decision"]["option_id"], "reject-once");
+    assert_eq!(rejected.body["decision"]["reason"], "not now");
+    http.until_transcript(&id, "permission t1: selected reject-once");
+
+    let all = http.get("/api/approvals");
+    assert_eq!(all.body.as_array().map(Vec::len), Some(2), "{}", all.text);
+    assert_eq!(http.get("/api/approvals?status=pending").body, json!([]));
+    assert_eq!(
+        http.get("/api/approvals?status=decided")
+            .body
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+}
+
+#[test]
+fn unknown_things_are_404() {
+    let server = Server::start(Setup::default());
+    let http = &server.http;
+    let gets = [
+        "/api/sessions/s-0000000000000000",
+        "/api/sessions/s-0000000000000000/messages",
+        "/api/approvals/s-0000000000000000:req-1",
+    ];
+    for path in gets {
+        let r = http.get(path);
+        assert_eq!(
+            (r.status, r.body["code"].as_str()),
+            (404, Some("not_found")),
+            "{path}: {}",
+            r.text
+        );
+    }
+    let posts = [
+        (
+            "/api/sessions/s-0000000000000000/prompt",
+            json!({"text": "hi"}),
+        ),
+        ("/api/sessions/s-0000000000000000/cancel", json!({})),
+        (
+            "/api/approvals/s-0000000000000000:req-1",
+            json!({"decision": "approve"}),
+        ),
+        ("/api/approvals/garbage", json!({"decision": "approve"})),
+        (
+            "/api/sessions",
+            json!({"workspace": "nope", "prompt": "hi"}),
+        ),
+        (
+            "/api/sessions",
+            json!({"workspace": "demo", "prompt": "hi", "agent": "nope"}),
+        ),
+        (
+            "/api/sessions",
+            json!({"path": "does/not/exist", "prompt": "hi"}),
+        ),
+    ];
+    for (path, body) in posts {
+        let r = http.post(path, &body);
+        assert_eq!(
+            (r.status, r.body["code"].as_str()),
+            (404, Some("not_found")),
+            "{path} {body}: {}",
+            r.text
+        );
+    }
+    let unknown_ws = http.post(
+        "/api/sessions",
+        &json!({"workspace": "nope", "prompt": "hi"}),
+    );
+    assert!(
+        unknown_ws.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("demo")),
+        "{}",
+        unknown_ws.text
+    );
+}
+
+#[test]
+fn path_sessions_stay_under_the_workspace_root() {
+    let server = Server::start(Setup::default());
+    let http = &server.http;
+    let outside = tempfile::tempdir().expect("outside");
+    std::os::unix::fs::symlink(outside.path(), server.layout.root.join("escape")).expect("symlink");
+    for path in [
+        "/",
+        "escape",
+        "ws/../..",
+        outside.path().to_str().expect("utf8"),
+    ] {
+        let r = http.post("/api/sessions", &json!({"path": path, "prompt": "hi"}));
+        assert_eq!(
+            (r.status, r.body["code"].as_str()),
+            (403, Some("forbidden")),
+            "{path}: {}",
+            r.text
+        );
+    }
+    let ok = http.post("/api/sessions", &json!({"path": "ws", "prompt": "hi"}));
+    assert_eq!(ok.status, 201, "{}", ok.text);
+    let ws = server.layout.root.join("ws");
+    assert_eq!(ok.body["workspace"], ws.display().to_string());
+    assert_eq!(ok.body["cwd"], ws.display().to_string());
+    assert_eq!(ok.body["agent"], "scripted");
+}
+
+#[test]
+fn malformed_requests_are_400_with_json_errors() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let cases = [
+        json!({"workspace": "demo", "prompt": "   "}),
+        json!({"workspace": "demo"}),
+        json!({"workspace": "demo", "path": "ws", "prompt": "x"}),
+        json!({"prompt": "x"}),
+        json!({"workspace": "demo", "prompt": "x", "colour": "red"}),
+    ];
+    for body in cases {
+        let r = http.post("/api/sessions", &body);
+        assert_eq!(
+            (r.status, r.body["code"].as_str()),
+            (400, Some("bad_request")),
+            "{body}: {}",
+            r.text
+        );
+    }
+    let r = http.post_raw("/api/sessions", "{\"workspace\": ");
+    assert_eq!(
+        (r.status, r.body["code"].as_str()),
+        (400, Some("bad_request")),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.body["error"].as_str().is_some_and(|e| e.contains("JSON")),
+        "{}",
+        r.text
+    );
+    let r = http.get("/api/approvals?status=bogus");
+    assert_eq!(r.status, 400, "{}", r.text);
+    let r = http.get("/api/sessions?all=maybe");
+    assert_eq!(r.status, 400, "{}", r.text);
+
+    let id = sid(&http.start("write"));
+    http.until_pending(&id, "req-1");
+    let r = http.post(&format!("/api/sessions/{id}/prompt"), &json!({"text": ""}));
+    assert_eq!(r.status, 400, "{}", r.text);
+    let approval = format!("/api/approvals/{id}:req-1");
+    for body in [
+        json!({}),
+        json!({"decision": "maybe"}),
+        json!({"decision": "approve", "option_id": "allow-once"}),
+        json!({"option_id": "no-such-option"}),
+    ] {
+        let r = http.post(&approval, &body);
+        assert_eq!(
+            (r.status, r.body["code"].as_str()),
+            (400, Some("bad_request")),
+            "{body}: {}",
+            r.text
+        );
+    }
+    // None of that decided anything.
+    assert_eq!(http.get(&approval).body["status"], "pending");
+}
+
+#[test]
+fn the_session_limit_answers_429_with_retry_after() {
+    let server = Server::start(Setup {
+        max_sessions: 1,
+        ..with_permission()
+    });
+    let http = &server.http;
+    let first = sid(&http.start("first"));
+    let r = http.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": "second"}),
+    );
+    assert_eq!(r.status, 429, "{}", r.text);
+    assert_eq!(r.body["code"], "limit_reached");
+    assert_eq!(r.retry_after.as_deref(), Some("60"));
+    assert_eq!(http.get("/healthz").body["sessions"], 1);
+    // Once the first ends, there is room again.
+    assert_eq!(
+        http.post(&format!("/api/sessions/{first}/cancel"), &json!({}))
+            .status,
+        200
+    );
+    until("room for a new session", || {
+        let r = http.post(
+            "/api/sessions",
+            &json!({"workspace": "demo", "prompt": "third"}),
+        );
+        (r.status == 201).then_some(())
+    });
+}
+
+#[test]
+fn an_agent_that_cannot_start_is_502_and_leaves_no_session() {
+    let server = Server::start(Setup::default());
+    let http = &server.http;
+    let r = http.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": "hi", "agent": "missing"}),
+    );
+    assert_eq!(r.status, 502, "{}", r.text);
+    assert_eq!(r.body["code"], "agent_start_failed");
+    assert!(
+        r.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("agent-intercom-test-agent")),
+        "{}",
+        r.text
+    );
+    assert_eq!(http.get("/api/sessions?all=true").body, json!([]));
+    assert_eq!(http.get("/healthz").body["sessions"], 0);
+}
+
+#[test]
+fn prompts_queue_behind_a_blocked_turn_and_arrive_in_order() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let id = sid(&http.start("first"));
+    http.until_pending(&id, "req-1");
+    let prompt = format!("/api/sessions/{id}/prompt");
+    for text in ["second", "third"] {
+        let r = http.post(&prompt, &json!({"text": text}));
+        assert_eq!(r.status, 202, "{}", r.text);
+        assert_eq!(r.body, json!({"queued": true}));
+    }
+    let detail = http.get(&format!("/api/sessions/{id}"));
+    assert_eq!(detail.body["live"]["queued_prompts"], 2, "{}", detail.text);
+
+    let approve = |req: &str| {
+        let r = http.post(
+            &format!("/api/approvals/{id}:{req}"),
+            &json!({"decision": "approve"}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text);
+    };
+    approve("req-1");
+    http.until_pending(&id, "req-2");
+    let text = http.until_transcript(&id, "prompt: second");
+    assert!(
+        !text.contains("prompt: third"),
+        "third arrived early: {text}"
+    );
+    approve("req-2");
+    http.until_pending(&id, "req-3");
+    let text = http.until_transcript(&id, "prompt: third");
+    let (second, third) = (
+        text.find("prompt: second").expect("second"),
+        text.find("prompt: third").expect("third"),
+    );
+    assert!(second < third, "{text}");
+}
+
+#[test]
+fn interrupting_cancels_the_turn_and_delivers_at_once() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let id = sid(&http.start("first"));
+    http.until_pending(&id, "req-1");
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "change of plan", "interrupt": true}),
+    );
+    assert_eq!(r.status, 202, "{}", r.text);
+    http.until_transcript(&id, "prompt: change of plan");
+    let old = http.get(&format!("/api/approvals/{id}:req-1"));
+    assert_eq!(old.body["status"], "cancelled", "{}", old.text);
+}
+
+#[test]
+fn cancel_is_idempotent_and_an_ended_session_refuses_prompts() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let id = sid(&http.start("first"));
+    http.until_pending(&id, "req-1");
+    let cancel = format!("/api/sessions/{id}/cancel");
+    let r = http.post(&cancel, &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    http.until_status(&id, "cancelled");
+    let again = http.post(&cancel, &json!({}));
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.body["status"], "cancelled");
+    assert_eq!(again.body["status_reason"], "stopped by operator");
+
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "hello?"}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(r.body["code"], "conflict");
+    assert_eq!(r.body["status"], "cancelled");
+    assert_eq!(r.body["error"], "session is cancelled; start a new one");
+
+    let r = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"decision": "approve"}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(http.get("/api/sessions").body, json!([]));
+    assert_eq!(http.get("/api/sessions?all=true").body[0]["id"], id);
+}

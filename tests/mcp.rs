@@ -1,0 +1,570 @@
+//! The MCP endpoint end to end: rmcp's own client over streamable HTTP
+//! against the real router on 127.0.0.1, the core actors in-process, and an
+//! operator answering through the session actors.
+
+mod mcp_common;
+
+use std::time::Duration;
+
+use intercom_actors::model::{RequestStatus, SessionStatus};
+use intercom_actors::ports::OperatorEvent;
+use intercom_actors::session::Choice;
+use mcp_common::{Harness, INITIALIZE, Timeouts, call, ok, raw_post, refused};
+use rmcp::ServiceError;
+use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ErrorCode};
+use rmcp::service::PeerRequestOptions;
+use serde_json::json;
+
+fn clearance(file: &str, diff: &str) -> serde_json::Value {
+    json!({"title": "Edit", "description": "why", "diff": diff, "file_path": file, "risk_level": "low"})
+}
+
+#[tokio::test]
+async fn lists_all_eight_tools() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let mut names: Vec<String> = client
+        .list_all_tools()
+        .await
+        .expect("tools")
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            "auto_check",
+            "broadcast",
+            "check_clearance",
+            "check_diff",
+            "ping",
+            "reboot",
+            "standby",
+            "transmit"
+        ]
+    );
+    // Listing tools does not create a session.
+    assert!(h.mcp_sessions().await.is_empty());
+    let auto = ok(&client, "auto_check", json!({"tool_name": "cargo test"})).await;
+    assert_eq!(auto, json!({"auto_approved": false, "matched_rule": null}));
+}
+
+#[tokio::test]
+async fn approved_whole_file_change_is_applied() {
+    let h = Harness::new().await;
+    std::fs::write(h.workspace.join("main.rs"), "old\n").expect("seed");
+    let client = h.ws_client().await;
+    let peer = client.peer().clone();
+    let call_task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("main.rs", "new content\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    let session = h.mcp_session().await;
+    assert_eq!(req.session_id, session.id);
+    assert_eq!(
+        (session.workspace.as_str(), session.channel_id.as_deref()),
+        ("ws", Some("C1"))
+    );
+    assert_eq!(session.owner, "local");
+    assert!(session.title.contains("(MCP)"), "{}", session.title);
+    h.decide(&req, Choice::Approve, None).await;
+    let result = mcp_common::structured(&call_task.await.expect("join").expect("call"));
+    assert_eq!(result["status"], "approved");
+    assert_eq!(result["request_id"], json!(req.id));
+    // Nothing is written before check_diff.
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("main.rs")).expect("read"),
+        "old\n"
+    );
+    let applied = ok(&client, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(applied["files_written"], json!(["main.rs"]));
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("main.rs")).expect("read"),
+        "new content\n"
+    );
+    // Applying twice is refused.
+    let again = refused(&client, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(again["code"], "already_applied");
+}
+
+#[tokio::test]
+async fn approved_unified_diff_is_applied_and_a_new_file_created() {
+    let h = Harness::new().await;
+    std::fs::create_dir_all(h.workspace.join("src")).expect("mkdir");
+    std::fs::write(h.workspace.join("src/lib.rs"), "a\nb\nc\n").expect("seed");
+    let client = h.ws_client().await;
+    let diff = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n--- /dev/null\n+++ b/src/new.rs\n@@ -0,0 +1 @@\n+fresh\n";
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("src/lib.rs", diff))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    let applied = ok(&client, "check_diff", json!({"request_id": req.request_id})).await;
+    assert_eq!(
+        applied["files_written"],
+        json!(["src/lib.rs", "src/new.rs"])
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("src/lib.rs")).expect("read"),
+        "a\nB\nc\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("src/new.rs")).expect("read"),
+        "fresh\n"
+    );
+    // No temporary files are left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(h.workspace.join("src"))
+        .expect("ls")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+}
+
+#[tokio::test]
+async fn rejection_carries_the_reason_and_nothing_is_applied() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("x.txt", "x\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Reject, Some("too risky")).await;
+    let result = mcp_common::structured(&task.await.expect("join").expect("call"));
+    assert_eq!(
+        (result["status"].clone(), result["reason"].clone()),
+        (json!("rejected"), json!("too risky"))
+    );
+    let r = refused(&client, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(r["code"], "not_approved");
+    assert!(!h.workspace.join("x.txt").exists());
+}
+
+#[tokio::test]
+async fn clearance_times_out_and_expires_its_request() {
+    let h = Harness::with(Timeouts {
+        approval: Duration::from_millis(500),
+        ..Timeouts::default()
+    })
+    .await;
+    let client = h.ws_client().await;
+    let result = ok(&client, "check_clearance", clearance("x.txt", "x\n")).await;
+    assert_eq!(result["status"], "timeout");
+    let id = result["request_id"].as_str().expect("id").to_owned();
+    h.until_request(&id, |r| r.status == RequestStatus::Expired)
+        .await;
+}
+
+#[tokio::test]
+async fn paths_outside_the_workspace_are_refused() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    // At clearance time: an invalid-params error naming file_path.
+    let err = call(
+        &client,
+        "check_clearance",
+        clearance("../escape.txt", "x\n"),
+    )
+    .await
+    .expect_err("refused");
+    let ServiceError::McpError(e) = err else {
+        panic!("unexpected {err:?}")
+    };
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+    assert!(e.message.contains("file_path"), "{}", e.message);
+    // At apply time: the directory became a symlink out of the workspace.
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::create_dir(h.workspace.join("sub")).expect("mkdir");
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("sub/f.txt", "x\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    std::fs::remove_dir(h.workspace.join("sub")).expect("rmdir");
+    std::os::unix::fs::symlink(outside.path(), h.workspace.join("sub")).expect("symlink");
+    let r = refused(
+        &client,
+        "check_diff",
+        json!({"request_id": req.id, "force": true}),
+    )
+    .await;
+    assert_eq!(r["code"], "outside_workspace");
+    assert!(!outside.path().join("f.txt").exists());
+}
+
+#[tokio::test]
+async fn a_file_changed_since_approval_needs_force() {
+    let h = Harness::new().await;
+    std::fs::write(h.workspace.join("f.txt"), "v1\n").expect("seed");
+    let client = h.ws_client().await;
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("f.txt", "v3\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    std::fs::write(h.workspace.join("f.txt"), "v2 by someone else\n").expect("edit");
+    let r = refused(&client, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(r["code"], "file_changed");
+    assert!(r["error"].as_str().expect("msg").contains("f.txt"), "{r}");
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("f.txt")).expect("read"),
+        "v2 by someone else\n"
+    );
+    let applied = ok(
+        &client,
+        "check_diff",
+        json!({"request_id": req.id, "force": true}),
+    )
+    .await;
+    assert_eq!(applied["files_written"], json!(["f.txt"]));
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("f.txt")).expect("read"),
+        "v3\n"
+    );
+}
+
+#[tokio::test]
+async fn transmit_returns_the_refine_instruction_and_auto_continues_on_timeout() {
+    let h = Harness::with(Timeouts {
+        transmit: Duration::from_millis(500),
+        ..Timeouts::default()
+    })
+    .await;
+    let client = h.ws_client().await;
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("transmit").with_arguments(mcp_common::args(
+                json!({"prompt_text": "Shall I continue with the tests?", "prompt_type": "continuation"}),
+            )),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(
+        &req,
+        Choice::Option("refine".into()),
+        Some("write the docs first"),
+    )
+    .await;
+    let result = mcp_common::structured(&task.await.expect("join").expect("call"));
+    assert_eq!(result["decision"], "refine");
+    assert_eq!(result["instruction"], "write the docs first");
+    // Nobody answers the next one.
+    let result = ok(&client, "transmit", json!({"prompt_text": "And now?"})).await;
+    assert_eq!(result["decision"], "continue");
+    assert_eq!(result["auto"], true);
+    assert!(
+        result["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("no operator answer"),
+        "{result}"
+    );
+    let id = result["request_id"].as_str().expect("id").to_owned();
+    h.until_request(&id, |r| r.status == RequestStatus::Expired)
+        .await;
+}
+
+#[tokio::test]
+async fn standby_receives_steering_and_times_out_without() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    // Creates the session.
+    ok(&client, "ping", json!({})).await;
+    let session = h.mcp_session().await;
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("standby")
+                .with_arguments(mcp_common::args(json!({"message": "waiting for you"}))),
+        )
+        .await
+    });
+    h.until_transcript(&session.id, "waiting for you").await;
+    h.steer(&session.id, "refactor the parser").await;
+    let result = mcp_common::structured(&task.await.expect("join").expect("call"));
+    assert_eq!(
+        result,
+        json!({"status": "resumed", "instruction": "refactor the parser"})
+    );
+    let result = ok(&client, "standby", json!({"timeout_seconds": 1})).await;
+    assert_eq!(result["status"], "timeout");
+}
+
+#[tokio::test]
+async fn ping_hands_over_queued_steering_once() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let first = ok(
+        &client,
+        "ping",
+        json!({"status_message": "halfway", "progress_snapshot": [{"label": "parser", "status": "done"}]}),
+    )
+    .await;
+    assert_eq!(first, json!({"queued_steering": []}));
+    let session = h.mcp_session().await;
+    h.until_event("plan", |e| matches!(e, OperatorEvent::Plan { entries, .. } if entries == &vec![("parser".to_owned(), "done".to_owned())]))
+        .await;
+    assert!(h.steer(&session.id, "one").await.queued);
+    assert!(h.steer(&session.id, "two").await.queued);
+    let r = ok(&client, "ping", json!({})).await;
+    assert_eq!(r, json!({"queued_steering": ["one", "two"]}));
+    let r = ok(&client, "ping", json!({})).await;
+    assert_eq!(r, json!({"queued_steering": []}));
+    // reboot sees the last progress and nothing pending.
+    assert!(h.steer(&session.id, "three").await.queued);
+    let state = ok(&client, "reboot", json!({})).await;
+    assert_eq!(state["session_id"], json!(session.id));
+    assert_eq!(state["pending"], json!([]));
+    assert_eq!(state["queued_steering"], json!(["three"]));
+    assert_eq!(state["last_progress"]["status_message"], "halfway");
+}
+
+#[tokio::test]
+async fn broadcast_reaches_the_operator() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let r = ok(
+        &client,
+        "broadcast",
+        json!({"message": "tests pass", "level": "warning"}),
+    )
+    .await;
+    assert_eq!(r, json!({"posted": true}));
+    h.until_event("notice", |e| {
+        matches!(e, OperatorEvent::Notice { text, level, .. }
+            if text == "tests pass" && *level == intercom_actors::ports::NoticeLevel::Warning)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cancelled_call_closes_its_request_as_cancelled() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+        CallToolRequestParams::new("check_clearance")
+            .with_arguments(mcp_common::args(clearance("x.txt", "x\n"))),
+    ));
+    let handle = client
+        .peer()
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .expect("sent");
+    let req = h.pending().await;
+    handle
+        .cancel(Some("user pressed stop".into()))
+        .await
+        .expect("cancel");
+    h.until_request(&req.id, |r| r.status == RequestStatus::Cancelled)
+        .await;
+    h.until_event("closed", |e| {
+        matches!(e, OperatorEvent::RequestClosed { status: RequestStatus::Cancelled, id, .. } if id == &req.id)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_arguments_name_the_argument() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let cases = [
+        (
+            "check_clearance",
+            json!({"title": "t", "diff": "d"}),
+            "`file_path` is required",
+        ),
+        (
+            "check_diff",
+            json!({"request_id": 7}),
+            "`request_id` must be a string",
+        ),
+        (
+            "broadcast",
+            json!({"message": "m", "level": "loud"}),
+            "`level` must be one of info, warning, error",
+        ),
+        (
+            "standby",
+            json!({"timeout_seconds": -1}),
+            "`timeout_seconds`",
+        ),
+        ("ping", json!({"status": "x"}), "unknown argument `status`"),
+        (
+            "check_diff",
+            json!({"request_id": "req-99"}),
+            "no request req-99",
+        ),
+    ];
+    for (tool, a, needle) in cases {
+        let err = call(&client, tool, a).await.expect_err(tool);
+        let ServiceError::McpError(e) = err else {
+            panic!("{tool}: unexpected {err:?}")
+        };
+        assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{tool}");
+        assert!(e.message.contains(needle), "{tool}: {}", e.message);
+    }
+}
+
+#[tokio::test]
+async fn hosts_other_than_loopback_are_forbidden() {
+    let h = Harness::new().await;
+    let status = raw_post(h.port, "/mcp", "evil.example.com", INITIALIZE).await;
+    assert_eq!(status, 403);
+    let status = raw_post(h.port, "/mcp", &format!("127.0.0.1:{}", h.port), INITIALIZE).await;
+    assert_eq!(status, 200);
+    let status = raw_post(h.port, "/mcp", "localhost", INITIALIZE).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn workspace_and_channel_select_where_the_session_belongs() {
+    let h = Harness::new().await;
+    // The deprecated channel_id still finds the workspace.
+    let c = h.client("?channel_id=C1").await;
+    ok(&c, "ping", json!({})).await;
+    let s = h.mcp_session().await;
+    assert_eq!(
+        (s.workspace.as_str(), s.channel_id.as_deref()),
+        ("ws", Some("C1"))
+    );
+    c.cancel().await.expect("close");
+    h.until_session(&s.id, |r| r.status == SessionStatus::Completed)
+        .await;
+    // An unknown workspace gives a local-only session, which cannot apply files.
+    let c = h.client("?workspace_id=nope&channel_id=C1").await;
+    ok(&c, "ping", json!({})).await;
+    let s = h
+        .mcp_sessions()
+        .await
+        .into_iter()
+        .find(|r| r.status.is_live())
+        .expect("live session");
+    assert_eq!((s.workspace.as_str(), s.channel_id.as_deref()), ("", None));
+    let peer = c.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("x.txt", "x\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    assert_eq!(req.session_id, s.id);
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    let r = refused(&c, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(r["code"], "no_workspace");
+}
+
+#[tokio::test]
+async fn closing_the_mcp_session_ends_the_core_session() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    ok(&client, "ping", json!({})).await;
+    let s = h.mcp_session().await;
+    client.cancel().await.expect("close");
+    let rec = h
+        .until_session(&s.id, |r| r.status == SessionStatus::Completed)
+        .await;
+    assert_eq!(rec.status_reason.as_deref(), Some("client_disconnected"));
+}
+
+#[tokio::test]
+async fn the_bridge_needs_a_valid_token_and_reaches_the_acp_session() {
+    let h = Harness::new().await;
+    for query in ["?session_id=", "?session_id=bogus"] {
+        let status = raw_post(h.port, &format!("/mcp{query}"), "127.0.0.1", INITIALIZE).await;
+        assert_eq!(status, 401, "{query}");
+    }
+    let acp = h
+        .start_acp(json!({"mcp_http": true, "turns": [[{"echo_mcp": true}]]}))
+        .await;
+    let text = h.until_transcript(&acp.id, "session_id=").await;
+    let token = text
+        .split("session_id=")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("token")
+        .to_owned();
+    let client = h.client(&format!("?session_id={token}")).await;
+    let r = ok(&client, "ping", json!({"status_message": "bridged hello"})).await;
+    assert_eq!(r, json!({"queued_steering": []}));
+    h.until_transcript(&acp.id, "bridged hello").await;
+    ok(&client, "broadcast", json!({"message": "from the bridge"})).await;
+    h.until_event("bridged notice", |e| {
+        matches!(e, OperatorEvent::Notice { text, session_id, .. } if text == "from the bridge" && session_id == &acp.id)
+    })
+    .await;
+    // No MCP session was created for the bridged client.
+    assert!(h.mcp_sessions().await.is_empty());
+    // Closing the bridged connection leaves the ACP session alone.
+    client.cancel().await.expect("close");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(h.lookup(&acp.id).await.is_some());
+}
+
+#[tokio::test]
+async fn a_reconnected_client_applies_what_its_earlier_session_got_approved() {
+    let h = Harness::new().await;
+    let first = h.ws_client().await;
+    let peer = first.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("r.txt", "reconnected\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    first.cancel().await.expect("close");
+    h.until_session(&req.session_id, |r| r.status == SessionStatus::Completed)
+        .await;
+    let second = h.ws_client().await;
+    let applied = ok(&second, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(applied["files_written"], json!(["r.txt"]));
+    // A client of another workspace may not.
+    let other = h.client("?workspace_id=nope").await;
+    let err = call(
+        &other,
+        "check_diff",
+        json!({"request_id": req.id, "force": true}),
+    )
+    .await
+    .expect_err("refused");
+    let ServiceError::McpError(e) = err else {
+        panic!("unexpected {err:?}")
+    };
+    assert!(e.message.contains("another workspace"), "{}", e.message);
+}

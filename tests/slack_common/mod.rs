@@ -1,0 +1,374 @@
+//! Harness for the Slack end-to-end tests: the emulator, the core actors
+//! (supervisor, registry) on a temp-file SQLite store, and `spawn_slack`
+//! pointed at the emulator, with the scripted agent as the coding agent.
+//!
+//! Everything waits with deadlines ([`WAIT`]); nothing sleeps and hopes.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_intercom::storage::SqliteStore;
+use intercom_actors::gateway::RetryPolicy;
+use intercom_actors::model::{Framing, Protocol, SessionId, SessionRecord};
+use intercom_actors::ports::SessionStore;
+use intercom_actors::registry::{RegistryMsg, WorkspaceMap, WorkspaceRegistry};
+use intercom_actors::session::SessionSettings;
+use intercom_actors::settings::{
+    AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
+};
+use intercom_actors::slack_port::Outbox;
+use intercom_actors::supervisor::{SessionSupervisor, SupervisorArgs, SupervisorMsg};
+use ractor::{Actor, ActorRef};
+use serde_json::Value;
+
+use crate::emulator::{Emulator, Msg};
+use crate::slack::{self, ConnectionState, SlackHandle, SlackOptions, SlackTokens, SlackTuning};
+
+/// Deadline for anything a test waits on.
+pub const WAIT: Duration = Duration::from_secs(20);
+/// The operator who starts sessions (and owns them).
+pub const OWNER: &str = "UOWNER";
+/// A user who is neither owner nor operator.
+pub const STRANGER: &str = "USTRANGER";
+/// The workspace's channel.
+pub const CHANNEL: &str = "C1";
+
+/// Path of the scripted agent (built on demand).
+pub fn agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("scripted-agent");
+    if !bin.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "scripted-agent"])
+            .status()
+            .expect("cargo build scripted-agent");
+        assert!(status.success(), "building scripted-agent failed");
+    }
+    bin
+}
+
+/// Fast timings for tests.
+pub fn tuning() -> SlackTuning {
+    SlackTuning {
+        retry: RetryPolicy {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(400),
+        },
+        reconnect_initial: Duration::from_millis(100),
+        reconnect_max: Duration::from_millis(400),
+        ping_interval: Duration::from_secs(5),
+        hello_timeout: Duration::from_secs(5),
+    }
+}
+
+/// Everything one test runs against.
+pub struct Rig {
+    pub emu: Emulator,
+    pub store: Arc<SqliteStore>,
+    pub sup: ActorRef<SupervisorMsg>,
+    pub registry: ActorRef<RegistryMsg>,
+    pub slack: Option<SlackHandle>,
+    pub profiles: Vec<AgentProfile>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// Starts everything; `agents` are (profile id, scenario) pairs.
+    pub async fn start(agents: &[(&str, Value)]) -> Rig {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canon");
+        let ws = root.join("ws");
+        std::fs::create_dir_all(&ws).expect("mkdir ws");
+        let profiles: Vec<AgentProfile> = agents
+            .iter()
+            .map(|(id, scenario)| {
+                let path = root.join(format!("{id}.json"));
+                std::fs::write(&path, scenario.to_string()).expect("write scenario");
+                AgentProfile {
+                    id: (*id).to_owned(),
+                    command: agent_bin().display().to_string(),
+                    args: vec!["--scenario".into(), path.display().to_string()],
+                    env: vec![],
+                    protocol: Protocol::Acp,
+                    framing: Framing::Ndjson,
+                    auth_method: None,
+                }
+            })
+            .collect();
+        let map = WorkspaceMap {
+            workspace_root: root.clone(),
+            workspaces: vec![WorkspaceEntry {
+                id: "ws".into(),
+                path: ws,
+                channel_id: CHANNEL.into(),
+                label: None,
+                default_agent: None,
+            }],
+            agents: profiles.clone(),
+            default_agent: profiles.first().map(|p| p.id.clone()),
+        };
+        let (registry, _) = Actor::spawn(None, WorkspaceRegistry, map)
+            .await
+            .expect("registry");
+        let store = Arc::new(
+            SqliteStore::open(&root.join("intercom.db"))
+                .await
+                .expect("open store"),
+        );
+        let emu = Emulator::start().await;
+        let (sup, events) = spawn_supervisor(store.clone()).await;
+        let mut rig = Rig {
+            emu,
+            store,
+            sup,
+            registry,
+            slack: None,
+            profiles,
+            dir,
+        };
+        rig.spawn_slack(events).await;
+        rig
+    }
+
+    /// A fresh supervisor on the same store (a server restart); returns the
+    /// events for the next [`Rig::spawn_slack`].
+    pub async fn restart_core(&mut self) -> slack::SlackEvents {
+        let (sup, events) = spawn_supervisor(self.store.clone()).await;
+        self.sup = sup;
+        events
+    }
+}
+
+/// A supervisor whose operator events go to a fresh Slack event channel.
+async fn spawn_supervisor(
+    store: Arc<SqliteStore>,
+) -> (ActorRef<SupervisorMsg>, slack::SlackEvents) {
+    let (sink, events) = slack::event_channel();
+    let settings = Arc::new(SessionSettings {
+        limits: Limits {
+            startup_timeout_secs: 20,
+            shutdown_grace_secs: 1,
+            ..Limits::default()
+        },
+        stall: StallPolicy {
+            inactivity_secs: 0,
+            ..StallPolicy::default()
+        },
+        operators: HashSet::new(),
+        rules: Default::default(),
+    });
+    let args = SupervisorArgs {
+        policy: SupervisionPolicy {
+            backoff_initial_secs: 0,
+            backoff_max_secs: 0,
+            ..SupervisionPolicy::default()
+        },
+        settings,
+        store,
+        sink,
+        bridge_url: None,
+    };
+    let (sup, _) = Actor::spawn(None, SessionSupervisor, args)
+        .await
+        .expect("supervisor");
+    (sup, events)
+}
+
+impl Rig {
+    /// Starts the Slack side against the emulator and waits for `hello`.
+    pub async fn spawn_slack(&mut self, events: slack::SlackEvents) {
+        let store: Arc<dyn SessionStore> = self.store.clone();
+        let outbox: Arc<dyn Outbox> = self.store.clone();
+        let opts = SlackOptions {
+            tokens: SlackTokens {
+                bot: "xoxb-test".into(),
+                app: "xapp-test".into(),
+            },
+            api_url: Some(self.emu.api_url.clone()),
+            operators: vec![OWNER.to_owned()],
+            supervisor: self.sup.clone(),
+            registry: self.registry.clone(),
+            store,
+            outbox,
+            tuning: tuning(),
+        };
+        let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
+        let mut status = handle.status();
+        let reached =
+            tokio::time::timeout(WAIT, status.wait_for(|s| s == ConnectionState::Connected))
+                .await
+                .expect("Socket Mode connects");
+        assert_eq!(reached, ConnectionState::Connected);
+        self.slack = Some(handle);
+    }
+
+    /// The Slack handle.
+    pub fn slack(&self) -> &SlackHandle {
+        self.slack.as_ref().expect("slack running")
+    }
+
+    /// Waits until the connection state is `want`.
+    pub async fn until_state(&self, want: ConnectionState) {
+        let mut status = self.slack().status();
+        tokio::time::timeout(WAIT, status.wait_for(|s| s == want))
+            .await
+            .unwrap_or_else(|_| panic!("never became {want:?}"));
+    }
+
+    /// `/intercom start --agent <agent> <prompt>` by the owner; returns the
+    /// session and its thread root ts.
+    pub async fn start_session(&self, agent: &str, prompt: &str) -> (SessionId, String) {
+        let before = self.emu.ephemerals().len();
+        let env = self
+            .emu
+            .slash(OWNER, CHANNEL, &format!("start --agent {agent} {prompt}"));
+        let text = self
+            .emu
+            .until("the start confirmation", WAIT, |e| {
+                e.ephemerals()
+                    .into_iter()
+                    .skip(before)
+                    .find(|m| {
+                        m.user == OWNER
+                            && (m.text.contains("Started") || m.text.contains(":warning:"))
+                    })
+                    .map(|m| m.text)
+            })
+            .await;
+        assert!(self.emu.acked(&env), "slash command envelope acked");
+        assert!(text.contains("Started"), "start failed: {text}");
+        let id = text
+            .split('`')
+            .nth(1)
+            .map(SessionId::from)
+            .expect("session id in the confirmation");
+        let root = self.root_ts(&id).await;
+        (id, root)
+    }
+
+    /// Waits for a session's thread root and returns its ts.
+    pub async fn root_ts(&self, id: &SessionId) -> String {
+        self.until_record(id, "with a thread", |r| r.thread_ts.is_some())
+            .await
+            .thread_ts
+            .expect("thread ts")
+    }
+
+    /// Waits until the stored session satisfies `pred`.
+    pub async fn until_record(
+        &self,
+        id: &SessionId,
+        what: &str,
+        pred: impl Fn(&SessionRecord) -> bool,
+    ) -> SessionRecord {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(r) = self.store.get_session(id).await.expect("get")
+                && pred(&r)
+            {
+                return r;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "session never {what}: {:?}",
+                self.store.get_session(id).await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The transcript as text.
+    pub async fn transcript(&self, id: &SessionId) -> String {
+        self.store
+            .transcript(id)
+            .await
+            .expect("transcript")
+            .into_iter()
+            .map(|m| format!("[{}] {}", m.role.as_str(), m.content))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits until the transcript contains `needle`.
+    pub async fn until_transcript(&self, id: &SessionId, needle: &str) -> String {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let text = self.transcript(id).await;
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "transcript never contained {needle:?}:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for a thread message satisfying `pred`.
+    pub async fn until_in_thread(
+        &self,
+        root: &str,
+        what: &str,
+        pred: impl Fn(&Msg) -> bool,
+    ) -> Msg {
+        self.emu
+            .until(what, WAIT, |e| {
+                e.thread(CHANNEL, root).into_iter().find(|m| pred(m))
+            })
+            .await
+    }
+
+    /// Waits until the emulator's message `ts` satisfies `pred`.
+    pub async fn until_message(&self, ts: &str, what: &str, pred: impl Fn(&Msg) -> bool) -> Msg {
+        self.emu
+            .until(what, WAIT, |e| e.message(CHANNEL, ts).filter(|m| pred(m)))
+            .await
+    }
+
+    /// Waits for an ephemeral to `user` containing `needle`.
+    pub async fn until_ephemeral(&self, user: &str, needle: &str) -> String {
+        self.emu
+            .until(
+                &format!("an ephemeral to {user} with {needle:?}"),
+                WAIT,
+                |e| {
+                    e.ephemerals()
+                        .into_iter()
+                        .find(|m| m.user == user && m.text.contains(needle))
+                        .map(|m| m.text)
+                },
+            )
+            .await
+    }
+
+    /// Waits until the gateway has delivered everything.
+    pub async fn until_drained(&self) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if self.slack().backlog().await == 0 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "gateway never drained"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A scenario whose first turn asks permission to write notes.txt.
+pub fn permission_scenario() -> Value {
+    serde_json::json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Write notes.txt", "kind": "edit", "status": "pending"}},
+        {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit"}},
+        {"tool_update": {"id": "t1", "status": "completed"}},
+        {"chunk": " Done."}
+    ], []]})
+}

@@ -1,0 +1,570 @@
+//! End-to-end Slack tests: the real slack-morphism client and Socket Mode
+//! loop against the loopback emulator, the real supervisor and session
+//! actors, the SQLite store, and the scripted agent as a child process.
+
+// The Slack edge is compiled into this test crate from its source until
+// `src/lib.rs` declares `pub mod slack;` (then: `use agent_intercom::slack;`).
+#[allow(dead_code, unused_imports)]
+#[path = "../src/slack/mod.rs"]
+mod slack;
+
+mod emulator;
+mod slack_common;
+
+use std::time::Duration;
+
+use emulator::Fault;
+use intercom_actors::model::RequestStatus;
+use intercom_actors::ports::SessionStore;
+use intercom_actors::slack_port::Outbox;
+use serde_json::json;
+use slack::ConnectionState;
+use slack_common::{CHANNEL, OWNER, Rig, STRANGER, WAIT, permission_scenario};
+
+fn agent_texts(rig: &Rig, root: &str) -> Vec<String> {
+    rig.emu
+        .thread(CHANNEL, root)
+        .into_iter()
+        .filter(|m| m.text.starts_with("prompt: "))
+        .map(|m| m.text)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_round_trip_from_a_slash_command() {
+    let rig = Rig::start(&[("perm", permission_scenario())]).await;
+    let (id, root) = rig.start_session("perm", "write the notes").await;
+
+    // The thread root is the first message the bot posted, and it names the session.
+    let posts = rig.emu.ok_calls("chat.postMessage");
+    assert!(
+        posts[0].params.get("thread_ts").is_none(),
+        "{:?}",
+        posts[0].params
+    );
+    let root_msg = rig.emu.message(CHANNEL, &root).expect("root");
+    assert!(
+        root_msg.all_text().contains(&id.0),
+        "{}",
+        root_msg.all_text()
+    );
+    assert!(root_msg.all_text().contains("write the notes"));
+
+    let ask = rig
+        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
+        .await;
+    assert!(
+        ask.all_text().contains("Write notes.txt"),
+        "{}",
+        ask.all_text()
+    );
+    let allow = ask.button("allow-once").expect("allow-once button");
+    assert_eq!(allow["style"], "primary");
+    assert_eq!(
+        ask.button("reject-once").expect("reject button")["style"],
+        "danger"
+    );
+    // Every later post is a reply in the session's thread.
+    for call in rig.emu.ok_calls("chat.postMessage").iter().skip(1) {
+        assert_eq!(call.params["thread_ts"], json!(root), "{:?}", call.params);
+    }
+    // The root's status line says a human is needed.
+    rig.until_message(&root, "root says needs input", |m| {
+        m.all_text().contains("needs input")
+    })
+    .await;
+
+    let env = rig.emu.click(OWNER, &ask, &allow);
+    rig.until_transcript(&id, "permission t1: selected allow-once")
+        .await;
+    let done = rig
+        .until_message(&ask.ts, "buttons replaced by the outcome", |m| {
+            m.buttons().is_empty()
+        })
+        .await;
+    let text = done.all_text();
+    assert!(
+        text.contains("Allow once") && text.contains("<@UOWNER>"),
+        "{text}"
+    );
+    assert!(rig.emu.acked(&env));
+    rig.until_in_thread(&root, "the agent's text", |m| m.text.contains("Done."))
+        .await;
+    let (req, decision) = rig
+        .store
+        .get_request(&format!("{}:req-1", id.0))
+        .await
+        .expect("get")
+        .expect("request");
+    assert_eq!(req.status, RequestStatus::Decided);
+    assert_eq!(decision.expect("decision").decided_by, OWNER);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_is_refused_and_the_owner_rejects_with_feedback() {
+    let rig = Rig::start(&[("perm", permission_scenario())]).await;
+    let (id, root) = rig.start_session("perm", "write the notes").await;
+    let ask = rig
+        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
+        .await;
+
+    // A stranger's click changes nothing and is answered ephemerally.
+    let allow = ask.button("allow-once").expect("allow button");
+    rig.emu.click(STRANGER, &ask, &allow);
+    let refusal = rig.until_ephemeral(STRANGER, "may not").await;
+    assert!(refusal.contains("<@UOWNER>"), "{refusal}");
+    let global = format!("{}:req-1", id.0);
+    let (req, _) = rig
+        .store
+        .get_request(&global)
+        .await
+        .expect("get")
+        .expect("req");
+    assert_eq!(req.status, RequestStatus::Pending);
+    assert!(
+        !rig.emu
+            .message(CHANNEL, &ask.ts)
+            .expect("msg")
+            .buttons()
+            .is_empty()
+    );
+    let audit = rig.store.audit_log(Some(&id)).await.expect("audit");
+    assert!(
+        audit
+            .iter()
+            .any(|(_, e)| e.actor == STRANGER && e.action == "action.denied"),
+        "{audit:?}"
+    );
+    // Nor may the stranger open the feedback modal.
+    let feedback = ask.button("feedback").expect("feedback button");
+    rig.emu.click(STRANGER, &ask, &feedback);
+    rig.emu
+        .until("a second refusal", WAIT, |e| {
+            (e.ephemerals().iter().filter(|m| m.user == STRANGER).count() >= 2).then_some(())
+        })
+        .await;
+    assert!(rig.emu.views().is_empty());
+
+    // The owner rejects with feedback through the modal.
+    rig.emu.click(OWNER, &ask, &feedback);
+    rig.emu
+        .until("the feedback modal", WAIT, |e| {
+            (!e.views().is_empty()).then_some(())
+        })
+        .await;
+    rig.emu.submit_last_view(OWNER, "use a <temp> file instead");
+    rig.until_transcript(&id, "permission t1: selected reject-once")
+        .await;
+    let closed = rig
+        .until_message(&ask.ts, "the outcome", |m| m.buttons().is_empty())
+        .await;
+    assert!(
+        closed
+            .all_text()
+            .contains("use a &lt;temp&gt; file instead"),
+        "{}",
+        closed.all_text()
+    );
+    let (_, decision) = rig
+        .store
+        .get_request(&global)
+        .await
+        .expect("get")
+        .expect("req");
+    let decision = decision.expect("decision");
+    assert!(!decision.approved);
+    assert_eq!(
+        decision.reason.as_deref(),
+        Some("use a <temp> file instead")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_in_one_channel_never_cross() {
+    let rig = Rig::start(&[("perm", permission_scenario())]).await;
+    let (a, root_a) = rig.start_session("perm", "session A").await;
+    let (b, root_b) = rig.start_session("perm", "session B").await;
+    assert_ne!(root_a, root_b);
+    let ask_a = rig
+        .until_in_thread(&root_a, "A's request", |m| !m.buttons().is_empty())
+        .await;
+    let ask_b = rig
+        .until_in_thread(&root_b, "B's request", |m| !m.buttons().is_empty())
+        .await;
+    assert!(
+        ask_a.button("allow-once").expect("btn")["value"]
+            .as_str()
+            .expect("value")
+            .starts_with(&format!("{}:", a.0))
+    );
+    assert!(
+        ask_b.button("allow-once").expect("btn")["value"]
+            .as_str()
+            .expect("value")
+            .starts_with(&format!("{}:", b.0))
+    );
+
+    // Deciding A leaves B waiting.
+    rig.emu
+        .click(OWNER, &ask_a, &ask_a.button("allow-once").expect("btn"));
+    rig.until_transcript(&a, "permission t1: selected allow-once")
+        .await;
+    rig.until_message(&ask_a.ts, "A's outcome", |m| m.buttons().is_empty())
+        .await;
+    assert!(!rig.transcript(&b).await.contains("permission t1: selected"));
+    assert!(
+        !rig.emu
+            .message(CHANNEL, &ask_b.ts)
+            .expect("b")
+            .buttons()
+            .is_empty()
+    );
+
+    // A reply in B's thread rejects B's request, not A's.
+    rig.emu.reply(OWNER, CHANNEL, &root_b, "reject: not now");
+    rig.until_transcript(&b, "permission t1: selected reject-once")
+        .await;
+    let (_, d) = rig
+        .store
+        .get_request(&format!("{}:req-1", b.0))
+        .await
+        .expect("get")
+        .expect("req");
+    assert_eq!(d.expect("decision").reason.as_deref(), Some("not now"));
+
+    // Steering by reply reaches only the thread's own session.
+    rig.emu.reply(OWNER, CHANNEL, &root_a, "only for A");
+    rig.until_transcript(&a, "prompt: only for A").await;
+    rig.emu.reply(OWNER, CHANNEL, &root_b, "only for B");
+    rig.until_transcript(&b, "prompt: only for B").await;
+    assert!(!rig.transcript(&a).await.contains("only for B"));
+    assert!(!rig.transcript(&b).await.contains("only for A"));
+    for m in rig.emu.thread(CHANNEL, &root_a) {
+        assert!(
+            !m.all_text().contains(&b.0),
+            "A's thread mentions B: {}",
+            m.all_text()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_is_delivered_when_idle_and_queued_during_a_turn() {
+    let scenario = json!({"turns": [[], [{"sleep_ms": 2500}], []]});
+    let rig = Rig::start(&[("slow", scenario)]).await;
+    let (id, root) = rig.start_session("slow", "begin").await;
+    rig.until_message(&root, "idle", |m| m.all_text().contains("idle"))
+        .await;
+
+    // Idle: delivered at once, confirmed with a check mark.
+    let first = rig.emu.reply(OWNER, CHANNEL, &root, "take the long road");
+    rig.until_message(&first, "delivered reaction", |m| {
+        m.reactions.contains(&"white_check_mark".to_owned())
+    })
+    .await;
+    rig.until_transcript(&id, "prompt: take the long road")
+        .await;
+
+    // During that (slow) turn: queued, marked with an hourglass...
+    let second = rig.emu.reply(OWNER, CHANNEL, &root, "and then this");
+    rig.until_message(&second, "queued reaction", |m| {
+        m.reactions.contains(&"hourglass_flowing_sand".to_owned())
+    })
+    .await;
+    assert!(!rig.transcript(&id).await.contains("prompt: and then this"));
+    // ...then delivered when the turn ends: the hourglass becomes a check.
+    let done = rig
+        .until_message(&second, "delivered after the turn", |m| {
+            m.reactions == vec!["white_check_mark".to_owned()]
+        })
+        .await;
+    assert_eq!(done.reactions, vec!["white_check_mark"]);
+    rig.until_transcript(&id, "prompt: and then this").await;
+
+    // Other bots' messages and a stranger's reply do not steer.
+    rig.emu.bot_reply(CHANNEL, &root, "bot noise");
+    rig.emu.reply(STRANGER, CHANNEL, &root, "stranger danger");
+    rig.until_ephemeral(STRANGER, "may not").await;
+    let t = rig.transcript(&id).await;
+    assert!(
+        !t.contains("bot noise") && !t.contains("stranger danger"),
+        "{t}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_storm_loses_and_reorders_nothing() {
+    let rig = Rig::start(&[("echo", json!({"turns": [[]]}))]).await;
+    let (id, root) = rig.start_session("echo", "go").await;
+    rig.until_message(&root, "idle", |m| m.all_text().contains("idle"))
+        .await;
+    rig.until_drained().await;
+
+    rig.emu.fail_next(4, Fault::RateLimited(1));
+    let replies: Vec<String> = (1..=5)
+        .map(|i| rig.emu.reply(OWNER, CHANNEL, &root, &format!("m{i}")))
+        .collect();
+    rig.until_transcript(&id, "prompt: m5").await;
+    let want: Vec<String> = ["go", "m1", "m2", "m3", "m4", "m5"]
+        .iter()
+        .map(|s| format!("prompt: {s}"))
+        .collect();
+    rig.emu
+        .until("every agent text", WAIT, |_| {
+            (agent_texts(&rig, &root).len() >= want.len()).then_some(())
+        })
+        .await;
+    rig.until_drained().await;
+    assert_eq!(agent_texts(&rig, &root), want);
+    for ts in &replies {
+        let m = rig.emu.message(CHANNEL, ts).expect("reply");
+        assert_eq!(m.reactions, vec!["white_check_mark"], "reply {ts}");
+    }
+    let limited = rig.emu.calls().iter().filter(|c| c.status == 429).count();
+    assert_eq!(limited, 4);
+    // A 429 pauses the token: after each one, Slack is left alone for Retry-After.
+    let calls = rig.emu.calls();
+    assert!(calls.iter().all(|c| c.status == 200 || c.status == 429));
+    assert!(rig.store.pending().await.expect("outbox").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_socket_reconnects_and_the_channel_is_told() {
+    let rig = Rig::start(&[("echo", json!({"turns": [[]]}))]).await;
+    let (id, root) = rig.start_session("echo", "go").await;
+    let connections = rig.emu.connections();
+
+    rig.emu.refuse_sockets(true);
+    rig.emu.drop_socket();
+    rig.until_state(ConnectionState::Reconnecting).await;
+    assert_eq!(rig.slack().status().as_str(), "reconnecting");
+    rig.emu
+        .until("the drop notice", WAIT, |e| {
+            e.channel(CHANNEL)
+                .into_iter()
+                .find(|m| m.text.contains("lost its Slack connection"))
+        })
+        .await;
+
+    rig.emu.refuse_sockets(false);
+    rig.until_state(ConnectionState::Connected).await;
+    assert!(rig.emu.connections() > connections);
+    rig.emu
+        .until("the recovery notice", WAIT, |e| {
+            e.channel(CHANNEL)
+                .into_iter()
+                .find(|m| m.text.contains("connected to Slack again"))
+        })
+        .await;
+
+    // Events flow again; a routine refresh reconnects without notices.
+    rig.emu.reply(OWNER, CHANNEL, &root, "still there?");
+    rig.until_transcript(&id, "prompt: still there?").await;
+    let notices = rig.emu.channel(CHANNEL).len();
+    rig.emu.send_disconnect();
+    rig.emu
+        .until("a fresh connection", WAIT, |e| {
+            (e.connections() > connections + 1 && e.socket_open()).then_some(())
+        })
+        .await;
+    rig.until_state(ConnectionState::Connected).await;
+    rig.emu.reply(OWNER, CHANNEL, &root, "and now?");
+    rig.until_transcript(&id, "prompt: and now?").await;
+    assert_eq!(rig.emu.channel(CHANNEL).len(), notices);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_survives_a_restart_during_an_outage() {
+    let mut rig = Rig::start(&[("echo", json!({"turns": [[]]}))]).await;
+    let (id, root) = rig.start_session("echo", "go").await;
+    rig.until_message(&root, "idle", |m| m.all_text().contains("idle"))
+        .await;
+    rig.until_drained().await;
+
+    // Slack's Web API goes down; the socket still brings replies.
+    rig.emu.fail_all(Fault::Status(503));
+    let replies: Vec<String> = (1..=3)
+        .map(|i| rig.emu.reply(OWNER, CHANNEL, &root, &format!("r{i}")))
+        .collect();
+    rig.until_transcript(&id, "prompt: r3").await;
+    // Wait until the last turn's text is stored in the outbox, then "restart".
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let pending = rig.store.pending().await.expect("outbox");
+        if pending
+            .iter()
+            .any(|e| format!("{:?}", e.op).contains("prompt: r3"))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "r3 never queued: {pending:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let handle = rig.slack.take().expect("slack");
+    handle.shutdown().await;
+    assert!(
+        rig.emu
+            .thread(CHANNEL, &root)
+            .iter()
+            .all(|m| !m.text.contains("prompt: r"))
+    );
+
+    rig.emu.heal();
+    let (_sink, events) = slack::event_channel();
+    rig.spawn_slack(events).await;
+    rig.until_drained().await;
+    let texts = agent_texts(&rig, &root);
+    assert_eq!(
+        texts,
+        vec!["prompt: go", "prompt: r1", "prompt: r2", "prompt: r3"],
+        "in order, nothing lost"
+    );
+    for ts in &replies {
+        let m = rig.emu.message(CHANNEL, ts).expect("reply");
+        assert!(
+            m.reactions.contains(&"white_check_mark".to_owned()),
+            "{ts}: {:?}",
+            m.reactions
+        );
+    }
+    assert!(rig.store.pending().await.expect("outbox").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_diffs_are_uploaded_as_snippets_before_the_buttons() {
+    let long = "x".repeat(80);
+    let lines: String = (0..60).map(|i| format!("line {i} {long}\n")).collect();
+    let scenario = json!({"turns": [[
+        {"write_file": {"path": "big.txt", "content": lines}},
+    ], []]});
+    let rig = Rig::start(&[("writer", scenario)]).await;
+    let (_id, root) = rig.start_session("writer", "write big").await;
+    let ask = rig
+        .until_in_thread(&root, "the write request", |m| !m.buttons().is_empty())
+        .await;
+    let thread = rig.emu.thread(CHANNEL, &root);
+    let file_pos = thread
+        .iter()
+        .position(|m| m.file.is_some())
+        .expect("a snippet in the thread");
+    let ask_pos = thread.iter().position(|m| m.ts == ask.ts).expect("ask");
+    assert!(file_pos < ask_pos, "snippet first");
+    let file_id = thread[file_pos].file.clone().expect("file id");
+    let (_, content) = rig.emu.file(&file_id).expect("uploaded");
+    assert!(content.contains("+line 59"), "{content}");
+    assert!(!ask.all_text().contains("```"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_server_restart_an_unanswered_request_says_expired() {
+    let mut rig = Rig::start(&[("perm", permission_scenario())]).await;
+    let (id, root) = rig.start_session("perm", "write the notes").await;
+    let ask = rig
+        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
+        .await;
+    rig.until_drained().await;
+
+    // The server dies: Slack, the session actor (and its agent), the supervisor.
+    rig.slack.take().expect("slack").shutdown().await;
+    let actor = ractor::call!(rig.sup, |reply| {
+        intercom_actors::supervisor::SupervisorMsg::Lookup {
+            id: id.clone(),
+            reply,
+        }
+    })
+    .expect("lookup")
+    .expect("live");
+    actor.kill();
+    rig.sup.kill();
+    assert!(
+        rig.store
+            .get_session(&id)
+            .await
+            .expect("get")
+            .expect("row")
+            .status
+            .is_live()
+    );
+
+    // A new server on the same database recovers the session.
+    let events = rig.restart_core().await;
+    rig.spawn_slack(events).await;
+    let (resumed, _) = ractor::call!(rig.sup, |reply| {
+        intercom_actors::supervisor::SupervisorMsg::Recover {
+            profiles: rig.profiles.clone(),
+            reply,
+        }
+    })
+    .expect("recover");
+    assert_eq!(resumed, 1);
+    let expired = rig
+        .until_message(&ask.ts, "the request marked expired", |m| {
+            m.buttons().is_empty() && m.all_text().contains("Expired")
+        })
+        .await;
+    assert!(expired.all_text().contains("Write notes.txt"));
+    rig.until_in_thread(&root, "the restart notice", |m| {
+        m.all_text().contains("server restarted")
+    })
+    .await;
+    // The old button now says so instead of doing anything.
+    rig.emu
+        .click(OWNER, &ask, &ask.button("allow-once").expect("button"));
+    rig.until_ephemeral(OWNER, "already expired").await;
+    assert!(
+        !rig.transcript(&id)
+            .await
+            .contains("permission t1: selected")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slash_commands_list_inspect_steer_and_stop() {
+    let rig = Rig::start(&[("echo", json!({"turns": [[]]}))]).await;
+    let (id, root) = rig.start_session("echo", "go").await;
+    rig.until_message(&root, "idle", |m| m.all_text().contains("idle"))
+        .await;
+
+    rig.emu.slash(OWNER, CHANNEL, "sessions");
+    rig.until_ephemeral(OWNER, &format!("`{}`", id.0)).await;
+    rig.emu.slash(OWNER, CHANNEL, "status");
+    rig.until_ephemeral(OWNER, ": idle").await;
+    rig.emu.slash(OWNER, CHANNEL, "steer look at the tests");
+    rig.until_ephemeral(OWNER, "Delivered").await;
+    rig.until_transcript(&id, "prompt: look at the tests").await;
+    rig.emu.slash(OWNER, CHANNEL, "pause");
+    rig.until_ephemeral(OWNER, "not supported yet").await;
+    rig.emu.slash(OWNER, CHANNEL, "frobnicate");
+    rig.until_ephemeral(OWNER, "Unknown command").await;
+
+    // A stranger may look but not act, and may not start sessions.
+    rig.emu.slash(STRANGER, CHANNEL, "stop");
+    rig.until_ephemeral(STRANGER, "may not").await;
+    rig.emu.slash(STRANGER, CHANNEL, "start --agent echo hi");
+    rig.until_ephemeral(STRANGER, "Only operators").await;
+    assert!(
+        rig.store
+            .get_session(&id)
+            .await
+            .expect("get")
+            .expect("row")
+            .status
+            .is_live()
+    );
+
+    rig.emu.slash(OWNER, CHANNEL, &format!("stop {}", id.0));
+    rig.until_ephemeral(OWNER, "Stopping").await;
+    rig.until_message(&root, "the root says cancelled", |m| {
+        m.all_text().contains("cancelled")
+    })
+    .await;
+    rig.until_in_thread(&root, "the closing line", |m| {
+        m.all_text().contains("Session ended")
+    })
+    .await;
+    rig.emu.reply(OWNER, CHANNEL, &root, "are you there?");
+    rig.until_ephemeral(OWNER, "has ended").await;
+}
