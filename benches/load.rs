@@ -238,6 +238,7 @@ async fn run(n: usize, m: usize, pace_ms: u64, dir: &Path) -> Figures {
             profile: profile.clone(),
             prompt: format!("load session {i}"),
             owner: "bench".into(),
+            mode: None,
         };
         starts.push(tokio::spawn(async move {
             let t = Instant::now();

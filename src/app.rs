@@ -18,9 +18,7 @@ use intercom_actors::model::{
     TranscriptEntry,
 };
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore, StoreError};
-use intercom_actors::registry::{
-    RegistryMsg, ResolveError, Target, WorkspaceMap, WorkspaceRegistry,
-};
+use intercom_actors::registry::{RegistryMsg, ResolveError, Target, WorkspaceRegistry};
 use intercom_actors::session::{
     Caller, Choice, SessionError, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
     StopCause,
@@ -32,8 +30,11 @@ use intercom_actors::supervisor::{
 use ractor::{Actor, ActorRef};
 use tokio::sync::broadcast;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigStatus};
 use crate::storage::SqliteStore;
+use intercom_actors::rules::{ApprovalMode, Rule, SharedRules};
+use std::collections::BTreeMap;
+use std::sync::RwLock;
 
 /// Owner recorded for sessions started through the local API.
 pub const LOCAL_OWNER: &str = "local";
@@ -304,6 +305,14 @@ struct Inner {
     events: Arc<LocalEvents>,
     profiles: Vec<AgentProfile>,
     slack: AtomicU8,
+    /// Config rules + operator rules, as sessions see them.
+    rules: SharedRules,
+    /// The rules from the config file (replaced on reload).
+    config_rules: RwLock<Vec<Rule>>,
+    /// `[[workspace]] approval_mode` per workspace (replaced on reload).
+    modes: RwLock<BTreeMap<String, ApprovalMode>>,
+    /// Whether the last config reload failed (for `/healthz`).
+    config_status: ConfigStatus,
 }
 
 /// The running application; cheap to clone (shared).
@@ -312,18 +321,9 @@ pub struct App {
     inner: Arc<Inner>,
 }
 
-/// The workspace map the registry serves, from the configuration.
-pub fn workspace_map(config: &Config) -> WorkspaceMap {
-    WorkspaceMap {
-        workspace_root: config.workspace_root.clone(),
-        workspaces: config.workspaces.clone(),
-        agents: config.agents.clone(),
-        default_agent: config.default_agent.clone(),
-    }
-}
-
-fn session_settings(config: &Config) -> SessionSettings {
+fn session_settings(config: &Config, rules: SharedRules) -> SessionSettings {
     SessionSettings {
+        rules,
         limits: config.limits.clone(),
         stall: config.stall.clone(),
         operators: config
@@ -332,7 +332,6 @@ fn session_settings(config: &Config) -> SessionSettings {
             .iter()
             .cloned()
             .collect::<HashSet<_>>(),
-        ..Default::default()
     }
 }
 
@@ -345,11 +344,16 @@ impl App {
         store: SqliteStore,
         options: AppOptions,
     ) -> Result<App, AppStartError> {
+        let operator_rules = store.list_rules().await.map_err(|e| AppStartError::Spawn {
+            actor: "rule loader",
+            message: e.to_string(),
+        })?;
+        let rules = SharedRules::new(config.rules.iter().cloned().chain(operator_rules).collect());
         let store = Arc::new(store);
         let events = Arc::new(LocalEvents::new());
         let mut sinks: Vec<Arc<dyn OperatorSink>> = vec![events.clone()];
         sinks.extend(options.extra_sinks);
-        let (registry, _) = Actor::spawn(None, WorkspaceRegistry, workspace_map(config))
+        let (registry, _) = Actor::spawn(None, WorkspaceRegistry, config.workspace_map())
             .await
             .map_err(|e| AppStartError::Spawn {
                 actor: "workspace registry",
@@ -357,7 +361,7 @@ impl App {
             })?;
         let args = SupervisorArgs {
             policy: config.supervision.clone(),
-            settings: Arc::new(session_settings(config)),
+            settings: Arc::new(session_settings(config, rules.clone())),
             store: store.clone(),
             sink: Arc::new(FanOut(sinks)),
             bridge_url: options.bridge_url,
@@ -375,6 +379,10 @@ impl App {
             events,
             profiles: config.agents.clone(),
             slack: AtomicU8::new(SlackState::Disabled.to_u8()),
+            rules,
+            config_rules: RwLock::new(config.rules.clone()),
+            modes: RwLock::new(config.workspace_modes.clone()),
+            config_status: ConfigStatus::new(),
         };
         Ok(App {
             inner: Arc::new(inner),
@@ -422,6 +430,16 @@ impl App {
         &self.inner.store
     }
 
+    /// The store as the Slack outbox port.
+    pub fn outbox_port(&self) -> Arc<dyn intercom_actors::slack_port::Outbox> {
+        self.inner.store.clone()
+    }
+
+    /// The store as the core's port (for edges that take one).
+    pub fn store_port(&self) -> Arc<dyn SessionStore> {
+        self.inner.store.clone()
+    }
+
     /// Live sessions, including ones waiting to restart.
     pub async fn live_count(&self) -> Result<usize, AppError> {
         ractor::call!(self.inner.supervisor, SupervisorMsg::LiveCount)
@@ -436,11 +454,25 @@ impl App {
         prompt: &str,
         owner: &str,
     ) -> Result<SessionRecord, AppError> {
+        self.start_session_in_mode(target, prompt, owner, None)
+            .await
+    }
+
+    /// [`App::start_session`] with an approval mode; `None` takes the
+    /// workspace's configured mode.
+    pub async fn start_session_in_mode(
+        &self,
+        target: Target,
+        prompt: &str,
+        owner: &str,
+        mode: Option<ApprovalMode>,
+    ) -> Result<SessionRecord, AppError> {
         if prompt.trim().is_empty() {
             return Err(AppError::BadRequest("the prompt is empty".into()));
         }
         let resolved = ractor::call!(self.inner.registry, RegistryMsg::Resolve, target)
             .map_err(|e| AppError::actor("workspace registry", e))??;
+        let workspace_id = resolved.workspace.clone();
         let req = StartRequest {
             workspace: resolved.workspace,
             cwd: resolved.cwd,
@@ -448,6 +480,7 @@ impl App {
             profile: resolved.profile,
             prompt: prompt.to_owned(),
             owner: owner.to_owned(),
+            mode: mode.or_else(|| self.workspace_mode(&workspace_id)),
         };
         let record = ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Start {
             req,
@@ -632,10 +665,15 @@ impl App {
         }
         let mut events = self.subscribe();
         let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::conflict_status(
-                record.status,
-                format!("session {id} is restarting its agent; cancel again in a moment"),
-            ));
+            // Between crash restarts: the supervisor ends it.
+            let id2 = id.clone();
+            ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Stop {
+                id: id2,
+                caller,
+                reply
+            })
+            .map_err(|e| AppError::actor("supervisor", e))??;
+            return self.session(id).await;
         };
         let stop = ractor::call!(actor, |reply| SessionMsg::Stop {
             cause: StopCause::Operator,
@@ -649,6 +687,156 @@ impl App {
         }
         wait_for_end(&mut events, id, CANCEL_WAIT).await;
         self.session(id).await
+    }
+
+    /// The configured approval mode of a workspace (`None` = ask).
+    fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
+        self.inner
+            .modes
+            .read()
+            .ok()
+            .and_then(|m| m.get(workspace).copied())
+            .filter(|m| *m != ApprovalMode::Ask)
+    }
+
+    /// Applies a reloaded config: the workspace map (whole), the config
+    /// rules and workspace modes. Live sessions keep their channel; pending
+    /// requests are re-evaluated against the new rules.
+    pub async fn apply_config(&self, config: &Config) {
+        let map = Box::new(config.workspace_map());
+        if let Err(e) = self.inner.registry.send_message(RegistryMsg::Reload(map)) {
+            tracing::error!("cannot reload the workspace registry: {e}");
+            return;
+        }
+        if let Ok(mut m) = self.inner.modes.write() {
+            *m = config.workspace_modes.clone();
+        }
+        if let Ok(mut r) = self.inner.config_rules.write() {
+            *r = config.rules.clone();
+        }
+        self.refresh_rules().await;
+        self.inner.config_status.ok();
+        tracing::info!("{}", config.summary());
+    }
+
+    /// Marks the config stale after a bad edit (the previous map stays).
+    pub fn config_stale(&self, error: &dyn std::fmt::Display) {
+        tracing::error!("config reload failed, keeping the previous one: {error}");
+        self.inner.config_status.stale(error);
+    }
+
+    /// `None` when the config is fresh, else the last reload error.
+    pub fn config_error(&self) -> Option<String> {
+        self.inner.config_status.current()
+    }
+
+    async fn refresh_rules(&self) {
+        let operator = match self.inner.store.list_rules().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot load operator rules: {e}");
+                return;
+            }
+        };
+        let config = self
+            .inner
+            .config_rules
+            .read()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        self.inner
+            .rules
+            .set(config.into_iter().chain(operator).collect());
+        let _ = self
+            .inner
+            .supervisor
+            .send_message(SupervisorMsg::RulesChanged);
+    }
+
+    /// Every rule in force, with where it comes from (`config` or the creator).
+    pub async fn rules(&self) -> Result<Vec<(Rule, String)>, AppError> {
+        let config = self
+            .inner
+            .config_rules
+            .read()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        let stored = self.inner.store.list_stored_rules().await?;
+        Ok(config
+            .into_iter()
+            .map(|r| (r, "config".to_owned()))
+            .chain(stored.into_iter().map(|s| (s.rule, s.created_by)))
+            .collect())
+    }
+
+    /// Adds an operator rule (persisted) and applies it at once, also to
+    /// requests that are already pending.
+    pub async fn add_rule(&self, mut rule: Rule, created_by: &str) -> Result<Rule, AppError> {
+        if rule.id.is_empty() {
+            rule.id = crate::storage::rules::new_rule_id();
+        }
+        rule.validate()
+            .map_err(|e| AppError::BadRequest(e.to_string()))?;
+        self.inner.store.insert_rule(&rule, created_by).await?;
+        self.audit(created_by, "rule.added", serde_json::json!({"rule": rule}))
+            .await;
+        self.refresh_rules().await;
+        Ok(rule)
+    }
+
+    /// Removes an operator rule; config rules are removed by editing the file.
+    pub async fn delete_rule(&self, id: &str, by: &str) -> Result<(), AppError> {
+        if !self.inner.store.delete_rule(id).await? {
+            let in_config = self
+                .inner
+                .config_rules
+                .read()
+                .map(|r| r.iter().any(|x| x.id == id))
+                .unwrap_or(false);
+            return Err(if in_config {
+                AppError::BadRequest(format!(
+                    "rule {id} comes from the config file; remove it there"
+                ))
+            } else {
+                AppError::NotFound(format!("no rule {id}"))
+            });
+        }
+        self.audit(by, "rule.removed", serde_json::json!({"rule": id}))
+            .await;
+        self.refresh_rules().await;
+        Ok(())
+    }
+
+    /// Sets a live session's approval mode (persisted).
+    pub async fn set_mode(
+        &self,
+        id: &SessionId,
+        mode: ApprovalMode,
+        caller: Caller,
+    ) -> Result<(), AppError> {
+        let record = self.session(id).await?;
+        let Some(actor) = self.actor(id).await? else {
+            return Err(AppError::ended(record.status));
+        };
+        ractor::call!(actor, |reply| SessionMsg::SetMode {
+            mode,
+            caller,
+            reply
+        })
+        .map_err(|e| AppError::actor("session", e))??;
+        Ok(())
+    }
+
+    async fn audit(&self, actor: &str, action: &str, detail: serde_json::Value) {
+        let entry = intercom_actors::model::AuditEntry {
+            session_id: None,
+            actor: actor.to_owned(),
+            action: action.to_owned(),
+            detail,
+        };
+        if let Err(e) = self.inner.store.audit(&entry).await {
+            tracing::error!("audit write failed: {e}");
+        }
     }
 
     /// Graceful shutdown: cancels every session (the supervisor waits its

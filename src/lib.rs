@@ -3,7 +3,8 @@
 //! The binary's building blocks: configuration ([`config`]), SQLite storage
 //! ([`storage`]), the application wiring over the core's actors ([`app`]),
 //! the operator HTTP API and the `serve` command ([`http`]), its terminal
-//! client ([`ctl`]) and log setup ([`logging`]).
+//! client ([`ctl`]), log setup ([`logging`]), the Slack edge ([`slack`]) and
+//! the MCP endpoint ([`mcp`]).
 
 pub mod app;
 pub mod config;
@@ -11,4 +12,5 @@ pub mod ctl;
 pub mod http;
 pub mod logging;
 pub mod mcp;
+pub mod slack;
 pub mod storage;

@@ -112,7 +112,7 @@ fn health_needs_no_token_but_the_api_does() {
     assert_eq!(health.status, 200);
     assert_eq!(
         health.body,
-        json!({"status": "ok", "sessions": 0, "slack": "disabled"})
+        json!({"status": "ok", "sessions": 0, "slack": "disabled", "config": "ok"})
     );
 
     let missing = anonymous.get("/api/sessions");

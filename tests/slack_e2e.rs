@@ -2,11 +2,7 @@
 //! loop against the loopback emulator, the real supervisor and session
 //! actors, the SQLite store, and the scripted agent as a child process.
 
-// The Slack edge is compiled into this test crate from its source until
-// `src/lib.rs` declares `pub mod slack;` (then: `use agent_intercom::slack;`).
-#[allow(dead_code, unused_imports)]
-#[path = "../src/slack/mod.rs"]
-mod slack;
+use agent_intercom::slack;
 
 mod emulator;
 mod slack_common;

@@ -43,6 +43,8 @@ pub struct StartRequest {
     pub prompt: String,
     /// Who starts it.
     pub owner: String,
+    /// Approval mode to start in (the workspace's or the caller's); `None` = ask.
+    pub mode: Option<crate::rules::ApprovalMode>,
 }
 
 /// An MCP client attaching as a session of its own.
@@ -531,6 +533,13 @@ impl SupervisorState {
             let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
             return;
         }
+        if let Some(mode) = req.mode
+            && let Err(e) = self.args.store.set_approval_mode(&record.id, mode).await
+        {
+            let _ = self.args.store.delete_session(&record.id).await;
+            let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
+            return;
+        }
         self.args.sink.emit(OperatorEvent::SessionStarted {
             session: record.clone(),
         });
@@ -892,7 +901,9 @@ impl SupervisorState {
             .flatten()
             .map(|r| r.owner)
             .unwrap_or_default();
-        let allowed = caller.operator || caller.id == owner || self.args.settings.operators.contains(&caller.id);
+        let allowed = caller.operator
+            || caller.id == owner
+            || self.args.settings.operators.contains(&caller.id);
         if !allowed {
             let _ = reply.send(Err(crate::session::SessionError::Unauthorized {
                 user: caller.id,
@@ -901,7 +912,8 @@ impl SupervisorState {
             }));
             return;
         }
-        self.end_session(&id, SessionStatus::Cancelled, "stopped by operator").await;
+        self.end_session(&id, SessionStatus::Cancelled, "stopped by operator")
+            .await;
         let _ = reply.send(Ok(true));
     }
 

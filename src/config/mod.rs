@@ -68,6 +68,8 @@ pub struct Config {
     pub database: DatabaseSection,
     /// `[slack]`.
     pub slack: SlackSection,
+    /// `[mcp]`.
+    pub mcp: McpSection,
     /// `[[agent]]` profiles, in file order.
     pub agents: Vec<AgentProfile>,
     /// `[[workspace]]` entries, in file order, paths absolute.
@@ -135,6 +137,28 @@ impl Default for DiscoverySection {
         DiscoverySection {
             enabled: false,
             depth: DEFAULT_DISCOVERY_DEPTH,
+        }
+    }
+}
+
+/// `[mcp]`: the MCP endpoint IDE agents connect to (`/mcp`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpSection {
+    /// How long `check_clearance` blocks before answering `timeout`.
+    pub approval_timeout_secs: u64,
+    /// How long `transmit` blocks before auto-continuing.
+    pub transmit_timeout_secs: u64,
+    /// Host names (`name` or `name:port`) accepted besides loopback.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for McpSection {
+    fn default() -> Self {
+        McpSection {
+            approval_timeout_secs: 300,
+            transmit_timeout_secs: 300,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -231,6 +255,8 @@ pub(crate) struct RawConfig {
     pub(crate) database: RawDatabase,
     #[serde(default)]
     pub(crate) slack: RawSlack,
+    #[serde(default)]
+    pub(crate) mcp: McpSection,
     #[serde(default, rename = "agent")]
     pub(crate) agents: Vec<AgentProfile>,
     #[serde(default, rename = "workspace")]
@@ -369,6 +395,7 @@ impl Config {
             workspace_root: base,
             server: ServerSection::default(),
             slack: SlackSection::default(),
+            mcp: McpSection::default(),
             agents: Vec::new(),
             workspaces: Vec::new(),
             workspace_modes: BTreeMap::new(),

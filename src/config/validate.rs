@@ -44,6 +44,18 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
         .map(|w| w.id.as_str())
         .collect();
     let rules = super::rules::rules(raw.rules, &workspace_ids, &agents)?;
+    if raw.mcp.approval_timeout_secs == 0 {
+        return Err(ConfigError::Invalid {
+            key: "mcp.approval_timeout_secs".into(),
+            reason: "must be at least 1 second".into(),
+        });
+    }
+    if raw.mcp.transmit_timeout_secs == 0 {
+        return Err(ConfigError::Invalid {
+            key: "mcp.transmit_timeout_secs".into(),
+            reason: "must be at least 1 second".into(),
+        });
+    }
     limits(&raw.limits)?;
     stall(&raw.stall)?;
     supervision(&raw.supervision)?;
@@ -52,6 +64,7 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
         server,
         database,
         slack,
+        mcp: raw.mcp,
         agents,
         workspaces,
         workspace_modes,

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod error;
 pub mod routes;
+pub mod rules;
 pub mod server;
 pub mod views;
 
@@ -36,6 +37,9 @@ pub fn router(app: App, token: ApiToken) -> Router {
         .route("/sessions/{id}/messages", get(routes::messages))
         .route("/sessions/{id}/prompt", post(routes::prompt))
         .route("/sessions/{id}/cancel", post(routes::cancel))
+        .route("/sessions/{id}/mode", post(rules::set_mode))
+        .route("/rules", get(rules::list).post(rules::create))
+        .route("/rules/{id}", axum::routing::delete(rules::delete))
         .route("/approvals", get(routes::list_approvals))
         .route(
             "/approvals/{id}",

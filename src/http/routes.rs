@@ -25,18 +25,30 @@ type ApiResult<T> = Result<T, ApiError>;
 pub async fn healthz(State(app): State<App>) -> Response {
     let slack = app.slack().as_str().to_owned();
     match app.live_count().await {
-        Ok(sessions) => Json(Health {
-            status: "ok".into(),
-            sessions,
-            slack,
-        })
-        .into_response(),
+        Ok(sessions) => {
+            let config_error = app.config_error();
+            Json(Health {
+                status: "ok".into(),
+                sessions,
+                slack,
+                config: if config_error.is_some() {
+                    "stale"
+                } else {
+                    "ok"
+                }
+                .into(),
+                config_error,
+            })
+            .into_response()
+        }
         Err(e) => {
             tracing::warn!("health check failed: {e}");
             let body = Health {
                 status: "unavailable".into(),
                 sessions: 0,
                 slack,
+                config: "ok".into(),
+                config_error: app.config_error(),
             };
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
@@ -51,6 +63,8 @@ pub struct StartBody {
     path: Option<PathBuf>,
     prompt: String,
     agent: Option<String>,
+    /// `ask`, `auto-edits` or `auto`; default: the workspace's mode.
+    mode: Option<String>,
 }
 
 /// `POST /api/sessions`.
@@ -68,7 +82,13 @@ pub async fn create_session(
         path: body.path,
         agent: body.agent,
     };
-    let record = app.start_session(target, &body.prompt, LOCAL_OWNER).await?;
+    let mode = match body.mode.as_deref() {
+        None => None,
+        Some(m) => Some(super::rules::parse_mode(m)?),
+    };
+    let record = app
+        .start_session_in_mode(target, &body.prompt, LOCAL_OWNER, mode)
+        .await?;
     Ok((StatusCode::CREATED, Json(record.into())))
 }
 

@@ -46,6 +46,8 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error("HTTP server failed: {0}")]
     Http(std::io::Error),
+    #[error(transparent)]
+    Slack(#[from] crate::slack::SlackError),
 }
 
 /// Options of the `serve` subcommand.
@@ -58,11 +60,36 @@ pub struct ServeOptions {
 /// Runs the server until a signal stops it.
 pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let config = load_config(&options)?;
-    announce_slack();
+    let slack_tokens = crate::slack::SlackTokens::from_env()?;
     let store = SqliteStore::open(&config.database.path).await?;
     let token = load_token(&config)?;
     let listener = bind(config.server.bind).await?;
-    let app = App::start(&config, store, AppOptions::default()).await?;
+    let mut options = AppOptions {
+        bridge_url: Some(bridge_url(config.server.bind)),
+        ..AppOptions::default()
+    };
+    let slack_events = match &slack_tokens {
+        Some(_) => {
+            let (sink, events) = crate::slack::event_channel();
+            options.extra_sinks.push(sink);
+            Some(events)
+        }
+        None => {
+            tracing::info!("Slack disabled: local operator mode");
+            None
+        }
+    };
+    let app = App::start(&config, store, options).await?;
+    let slack = match (slack_tokens, slack_events) {
+        (Some(tokens), Some(events)) => match start_slack(&app, &config, tokens, events).await {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                app.shutdown().await;
+                return Err(e.into());
+            }
+        },
+        _ => None,
+    };
     let (resumed, interrupted) = match app.recover().await {
         Ok(counts) => counts,
         Err(e) => {
@@ -76,8 +103,13 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
         "recovered stored sessions ({resumed} resumed, {interrupted} interrupted)"
     );
     tracing::info!(addr = %config.server.bind, "listening on http://{}", config.server.bind);
-    let router = super::router(app.clone(), token);
-    let result = run_until_signal(listener, router, &app).await;
+    let mcp_shutdown = tokio_util::sync::CancellationToken::new();
+    let router = super::router(app.clone(), token).merge(mcp_router(&app, &config, &mcp_shutdown));
+    let _watch = watch_config(&config, &app);
+    let result = run_until_signal(listener, router, &app, mcp_shutdown).await;
+    if let Some(slack) = slack {
+        drain_slack(slack).await;
+    }
     app.close().await;
     tracing::info!("stopped");
     result
@@ -97,14 +129,52 @@ fn load_config(options: &ServeOptions) -> Result<Config, ConfigError> {
 
 /// Logs once whether Slack is on. The Slack gateway is not part of this
 /// build yet, so the server always runs in local operator mode.
-fn announce_slack() {
-    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
-    if set("SLACK_BOT_TOKEN") && set("SLACK_APP_TOKEN") {
-        tracing::warn!(
-            "SLACK_BOT_TOKEN and SLACK_APP_TOKEN are set, but this build has no Slack gateway yet"
-        );
+/// Connects Slack (Socket Mode + Web API) and mirrors its connection state
+/// into the app for `/healthz`.
+async fn start_slack(
+    app: &App,
+    config: &Config,
+    tokens: crate::slack::SlackTokens,
+    events: crate::slack::SlackEvents,
+) -> Result<crate::slack::SlackHandle, crate::slack::SlackError> {
+    let opts = crate::slack::SlackOptions {
+        tokens,
+        api_url: config.slack.api_url.clone(),
+        operators: crate::slack::operators(&config.slack.operators),
+        supervisor: app.supervisor().clone(),
+        registry: app.registry().clone(),
+        store: app.store_port(),
+        outbox: app.outbox_port(),
+        tuning: crate::slack::SlackTuning::default(),
+    };
+    let handle = crate::slack::spawn_slack(opts, events).await?;
+    let mut status = handle.status();
+    let app2 = app.clone();
+    app.set_slack(slack_state(status.get()));
+    tokio::spawn(async move {
+        while let Some(state) = status.changed().await {
+            app2.set_slack(slack_state(state));
+        }
+    });
+    tracing::info!("Slack enabled (Socket Mode)");
+    Ok(handle)
+}
+
+fn slack_state(state: crate::slack::ConnectionState) -> crate::app::SlackState {
+    match state {
+        crate::slack::ConnectionState::Connected => crate::app::SlackState::Connected,
+        _ => crate::app::SlackState::Reconnecting,
     }
-    tracing::info!("Slack disabled: local operator mode");
+}
+
+/// Gives queued Slack messages a moment to go out; what remains stays in the
+/// durable outbox for the next start.
+async fn drain_slack(slack: crate::slack::SlackHandle) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while slack.backlog().await > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    slack.shutdown().await;
 }
 
 fn load_token(config: &Config) -> Result<auth::ApiToken, TokenError> {
@@ -140,10 +210,64 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 
 /// Serves until SIGINT/SIGTERM, then stops accepting and shuts the
 /// sessions down (both at once, so a slow request does not delay the agents).
+/// The URL ACP agents get for this server's MCP endpoint (the bridge).
+fn bridge_url(bind: SocketAddr) -> String {
+    let host = if bind.ip().is_unspecified() {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        bind.ip()
+    };
+    format!("http://{}/mcp", SocketAddr::new(host, bind.port()))
+}
+
+/// `/mcp` for IDE agents (and bridged ACP agents).
+fn mcp_router(
+    app: &App,
+    config: &Config,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> axum::Router {
+    let mut deps = crate::mcp::McpDeps::new(
+        app.supervisor().clone(),
+        app.registry().clone(),
+        app.store_port(),
+    );
+    deps.approval_timeout = std::time::Duration::from_secs(config.mcp.approval_timeout_secs);
+    deps.transmit_timeout = std::time::Duration::from_secs(config.mcp.transmit_timeout_secs);
+    deps.allowed_hosts = config.mcp.allowed_hosts.clone();
+    deps.shutdown = shutdown.clone();
+    crate::mcp::router(deps)
+}
+
+/// Watches the config file; a valid edit is applied whole, a broken one is
+/// reported (`/healthz` says `stale`) and the previous config stays.
+fn watch_config(config: &Config, app: &App) -> Option<crate::config::WatchHandle> {
+    let path = config.source.clone()?;
+    let handle = tokio::runtime::Handle::current();
+    let app = app.clone();
+    let watched = crate::config::watch(path.clone(), move |result| match result {
+        Ok(config) => handle.block_on(app.apply_config(&config)),
+        Err(e) => app.config_stale(&e),
+    });
+    match watched {
+        Ok(w) => {
+            tracing::info!(file = %path.display(), "watching the config file for changes");
+            Some(w)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "config changes need a restart: cannot watch {}: {e}",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
 async fn run_until_signal(
     listener: TcpListener,
     router: axum::Router,
     app: &App,
+    mcp_shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), ServeError> {
     let (stop_tx, mut stop_rx) = watch::channel(false);
     tokio::spawn(watch_signals(stop_tx));
@@ -161,6 +285,7 @@ async fn run_until_signal(
         _ = stop_rx.wait_for(|stop| *stop) => {}
     }
     tracing::info!("shutting down: stopping every session");
+    mcp_shutdown.cancel();
     let (served, ()) = tokio::join!(server, app.shutdown());
     served.map_err(ServeError::Http)
 }

@@ -21,6 +21,16 @@ pub struct Health {
     pub sessions: usize,
     /// `disabled`, `connected` or `reconnecting`.
     pub slack: String,
+    /// `ok`, or `stale` when the last config edit was invalid.
+    #[serde(default = "config_ok")]
+    pub config: String,
+    /// Why the config is stale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
+}
+
+fn config_ok() -> String {
+    "ok".to_owned()
 }
 
 /// A session, as listed and returned by start/cancel.

@@ -17,7 +17,7 @@ use intercom_actors::registry::{RegistryMsg, Target};
 use intercom_actors::session::SessionMsg;
 use intercom_actors::supervisor::{StartRequest, SupervisorMsg};
 
-use super::inbound::{Ctx, Reply, session_error_text};
+use super::inbound::{Ctx, Reply};
 use super::render;
 use intercom_actors::slack_port::MessageBody;
 
@@ -412,6 +412,7 @@ async fn start(ctx: &Ctx, reply: Reply, agent: Option<String>, text: String) {
         profile: resolved.profile,
         prompt: render::unescape(prompt),
         owner: reply.user.clone(),
+        mode: None,
     };
     let outcome = ractor::call!(ctx.supervisor, |r| SupervisorMsg::Start { req, reply: r });
     let body = match outcome {

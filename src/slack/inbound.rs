@@ -499,9 +499,13 @@ async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
         user: user.clone(),
         thread_ts: Some(thread_ts.clone()),
     };
-    let Some(session) = ctx.session_of_thread(&channel, &thread_ts).await else {
-        ended_thread_hint(ctx, &reply, &thread_ts).await;
-        return;
+    // The supervisor's index keeps ended sessions' threads: check liveness.
+    let session = match ctx.session_of_thread(&channel, &thread_ts).await {
+        Some(s) if ctx.actor(&s).await.is_some() => s,
+        _ => {
+            not_live_hint(ctx, &reply, &thread_ts).await;
+            return;
+        }
     };
     tracing::info!(%user, %session, "thread reply");
     if let Some(reason) = reject_reason(&text) {
@@ -559,8 +563,8 @@ async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, 
     }
 }
 
-/// A reply in the thread of a session that is no longer live.
-async fn ended_thread_hint(ctx: &Ctx, reply: &Reply, thread_ts: &str) {
+/// A reply in the thread of a session without a running agent.
+async fn not_live_hint(ctx: &Ctx, reply: &Reply, thread_ts: &str) {
     let Ok(all) = ctx.store.list_sessions(false).await else {
         return;
     };
@@ -570,13 +574,18 @@ async fn ended_thread_hint(ctx: &Ctx, reply: &Reply, thread_ts: &str) {
     }) else {
         return; // Not one of ours.
     };
-    reply.send(
-        ctx,
-        render::problem(&format!(
+    let text = if rec.status.is_live() {
+        format!(
+            "Session `{}` has no running agent right now (it is restarting), so this reply was not delivered; send it again shortly.",
+            rec.id
+        )
+    } else {
+        format!(
             "Session `{}` has ended ({}), so this reply was not delivered. Start a new one with `/intercom start <prompt>`.",
             rec.id, rec.status
-        )),
-    );
+        )
+    };
+    reply.send(ctx, render::problem(&text));
 }
 
 #[cfg(test)]

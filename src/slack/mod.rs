@@ -13,11 +13,17 @@
 //! Wiring (what the server's `main` does):
 //!
 //! ```text
-//! let (slack_sink, slack_events) = slack::event_channel();   // before the supervisor
-//! // FanOut(vec![local_sink, slack_sink]) goes into SupervisorArgs.sink
-//! let slack = slack::spawn_slack(SlackOptions { .. }, slack_events).await?;
-//! // /healthz: slack.status().as_str()  ("connected" / "reconnecting" / "connecting")
-//! // shutdown: slack.shutdown().await
+//! let tokens = slack::SlackTokens::from_env()?;           // None: no Slack
+//! let (slack_sink, slack_events) = slack::event_channel(); // before the supervisor
+//! // slack_sink goes into the supervisor's fan-out (AppOptions::extra_sinks)
+//! let handle = slack::spawn_slack(SlackOptions {
+//!     tokens, api_url: config.slack.api_url.clone(),
+//!     operators: slack::operators(&config.slack.operators),   // + SLACK_MEMBER_IDS
+//!     supervisor, registry, store: store.clone(), outbox: store.clone(),
+//!     tuning: SlackTuning::default(),
+//! }, slack_events).await?;
+//! // /healthz: mirror handle.status() (get() / changed()) into the app
+//! // shutdown: after the supervisor's, handle.shutdown().await
 //! ```
 
 pub mod api;
@@ -190,6 +196,13 @@ impl SlackStatus {
     /// `connecting`, `connected`, `reconnecting` or `stopped`.
     pub fn as_str(&self) -> &'static str {
         self.get().as_str()
+    }
+
+    /// Waits for the next change and returns the new state; `None` once
+    /// Slack has shut down (for mirroring it into `/healthz`).
+    pub async fn changed(&mut self) -> Option<ConnectionState> {
+        self.0.changed().await.ok()?;
+        Some(self.get())
     }
 
     /// Waits until the state satisfies `pred` (tests, startup logs).

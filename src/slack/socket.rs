@@ -21,7 +21,6 @@ use futures::{SinkExt, StreamExt};
 use intercom_actors::gateway::GatewayMsg;
 use serde::Deserialize;
 use serde_json::Value;
-use slack_morphism::prelude::*;
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::Message;
 

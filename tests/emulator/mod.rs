@@ -506,15 +506,16 @@ impl Emulator {
                     .iter()
                     .map(|c| format!("{} {} {}", c.seq, c.status, c.method))
                     .collect();
+                let messages: Vec<String> = self
+                    .g()
+                    .messages
+                    .iter()
+                    .map(|m| format!("{} {:?} {}", m.ts, m.thread_ts, m.text))
+                    .collect();
+                let ephemerals = self.ephemerals();
                 panic!(
-                    "timed out waiting for {what}\ncalls:\n{}\nmessages:\n{:#?}\nephemerals:\n{:#?}",
+                    "timed out waiting for {what}\ncalls:\n{}\nmessages:\n{messages:#?}\nephemerals:\n{ephemerals:#?}",
                     calls.join("\n"),
-                    self.g()
-                        .messages
-                        .iter()
-                        .map(|m| format!("{} {:?} {}", m.ts, m.thread_ts, m.text))
-                        .collect::<Vec<_>>(),
-                    self.ephemerals()
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

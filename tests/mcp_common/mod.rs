@@ -353,6 +353,7 @@ impl Harness {
             profile: self.profile(scenario),
             prompt: "go".into(),
             owner: "local".into(),
+            mode: None,
         };
         ractor::call!(self.sup, |reply| SupervisorMsg::Start { req, reply })
             .expect("supervisor call")

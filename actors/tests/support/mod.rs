@@ -160,6 +160,7 @@ impl Harness {
             profile,
             prompt: prompt.into(),
             owner: "U_OWNER".into(),
+            mode: None,
         }
     }
 

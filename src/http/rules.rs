@@ -1,0 +1,117 @@
+//! Approval rules and per-session approval modes over HTTP:
+//! `GET/POST /api/rules`, `DELETE /api/rules/{id}`, `POST /api/sessions/{id}/mode`.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use intercom_actors::model::SessionId;
+use intercom_actors::rules::{ApprovalMode, Rule, RuleAction, RuleMatch, Scope};
+use intercom_actors::session::Caller;
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, ApiJson};
+use crate::app::{App, LOCAL_OWNER};
+
+/// A rule as listed: the rule plus where it came from.
+#[derive(Debug, Serialize)]
+pub struct RuleView {
+    /// The rule (`id`, `scope`, `match`, `action`).
+    #[serde(flatten)]
+    pub rule: Rule,
+    /// `config`, or who created it.
+    pub source: String,
+}
+
+/// `POST /api/rules` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleBody {
+    /// `global`, `workspace` or `session`.
+    scope: String,
+    /// Workspace or session id for those scopes.
+    #[serde(default)]
+    id: Option<String>,
+    /// Conditions.
+    #[serde(default, rename = "match")]
+    matcher: RuleMatch,
+    /// `allow`, `ask` or `deny`.
+    action: RuleAction,
+}
+
+/// Parses an approval mode name into a 400 when unknown.
+pub fn parse_mode(name: &str) -> Result<ApprovalMode, ApiError> {
+    ApprovalMode::parse(name).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "unknown mode {name:?}; use ask, auto-edits or auto"
+        ))
+    })
+}
+
+/// `GET /api/rules`.
+pub async fn list(State(app): State<App>) -> Result<Json<Vec<RuleView>>, ApiError> {
+    let rules = app.rules().await?;
+    Ok(Json(
+        rules
+            .into_iter()
+            .map(|(rule, source)| RuleView { rule, source })
+            .collect(),
+    ))
+}
+
+/// `POST /api/rules` -> 201 with the stored rule.
+pub async fn create(
+    State(app): State<App>,
+    ApiJson(body): ApiJson<RuleBody>,
+) -> Result<(StatusCode, Json<Rule>), ApiError> {
+    let scope = match (body.scope.as_str(), body.id) {
+        ("global", None) => Scope::Global,
+        ("workspace", Some(id)) => Scope::Workspace(id),
+        ("session", Some(id)) => Scope::Session(SessionId(id)),
+        ("global", Some(_)) => return Err(ApiError::bad_request("a global rule takes no \"id\"")),
+        ("workspace" | "session", None) => {
+            return Err(ApiError::bad_request(
+                "workspace and session rules need an \"id\"",
+            ));
+        }
+        (other, _) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown scope {other:?}; use global, workspace or session"
+            )));
+        }
+    };
+    let rule = Rule {
+        id: String::new(),
+        scope,
+        matcher: body.matcher,
+        action: body.action,
+    };
+    let rule = app.add_rule(rule, LOCAL_OWNER).await?;
+    Ok((StatusCode::CREATED, Json(rule)))
+}
+
+/// `DELETE /api/rules/{id}` -> 204.
+pub async fn delete(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    app.delete_rule(&id, LOCAL_OWNER).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/sessions/{id}/mode` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeBody {
+    mode: String,
+}
+
+/// `POST /api/sessions/{id}/mode` -> 200 `{"mode": ...}`.
+pub async fn set_mode(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ModeBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let mode = parse_mode(&body.mode)?;
+    app.set_mode(&SessionId(id), mode, Caller::local()).await?;
+    Ok(Json(serde_json::json!({"mode": mode.as_str()})))
+}
