@@ -153,6 +153,11 @@ impl From<SupervisorError> for AppError {
             SupervisorError::StartFailed(_) => AppError::AgentStartFailed(message),
             SupervisorError::Storage(_) => AppError::Storage(message),
             SupervisorError::ShuttingDown => AppError::Unavailable(message),
+            SupervisorError::NotRevivable(_) => AppError::Conflict {
+                message,
+                status: None,
+            },
+            SupervisorError::Unauthorized { .. } => AppError::Forbidden(message),
         }
     }
 }
@@ -804,6 +809,47 @@ impl App {
         self.audit(by, "rule.removed", serde_json::json!({"rule": id}))
             .await;
         self.refresh_rules().await;
+        Ok(())
+    }
+
+    /// Brings back a session that ended by idle timeout (respawn + resume).
+    pub async fn revive(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
+        let record = self.session(id).await?;
+        let profile = self
+            .inner
+            .profiles
+            .iter()
+            .find(|p| p.id == record.agent)
+            .cloned()
+            .ok_or_else(|| {
+                AppError::NotFound(format!(
+                    "agent profile {} is no longer configured",
+                    record.agent
+                ))
+            })?;
+        let id2 = id.clone();
+        let revived = ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Revive {
+            id: id2,
+            profile,
+            caller,
+            reply
+        })
+        .map_err(|e| AppError::actor("supervisor", e))??;
+        Ok(revived)
+    }
+
+    /// Pauses (`true`) or resumes (`false`) a live session.
+    pub async fn pause(&self, id: &SessionId, pause: bool, caller: Caller) -> Result<(), AppError> {
+        let record = self.session(id).await?;
+        let Some(actor) = self.actor(id).await? else {
+            return Err(AppError::ended(record.status));
+        };
+        let outcome = if pause {
+            ractor::call!(actor, |reply| SessionMsg::Pause { caller, reply })
+        } else {
+            ractor::call!(actor, |reply| SessionMsg::Resume { caller, reply })
+        };
+        outcome.map_err(|e| AppError::actor("session", e))??;
         Ok(())
     }
 

@@ -83,6 +83,19 @@ pub enum SupervisorError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The session cannot be revived (explicitly stopped, crashed, unknown, live).
+    #[error("{0}")]
+    NotRevivable(String),
+    /// The caller may not act on the session.
+    #[error("{user} may not act on session {session}: only its owner ({owner}) and operators may")]
+    Unauthorized {
+        /// Who.
+        user: String,
+        /// Which.
+        session: SessionId,
+        /// Owner.
+        owner: String,
+    },
 }
 
 /// Messages the supervisor handles.
@@ -150,6 +163,19 @@ pub enum SupervisorMsg {
         caller: Caller,
         /// Ok once stopping began; `false` when it was not live.
         reply: RpcReplyPort<Result<bool, crate::session::SessionError>>,
+    },
+    /// Bring back a session that ended by idle timeout (not by an explicit
+    /// stop): respawn its agent and resume with `session/load` where
+    /// supported; answered once the handshake finished.
+    Revive {
+        /// Which.
+        id: SessionId,
+        /// Its agent profile (from the current config).
+        profile: AgentProfile,
+        /// Who.
+        caller: Caller,
+        /// The revived record.
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
     },
     /// The rule set changed: every live session re-evaluates its pending requests.
     RulesChanged,
@@ -267,6 +293,12 @@ impl Actor for SessionSupervisor {
                 state.threads.insert((channel, ts), id);
             }
             SupervisorMsg::Stop { id, caller, reply } => state.stop(id, caller, reply).await,
+            SupervisorMsg::Revive {
+                id,
+                profile,
+                caller,
+                reply,
+            } => state.revive(id, profile, caller, reply).await,
             SupervisorMsg::RulesChanged => {
                 for entry in state.sessions.values() {
                     if let Some(actor) = &entry.actor {
@@ -554,6 +586,11 @@ impl SupervisorState {
             Ok(actor) => actor,
             Err(err) => {
                 let _ = store.delete_session(&id).await;
+                self.args.sink.emit(OperatorEvent::SessionEnded {
+                    session_id: id.clone(),
+                    status: SessionStatus::Error,
+                    reason: Some(err.to_string()),
+                });
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
                 return;
             }
@@ -571,6 +608,7 @@ impl SupervisorState {
             },
         );
         // Wait for the handshake off the supervisor's mailbox.
+        let sink = self.args.sink.clone();
         tokio::spawn(async move {
             let outcome = match rx.await {
                 Ok(Ok(())) => match store.get_session(&id).await {
@@ -579,6 +617,11 @@ impl SupervisorState {
                 },
                 Ok(Err(err)) => {
                     let _ = store.delete_session(&id).await;
+                    sink.emit(OperatorEvent::SessionEnded {
+                        session_id: id.clone(),
+                        status: SessionStatus::Error,
+                        reason: Some(err.to_string()),
+                    });
                     Err(SupervisorError::StartFailed(err))
                 }
                 Err(_) => {
@@ -915,6 +958,119 @@ impl SupervisorState {
         self.end_session(&id, SessionStatus::Cancelled, "stopped by operator")
             .await;
         let _ = reply.send(Ok(true));
+    }
+
+    async fn revive(
+        &mut self,
+        id: SessionId,
+        profile: AgentProfile,
+        caller: Caller,
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    ) {
+        let refuse = |why: String| Err(SupervisorError::NotRevivable(why));
+        if self.shutdown.is_some() {
+            let _ = reply.send(Err(SupervisorError::ShuttingDown));
+            return;
+        }
+        if self.sessions.contains_key(&id) {
+            let _ = reply.send(refuse(format!("session {id} is still live")));
+            return;
+        }
+        let record = match self.args.store.get_session(&id).await {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let _ = reply.send(refuse(format!("no session {id}")));
+                return;
+            }
+            Err(e) => {
+                let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
+                return;
+            }
+        };
+        let idle_ended = record.status == SessionStatus::Completed
+            && record.status_reason.as_deref() == Some("idle_timeout");
+        if !idle_ended {
+            let _ = reply.send(refuse(format!(
+                "session {id} is {} ({}); only sessions ended by idle timeout come back — start a new one",
+                record.status,
+                record.status_reason.as_deref().unwrap_or("no reason")
+            )));
+            return;
+        }
+        let allowed = caller.operator
+            || caller.id == record.owner
+            || self.args.settings.operators.contains(&caller.id);
+        if !allowed {
+            let _ = reply.send(Err(SupervisorError::Unauthorized {
+                user: caller.id,
+                session: id,
+                owner: record.owner,
+            }));
+            return;
+        }
+        let max = self.args.settings.limits.max_sessions;
+        if self.sessions.len() >= max {
+            let _ = reply.send(Err(SupervisorError::LimitReached { max }));
+            return;
+        }
+        let store = self.args.store.clone();
+        let _ = store
+            .set_status(&id, SessionStatus::Starting, Some("revived"))
+            .await;
+        self.audit(&id, "session.revived", json!({"by": caller.id}))
+            .await;
+        let start = StartMode::Restart {
+            resume: record.acp_session_id.clone(),
+            reprompt: None,
+            was_mid_turn: false,
+            require_resume: false,
+        };
+        let (tx, rx) = oneshot::channel();
+        let mut fresh = record.clone();
+        fresh.status = SessionStatus::Starting;
+        match self
+            .spawn_session(fresh, profile.clone(), start, Some(tx))
+            .await
+        {
+            Ok(actor) => {
+                self.sessions.insert(
+                    id.clone(),
+                    Entry {
+                        actor: Some(actor),
+                        profile,
+                        restarts: Vec::new(),
+                        total_restarts: record.restart_count,
+                        plan: None,
+                        recovering: false,
+                        first_start: false,
+                    },
+                );
+                if let (Some(ch), Some(ts)) = (&record.channel_id, &record.thread_ts) {
+                    self.threads.insert((ch.clone(), ts.clone()), id.clone());
+                }
+                tokio::spawn(async move {
+                    let outcome = match rx.await {
+                        Ok(Ok(())) => Ok(store
+                            .get_session(&id)
+                            .await
+                            .ok()
+                            .flatten()
+                            .unwrap_or(record)),
+                        Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
+                        Err(_) => Err(SupervisorError::StartFailed(StartError::Spawn(
+                            "the revived session stopped".into(),
+                        ))),
+                    };
+                    let _ = reply.send(outcome);
+                });
+            }
+            Err(err) => {
+                let _ = store
+                    .set_status(&id, SessionStatus::Completed, Some("idle_timeout"))
+                    .await;
+                let _ = reply.send(Err(SupervisorError::StartFailed(err)));
+            }
+        }
     }
 
     async fn begin_shutdown(&mut self, reply: RpcReplyPort<()>) {

@@ -706,3 +706,114 @@ async fn a_flooding_agent_is_coalesced_and_its_permission_request_still_answered
     assert_eq!(xs, 101_000, "every chunk arrived");
     assert!(text.contains("permission t1: selected allow-once"));
 }
+
+#[tokio::test]
+async fn pause_holds_steering_and_resume_delivers_it() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[{"permission": {"tool_call_id": "t1", "title": "gate"}}], [{"chunk": "ok"}]]});
+    let rec = h.start(scenario, "first").await;
+    h.until("gate", |e| matches!(e, OperatorEvent::RequestOpened { .. }))
+        .await;
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Pause {
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("paused");
+    // The running turn was cancelled, its permission answered cancelled.
+    h.until_transcript(&rec.id, "permission t1: cancelled")
+        .await;
+    assert!(steer(&h, &rec.id, "while paused", false).await.queued);
+    let snap = snapshot(&h, &rec.id).await;
+    assert!(
+        snap.paused && !snap.turn_running && snap.queued.len() == 1,
+        "{snap:?}"
+    );
+    let text = h.transcript_text(&rec.id).await;
+    assert!(
+        !text.contains("prompt: while paused"),
+        "delivered while paused:\n{text}"
+    );
+    ractor::call!(actor, |reply| SessionMsg::Resume {
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("resumed");
+    h.until_transcript(&rec.id, "prompt: while paused").await;
+    let stranger = Caller {
+        id: "U_X".into(),
+        operator: false,
+    };
+    let err = ractor::call!(actor, |reply| SessionMsg::Pause {
+        caller: stranger,
+        reply
+    })
+    .expect("call");
+    assert!(matches!(
+        err,
+        Err(intercom_actors::session::SessionError::Unauthorized { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_session_ended_by_idle_timeout_can_be_revived_and_an_explicit_stop_cannot() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            idle_timeout_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let scenario = json!({"load_session": true, "on_load": [{"chunk": "HISTORY"}], "turns": [[{"chunk": "first turn"}]]});
+    let profile = h.profile(scenario);
+    let rec = h
+        .start_req(h.request(profile.clone(), "go"))
+        .await
+        .expect("start");
+    h.until_record(&rec.id, "idle ended", |r| {
+        r.status == SessionStatus::Completed
+    })
+    .await;
+    let revived = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: rec.id.clone(),
+        profile: profile.clone(),
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("revived");
+    assert_eq!(revived.status, SessionStatus::Active);
+    let out = steer(&h, &rec.id, "after revive", false).await;
+    assert!(!out.queued);
+    let text = h.until_transcript(&rec.id, "prompt: after revive").await;
+    assert!(!text.contains("HISTORY"), "replay stored:\n{text}");
+    // An explicitly stopped session stays stopped.
+    let stopped = h
+        .start_req(h.request(profile.clone(), "go"))
+        .await
+        .expect("start");
+    let actor = h.actor(&stopped.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: StopCause::Operator,
+        caller: owner(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("ok");
+    h.until_record(&stopped.id, "cancelled", |r| {
+        r.status == SessionStatus::Cancelled
+    })
+    .await;
+    let err = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: stopped.id.clone(),
+        profile,
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect_err("not revivable");
+    assert!(matches!(err, SupervisorError::NotRevivable(_)), "{err:?}");
+}

@@ -74,7 +74,7 @@ impl SessionState {
         }
         // An ACP agent between turns is waiting for a human, not stalled.
         let watching = self.record.protocol == Protocol::Intercom || self.turn.is_some();
-        if !watching || !self.pending.is_empty() {
+        if !watching || !self.pending.is_empty() || self.paused {
             return;
         }
         let quiet = now.duration_since(self.last_inbound);

@@ -224,6 +224,8 @@ pub struct SessionSnapshot {
     pub pid: Option<i32>,
     /// Approval mode.
     pub mode: ApprovalMode,
+    /// Paused by an operator (steering is held).
+    pub paused: bool,
 }
 
 /// Final outcome a session reports to its supervisor.
@@ -307,6 +309,20 @@ pub enum SessionMsg {
         caller: Caller,
         /// Whether it was queued.
         reply: RpcReplyPort<Result<SteerOutcome, SessionError>>,
+    },
+    /// Pause: cancel the running turn and hold steering until resumed.
+    Pause {
+        /// Who.
+        caller: Caller,
+        /// Done.
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    },
+    /// Resume a paused session: deliver held steering or continue.
+    Resume {
+        /// Who.
+        caller: Caller,
+        /// Done.
+        reply: RpcReplyPort<Result<(), SessionError>>,
     },
     /// Nudge the agent now.
     Nudge {
@@ -463,6 +479,7 @@ pub struct SessionState {
     phase: Phase,
     status: SessionStatus,
     mode: ApprovalMode,
+    paused: bool,
     agent: AgentInfo,
     acp_session: Option<String>,
     auth_tried: bool,
@@ -477,6 +494,8 @@ pub struct SessionState {
     next_request: u64,
     turn: Option<Turn>,
     reprompt_after_cancel: Option<String>,
+    /// The prompt of a turn cut short by a pause (continued on resume).
+    resume_turn: Option<String>,
     queue: VecDeque<Steering>,
     mcp_waiters: HashMap<u64, oneshot::Sender<McpAnswer>>,
     standby: Option<oneshot::Sender<Option<String>>>,
@@ -586,6 +605,14 @@ impl Actor for SessionActor {
                 let r = state.steer(text, interrupt, &caller).await;
                 let _ = reply.send(r);
             }
+            SessionMsg::Pause { caller, reply } => {
+                let r = state.pause(&caller).await;
+                let _ = reply.send(r);
+            }
+            SessionMsg::Resume { caller, reply } => {
+                let r = state.resume(&caller).await;
+                let _ = reply.send(r);
+            }
             SessionMsg::Nudge { caller, reply } => {
                 let r = match state.authorize(&caller, "nudge").await {
                     Ok(()) => {
@@ -654,6 +681,7 @@ impl SessionState {
             exited: false,
             phase: Phase::Initializing,
             mode: ApprovalMode::Ask,
+            paused: false,
             agent: AgentInfo::default(),
             acp_session: None,
             auth_tried: false,
@@ -667,6 +695,7 @@ impl SessionState {
             next_request: 1,
             turn: None,
             reprompt_after_cancel: None,
+            resume_turn: None,
             queue: VecDeque::new(),
             mcp_waiters: HashMap::new(),
             standby: None,
@@ -753,6 +782,7 @@ impl SessionState {
             agent: self.agent.clone(),
             pid: self.child.as_ref().map(AgentChild::pid),
             mode: self.mode,
+            paused: self.paused,
         }
     }
 

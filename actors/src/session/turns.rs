@@ -120,7 +120,14 @@ impl SessionState {
         if self.phase != Phase::Ready {
             return;
         }
-        if let Some(text) = self.reprompt_after_cancel.take() {
+        if self.paused {
+            self.emit(OperatorEvent::StatusChanged {
+                session_id: self.id().clone(),
+                status: self.status,
+                activity: "paused".into(),
+                reason: None,
+            });
+        } else if let Some(text) = self.reprompt_after_cancel.take() {
             self.send_prompt(text, Role::System).await;
         } else if !self.queue.is_empty() {
             self.deliver_next_queued().await;
@@ -154,7 +161,8 @@ impl SessionState {
     }
 
     fn can_take_prompt_now(&self) -> bool {
-        self.phase == Phase::Ready
+        !self.paused
+            && self.phase == Phase::Ready
             && self.turn.is_none()
             && self.queue.is_empty()
             && self.reprompt_after_cancel.is_none()
@@ -272,5 +280,71 @@ impl SessionState {
                 self.send_bytes(bytes);
             }
         }
+    }
+}
+
+impl SessionState {
+    /// Pauses: the running turn is cancelled (pending requests answered
+    /// cancelled), steering is held and stall detection rests until resumed.
+    pub(super) async fn pause(&mut self, caller: &Caller) -> Result<(), SessionError> {
+        self.authorize(caller, "pause").await?;
+        if self.phase != Phase::Ready {
+            return Err(SessionError::NotLive(self.status));
+        }
+        if self.paused {
+            return Ok(());
+        }
+        self.paused = true;
+        self.resume_turn = self.turn.as_ref().map(|t| t.prompt.clone());
+        if self.turn.is_some() {
+            self.cancel_turn("paused by operator").await;
+        }
+        self.audit(&caller.id, "session.paused", json!({})).await;
+        self.emit_notice(NoticeLevel::Info, &format!("Paused by {}.", caller.id))
+            .await;
+        self.emit(OperatorEvent::StatusChanged {
+            session_id: self.id().clone(),
+            status: self.status,
+            activity: "paused".into(),
+            reason: None,
+        });
+        Ok(())
+    }
+
+    /// Resumes: held steering is delivered in order; otherwise a turn cut by
+    /// the pause is continued with the nudge text.
+    pub(super) async fn resume(&mut self, caller: &Caller) -> Result<(), SessionError> {
+        self.authorize(caller, "resume").await?;
+        if !self.paused {
+            return Ok(());
+        }
+        self.paused = false;
+        self.stall = Default::default();
+        self.last_inbound = Instant::now();
+        self.audit(&caller.id, "session.resumed", json!({})).await;
+        self.emit_notice(NoticeLevel::Info, &format!("Resumed by {}.", caller.id))
+            .await;
+        let interrupted = self.resume_turn.take();
+        if self.turn.is_some() {
+            // The cancelled turn has not ended yet; its end delivers what waits.
+            if interrupted.is_some() && self.queue.is_empty() {
+                self.reprompt_after_cancel = Some(self.settings.stall.nudge_text.clone());
+            }
+            return Ok(());
+        }
+        if !self.queue.is_empty() {
+            self.deliver_next_queued().await;
+        } else if interrupted.is_some() {
+            let text = self.settings.stall.nudge_text.clone();
+            self.send_prompt(text, Role::System).await;
+        } else {
+            self.emit(OperatorEvent::StatusChanged {
+                session_id: self.id().clone(),
+                status: self.status,
+                activity: "idle".into(),
+                reason: None,
+            });
+        }
+        Ok(())
     }
 }
