@@ -249,10 +249,7 @@ fn watch_config(config: &Config, app: &App) -> Option<crate::config::WatchHandle
         Err(e) => app.config_stale(&e),
     });
     match watched {
-        Ok(w) => {
-            tracing::info!(file = %path.display(), "watching the config file for changes");
-            Some(w)
-        }
+        Ok(w) => Some(w),
         Err(e) => {
             tracing::warn!(
                 "config changes need a restart: cannot watch {}: {e}",
