@@ -435,6 +435,11 @@ impl App {
         &self.inner.store
     }
 
+    /// The shared approval rule set (config + operator rules).
+    pub fn shared_rules(&self) -> SharedRules {
+        self.inner.rules.clone()
+    }
+
     /// The store as the Slack outbox port.
     pub fn outbox_port(&self) -> Arc<dyn intercom_actors::slack_port::Outbox> {
         self.inner.store.clone()

@@ -47,7 +47,75 @@ async fn lists_all_eight_tools() {
     // Listing tools does not create a session.
     assert!(h.mcp_sessions().await.is_empty());
     let auto = ok(&client, "auto_check", json!({"tool_name": "cargo test"})).await;
-    assert_eq!(auto, json!({"auto_approved": false, "matched_rule": null}));
+    assert_eq!(auto["auto_approved"], false);
+    assert_eq!(auto["matched_rule"], json!(null));
+}
+
+#[tokio::test]
+async fn auto_check_answers_from_the_approval_rules() {
+    use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope, SharedRules};
+    let rules = SharedRules::new(vec![
+        Rule {
+            id: "r-tests".into(),
+            scope: Scope::Global,
+            matcher: RuleMatch {
+                kind: Some("execute".into()),
+                command_prefix: Some("cargo test".into()),
+                ..Default::default()
+            },
+            action: RuleAction::Allow,
+        },
+        Rule {
+            id: "r-rm".into(),
+            scope: Scope::Global,
+            matcher: RuleMatch {
+                kind: Some("execute".into()),
+                command_regex: Some("^rm ".into()),
+                ..Default::default()
+            },
+            action: RuleAction::Deny,
+        },
+    ]);
+    let h = Harness::with(Timeouts {
+        rules,
+        ..Timeouts::default()
+    })
+    .await;
+    let client = h.ws_client().await;
+    let yes = ok(
+        &client,
+        "auto_check",
+        json!({"tool_name": "cargo test --all", "kind": "terminal_command"}),
+    )
+    .await;
+    assert_eq!(
+        (yes["auto_approved"].clone(), yes["matched_rule"].clone()),
+        (json!(true), json!("r-tests"))
+    );
+    let no = ok(
+        &client,
+        "auto_check",
+        json!({"tool_name": "rm -rf target", "kind": "terminal_command"}),
+    )
+    .await;
+    assert_eq!(
+        (
+            no["auto_approved"].clone(),
+            no["denied"].clone(),
+            no["matched_rule"].clone()
+        ),
+        (json!(false), json!(true), json!("r-rm"))
+    );
+    let ask = ok(
+        &client,
+        "auto_check",
+        json!({"tool_name": "write", "kind": "file_operation", "context": {"path": "src/a.rs"}}),
+    )
+    .await;
+    assert_eq!(
+        (ask["auto_approved"].clone(), ask["matched_rule"].clone()),
+        (json!(false), json!(null))
+    );
 }
 
 #[tokio::test]

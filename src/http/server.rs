@@ -235,6 +235,7 @@ fn mcp_router(
     deps.transmit_timeout = std::time::Duration::from_secs(config.mcp.transmit_timeout_secs);
     deps.allowed_hosts = config.mcp.allowed_hosts.clone();
     deps.shutdown = shutdown.clone();
+    deps.rules = app.shared_rules();
     crate::mcp::router(deps)
 }
 

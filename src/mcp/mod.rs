@@ -74,6 +74,8 @@ pub struct McpDeps {
     /// Cancelled at shutdown: ends every MCP session and open stream so the
     /// HTTP server's graceful shutdown does not wait on them.
     pub shutdown: CancellationToken,
+    /// The approval rules `auto_check` consults (the server's shared set).
+    pub rules: intercom_actors::rules::SharedRules,
 }
 
 impl McpDeps {
@@ -92,6 +94,7 @@ impl McpDeps {
             transmit_timeout: DEFAULT_TRANSMIT_TIMEOUT,
             allowed_hosts: Vec::new(),
             shutdown: CancellationToken::new(),
+            rules: Default::default(),
         }
     }
 

@@ -1003,6 +1003,32 @@ impl IntercomMcp {
         Ok(json!({"posted": true}))
     }
 
+    /// Asks the approval policy (rules + the session's mode) without asking
+    /// the operator.
+    async fn auto_check(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
+        let t = self.target(ctx).await?;
+        let snap = ask(
+            &t.actor,
+            "session (snapshot)",
+            ACTOR_TIMEOUT,
+            SessionMsg::Snapshot,
+        )
+        .await?;
+        let facts = auto_check_facts(&args, &t);
+        let verdict =
+            intercom_actors::rules::evaluate(&self.deps().rules.current(), snap.mode, &facts);
+        let matched = verdict.rule.clone().or_else(|| {
+            (verdict.action != intercom_actors::rules::RuleAction::Ask)
+                .then(|| format!("mode:{}", snap.mode.as_str()))
+        });
+        Ok(json!({
+            "auto_approved": verdict.action == intercom_actors::rules::RuleAction::Allow,
+            "denied": verdict.action == intercom_actors::rules::RuleAction::Deny,
+            "matched_rule": matched,
+            "reason": verdict.why,
+        }))
+    }
+
     async fn reboot(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
         let t = self.target(ctx).await?;
         let store = &self.deps().store;
@@ -1121,7 +1147,7 @@ impl ServerHandler for IntercomMcp {
         let result = match spec.name {
             "check_clearance" => self.check_clearance(args, ctx).await,
             "check_diff" => self.check_diff(args, ctx).await,
-            "auto_check" => Ok(json!({"auto_approved": false, "matched_rule": null})),
+            "auto_check" => self.auto_check(args, ctx).await,
             "transmit" => self.transmit(args, ctx).await,
             "standby" => self.standby(args, ctx).await,
             "ping" => self.ping(args, ctx).await,
@@ -1143,5 +1169,76 @@ impl ServerHandler for IntercomMcp {
                 None,
             )),
         }
+    }
+}
+
+/// What `auto_check` knows about the action, as rule facts. `kind` accepts
+/// ACP tool kinds and the older names (`terminal_command` = execute,
+/// `file_operation` = edit); `context` may carry `path`/`file_path`/`paths`
+/// and `command`.
+fn auto_check_facts(args: &Args, t: &Target) -> intercom_actors::rules::RequestFacts {
+    let tool = args.str_or("tool_name", "").trim().to_owned();
+    let kind = match args.str("kind").map(str::trim) {
+        Some("terminal_command" | "command" | "shell") => Some("execute".to_owned()),
+        Some("file_operation" | "file_write" | "write") => Some("edit".to_owned()),
+        Some(k) if !k.is_empty() => Some(k.to_owned()),
+        _ => None,
+    };
+    let context = args
+        .value("context")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let mut paths: Vec<String> = ["path", "file_path"]
+        .iter()
+        .filter_map(|k| {
+            context
+                .get(*k)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect();
+    if let Some(list) = context.get("paths").and_then(serde_json::Value::as_array) {
+        paths.extend(
+            list.iter()
+                .filter_map(serde_json::Value::as_str)
+                .map(str::to_owned),
+        );
+    }
+    let command = context
+        .get("command")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| (kind.as_deref() == Some("execute")).then(|| tool.clone()));
+    let (relative, inside) = match &t.cwd {
+        Some(cwd) => {
+            let root = cwd.canonicalize().unwrap_or_else(|_| cwd.clone());
+            let mut inside = true;
+            let rel = paths
+                .iter()
+                .map(|p| {
+                    match intercom_actors::fsjail::resolve_inside(cwd, std::path::Path::new(p)) {
+                        Ok(real) => real
+                            .strip_prefix(&root)
+                            .map(|r| r.display().to_string())
+                            .unwrap_or_else(|_| p.clone()),
+                        Err(_) => {
+                            inside = false;
+                            p.clone()
+                        }
+                    }
+                })
+                .collect();
+            (rel, inside)
+        }
+        None => (paths.clone(), false),
+    };
+    intercom_actors::rules::RequestFacts {
+        kind,
+        paths: relative,
+        paths_inside: inside,
+        command,
+        agent: "mcp".to_owned(),
+        workspace: t.workspace.clone(),
+        session: t.id.clone(),
     }
 }

@@ -351,6 +351,11 @@ fn check(p: &Param, v: &Value) -> Result<(), String> {
 }
 
 impl Args {
+    /// Any argument as JSON.
+    pub fn value(&self, name: &str) -> Option<&Value> {
+        self.0.get(name)
+    }
+
     /// A string argument (absent: None).
     pub fn str(&self, name: &str) -> Option<&str> {
         self.0.get(name).and_then(Value::as_str)

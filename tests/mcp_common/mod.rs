@@ -37,11 +37,12 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// A connected rmcp client.
 pub type Client = RunningService<RoleClient, ()>;
 
-/// Timeouts for one harness.
-#[derive(Clone, Copy)]
+/// Timeouts (and the rule set) for one harness.
+#[derive(Clone)]
 pub struct Timeouts {
     pub approval: Duration,
     pub transmit: Duration,
+    pub rules: intercom_actors::rules::SharedRules,
 }
 
 impl Default for Timeouts {
@@ -49,6 +50,7 @@ impl Default for Timeouts {
         Timeouts {
             approval: Duration::from_secs(60),
             transmit: Duration::from_secs(60),
+            rules: Default::default(),
         }
     }
 }
@@ -128,6 +130,7 @@ impl Harness {
         let mut deps = McpDeps::new(sup.clone(), registry.clone(), store.clone());
         deps.approval_timeout = timeouts.approval;
         deps.transmit_timeout = timeouts.transmit;
+        deps.rules = timeouts.rules.clone();
         let app = router(deps);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
