@@ -817,3 +817,52 @@ async fn a_session_ended_by_idle_timeout_can_be_revived_and_an_explicit_stop_can
     .expect_err("not revivable");
     assert!(matches!(err, SupervisorError::NotRevivable(_)), "{err:?}");
 }
+
+#[tokio::test]
+async fn flooded_tool_updates_are_coalesced_not_dropped() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            inbound_messages_per_sec: 100,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let mut turn = vec![
+        json!({"tool_call": {"id": "t1", "title": "Build", "kind": "execute", "status": "pending"}}),
+    ];
+    for _ in 0..3000 {
+        turn.push(json!({"tool_update": {"id": "t1", "status": "in_progress"}}));
+    }
+    turn.push(json!({"tool_update": {"id": "t1", "status": "completed"}}));
+    turn.push(json!({"permission": {"tool_call_id": "t2", "title": "after the flood"}}));
+    let rec = h.start(json!({"turns": [turn]}), "go").await;
+    h.until("permission", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+        .await
+        .expect("answered");
+    h.until_transcript(&rec.id, "permission t2: selected allow-once")
+        .await;
+    h.until_transcript(&rec.id, "\"status\":\"completed\"")
+        .await;
+    let tool_events = h
+        .sink
+        .events()
+        .iter()
+        .filter(|e| matches!(e, OperatorEvent::ToolCall { .. }))
+        .count();
+    assert!(
+        tool_events < 100,
+        "{tool_events} tool events for 3001 updates"
+    );
+    let last = h
+        .until(
+            "final status shown",
+            |e| matches!(e, OperatorEvent::ToolCall { status, .. } if status == "completed"),
+        )
+        .await;
+    assert!(matches!(last, OperatorEvent::ToolCall { .. }));
+}

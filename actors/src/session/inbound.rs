@@ -28,6 +28,7 @@ impl SessionState {
     pub(super) async fn on_child_event(&mut self, ev: ChildEvent) {
         match ev {
             ChildEvent::Frame(frame) => {
+                self.count_frame();
                 self.on_activity().await;
                 match frame {
                     Frame::Message(body) => self.on_frame(&body).await,
@@ -311,27 +312,60 @@ impl SessionState {
         }
     }
 
+    /// Counts inbound frames per one-second window.
+    fn count_frame(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.rate.0) >= std::time::Duration::from_secs(1) {
+            self.rate = (now, 0);
+        }
+        self.rate.1 = self.rate.1.saturating_add(1);
+    }
+
+    /// True while the agent sends more than `limits.inbound_messages_per_sec`:
+    /// updates are then coalesced (persisted and shown once per tick), never
+    /// dropped; requests and responses are always handled at once.
+    fn flooded(&self) -> bool {
+        let limit = self.settings.limits.inbound_messages_per_sec;
+        limit > 0 && self.rate.1 > limit
+    }
+
+    /// Persists and shows what was coalesced during a flood.
+    pub(super) async fn flush_coalesced(&mut self) {
+        for id in std::mem::take(&mut self.dirty_tools) {
+            if let Some((message_id, doc)) = self.tools.get(&id).cloned() {
+                let _ = self
+                    .store
+                    .update_message(message_id, &doc.to_string())
+                    .await;
+                self.emit(OperatorEvent::ToolCall {
+                    session_id: self.id().clone(),
+                    tool_call_id: id,
+                    title: doc["title"].as_str().unwrap_or_default().to_owned(),
+                    status: doc["status"].as_str().unwrap_or_default().to_owned(),
+                });
+            }
+        }
+        if let Some(entries) = self.pending_plan.take() {
+            self.write_plan(entries).await;
+        }
+    }
+
     async fn on_tool(&mut self, view: acp::ToolCallView) {
+        if self.flooded()
+            && let Some((message_id, doc)) = self.tools.get_mut(&view.id)
+            && *message_id != 0
+        {
+            merge_tool(doc, &view);
+            self.dirty_tools.insert(view.id);
+            return;
+        }
         let (message_id, mut doc) = self.tools.get(&view.id).cloned().unwrap_or((
             0,
             json!({"id": view.id, "title": "", "kind": "other", "status": "pending"}),
         ));
         let old_status = doc["status"].clone();
-        if let Some(t) = &view.title {
-            doc["title"] = json!(t);
-        }
-        if let Some(k) = &view.kind {
-            doc["kind"] = json!(k);
-        }
-        if let Some(s) = &view.status {
-            doc["status"] = json!(s);
-        }
-        if !view.paths.is_empty() {
-            doc["paths"] = json!(view.paths);
-        }
-        if !view.diffs.is_empty() {
-            doc["diffs"] = json!(view.diffs);
-        }
+        merge_tool(&mut doc, &view);
+        self.dirty_tools.remove(&view.id);
         let content = doc.to_string();
         let message_id = if message_id == 0 {
             self.store
@@ -356,6 +390,15 @@ impl SessionState {
     }
 
     async fn on_plan(&mut self, entries: Vec<(String, String)>) {
+        if self.flooded() && self.plan_message.is_some() {
+            self.pending_plan = Some(entries);
+            return;
+        }
+        self.pending_plan = None;
+        self.write_plan(entries).await;
+    }
+
+    async fn write_plan(&mut self, entries: Vec<(String, String)>) {
         let content = json!(
             entries
                 .iter()
@@ -511,5 +554,24 @@ impl SessionState {
         } else if was_alerted {
             tracing::info!(session = %self.record.id, "agent activity resumed after a stall alert");
         }
+    }
+}
+
+/// Applies a tool call update to its transcript document.
+fn merge_tool(doc: &mut Value, view: &acp::ToolCallView) {
+    if let Some(t) = &view.title {
+        doc["title"] = json!(t);
+    }
+    if let Some(k) = &view.kind {
+        doc["kind"] = json!(k);
+    }
+    if let Some(s) = &view.status {
+        doc["status"] = json!(s);
+    }
+    if !view.paths.is_empty() {
+        doc["paths"] = json!(view.paths);
+    }
+    if !view.diffs.is_empty() {
+        doc["diffs"] = json!(view.diffs);
     }
 }

@@ -29,6 +29,9 @@ impl SessionState {
         if self.text.dirty && now.duration_since(self.text.flushed_at) >= TEXT_FLUSH {
             self.flush_text(false).await;
         }
+        if !self.dirty_tools.is_empty() || self.pending_plan.is_some() {
+            self.flush_coalesced().await;
+        }
         if let Some(at) = self.stream_closed_at
             && !self.exited
             && now.duration_since(at) >= CLOSED_STDOUT_GRACE

@@ -502,6 +502,12 @@ pub struct SessionState {
     text: TextBuffer,
     tools: HashMap<String, (i64, Value)>,
     plan_message: Option<i64>,
+    /// Inbound frames in the current one-second window (flood detection).
+    rate: (Instant, u32),
+    /// Tool calls changed while flooded, persisted on the next tick.
+    dirty_tools: HashSet<String>,
+    /// The latest plan while flooded, persisted on the next tick.
+    pending_plan: Option<Vec<(String, String)>>,
 
     last_inbound: Instant,
     last_any: Instant,
@@ -702,6 +708,9 @@ impl SessionState {
             text: TextBuffer::default(),
             tools: HashMap::new(),
             plan_message: None,
+            rate: (now, 0),
+            dirty_tools: HashSet::new(),
+            pending_plan: None,
             last_inbound: now,
             last_any: now,
             stall: Stall::default(),

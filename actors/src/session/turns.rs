@@ -83,6 +83,7 @@ impl SessionState {
         }
         self.turn = None;
         self.flush_text(true).await;
+        self.flush_coalesced().await;
         match outcome {
             Ok(result) => {
                 let reason = acp::stop_reason(&result);
