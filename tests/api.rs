@@ -542,3 +542,79 @@ fn cancel_is_idempotent_and_an_ended_session_refuses_prompts() {
     assert_eq!(http.get("/api/sessions").body, json!([]));
     assert_eq!(http.get("/api/sessions?all=true").body[0]["id"], id);
 }
+
+#[test]
+fn rules_answer_matching_requests_and_can_be_removed() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    // A pending request first: a new rule resolves it at once.
+    let first = http.start("before the rule");
+    let first_id = sid(&first);
+    http.until_pending(&first_id, "req-1");
+    let created = http.post(
+        "/api/rules",
+        &json!({"scope": "workspace", "scope_id": "demo", "match": {"kind": "edit"}, "action": "allow"}),
+    );
+    assert_eq!(created.status, 201, "{}", created.text);
+    let rule_id = created.body["id"].as_str().expect("rule id").to_owned();
+    assert!(rule_id.starts_with("r-"), "{rule_id}");
+    http.until_transcript(&first_id, "permission t1: selected allow-once");
+    let listed = http.get("/api/rules");
+    assert_eq!(listed.status, 200);
+    assert!(
+        listed
+            .body
+            .as_array()
+            .expect("list")
+            .iter()
+            .any(|r| r["id"] == rule_id.as_str() && r["source"] == "local")
+    );
+    // A new session's matching request never waits for a human.
+    let second = sid(&http.start("after the rule"));
+    let text = http.until_transcript(&second, "permission t1: selected allow-once");
+    assert!(text.contains("done."), "{text}");
+    let approval = http.get(&format!("/api/approvals/{second}:req-1"));
+    assert_eq!(
+        approval.body["decision"]["decided_by"],
+        format!("rule:{rule_id}"),
+        "{}",
+        approval.text
+    );
+    // Removing it brings the human back.
+    assert_eq!(http.delete(&format!("/api/rules/{rule_id}")).status, 204);
+    assert_eq!(http.delete(&format!("/api/rules/{rule_id}")).status, 404);
+    let third = sid(&http.start("rule removed"));
+    http.until_pending(&third, "req-1");
+    // Bad rules are refused with the reason.
+    let bad = http.post(
+        "/api/rules",
+        &json!({"scope": "global", "match": {"command_regex": "("}, "action": "deny"}),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text);
+    assert!(bad.text.contains("command_regex"), "{}", bad.text);
+}
+
+#[test]
+fn approval_modes_apply_at_start_and_later() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let auto = http.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": "auto", "mode": "auto"}),
+    );
+    assert_eq!(auto.status, 201, "{}", auto.text);
+    http.until_transcript(&sid(&auto.body), "permission t1: selected allow-once");
+    let asked = sid(&http.start("ask first"));
+    http.until_pending(&asked, "req-1");
+    let set = http.post(
+        &format!("/api/sessions/{asked}/mode"),
+        &json!({"mode": "auto-edits"}),
+    );
+    assert_eq!(set.status, 200, "{}", set.text);
+    http.until_transcript(&asked, "permission t1: selected allow-once");
+    let bad = http.post(
+        &format!("/api/sessions/{asked}/mode"),
+        &json!({"mode": "yolo"}),
+    );
+    assert_eq!(bad.status, 400);
+}

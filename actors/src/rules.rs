@@ -47,7 +47,7 @@ impl SharedRules {
 
 /// Who a rule applies to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "scope", content = "id", rename_all = "snake_case")]
+#[serde(tag = "scope", content = "scope_id", rename_all = "snake_case")]
 pub enum Scope {
     /// Every session.
     Global,

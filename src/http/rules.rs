@@ -30,7 +30,7 @@ pub struct RuleBody {
     scope: String,
     /// Workspace or session id for those scopes.
     #[serde(default)]
-    id: Option<String>,
+    scope_id: Option<String>,
     /// Conditions.
     #[serde(default, rename = "match")]
     matcher: RuleMatch,
@@ -63,7 +63,7 @@ pub async fn create(
     State(app): State<App>,
     ApiJson(body): ApiJson<RuleBody>,
 ) -> Result<(StatusCode, Json<Rule>), ApiError> {
-    let scope = match (body.scope.as_str(), body.id) {
+    let scope = match (body.scope.as_str(), body.scope_id) {
         ("global", None) => Scope::Global,
         ("workspace", Some(id)) => Scope::Workspace(id),
         ("session", Some(id)) => Scope::Session(SessionId(id)),

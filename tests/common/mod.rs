@@ -176,6 +176,14 @@ impl Http {
         req.call().ok().map(|r| reply(Ok(r)))
     }
 
+    pub fn delete(&self, path: &str) -> Reply {
+        let mut req = self.agent.delete(format!("{}{path}", self.base));
+        if let Some(a) = self.auth() {
+            req = req.header("Authorization", a);
+        }
+        reply(req.call())
+    }
+
     pub fn post(&self, path: &str, body: &Value) -> Reply {
         self.post_raw(path, &body.to_string())
     }
