@@ -914,6 +914,33 @@ impl App {
     }
 }
 
+/// Slack reaches the server's rule management (and workspace modes) through
+/// the App, so a rule created from a button is stored, applied to every
+/// session and re-evaluated against pending requests exactly like one from
+/// the API.
+#[async_trait::async_trait]
+impl crate::slack::RulesAdmin for App {
+    async fn rules(&self) -> Result<Vec<(Rule, String)>, String> {
+        App::rules(self).await.map_err(|e| e.to_string())
+    }
+
+    async fn add_rule(&self, rule: Rule, created_by: &str) -> Result<Rule, String> {
+        App::add_rule(self, rule, created_by)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn delete_rule(&self, id: &str, by: &str) -> Result<(), String> {
+        App::delete_rule(self, id, by)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
+        App::workspace_mode(self, workspace)
+    }
+}
+
 /// The config file used when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "config.toml";
 /// The fallback when [`DEFAULT_CONFIG`] does not exist (a fresh clone).

@@ -10,12 +10,13 @@ mod slack_common;
 use std::time::Duration;
 
 use emulator::Fault;
-use intercom_actors::model::RequestStatus;
+use intercom_actors::model::{RequestStatus, SessionStatus};
 use intercom_actors::ports::SessionStore;
+use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope};
 use intercom_actors::slack_port::Outbox;
 use serde_json::json;
 use slack::ConnectionState;
-use slack_common::{CHANNEL, OWNER, Rig, STRANGER, WAIT, permission_scenario};
+use slack_common::{CHANNEL, OWNER, Rig, RigOptions, STRANGER, WAIT, permission_scenario};
 
 fn agent_texts(rig: &Rig, root: &str) -> Vec<String> {
     rig.emu
@@ -531,8 +532,6 @@ async fn slash_commands_list_inspect_steer_and_stop() {
     rig.emu.slash(OWNER, CHANNEL, "steer look at the tests");
     rig.until_ephemeral(OWNER, "Delivered").await;
     rig.until_transcript(&id, "prompt: look at the tests").await;
-    rig.emu.slash(OWNER, CHANNEL, "pause");
-    rig.until_ephemeral(OWNER, "not supported yet").await;
     rig.emu.slash(OWNER, CHANNEL, "frobnicate");
     rig.until_ephemeral(OWNER, "Unknown command").await;
 
@@ -563,4 +562,326 @@ async fn slash_commands_list_inspect_steer_and_stop() {
     .await;
     rig.emu.reply(OWNER, CHANNEL, &root, "are you there?");
     rig.until_ephemeral(OWNER, "has ended").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_cancels_the_turn_and_holds_steering_until_resume() {
+    // The first turn runs until it is cancelled.
+    let scenario = json!({"turns": [[{"wait_cancel": true}], []]});
+    let rig = Rig::start(&[("busy", scenario)]).await;
+    let (id, root) = rig.start_session("busy", "work forever").await;
+    rig.until_snapshot(&id, "working", |s| s.turn_running).await;
+
+    rig.emu.slash(OWNER, CHANNEL, "pause");
+    rig.until_ephemeral(OWNER, "Paused").await;
+    // The running turn is cancelled and the status line says paused.
+    rig.until_snapshot(&id, "paused without a turn", |s| {
+        s.paused && !s.turn_running
+    })
+    .await;
+    rig.until_message(&root, "root says paused", |m| {
+        m.all_text().contains("paused")
+    })
+    .await;
+    rig.emu.slash(OWNER, CHANNEL, "status");
+    rig.until_ephemeral(OWNER, ": paused").await;
+
+    // A reply and a steer while paused are held (hourglass), not delivered.
+    let held = rig
+        .emu
+        .reply(OWNER, CHANNEL, &root, "first, after the pause");
+    rig.until_message(&held, "queued reaction", |m| {
+        m.reactions.contains(&"hourglass_flowing_sand".to_owned())
+    })
+    .await;
+    rig.emu
+        .slash(OWNER, CHANNEL, "steer second, after the pause");
+    rig.until_ephemeral(OWNER, "the session is paused").await;
+    rig.until_snapshot(&id, "holding two", |s| s.queued.len() == 2)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = rig.transcript(&id).await;
+    assert!(!t.contains("after the pause"), "{t}");
+
+    // A stranger may not resume it.
+    rig.emu
+        .slash(STRANGER, CHANNEL, &format!("resume {}", id.0));
+    rig.until_ephemeral(STRANGER, "may not").await;
+    assert!(rig.snapshot(&id).await.expect("live").paused);
+
+    // Resume delivers what was held, in order.
+    rig.emu.slash(OWNER, CHANNEL, "resume");
+    rig.until_ephemeral(OWNER, "Resumed").await;
+    let t = rig
+        .until_transcript(&id, "prompt: second, after the pause")
+        .await;
+    let first = t.find("prompt: first, after the pause").expect("first");
+    let second = t.find("prompt: second, after the pause").expect("second");
+    assert!(first < second, "{t}");
+    rig.until_message(&held, "delivered after resume", |m| {
+        m.reactions == vec!["white_check_mark".to_owned()]
+    })
+    .await;
+    let audit = rig.store.audit_log(Some(&id)).await.expect("audit");
+    for action in ["session.paused", "session.resumed"] {
+        assert!(
+            audit
+                .iter()
+                .any(|(_, e)| e.actor == OWNER && e.action == action),
+            "{action}: {audit:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_revives_a_session_that_ended_by_idle_timeout() {
+    let options = RigOptions {
+        idle_timeout_secs: 1,
+        ..RigOptions::default()
+    };
+    let rig = Rig::start_with(&[("echo", json!({"turns": [[]]}))], options).await;
+    let (id, root) = rig.start_session("echo", "go").await;
+    let ended = rig
+        .until_record(&id, "ended by idle timeout", |r| {
+            r.status == SessionStatus::Completed
+        })
+        .await;
+    assert_eq!(ended.status_reason.as_deref(), Some("idle_timeout"));
+    rig.until_in_thread(&root, "the closing line", |m| {
+        m.all_text().contains("Session ended")
+    })
+    .await;
+    rig.until_gone(&id).await;
+
+    // Only the owner and operators may bring it back.
+    rig.emu
+        .reply(STRANGER, CHANNEL, &root, "wake up, stranger here");
+    rig.until_ephemeral(STRANGER, "may not").await;
+
+    let reply = rig.emu.reply(OWNER, CHANNEL, &root, "welcome back");
+    rig.until_in_thread(&root, "the revive notice", |m| {
+        m.all_text().contains("Reviving this session")
+    })
+    .await;
+    rig.until_in_thread(&root, "how it came back", |m| {
+        m.all_text()
+            .contains("Revived: the agent resumed its session")
+    })
+    .await;
+    let t = rig.until_transcript(&id, "prompt: welcome back").await;
+    assert!(!t.contains("stranger here"), "{t}");
+    rig.until_message(&reply, "delivered reaction", |m| {
+        m.reactions.contains(&"white_check_mark".to_owned())
+    })
+    .await;
+    let audit = rig.store.audit_log(Some(&id)).await.expect("audit");
+    assert!(
+        audit.iter().any(|(_, e)| e.action == "session.revived"),
+        "{audit:?}"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|(_, e)| e.actor == STRANGER && e.action == "action.denied"),
+        "{audit:?}"
+    );
+    // The same thread and the same root: nothing new at the channel's top level.
+    assert_eq!(rig.emu.channel(CHANNEL).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_are_listed_and_only_operators_may_remove_them() {
+    let options = RigOptions {
+        config_rules: vec![Rule {
+            id: "cfg-0".into(),
+            scope: Scope::Global,
+            matcher: RuleMatch {
+                kind: Some("read".into()),
+                ..RuleMatch::default()
+            },
+            action: RuleAction::Allow,
+        }],
+        ..RigOptions::default()
+    };
+    let rig = Rig::start_with(&[("echo", json!({"turns": [[]]}))], options).await;
+
+    rig.emu.slash(STRANGER, CHANNEL, "rules");
+    let list = rig.until_ephemeral(STRANGER, "cfg-0").await;
+    assert!(
+        list.contains("every session") && list.contains("kind `read`") && list.contains("*allow*"),
+        "{list}"
+    );
+    assert!(list.contains("config file"), "{list}");
+
+    rig.emu.slash(STRANGER, CHANNEL, "rule rm cfg-0");
+    rig.until_ephemeral(STRANGER, "Only operators").await;
+    let audit = rig.store.audit_log(None).await.expect("audit");
+    assert!(
+        audit
+            .iter()
+            .any(|(_, e)| e.actor == STRANGER && e.action == "action.denied"),
+        "{audit:?}"
+    );
+    rig.emu.slash(OWNER, CHANNEL, "rule rm cfg-0");
+    rig.until_ephemeral(OWNER, "edit the config file").await;
+    rig.emu.slash(OWNER, CHANNEL, "rule rm r-00000000");
+    rig.until_ephemeral(OWNER, "No rule").await;
+    assert_eq!(rig.rules_now().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_always_remembered_for_the_session_answers_matching_requests() {
+    let ask = |id: &str| json!({"permission": {"tool_call_id": id, "title": "Write notes.txt", "kind": "edit"}});
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Write notes.txt", "kind": "edit", "status": "pending"}},
+        ask("t1"),
+        ask("t2"),
+    ], [ask("t3")], []]});
+    let rig = Rig::start(&[("perm", scenario)]).await;
+    let (id, root) = rig.start_session("perm", "write the notes twice").await;
+
+    let first = rig.until_request(&root, &[]).await;
+    rig.emu.click(
+        OWNER,
+        &first,
+        &first.button("allow-always").expect("allow-always"),
+    );
+    rig.until_transcript(&id, "permission t1: selected allow-always")
+        .await;
+    // The outcome offers to remember the decision.
+    let decided = rig
+        .until_message(&first.ts, "the remember buttons", |m| {
+            m.button("remember:session").is_some()
+        })
+        .await;
+    assert!(decided.button("remember:workspace").is_some());
+    assert!(decided.button("allow-once").is_none());
+    // The second request waits for a human...
+    let second = rig.until_request(&root, &[&first.ts]).await;
+    let remember = decided.button("remember:session").expect("button");
+
+    // ...a stranger may not create the rule...
+    rig.emu.click(STRANGER, &decided, &remember);
+    rig.until_ephemeral(STRANGER, "may not").await;
+    assert!(rig.rules_now().await.is_empty());
+    assert!(
+        !rig.transcript(&id)
+            .await
+            .contains("permission t2: selected")
+    );
+
+    // ...the owner does, and it answers the waiting request at once.
+    rig.emu.click(OWNER, &decided, &remember);
+    let ack = rig.until_ephemeral(OWNER, "Remembered as rule").await;
+    rig.until_transcript(&id, "permission t2: selected allow-once")
+        .await;
+    let rules = rig.rules_now().await;
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    let (rule, by) = &rules[0];
+    assert!(ack.contains(&rule.id), "{ack}");
+    assert_eq!(by, OWNER);
+    assert_eq!(rule.scope, Scope::Session(id.clone()));
+    assert_eq!(rule.action, RuleAction::Allow);
+    assert_eq!(rule.matcher.kind.as_deref(), Some("edit"));
+    let auto = rig
+        .until_message(&second.ts, "the automatic outcome", |m| {
+            m.buttons().is_empty() && m.all_text().contains("Allowed automatically")
+        })
+        .await;
+    assert!(
+        auto.all_text().contains(&format!("by rule `{}`", rule.id)),
+        "{}",
+        auto.all_text()
+    );
+    rig.until_in_thread(&root, "the rule notice", |m| {
+        m.all_text()
+            .contains(&format!("Rule {} created by {OWNER}", rule.id))
+    })
+    .await;
+    let audit = rig.store.audit_log(Some(&id)).await.expect("audit");
+    assert!(
+        audit
+            .iter()
+            .any(|(_, e)| e.actor == format!("rule:{}", rule.id)),
+        "{audit:?}"
+    );
+    let (_, decision) = rig
+        .store
+        .get_request(&format!("{}:req-2", id.0))
+        .await
+        .expect("get")
+        .expect("req-2");
+    assert_eq!(
+        decision.expect("decision").decided_by,
+        format!("rule:{}", rule.id)
+    );
+
+    // A second click changes nothing.
+    rig.emu.click(OWNER, &decided, &remember);
+    rig.until_ephemeral(OWNER, "Already remembered").await;
+    assert_eq!(rig.rules_now().await.len(), 1);
+
+    // A new matching request in the next turn is answered without a click.
+    rig.emu.reply(OWNER, CHANNEL, &root, "once more");
+    rig.until_transcript(&id, "permission t3: selected allow-once")
+        .await;
+
+    // The rule is listed; a stranger may not remove it; an operator does.
+    rig.emu.slash(OWNER, CHANNEL, "rules");
+    let list = rig.until_ephemeral(OWNER, "Approval rules").await;
+    assert!(list.contains(&format!("`{}`", rule.id)), "{list}");
+    assert!(
+        list.contains(&format!("session `{}`", id.0)) && list.contains("by <@UOWNER>"),
+        "{list}"
+    );
+    rig.emu
+        .slash(STRANGER, CHANNEL, &format!("rule rm {}", rule.id));
+    rig.until_ephemeral(STRANGER, "Only operators").await;
+    assert_eq!(rig.rules_now().await.len(), 1);
+    rig.emu
+        .slash(OWNER, CHANNEL, &format!("rule rm {}", rule.id));
+    rig.until_ephemeral(OWNER, "Removed rule").await;
+    assert!(rig.rules_now().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_auto_approves_without_asking() {
+    let later = json!({"turns": [[], [
+        {"permission": {"tool_call_id": "t1", "title": "Run the tests", "kind": "execute"}}
+    ], []]});
+    let rig = Rig::start(&[("later", later), ("perm", permission_scenario())]).await;
+    let (id, root) = rig.start_session("later", "get ready").await;
+    rig.until_message(&root, "idle", |m| m.all_text().contains("idle"))
+        .await;
+
+    rig.emu.slash(OWNER, CHANNEL, "mode yolo");
+    rig.until_ephemeral(OWNER, "Unknown mode").await;
+    rig.emu.slash(STRANGER, CHANNEL, "mode auto");
+    rig.until_ephemeral(STRANGER, "may not").await;
+    rig.emu.slash(OWNER, CHANNEL, "mode auto");
+    rig.until_ephemeral(OWNER, "now in mode `auto`").await;
+    rig.until_snapshot(&id, "in mode auto", |s| s.mode.as_str() == "auto")
+        .await;
+    rig.emu.slash(OWNER, CHANNEL, "status");
+    rig.until_ephemeral(OWNER, "mode `auto`").await;
+
+    rig.emu.reply(OWNER, CHANNEL, &root, "run the tests");
+    rig.until_transcript(&id, "permission t1: selected allow-once")
+        .await;
+    rig.until_in_thread(&root, "the automatic outcome", |m| {
+        m.all_text()
+            .contains("Allowed automatically* by mode `auto`")
+    })
+    .await;
+    let audit = rig.store.audit_log(Some(&id)).await.expect("audit");
+    assert!(
+        audit.iter().any(|(_, e)| e.actor == "mode:auto"),
+        "{audit:?}"
+    );
+
+    // `start --mode auto`: the first request is answered without a click.
+    let (auto, _) = rig.start_session("perm", "--mode auto write it").await;
+    rig.until_transcript(&auto, "permission t1: selected allow-once")
+        .await;
+    assert!(rig.transcript(&auto).await.contains("prompt: write it"));
 }

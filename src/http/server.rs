@@ -127,8 +127,6 @@ fn load_config(options: &ServeOptions) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-/// Logs once whether Slack is on. The Slack gateway is not part of this
-/// build yet, so the server always runs in local operator mode.
 /// Connects Slack (Socket Mode + Web API) and mirrors its connection state
 /// into the app for `/healthz`.
 async fn start_slack(
@@ -147,7 +145,8 @@ async fn start_slack(
         outbox: app.outbox_port(),
         tuning: crate::slack::SlackTuning::default(),
     };
-    let handle = crate::slack::spawn_slack(opts, events).await?;
+    let rules: std::sync::Arc<dyn crate::slack::RulesAdmin> = std::sync::Arc::new(app.clone());
+    let handle = crate::slack::spawn_slack_with_rules(opts, rules, events).await?;
     let mut status = handle.status();
     let app2 = app.clone();
     app.set_slack(slack_state(status.get()));

@@ -14,7 +14,8 @@ use intercom_actors::gateway::GatewayMsg;
 use intercom_actors::model::{RequestStatus, SessionId, SessionRecord, SessionStatus, now_ms};
 use intercom_actors::ports::OperatorEvent;
 use intercom_actors::registry::{RegistryMsg, Target};
-use intercom_actors::session::SessionMsg;
+use intercom_actors::rules::ApprovalMode;
+use intercom_actors::session::{SessionMsg, SessionSnapshot};
 use intercom_actors::supervisor::{StartRequest, SupervisorMsg};
 
 use super::inbound::{Ctx, Reply};
@@ -31,11 +32,13 @@ const CLEANUP_AGE: Duration = Duration::from_secs(600);
 pub enum Command {
     /// `help` (also: empty text, unknown words).
     Help(Option<String>),
-    /// `start [workspace] [--agent A] <prompt>`; the first word of `text`
-    /// may turn out to be a workspace id (see [`split_workspace`]).
+    /// `start [workspace] [--agent A] [--mode M] <prompt>`; the first word
+    /// of `text` may turn out to be a workspace id (see [`split_workspace`]).
     Start {
         /// `--agent`.
         agent: Option<String>,
+        /// `--mode` (checked when executed).
+        mode: Option<String>,
         /// The rest, split on whitespace boundaries kept verbatim.
         text: String,
     },
@@ -61,6 +64,17 @@ pub enum Command {
     },
     /// `nudge [id]`.
     Nudge(Option<String>),
+    /// `mode [<ask|auto-edits|auto>] [id]`: set (or show) the approval mode.
+    Mode {
+        /// The mode (checked when executed); `None` shows the current one.
+        mode: Option<String>,
+        /// Session id.
+        id: Option<String>,
+    },
+    /// `rules`.
+    Rules,
+    /// `rule rm <id>`.
+    RuleRm(Option<String>),
     /// `cleanup`.
     Cleanup,
 }
@@ -96,27 +110,26 @@ pub fn parse(text: &str) -> Command {
     match verb.to_ascii_lowercase().as_str() {
         "" | "help" => Command::Help(None),
         "start" => {
-            let mut agent = None;
+            let (mut agent, mut mode) = (None, None);
             let mut rest = rest;
-            // `--agent A` may come before the workspace or before the prompt.
+            // `--agent A` / `--mode M` may come before the workspace or
+            // before the prompt.
             let mut kept = String::new();
             loop {
                 let (w, tail) = first_word(rest);
-                if w == "--agent" {
-                    let (a, tail) = first_word(tail);
-                    agent = Some(a.to_owned()).filter(|a| !a.is_empty());
-                    rest = tail;
-                    continue;
-                }
-                if let Some(a) = w.strip_prefix("--agent=") {
-                    agent = Some(a.to_owned());
+                if let Some((flag, value, tail)) = start_flag(w, tail) {
+                    let value = Some(value.to_owned()).filter(|v| !v.is_empty());
+                    match flag {
+                        "agent" => agent = value,
+                        _ => mode = value,
+                    }
                     rest = tail;
                     continue;
                 }
                 if kept.is_empty() && !w.is_empty() && !tail.is_empty() {
-                    // Maybe a workspace; keep it and look for --agent once more.
-                    let (w2, _) = first_word(tail);
-                    if w2 == "--agent" || w2.starts_with("--agent=") {
+                    // Maybe a workspace; keep it and look for flags once more.
+                    let (w2, tail2) = first_word(tail);
+                    if start_flag(w2, tail2).is_some() {
                         kept = w.to_owned();
                         rest = tail;
                         continue;
@@ -129,7 +142,7 @@ pub fn parse(text: &str) -> Command {
             } else {
                 format!("{kept} {}", rest.trim())
             };
-            Command::Start { agent, text }
+            Command::Start { agent, mode, text }
         }
         "sessions" | "list" | "ls" => Command::Sessions {
             all: rest.split_whitespace().any(|w| w == "--all" || w == "all"),
@@ -146,8 +159,65 @@ pub fn parse(text: &str) -> Command {
                 text: text.trim().to_owned(),
             }
         }
+        "mode" => {
+            let (mut id, mut mode) = (None, None);
+            for w in rest.split_whitespace() {
+                if looks_like_id(w) && id.is_none() {
+                    id = Some(w.to_owned());
+                } else if mode.is_none() {
+                    mode = Some(w.to_ascii_lowercase());
+                }
+            }
+            Command::Mode { mode, id }
+        }
+        "rules" => Command::Rules,
+        "rule" => {
+            let (sub, tail) = first_word(rest);
+            match sub.to_ascii_lowercase().as_str() {
+                "rm" | "remove" | "delete" | "del" => {
+                    let (id, _) = first_word(tail);
+                    Command::RuleRm(Some(id.to_owned()).filter(|i| !i.is_empty()))
+                }
+                "" | "list" | "ls" => Command::Rules,
+                _ => Command::Help(Some(format!("rule {sub}"))),
+            }
+        }
         "cleanup" => Command::Cleanup,
         other => Command::Help(Some(other.to_owned())),
+    }
+}
+
+/// `--agent A`, `--agent=A`, `--mode M`, `--mode=M`: (flag, value, rest).
+fn start_flag<'a>(word: &'a str, tail: &'a str) -> Option<(&'static str, &'a str, &'a str)> {
+    for (flag, long) in [("agent", "--agent"), ("mode", "--mode")] {
+        if word == long {
+            let (value, tail) = first_word(tail);
+            return Some((flag, value, tail));
+        }
+        if let Some(value) = word.strip_prefix(long).and_then(|v| v.strip_prefix('=')) {
+            return Some((flag, value, tail));
+        }
+    }
+    None
+}
+
+/// Parses a mode name, or says which exist.
+fn parse_mode(name: &str) -> Result<ApprovalMode, String> {
+    ApprovalMode::parse(name).ok_or_else(|| {
+        format!(
+            "Unknown mode `{}`; use `ask` (ask for everything no rule decides), `auto-edits` (allow reads and edits inside the workspace) or `auto` (allow everything no deny rule forbids).",
+            render::escape(name)
+        )
+    })
+}
+
+fn mode_meaning(mode: ApprovalMode) -> &'static str {
+    match mode {
+        ApprovalMode::Ask => "every request no rule decides is asked",
+        ApprovalMode::AutoEdits => {
+            "reads, searches and edits inside the workspace are allowed without asking; the rest is asked"
+        }
+        ApprovalMode::Auto => "everything no deny rule forbids is allowed without asking",
     }
 }
 
@@ -220,9 +290,16 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
                 render::escape(&word)
             )),
         ),
-        Command::Start { agent, text } => {
+        Command::Start { agent, mode, text } => {
+            let mode = match mode.as_deref().map(parse_mode).transpose() {
+                Ok(m) => m,
+                Err(e) => {
+                    reply.send(ctx, render::problem(&e));
+                    return;
+                }
+            };
             let ctx = ctx.clone();
-            tokio::spawn(async move { start(&ctx, reply, agent, text).await });
+            tokio::spawn(async move { start(&ctx, reply, agent, mode, text).await });
         }
         Command::Sessions { all } => match ctx.store.list_sessions(!all).await {
             Ok(list) => reply.send(ctx, render::session_list(&list, all)),
@@ -232,14 +309,8 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
             let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
                 return;
             };
-            let snapshot = match ctx.actor(&rec.id).await {
-                Some(a) => ractor::call_t!(a, SessionMsg::Snapshot, CALL_TIMEOUT_MS).ok(),
-                None => None,
-            };
-            let (turn, pending, queued) = snapshot
-                .map(|s| (s.turn_running, s.pending.len(), s.queued.len()))
-                .unwrap_or((false, 0, 0));
-            let mut body = render::session_status(&rec, turn, pending, queued);
+            let snapshot = snapshot(ctx, &rec.id).await;
+            let mut body = render::session_status(&rec, snapshot.as_ref());
             append_hint(&mut body, hint);
             reply.send(ctx, body);
         }
@@ -255,12 +326,73 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
             append_hint(&mut body, hint);
             reply.send(ctx, body);
         }
-        Command::Pause(_) | Command::Resume(_) => reply.send(
-            ctx,
-            render::problem(
-                "Pause and resume are not supported yet: the agent cannot be frozen mid-turn. Use `/intercom stop` to end a session, or reply in its thread to steer it.",
-            ),
-        ),
+        Command::Pause(id) => {
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let mut body = match ctx.pause(&rec.id, true, &reply.user).await {
+                Ok(()) => MessageBody::text(format!(
+                    ":double_vertical_bar: Paused `{}`: its running turn was cancelled, and replies and `steer` are held until `/intercom resume {}`.",
+                    rec.id, rec.id
+                )),
+                Err(e) => render::problem(&e),
+            };
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Resume(id) => {
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let mut body = match ctx.pause(&rec.id, false, &reply.user).await {
+                Ok(()) => MessageBody::text(format!(
+                    ":arrow_forward: Resumed `{}`: held instructions are delivered in order (or the agent continues where the pause cut it off).",
+                    rec.id
+                )),
+                Err(e) => render::problem(&e),
+            };
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Mode { mode, id } => {
+            let mode = match mode.as_deref().map(parse_mode).transpose() {
+                Ok(m) => m,
+                Err(e) => {
+                    reply.send(ctx, render::problem(&e));
+                    return;
+                }
+            };
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let mut body = match mode {
+                None => match snapshot(ctx, &rec.id).await {
+                    Some(s) => MessageBody::text(format!(
+                        "`{}` is in mode `{}`: {}. Change it with `/intercom mode <ask|auto-edits|auto>`.",
+                        rec.id,
+                        s.mode.as_str(),
+                        mode_meaning(s.mode)
+                    )),
+                    None => render::problem(&format!(
+                        "Session `{}` has no running agent right now.",
+                        rec.id
+                    )),
+                },
+                Some(m) => match ctx.set_mode(&rec.id, m, &reply.user).await {
+                    Ok(()) => MessageBody::text(format!(
+                        ":gear: `{}` is now in mode `{}`: {}.",
+                        rec.id,
+                        m.as_str(),
+                        mode_meaning(m)
+                    )),
+                    Err(e) => render::problem(&e),
+                },
+            };
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Rules => super::rules::list(ctx, &reply).await,
+        Command::RuleRm(id) => super::rules::remove(ctx, &reply, id).await,
         Command::Steer { id, text } => {
             if text.is_empty() {
                 reply.send(
@@ -273,15 +405,22 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
                 return;
             };
             let r = ctx.steer(&rec.id, &text, &reply.user).await;
+            let paused = match &r {
+                Ok(o) if o.queued => snapshot(ctx, &rec.id).await.is_some_and(|s| s.paused),
+                _ => false,
+            };
             let mut body = match r {
+                Ok(_) if paused => MessageBody::text(format!(
+                    ":double_vertical_bar: Held for `{}`: the session is paused; `/intercom resume` delivers it.",
+                    rec.id
+                )),
                 Ok(o) if o.queued => MessageBody::text(format!(
                     ":hourglass_flowing_sand: Queued for `{}`: the agent gets it when its current turn ends.",
                     rec.id
                 )),
-                Ok(_) => MessageBody::text(format!(
-                    ":white_check_mark: Delivered to `{}`.",
-                    rec.id
-                )),
+                Ok(_) => {
+                    MessageBody::text(format!(":white_check_mark: Delivered to `{}`.", rec.id))
+                }
                 Err(e) => render::problem(&e),
             };
             append_hint(&mut body, hint);
@@ -300,6 +439,12 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
         }
         Command::Cleanup => cleanup(ctx, reply).await,
     }
+}
+
+/// The actor's view of a live session.
+async fn snapshot(ctx: &Ctx, id: &SessionId) -> Option<SessionSnapshot> {
+    let actor = ctx.actor(id).await?;
+    ractor::call_t!(actor, SessionMsg::Snapshot, CALL_TIMEOUT_MS).ok()
 }
 
 fn append_hint(body: &mut MessageBody, hint: Option<String>) {
@@ -336,7 +481,13 @@ async fn resolve(
     }
 }
 
-async fn start(ctx: &Ctx, reply: Reply, agent: Option<String>, text: String) {
+async fn start(
+    ctx: &Ctx,
+    reply: Reply,
+    agent: Option<String>,
+    mode: Option<ApprovalMode>,
+    text: String,
+) {
     if !ctx.is_operator(&reply.user) {
         reply.send(
             ctx,
@@ -379,7 +530,7 @@ async fn start(ctx: &Ctx, reply: Reply, agent: Option<String>, text: String) {
         reply.send(
             ctx,
             render::problem(
-                "Say what the agent should do: `/intercom start [workspace] [--agent A] <prompt>`.",
+                "Say what the agent should do: `/intercom start [workspace] [--agent A] [--mode M] <prompt>`.",
             ),
         );
         return;
@@ -405,6 +556,7 @@ async fn start(ctx: &Ctx, reply: Reply, agent: Option<String>, text: String) {
             }
         };
     let channel = resolved.channel_id.clone();
+    let mode = mode.or_else(|| ctx.rules.workspace_mode(&resolved.workspace));
     let req = StartRequest {
         workspace: resolved.workspace,
         cwd: resolved.cwd,
@@ -412,7 +564,7 @@ async fn start(ctx: &Ctx, reply: Reply, agent: Option<String>, text: String) {
         profile: resolved.profile,
         prompt: render::unescape(prompt),
         owner: reply.user.clone(),
-        mode: None,
+        mode,
     };
     let outcome = ractor::call!(ctx.supervisor, |r| SupervisorMsg::Start { req, reply: r });
     let body = match outcome {
@@ -422,8 +574,12 @@ async fn start(ctx: &Ctx, reply: Reply, agent: Option<String>, text: String) {
                 Some(c) => format!("in its thread in <#{c}>"),
                 None => "locally only (the workspace has no Slack channel)".to_owned(),
             };
+            let mode = match mode {
+                Some(m) if m != ApprovalMode::Ask => format!(" (mode `{}`)", m.as_str()),
+                _ => String::new(),
+            };
             MessageBody::text(format!(
-                ":rocket: Started `{}` in workspace `{}`; follow it {place}.",
+                ":rocket: Started `{}` in workspace `{}`{mode}; follow it {place}.",
                 rec.id, rec.workspace
             ))
         }
@@ -523,6 +679,37 @@ mod tests {
         assert_eq!(parse("nudge"), Command::Nudge(None));
         assert_eq!(parse("pause s-1"), Command::Pause(Some("s-1".into())));
         assert_eq!(parse("cleanup"), Command::Cleanup);
+        assert_eq!(parse("resume"), Command::Resume(None));
+        assert_eq!(
+            parse("mode auto"),
+            Command::Mode {
+                mode: Some("auto".into()),
+                id: None
+            }
+        );
+        assert_eq!(
+            parse("mode s-ab Auto-Edits"),
+            Command::Mode {
+                mode: Some("auto-edits".into()),
+                id: Some("s-ab".into())
+            }
+        );
+        assert_eq!(
+            parse("mode"),
+            Command::Mode {
+                mode: None,
+                id: None
+            }
+        );
+        assert_eq!(parse("rules"), Command::Rules);
+        assert_eq!(
+            parse("rule rm r-12ab"),
+            Command::RuleRm(Some("r-12ab".into()))
+        );
+        assert_eq!(parse("rule rm"), Command::RuleRm(None));
+        assert_eq!(parse("rule"), Command::Rules);
+        assert_eq!(parse("rule frob"), Command::Help(Some("rule frob".into())));
+        assert!(parse_mode("auto").is_ok() && parse_mode("yolo").is_err());
         assert_eq!(
             parse("steer s-ab please  stop"),
             Command::Steer {
@@ -545,6 +732,7 @@ mod tests {
             parse("start --agent claude fix the bug"),
             Command::Start {
                 agent: Some("claude".into()),
+                mode: None,
                 text: "fix the bug".into()
             }
         );
@@ -552,6 +740,7 @@ mod tests {
             parse("start api --agent claude fix the bug"),
             Command::Start {
                 agent: Some("claude".into()),
+                mode: None,
                 text: "api fix the bug".into()
             }
         );
@@ -559,7 +748,24 @@ mod tests {
             parse("start fix the bug"),
             Command::Start {
                 agent: None,
+                mode: None,
                 text: "fix the bug".into()
+            }
+        );
+        assert_eq!(
+            parse("start api --mode auto --agent=claude fix --mode in the prompt"),
+            Command::Start {
+                agent: Some("claude".into()),
+                mode: Some("auto".into()),
+                text: "api fix --mode in the prompt".into()
+            }
+        );
+        assert_eq!(
+            parse("start --mode=auto-edits go"),
+            Command::Start {
+                agent: None,
+                mode: Some("auto-edits".into()),
+                text: "go".into()
             }
         );
         let known: HashSet<String> = ["api".to_owned()].into();

@@ -9,18 +9,22 @@
 //! session actor's (owner or operator; it audits refusals); this file only
 //! turns a refusal into an ephemeral message. Events are handled one at a
 //! time, in arrival order, so two replies in a thread steer in order;
-//! `/intercom start` (which waits for the agent's handshake) runs aside.
+//! `/intercom start` (which waits for the agent's handshake) runs aside, and
+//! so does reviving a session that ended by idle timeout: replies that
+//! arrive in its thread meanwhile are held and delivered in order after it.
 
-use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use intercom_actors::gateway::GatewayMsg;
-use intercom_actors::model::{AuditEntry, RequestStatus, SessionId};
-use intercom_actors::ports::SessionStore;
+use intercom_actors::model::{AuditEntry, RequestStatus, SessionId, SessionRecord, SessionStatus};
+use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::registry::RegistryMsg;
+use intercom_actors::rules::ApprovalMode;
 use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome, StopCause};
 use intercom_actors::slack_port::MessageBody;
-use intercom_actors::supervisor::SupervisorMsg;
+use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use slack_morphism::prelude::*;
@@ -29,6 +33,10 @@ use tokio::sync::mpsc;
 use super::api::BotIdentity;
 use super::commands::{self, CALL_TIMEOUT_MS};
 use super::render;
+use super::rules::{self, RememberScope, RulesAdmin};
+
+/// How long a revive waits for the ended session's actor to be gone.
+const REVIVE_SETTLE: Duration = Duration::from_secs(5);
 
 /// One payload from Socket Mode.
 #[derive(Debug)]
@@ -55,6 +63,22 @@ pub struct Ctx {
     pub operators: HashSet<String>,
     /// Who the bot is (to ignore its own messages); set once known.
     pub bot: RwLock<Option<BotIdentity>>,
+    /// The server's approval rules and workspace modes.
+    pub rules: Arc<dyn RulesAdmin>,
+    /// Threads whose session is being revived: replies held until it is
+    /// back, in arrival order. Keyed by (channel, thread ts).
+    pub reviving: Mutex<HashMap<(String, String), Vec<HeldReply>>>,
+}
+
+/// A thread reply waiting for its session to be revived.
+#[derive(Debug, Clone)]
+pub struct HeldReply {
+    /// Who wrote it.
+    pub user: String,
+    /// What they wrote.
+    pub text: String,
+    /// Its ts (for the delivered / queued reaction).
+    pub ts: String,
 }
 
 /// Where an ephemeral answer goes.
@@ -196,6 +220,50 @@ impl Ctx {
         .map_err(|e| session_error_text(&e))
     }
 
+    /// Pauses (`true`) or resumes (`false`) a session on behalf of `user`.
+    pub async fn pause(&self, id: &SessionId, pause: bool, user: &str) -> Result<(), String> {
+        let actor = self.live_actor(id).await?;
+        let caller = self.caller(user);
+        let outcome = if pause {
+            ractor::call_t!(
+                actor,
+                |reply| SessionMsg::Pause { caller, reply },
+                CALL_TIMEOUT_MS
+            )
+        } else {
+            ractor::call_t!(
+                actor,
+                |reply| SessionMsg::Resume { caller, reply },
+                CALL_TIMEOUT_MS
+            )
+        };
+        outcome
+            .map_err(|e| format!("The session did not answer: {e}"))?
+            .map_err(|e| session_error_text(&e))
+    }
+
+    /// Sets a session's approval mode on behalf of `user`.
+    pub async fn set_mode(
+        &self,
+        id: &SessionId,
+        mode: ApprovalMode,
+        user: &str,
+    ) -> Result<(), String> {
+        let actor = self.live_actor(id).await?;
+        let caller = self.caller(user);
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::SetMode {
+                mode,
+                caller,
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| format!("The session did not answer: {e}"))?
+        .map_err(|e| session_error_text(&e))
+    }
+
     /// Steers a session on behalf of `user`.
     pub async fn steer(
         &self,
@@ -262,8 +330,13 @@ impl Ctx {
     }
 
     /// Refuses `user` on `session` unless owner or operator, auditing the
-    /// attempt (used before opening a modal, where no actor call happens yet).
-    async fn may_act(&self, session: &SessionId, user: &str, action: &str) -> Result<(), String> {
+    /// attempt (used where no actor call happens yet: modals, revive, rules).
+    pub async fn may_act(
+        &self,
+        session: &SessionId,
+        user: &str,
+        action: &str,
+    ) -> Result<(), String> {
         if self.is_operator(user) {
             return Ok(());
         }
@@ -367,6 +440,8 @@ async fn on_block_actions(ctx: &Arc<Ctx>, e: SlackInteractionBlockActionsEvent) 
             ctx.nudge(&SessionId::from(value.as_str()), &user).await
         } else if id == "stop" {
             ctx.stop(&SessionId::from(value.as_str()), &user).await
+        } else if let Some(scope) = RememberScope::from_action_id(id) {
+            rules::remember(ctx, &reply, &value, scope).await
         } else {
             tracing::debug!(action = id, "ignoring unknown action");
             Ok(())
@@ -499,11 +574,19 @@ async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
         user: user.clone(),
         thread_ts: Some(thread_ts.clone()),
     };
+    let held = HeldReply {
+        user: user.clone(),
+        text: text.trim().to_owned(),
+        ts: ts.clone(),
+    };
+    if hold_while_reviving(ctx, &channel, &thread_ts, &held) {
+        return;
+    }
     // The supervisor's index keeps ended sessions' threads: check liveness.
     let session = match ctx.session_of_thread(&channel, &thread_ts).await {
         Some(s) if ctx.actor(&s).await.is_some() => s,
         _ => {
-            not_live_hint(ctx, &reply, &thread_ts).await;
+            not_live(ctx, &reply, &thread_ts, held).await;
             return;
         }
     };
@@ -563,8 +646,28 @@ async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, 
     }
 }
 
-/// A reply in the thread of a session without a running agent.
-async fn not_live_hint(ctx: &Ctx, reply: &Reply, thread_ts: &str) {
+/// Adds `held` to the thread's revive queue when a revive is under way.
+fn hold_while_reviving(ctx: &Ctx, channel: &str, thread_ts: &str, held: &HeldReply) -> bool {
+    let Ok(mut reviving) = ctx.reviving.lock() else {
+        return false;
+    };
+    match reviving.get_mut(&(channel.to_owned(), thread_ts.to_owned())) {
+        Some(queue) => {
+            queue.push(held.clone());
+            true
+        }
+        None => false,
+    }
+}
+
+/// Whether a session ended by idle timeout (and so may be revived).
+pub fn revivable(rec: &SessionRecord) -> bool {
+    rec.status == SessionStatus::Completed && rec.status_reason.as_deref() == Some("idle_timeout")
+}
+
+/// A reply in the thread of a session without a running agent: revives it
+/// when it ended by idle timeout, else says why nothing happened.
+async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldReply) {
     let Ok(all) = ctx.store.list_sessions(false).await else {
         return;
     };
@@ -574,6 +677,169 @@ async fn not_live_hint(ctx: &Ctx, reply: &Reply, thread_ts: &str) {
     }) else {
         return; // Not one of ours.
     };
+    if revivable(&rec) && reject_reason(&held.text).is_none() {
+        if let Err(e) = ctx.may_act(&rec.id, &reply.user, "revive").await {
+            reply.send(ctx, render::problem(&e));
+            return;
+        }
+        let key = (reply.channel.clone(), thread_ts.to_owned());
+        match ctx.reviving.lock() {
+            Ok(mut reviving) => {
+                reviving.insert(key.clone(), vec![held]);
+            }
+            Err(_) => return,
+        }
+        let ctx = ctx.clone();
+        tokio::spawn(async move { revive(&ctx, rec, key).await });
+        return;
+    }
+    not_live_hint(ctx, reply, &rec);
+}
+
+/// Brings `rec` back, then delivers the replies held for its thread in
+/// order; tells the thread how it went.
+async fn revive(ctx: &Ctx, rec: SessionRecord, key: (String, String)) {
+    let id = rec.id.clone();
+    let first = ctx
+        .reviving
+        .lock()
+        .ok()
+        .and_then(|r| r.get(&key).and_then(|q| q.first().map(|h| h.user.clone())))
+        .unwrap_or_default();
+    rules::notice(
+        ctx,
+        &id,
+        &format!(
+            "Reviving this session (it ended by idle timeout) to deliver a reply from {first}…"
+        ),
+    );
+    match revive_session(ctx, &rec, &first).await {
+        Ok(revived) => {
+            let how = if revived.acp_session_id.is_some()
+                && revived.acp_session_id == rec.acp_session_id
+            {
+                "Revived: the agent resumed its session and remembers the conversation."
+            } else {
+                "Revived with a fresh agent session: the agent could not resume, so it does not remember the earlier conversation."
+            };
+            rules::notice(ctx, &id, how);
+            deliver_held(ctx, &id, &key).await;
+        }
+        Err(e) => {
+            let text = format!(
+                "Could not revive this session: {e} Start a new one with `/intercom start <prompt>`."
+            );
+            let _ = ctx
+                .gateway
+                .send_message(GatewayMsg::Event(OperatorEvent::Notice {
+                    session_id: id.clone(),
+                    level: NoticeLevel::Warning,
+                    text,
+                }));
+            let held = ctx
+                .reviving
+                .lock()
+                .ok()
+                .and_then(|mut r| r.remove(&key))
+                .unwrap_or_default();
+            for h in held {
+                let reply = Reply {
+                    channel: key.0.clone(),
+                    user: h.user,
+                    thread_ts: Some(key.1.clone()),
+                };
+                reply.send(
+                    ctx,
+                    render::problem(&format!(
+                        "Your reply was not delivered: the session could not be revived ({e})"
+                    )),
+                );
+            }
+        }
+    }
+}
+
+/// Asks the supervisor to revive `rec` with its agent profile from the
+/// current workspace map.
+async fn revive_session(
+    ctx: &Ctx,
+    rec: &SessionRecord,
+    user: &str,
+) -> Result<SessionRecord, String> {
+    let map = ractor::call_t!(ctx.registry, RegistryMsg::Get, CALL_TIMEOUT_MS)
+        .map_err(|e| format!("the workspace registry did not answer: {e}."))?;
+    let profile = map
+        .agents
+        .iter()
+        .find(|p| p.id == rec.agent)
+        .cloned()
+        .ok_or_else(|| format!("its agent `{}` is no longer configured.", rec.agent))?;
+    // The ended session's actor may still be on its way out.
+    let deadline = tokio::time::Instant::now() + REVIVE_SETTLE;
+    while ctx.actor(&rec.id).await.is_some() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let caller = ctx.caller(user);
+    let id = rec.id.clone();
+    let outcome = ractor::call!(ctx.supervisor, |reply| SupervisorMsg::Revive {
+        id,
+        profile,
+        caller,
+        reply
+    })
+    .map_err(|e| format!("the supervisor did not answer: {e}."))?;
+    outcome.map_err(|e| match e {
+        SupervisorError::Unauthorized { owner, .. } => format!(
+            "only the session's owner ({}) and operators may revive it.",
+            render::who(&owner)
+        ),
+        other => format!("{other}."),
+    })
+}
+
+/// Steers the replies held for a revived session's thread, in order, until
+/// none is left; then later replies take the normal path.
+async fn deliver_held(ctx: &Ctx, id: &SessionId, key: &(String, String)) {
+    loop {
+        let batch = match ctx.reviving.lock() {
+            Ok(mut r) => {
+                let batch = r.get_mut(key).map(std::mem::take).unwrap_or_default();
+                if batch.is_empty() {
+                    r.remove(key);
+                }
+                batch
+            }
+            Err(_) => return,
+        };
+        if batch.is_empty() {
+            return;
+        }
+        for h in batch {
+            match ctx.steer(id, &h.text, &h.user).await {
+                Ok(o) => {
+                    let _ = ctx.gateway.send_message(GatewayMsg::SteeringAck {
+                        session_id: id.clone(),
+                        steering_id: o.steering_id,
+                        channel: key.0.clone(),
+                        ts: h.ts,
+                        queued: o.queued,
+                    });
+                }
+                Err(e) => {
+                    let reply = Reply {
+                        channel: key.0.clone(),
+                        user: h.user,
+                        thread_ts: Some(key.1.clone()),
+                    };
+                    reply.send(ctx, render::problem(&e));
+                }
+            }
+        }
+    }
+}
+
+/// Why a reply in the thread of a session without a running agent did nothing.
+fn not_live_hint(ctx: &Ctx, reply: &Reply, rec: &SessionRecord) {
     let text = if rec.status.is_live() {
         format!(
             "Session `{}` has no running agent right now (it is restarting), so this reply was not delivered; send it again shortly.",

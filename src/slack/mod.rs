@@ -16,12 +16,14 @@
 //! let tokens = slack::SlackTokens::from_env()?;           // None: no Slack
 //! let (slack_sink, slack_events) = slack::event_channel(); // before the supervisor
 //! // slack_sink goes into the supervisor's fan-out (AppOptions::extra_sinks)
-//! let handle = slack::spawn_slack(SlackOptions {
+//! let opts = SlackOptions {
 //!     tokens, api_url: config.slack.api_url.clone(),
 //!     operators: slack::operators(&config.slack.operators),   // + SLACK_MEMBER_IDS
 //!     supervisor, registry, store: store.clone(), outbox: store.clone(),
 //!     tuning: SlackTuning::default(),
-//! }, slack_events).await?;
+//! };
+//! // rules: the App (rules in SQLite + config, refreshed for every session)
+//! let handle = slack::spawn_slack_with_rules(opts, Arc::new(app.clone()), slack_events).await?;
 //! // /healthz: mirror handle.status() (get() / changed()) into the app
 //! // shutdown: after the supervisor's, handle.shutdown().await
 //! ```
@@ -30,6 +32,7 @@ pub mod api;
 pub mod commands;
 pub mod inbound;
 pub mod render;
+pub mod rules;
 pub mod socket;
 
 use std::collections::HashSet;
@@ -44,6 +47,7 @@ use intercom_actors::supervisor::SupervisorMsg;
 use ractor::{Actor, ActorRef};
 use tokio::sync::{mpsc, watch};
 
+pub use rules::{NoRules, RulesAdmin};
 pub use socket::ConnectionState;
 
 /// Environment variable with the bot token (`xoxb-...`).
@@ -250,10 +254,23 @@ impl SlackHandle {
     }
 }
 
-/// Starts Slack: checks the bot token, starts the gateway (which re-sends
-/// the outbox), forwards `events` into it, and connects Socket Mode.
+/// Starts Slack without rule management ([`NoRules`]): `/intercom rules`
+/// and the "Remember" buttons say it is not available (benches, tools).
+/// The server uses [`spawn_slack_with_rules`].
 pub async fn spawn_slack(
     opts: SlackOptions,
+    events: SlackEvents,
+) -> Result<SlackHandle, SlackError> {
+    spawn_slack_with_rules(opts, Arc::new(NoRules), events).await
+}
+
+/// Starts Slack: checks the bot token, starts the gateway (which re-sends
+/// the outbox), forwards `events` into it, and connects Socket Mode.
+/// `rules` is the server's rule management (the `App`): `/intercom rules`,
+/// `/intercom rule rm`, the "Remember" buttons and workspace approval modes.
+pub async fn spawn_slack_with_rules(
+    opts: SlackOptions,
+    rules: Arc<dyn RulesAdmin>,
     events: SlackEvents,
 ) -> Result<SlackHandle, SlackError> {
     let api = Arc::new(api::MorphismApi::new(
@@ -301,6 +318,8 @@ pub async fn spawn_slack(
         gateway: gateway.clone(),
         operators: opts.operators.iter().cloned().collect(),
         bot: std::sync::RwLock::new(identity),
+        rules,
+        reviving: std::sync::Mutex::new(std::collections::HashMap::new()),
     });
     let (inbound_tx, inbound_rx) = mpsc::channel(256);
     tasks.push(tokio::spawn(inbound::run(ctx.clone(), inbound_rx)));

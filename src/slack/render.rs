@@ -9,14 +9,20 @@
 //! Button contract (read back by `inbound.rs`): decision buttons have
 //! `action_id` `decide:<n>` and value `<global request id>|<option id>`;
 //! "Reject with feedback" / "Refine" have `action_id` `feedback` and the same
-//! value shape; stall alerts have `nudge` / `stop` with the session id.
+//! value shape; stall alerts have `nudge` / `stop` with the session id; the
+//! "Remember" buttons after an "always" decision have `remember:session` /
+//! `remember:workspace` with the global request id.
 
 use intercom_actors::model::{
     Decision, OptionKind, PendingRequest, RequestKind, RequestStatus, SessionId, SessionRecord,
     SessionStatus,
 };
 use intercom_actors::ports::NoticeLevel;
+use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope};
+use intercom_actors::session::SessionSnapshot;
 use intercom_actors::slack_port::{MessageBody, Render, Snippet, StatusLine};
+
+use super::rules::{CONFIG_SOURCE, RememberScope};
 use serde_json::{Value, json};
 
 /// Diffs longer than this are uploaded as a snippet instead of shown inline.
@@ -157,6 +163,7 @@ fn status_emoji(status: SessionStatus, activity: &str) -> &'static str {
         SessionStatus::Active => match activity {
             "needs input" => ":raising_hand:",
             "idle" => ":zzz:",
+            "paused" => ":double_vertical_bar:",
             _ => ":gear:",
         },
     }
@@ -279,16 +286,19 @@ pub fn problem(text: &str) -> MessageBody {
 pub fn help() -> MessageBody {
     MessageBody::text(
         "*`/intercom` commands*\n\
-         • `start [workspace] [--agent A] <prompt>`: start a session (operators only); the workspace defaults to this channel's\n\
+         • `start [workspace] [--agent A] [--mode M] <prompt>`: start a session (operators only); the workspace defaults to this channel's\n\
          • `sessions [--all]`: live sessions (`--all`: also ended ones)\n\
          • `status [id]`: what a session is doing\n\
          • `steer [id] <text>`: give the agent an instruction (queued while it works)\n\
          • `nudge [id]`: nudge a stalled agent\n\
          • `stop [id]`: stop a session\n\
-         • `pause [id]` / `resume [id]`: not supported yet\n\
+         • `pause [id]`: cancel the running turn and hold replies until `resume [id]`\n\
+         • `mode <ask|auto-edits|auto> [id]`: how much the session may do without asking (`mode` alone shows it)\n\
+         • `rules`: the approval rules in force; `rule rm <id>`: remove one (operators only)\n\
          • `cleanup`: mark sessions that are stored as live but have no agent running as interrupted (operators only)\n\
+         `start` also takes `--mode <ask|auto-edits|auto>`. \
          Without an id, commands act on the most recently active session in this channel. \
-         In a session's thread, a reply steers the agent, and `reject: <why>` rejects the waiting request.",
+         In a session's thread, a reply steers the agent (and revives a session that ended by idle timeout), and `reject: <why>` rejects the waiting request.",
     )
 }
 
@@ -321,18 +331,17 @@ pub fn session_list(sessions: &[SessionRecord], all: bool) -> MessageBody {
     MessageBody::text(truncate(&lines.join("\n"), MESSAGE_LIMIT))
 }
 
-/// `/intercom status` for one session.
-pub fn session_status(
-    s: &SessionRecord,
-    turn_running: bool,
-    pending: usize,
-    queued: usize,
-) -> MessageBody {
+/// `/intercom status` for one session (`live`: the actor's view, when it runs).
+pub fn session_status(s: &SessionRecord, live: Option<&SessionSnapshot>) -> MessageBody {
+    let pending = live.map_or(0, |l| l.pending.len());
+    let queued = live.map_or(0, |l| l.queued.len());
     let activity = if !s.status.is_live() {
         s.status.as_str().to_owned()
+    } else if live.is_some_and(|l| l.paused) {
+        "paused".to_owned()
     } else if pending > 0 {
         format!("waiting for {pending} decision(s)")
-    } else if turn_running {
+    } else if live.is_some_and(|l| l.turn_running) {
         "working".to_owned()
     } else {
         "idle".to_owned()
@@ -347,13 +356,136 @@ pub fn session_status(
         who(&s.owner),
         s.restart_count
     );
+    if let Some(l) = live {
+        text.push_str(&format!(" · mode `{}`", l.mode.as_str()));
+    }
     if queued > 0 {
-        text.push_str(&format!("\n{queued} steering message(s) queued"));
+        let why = if live.is_some_and(|l| l.paused) {
+            "held until `/intercom resume`"
+        } else {
+            "queued"
+        };
+        text.push_str(&format!("\n{queued} steering message(s) {why}"));
     }
     if let Some(reason) = &s.status_reason {
         text.push_str(&format!("\n_{}_", escape(&truncate(reason, 300))));
     }
     MessageBody::text(text)
+}
+
+/// A rule's scope in words.
+pub fn describe_scope(scope: &Scope) -> String {
+    match scope {
+        Scope::Global => "every session".to_owned(),
+        Scope::Workspace(w) => format!("workspace `{}`", escape(w)),
+        Scope::Session(s) => format!("session `{s}`"),
+    }
+}
+
+/// What a rule's conditions match, in words (mrkdwn, escaped).
+pub fn describe_match(m: &RuleMatch) -> String {
+    let code = |s: &str| format!("`{}`", escape(s));
+    let mut parts = Vec::new();
+    if let Some(k) = &m.kind {
+        parts.push(format!("kind {}", code(k)));
+    }
+    if !m.paths.is_empty() {
+        let paths: Vec<String> = m.paths.iter().take(5).map(|p| code(p)).collect();
+        let more = if m.paths.len() > 5 {
+            format!(" and {} more", m.paths.len() - 5)
+        } else {
+            String::new()
+        };
+        parts.push(format!("files {}{more}", paths.join(", ")));
+    }
+    if let Some(p) = &m.command_prefix {
+        parts.push(format!("commands starting with {}", code(p)));
+    }
+    if let Some(r) = &m.command_regex {
+        parts.push(format!("commands matching {}", code(r)));
+    }
+    if let Some(a) = &m.agent {
+        parts.push(format!("agent {}", code(a)));
+    }
+    if parts.is_empty() {
+        "every request".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn action_word(a: RuleAction) -> &'static str {
+    match a {
+        RuleAction::Allow => "allow",
+        RuleAction::Ask => "ask",
+        RuleAction::Deny => "deny",
+    }
+}
+
+/// One sentence for a rule: "allow kind `edit` in session `s-1`".
+pub fn rule_summary(rule: &Rule) -> String {
+    format!(
+        "{} {} in {}",
+        action_word(rule.action),
+        describe_match(&rule.matcher),
+        describe_scope(&rule.scope)
+    )
+}
+
+/// `/intercom rules`: id, scope, match, action, source.
+pub fn rule_list(rules: &[(Rule, String)]) -> MessageBody {
+    if rules.is_empty() {
+        return MessageBody::text(
+            "No approval rules: every request is asked (or decided by the session's mode). Choose an \"always\" option on a request to create one.",
+        );
+    }
+    let mut lines = vec![
+        "*Approval rules* (a matching deny wins; otherwise the most specific scope: session, then workspace, then every session)"
+            .to_owned(),
+    ];
+    for (rule, source) in rules.iter().take(50) {
+        let source = if source == CONFIG_SOURCE {
+            "config file".to_owned()
+        } else {
+            format!("by {}", who(source))
+        };
+        lines.push(format!(
+            "• `{}` · {} · {} · *{}* · {}",
+            escape(&rule.id),
+            describe_scope(&rule.scope),
+            describe_match(&rule.matcher),
+            action_word(rule.action),
+            source
+        ));
+    }
+    if rules.len() > 50 {
+        lines.push(format!(
+            "…and {} more (`GET /api/rules`).",
+            rules.len() - 50
+        ));
+    }
+    MessageBody::text(truncate(&lines.join("\n"), MESSAGE_LIMIT))
+}
+
+/// How an automatic decision reads: `rule:r-1` -> "by rule `r-1`".
+fn automatic_by(decided_by: &str) -> Option<String> {
+    if let Some(id) = decided_by.strip_prefix("rule:") {
+        Some(format!("by rule `{}`", escape(id)))
+    } else {
+        decided_by
+            .strip_prefix("mode:")
+            .map(|m| format!("by mode `{}`", escape(m)))
+    }
+}
+
+/// Whether a human chose an "always" option (then a rule is offered).
+fn chose_always(r: &PendingRequest, d: &Decision) -> bool {
+    r.kind != RequestKind::ForwardedPrompt
+        && automatic_by(&d.decided_by).is_none()
+        && r.options
+            .iter()
+            .find(|o| o.id == d.option_id)
+            .is_some_and(|o| matches!(o.kind, OptionKind::AllowAlways | OptionKind::RejectAlways))
 }
 
 /// The renderer the gateway uses.
@@ -456,8 +588,22 @@ impl Render for BlockKit {
         decision: Option<&Decision>,
     ) -> MessageBody {
         let mut blocks = request_head(r);
+        let mut remember = false;
         let outcome = match (status, decision) {
+            (RequestStatus::Decided, Some(d)) if automatic_by(&d.decided_by).is_some() => {
+                let by = automatic_by(&d.decided_by).unwrap_or_default();
+                let (emoji, verb) = if d.approved {
+                    (":robot_face:", "Allowed")
+                } else {
+                    (":no_entry:", "Denied")
+                };
+                format!(
+                    "{emoji} *{verb} automatically* {by} ({})",
+                    escape(&option_name(r, &d.option_id))
+                )
+            }
             (RequestStatus::Decided, Some(d)) => {
+                remember = chose_always(r, d);
                 let emoji = if d.approved {
                     ":white_check_mark:"
                 } else {
@@ -485,6 +631,15 @@ impl Render for BlockKit {
             (RequestStatus::Pending, _) => ":hourglass_flowing_sand: Pending".to_owned(),
         };
         blocks.push(context(&outcome));
+        if remember {
+            blocks.push(context(
+                "Make it stick: agent-intercom can remember this decision as a rule, so matching requests are answered without asking.",
+            ));
+            blocks.push(json!({"type": "actions", "elements": [
+                button("Remember for this session", RememberScope::Session.action_id(), &r.id, None),
+                button("Remember for this workspace", RememberScope::Workspace.action_id(), &r.id, None),
+            ]}));
+        }
         MessageBody {
             text: format!("{}: {}", truncate(&r.title, 200), status.as_str()),
             blocks,
@@ -759,6 +914,117 @@ mod tests {
             let all = serde_json::to_string(&body.blocks).expect("json");
             assert!(all.to_lowercase().contains(status.as_str()), "{all}");
         }
+    }
+
+    #[test]
+    fn always_decisions_offer_to_remember_and_automatic_ones_say_so() {
+        let r = request(None, RequestKind::Permission);
+        let d = |option: &str, by: &str, approved| Decision {
+            option_id: option.into(),
+            approved,
+            reason: Some("allowed by rule r-1".into()),
+            decided_by: by.into(),
+            decided_at: 0,
+        };
+        let body = BlockKit.request_closed(
+            &r,
+            RequestStatus::Decided,
+            Some(&d("allow-always", "U9", true)),
+        );
+        blocks_parse(&body);
+        let ids: Vec<String> = body
+            .blocks
+            .iter()
+            .filter(|b| b["type"] == "actions")
+            .flat_map(|b| b["elements"].as_array().cloned().unwrap_or_default())
+            .map(|e| {
+                format!(
+                    "{}={}",
+                    e["action_id"].as_str().unwrap_or(""),
+                    e["value"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            vec!["remember:session=s-1:req-1", "remember:workspace=s-1:req-1"]
+        );
+        for (option, approved) in [("allow-once", true), ("reject-once", false)] {
+            let body = BlockKit.request_closed(
+                &r,
+                RequestStatus::Decided,
+                Some(&d(option, "U9", approved)),
+            );
+            assert!(
+                !serde_json::to_string(&body.blocks)
+                    .expect("json")
+                    .contains("actions")
+            );
+        }
+        // Automatic decisions: no offer, and who decided reads as a rule or a mode.
+        let body = BlockKit.request_closed(
+            &r,
+            RequestStatus::Decided,
+            Some(&d("allow-always", "rule:r-1", true)),
+        );
+        blocks_parse(&body);
+        let all = serde_json::to_string(&body.blocks).expect("json");
+        assert!(
+            all.contains("Allowed automatically* by rule `r-1`"),
+            "{all}"
+        );
+        assert!(!all.contains("actions"), "{all}");
+        let body = BlockKit.request_closed(
+            &r,
+            RequestStatus::Decided,
+            Some(&d("reject-once", "mode:auto", false)),
+        );
+        let all = serde_json::to_string(&body.blocks).expect("json");
+        assert!(
+            all.contains("Denied automatically* by mode `auto`"),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn rules_are_listed_with_scope_match_action_and_source() {
+        let rules = vec![
+            (
+                Rule {
+                    id: "cfg-0".into(),
+                    scope: Scope::Global,
+                    matcher: RuleMatch {
+                        kind: Some("read".into()),
+                        ..RuleMatch::default()
+                    },
+                    action: RuleAction::Allow,
+                },
+                CONFIG_SOURCE.to_owned(),
+            ),
+            (
+                Rule {
+                    id: "r-1".into(),
+                    scope: Scope::Session(SessionId::from("s-1")),
+                    matcher: RuleMatch {
+                        kind: Some("execute".into()),
+                        command_prefix: Some("rm <x>".into()),
+                        ..RuleMatch::default()
+                    },
+                    action: RuleAction::Deny,
+                },
+                "U9".to_owned(),
+            ),
+        ];
+        let text = rule_list(&rules).text;
+        assert!(
+            text.contains("`cfg-0` · every session · kind `read` · *allow* · config file"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`r-1` · session `s-1` · kind `execute`, commands starting with `rm &lt;x&gt;` · *deny* · by <@U9>"),
+            "{text}"
+        );
+        assert!(rule_list(&[]).text.contains("No approval rules"));
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Harness for the Slack end-to-end tests: the emulator, the core actors
 //! (supervisor, registry) on a temp-file SQLite store, and `spawn_slack`
 //! pointed at the emulator, with the scripted agent as the coding agent.
+//! Approval rules work as in the server: config rules plus rules stored in
+//! SQLite, one shared rule set the sessions read, `RulesChanged` on change
+//! ([`HarnessRules`], the App's `RulesAdmin` minus the config file).
 //!
 //! Everything waits with deadlines ([`WAIT`]); nothing sleeps and hopes.
 
@@ -8,7 +11,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use agent_intercom::storage::SqliteStore;
@@ -16,6 +19,7 @@ use intercom_actors::gateway::RetryPolicy;
 use intercom_actors::model::{Framing, Protocol, SessionId, SessionRecord};
 use intercom_actors::ports::SessionStore;
 use intercom_actors::registry::{RegistryMsg, WorkspaceMap, WorkspaceRegistry};
+use intercom_actors::rules::{ApprovalMode, Rule, SharedRules};
 use intercom_actors::session::SessionSettings;
 use intercom_actors::settings::{
     AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
@@ -26,7 +30,9 @@ use ractor::{Actor, ActorRef};
 use serde_json::Value;
 
 use crate::emulator::{Emulator, Msg};
-use crate::slack::{self, ConnectionState, SlackHandle, SlackOptions, SlackTokens, SlackTuning};
+use crate::slack::{
+    self, ConnectionState, RulesAdmin, SlackHandle, SlackOptions, SlackTokens, SlackTuning,
+};
 
 /// Deadline for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -66,6 +72,78 @@ pub fn tuning() -> SlackTuning {
     }
 }
 
+/// What a test changes about the server it runs against.
+#[derive(Debug, Clone, Default)]
+pub struct RigOptions {
+    /// `limits.idle_timeout_secs`; 0 keeps the default.
+    pub idle_timeout_secs: u64,
+    /// Rules "from the config file".
+    pub config_rules: Vec<Rule>,
+}
+
+/// The server's rule management for the harness: what `App` does for
+/// `RulesAdmin`, over the same SQLite store and a shared rule set.
+pub struct HarnessRules {
+    store: Arc<SqliteStore>,
+    config: Vec<Rule>,
+    shared: SharedRules,
+    sup: RwLock<Option<ActorRef<SupervisorMsg>>>,
+}
+
+impl HarnessRules {
+    async fn refresh(&self) -> Result<(), String> {
+        let stored = self.store.list_rules().await.map_err(|e| e.to_string())?;
+        self.shared
+            .set(self.config.iter().cloned().chain(stored).collect());
+        if let Some(sup) = self.sup.read().expect("lock").as_ref() {
+            let _ = sup.send_message(SupervisorMsg::RulesChanged);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl RulesAdmin for HarnessRules {
+    async fn rules(&self) -> Result<Vec<(Rule, String)>, String> {
+        let stored = self
+            .store
+            .list_stored_rules()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(self
+            .config
+            .iter()
+            .map(|r| (r.clone(), slack::rules::CONFIG_SOURCE.to_owned()))
+            .chain(stored.into_iter().map(|s| (s.rule, s.created_by)))
+            .collect())
+    }
+
+    async fn add_rule(&self, mut rule: Rule, created_by: &str) -> Result<Rule, String> {
+        if rule.id.is_empty() {
+            rule.id = agent_intercom::storage::rules::new_rule_id();
+        }
+        rule.validate().map_err(|e| e.to_string())?;
+        self.store
+            .insert_rule(&rule, created_by)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.refresh().await?;
+        Ok(rule)
+    }
+
+    async fn delete_rule(&self, id: &str, _by: &str) -> Result<(), String> {
+        match self.store.delete_rule(id).await {
+            Ok(true) => self.refresh().await,
+            Ok(false) => Err(format!("no rule {id}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn workspace_mode(&self, _workspace: &str) -> Option<ApprovalMode> {
+        None
+    }
+}
+
 /// Everything one test runs against.
 pub struct Rig {
     pub emu: Emulator,
@@ -74,12 +152,19 @@ pub struct Rig {
     pub registry: ActorRef<RegistryMsg>,
     pub slack: Option<SlackHandle>,
     pub profiles: Vec<AgentProfile>,
+    pub rules: Arc<HarnessRules>,
+    pub options: RigOptions,
     pub dir: tempfile::TempDir,
 }
 
 impl Rig {
     /// Starts everything; `agents` are (profile id, scenario) pairs.
     pub async fn start(agents: &[(&str, Value)]) -> Rig {
+        Rig::start_with(agents, RigOptions::default()).await
+    }
+
+    /// [`Rig::start`] with `options`.
+    pub async fn start_with(agents: &[(&str, Value)], options: RigOptions) -> Rig {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().canonicalize().expect("canon");
         let ws = root.join("ws");
@@ -121,7 +206,14 @@ impl Rig {
                 .expect("open store"),
         );
         let emu = Emulator::start().await;
-        let (sup, events) = spawn_supervisor(store.clone()).await;
+        let rules = Arc::new(HarnessRules {
+            store: store.clone(),
+            config: options.config_rules.clone(),
+            shared: SharedRules::default(),
+            sup: RwLock::new(None),
+        });
+        rules.refresh().await.expect("load rules");
+        let (sup, events) = spawn_supervisor(store.clone(), &options, &rules).await;
         let mut rig = Rig {
             emu,
             store,
@@ -129,6 +221,8 @@ impl Rig {
             registry,
             slack: None,
             profiles,
+            rules,
+            options,
             dir,
         };
         rig.spawn_slack(events).await;
@@ -138,7 +232,7 @@ impl Rig {
     /// A fresh supervisor on the same store (a server restart); returns the
     /// events for the next [`Rig::spawn_slack`].
     pub async fn restart_core(&mut self) -> slack::SlackEvents {
-        let (sup, events) = spawn_supervisor(self.store.clone()).await;
+        let (sup, events) = spawn_supervisor(self.store.clone(), &self.options, &self.rules).await;
         self.sup = sup;
         events
     }
@@ -147,20 +241,26 @@ impl Rig {
 /// A supervisor whose operator events go to a fresh Slack event channel.
 async fn spawn_supervisor(
     store: Arc<SqliteStore>,
+    options: &RigOptions,
+    rules: &HarnessRules,
 ) -> (ActorRef<SupervisorMsg>, slack::SlackEvents) {
     let (sink, events) = slack::event_channel();
+    let mut limits = Limits {
+        startup_timeout_secs: 20,
+        shutdown_grace_secs: 1,
+        ..Limits::default()
+    };
+    if options.idle_timeout_secs > 0 {
+        limits.idle_timeout_secs = options.idle_timeout_secs;
+    }
     let settings = Arc::new(SessionSettings {
-        limits: Limits {
-            startup_timeout_secs: 20,
-            shutdown_grace_secs: 1,
-            ..Limits::default()
-        },
+        limits,
         stall: StallPolicy {
             inactivity_secs: 0,
             ..StallPolicy::default()
         },
         operators: HashSet::new(),
-        rules: Default::default(),
+        rules: rules.shared.clone(),
     });
     let args = SupervisorArgs {
         policy: SupervisionPolicy {
@@ -176,6 +276,7 @@ async fn spawn_supervisor(
     let (sup, _) = Actor::spawn(None, SessionSupervisor, args)
         .await
         .expect("supervisor");
+    *rules.sup.write().expect("lock") = Some(sup.clone());
     (sup, events)
 }
 
@@ -197,7 +298,10 @@ impl Rig {
             outbox,
             tuning: tuning(),
         };
-        let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
+        let rules: Arc<dyn RulesAdmin> = self.rules.clone();
+        let handle = slack::spawn_slack_with_rules(opts, rules, events)
+            .await
+            .expect("spawn_slack");
         let mut status = handle.status();
         let reached =
             tokio::time::timeout(WAIT, status.wait_for(|s| s == ConnectionState::Connected))
@@ -371,4 +475,76 @@ pub fn permission_scenario() -> Value {
         {"tool_update": {"id": "t1", "status": "completed"}},
         {"chunk": " Done."}
     ], []]})
+}
+
+impl Rig {
+    /// The actor's view of a live session (`None` when it has no actor).
+    pub async fn snapshot(
+        &self,
+        id: &SessionId,
+    ) -> Option<intercom_actors::session::SessionSnapshot> {
+        let actor = ractor::call!(self.sup, |reply| SupervisorMsg::Lookup {
+            id: id.clone(),
+            reply
+        })
+        .expect("lookup")?;
+        ractor::call!(actor, intercom_actors::session::SessionMsg::Snapshot).ok()
+    }
+
+    /// Waits until the session's actor satisfies `pred`.
+    pub async fn until_snapshot(
+        &self,
+        id: &SessionId,
+        what: &str,
+        pred: impl Fn(&intercom_actors::session::SessionSnapshot) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if self.snapshot(id).await.is_some_and(|s| pred(&s)) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "session never {what}: {:?}",
+                self.snapshot(id).await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the supervisor has no actor for the session any more.
+    pub async fn until_gone(&self, id: &SessionId) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let live = ractor::call!(self.sup, |reply| SupervisorMsg::Lookup {
+                id: id.clone(),
+                reply
+            })
+            .expect("lookup");
+            if live.is_none() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "session {id} never went away"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for a thread message with decision buttons that is none of
+    /// `except` (by ts).
+    pub async fn until_request(&self, root: &str, except: &[&str]) -> Msg {
+        self.until_in_thread(root, "another request with buttons", |m| {
+            m.button("allow-once").is_some() && !except.contains(&m.ts.as_str())
+        })
+        .await
+    }
+}
+
+impl Rig {
+    /// Every rule in force with its source.
+    pub async fn rules_now(&self) -> Vec<(Rule, String)> {
+        self.rules.rules().await.expect("rules")
+    }
 }
