@@ -498,22 +498,7 @@ impl SupervisorState {
                         first_start: true,
                     },
                 );
-                let store = self.args.store.clone();
-                tokio::spawn(async move {
-                    let outcome = match rx.await {
-                        Ok(Ok(())) => Ok(store
-                            .get_session(&record.id)
-                            .await
-                            .ok()
-                            .flatten()
-                            .unwrap_or(record)),
-                        Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
-                        Err(_) => Err(SupervisorError::StartFailed(StartError::Spawn(
-                            "session stopped".into(),
-                        ))),
-                    };
-                    let _ = reply.send(outcome);
-                });
+                answer_when_ready(self.args.store.clone(), record, rx, reply);
             }
             Err(err) => {
                 let _ = self.args.store.delete_session(&record.id).await;
@@ -1048,21 +1033,7 @@ impl SupervisorState {
                 if let (Some(ch), Some(ts)) = (&record.channel_id, &record.thread_ts) {
                     self.threads.insert((ch.clone(), ts.clone()), id.clone());
                 }
-                tokio::spawn(async move {
-                    let outcome = match rx.await {
-                        Ok(Ok(())) => Ok(store
-                            .get_session(&id)
-                            .await
-                            .ok()
-                            .flatten()
-                            .unwrap_or(record)),
-                        Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
-                        Err(_) => Err(SupervisorError::StartFailed(StartError::Spawn(
-                            "the revived session stopped".into(),
-                        ))),
-                    };
-                    let _ = reply.send(outcome);
-                });
+                answer_when_ready(store, record, rx, reply);
             }
             Err(err) => {
                 let _ = store
@@ -1106,6 +1077,31 @@ impl SupervisorState {
             let _ = reply.send(());
         }
     }
+}
+
+/// Answers `reply` once the session's handshake finished (with the stored
+/// record) or failed, off the supervisor's mailbox.
+fn answer_when_ready(
+    store: Arc<dyn SessionStore>,
+    record: SessionRecord,
+    ready: oneshot::Receiver<Result<(), StartError>>,
+    reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+) {
+    tokio::spawn(async move {
+        let outcome = match ready.await {
+            Ok(Ok(())) => Ok(store
+                .get_session(&record.id)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(record)),
+            Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
+            Err(_) => Err(SupervisorError::StartFailed(StartError::Spawn(
+                "the session stopped before its agent was ready".into(),
+            ))),
+        };
+        let _ = reply.send(outcome);
+    });
 }
 
 fn placeholder_entry(rec: &SessionRecord) -> Entry {
