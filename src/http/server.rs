@@ -105,7 +105,11 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
     tracing::info!(addr = %config.server.bind, "listening on http://{}", config.server.bind);
     let mcp_shutdown = tokio_util::sync::CancellationToken::new();
     let router = super::router(app.clone(), token).merge(mcp_router(&app, &config, &mcp_shutdown));
-    let _watch = watch_config(&config, &app);
+    let notify = slack.as_ref().map(|h| StaleNotice {
+        gateway: h.gateway(),
+        recipients: stale_recipients(&config),
+    });
+    let _watch = watch_config(&config, &app, notify);
     let result = run_until_signal(listener, router, &app, mcp_shutdown).await;
     if let Some(slack) = slack {
         drain_slack(slack).await;
@@ -240,13 +244,61 @@ fn mcp_router(
 
 /// Watches the config file; a valid edit is applied whole, a broken one is
 /// reported (`/healthz` says `stale`) and the previous config stays.
-fn watch_config(config: &Config, app: &App) -> Option<crate::config::WatchHandle> {
+/// Who hears about a broken config edit in Slack: the operators (a direct
+/// message each), or every configured channel when there are none.
+struct StaleNotice {
+    gateway: ractor::ActorRef<intercom_actors::gateway::GatewayMsg>,
+    recipients: Vec<String>,
+}
+
+fn stale_recipients(config: &Config) -> Vec<String> {
+    let operators = crate::slack::operators(&config.slack.operators);
+    if !operators.is_empty() {
+        return operators;
+    }
+    let mut channels: Vec<String> = config
+        .workspaces
+        .iter()
+        .map(|w| w.channel_id.clone())
+        .filter(|c| !c.is_empty())
+        .collect();
+    channels.sort();
+    channels.dedup();
+    channels
+}
+
+impl StaleNotice {
+    fn post(&self, error: &crate::config::ConfigError) {
+        let text = format!(
+            ":warning: agent-intercom kept its previous configuration: the edit to the config file is invalid.\n{error}\nFix the file; it reloads on save."
+        );
+        for to in &self.recipients {
+            let _ = self
+                .gateway
+                .send_message(intercom_actors::gateway::GatewayMsg::ChannelPost {
+                    channel: to.clone(),
+                    body: intercom_actors::slack_port::MessageBody::text(text.clone()),
+                });
+        }
+    }
+}
+
+fn watch_config(
+    config: &Config,
+    app: &App,
+    notice: Option<StaleNotice>,
+) -> Option<crate::config::WatchHandle> {
     let path = config.source.clone()?;
     let handle = tokio::runtime::Handle::current();
     let app = app.clone();
     let watched = crate::config::watch(path.clone(), move |result| match result {
         Ok(config) => handle.block_on(app.apply_config(&config)),
-        Err(e) => app.config_stale(&e),
+        Err(e) => {
+            app.config_stale(&e);
+            if let Some(n) = &notice {
+                n.post(&e);
+            }
+        }
     });
     match watched {
         Ok(w) => Some(w),
