@@ -517,12 +517,14 @@ impl App {
 
     /// A session with its pending requests and, when live, the actor's view.
     pub async fn session_detail(&self, id: &SessionId) -> Result<SessionDetail, AppError> {
-        let record = self.session(id).await?;
-        let pending = self.inner.store.list_requests(Some(id), true).await?;
+        // Live state first, then the record: the record is never older than
+        // the snapshot it is shown with.
         let live = match self.actor(id).await? {
             Some(actor) => ractor::call_t!(actor, SessionMsg::Snapshot, SNAPSHOT_TIMEOUT_MS).ok(),
             None => None,
         };
+        let record = self.session(id).await?;
+        let pending = self.inner.store.list_requests(Some(id), true).await?;
         Ok(SessionDetail {
             record,
             pending,

@@ -317,6 +317,36 @@ pub fn signal_group(pgid: i32, signal: i32) {
     }
 }
 
+/// When process `pid` started (clock ticks since boot, `/proc/<pid>/stat`
+/// field 22); `None` when it does not exist. Pairs with the pid to recognise
+/// a process across a server restart without trusting a recycled pid.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may contain spaces and ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Kills the process group of a previous server's agent. The group is
+/// recognised by its leader's pid and start time; when the leader is gone but
+/// the group still has members, the pgid cannot have been reused (Linux does
+/// not hand out a pid that is still some group's id), so it is the same
+/// group. A leader with another start time is a recycled pid: left alone.
+/// Returns whether it signalled anything.
+pub fn kill_orphan_group(pid: i32, start: u64) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    let ours = match start_time(pid) {
+        Some(t) => t == start,
+        None => group_alive(pid),
+    };
+    if ours {
+        signal_group(pid, SIGKILL);
+    }
+    ours
+}
+
 /// True while any process of group `pgid` exists.
 pub fn group_alive(pgid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence.

@@ -24,6 +24,7 @@ struct Tables {
     steering: Vec<(Steering, bool)>,
     audit: Vec<AuditEntry>,
     modes: std::collections::HashMap<SessionId, crate::rules::ApprovalMode>,
+    processes: std::collections::HashMap<SessionId, (i32, u64)>,
     next_id: i64,
 }
 
@@ -287,6 +288,22 @@ impl SessionStore for MemoryStore {
             t.audit.push(entry.clone());
             Ok(())
         })
+    }
+    async fn set_agent_process(
+        &self,
+        id: &SessionId,
+        process: Option<(i32, u64)>,
+    ) -> Result<(), StoreError> {
+        self.with(|t| {
+            match process {
+                Some(p) => t.processes.insert(id.clone(), p),
+                None => t.processes.remove(id),
+            };
+            Ok(())
+        })
+    }
+    async fn agent_process(&self, id: &SessionId) -> Result<Option<(i32, u64)>, StoreError> {
+        self.with(|t| Ok(t.processes.get(id).copied()))
     }
     async fn approval_mode(
         &self,

@@ -115,6 +115,20 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Appends to the audit log.
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
 
+    /// Records the session's agent process (pid = process group, start
+    /// time) or clears it; used to kill orphans after a server crash.
+    async fn set_agent_process(
+        &self,
+        _id: &SessionId,
+        _process: Option<(i32, u64)>,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// The recorded agent process, if any.
+    async fn agent_process(&self, _id: &SessionId) -> Result<Option<(i32, u64)>, StoreError> {
+        Ok(None)
+    }
+
     /// The session's approval mode (`ask` when never set).
     async fn approval_mode(&self, _id: &SessionId) -> Result<ApprovalMode, StoreError> {
         Ok(ApprovalMode::Ask)

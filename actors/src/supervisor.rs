@@ -836,6 +836,19 @@ impl SupervisorState {
         let (mut resumed, mut interrupted) = (0, 0);
         for rec in live {
             let id = rec.id.clone();
+            // The old server died with its agents still running (SIGKILL):
+            // their process groups are orphans now. End them before anything
+            // is respawned.
+            if let Ok(Some((pid, start))) = store.agent_process(&id).await {
+                if crate::child::kill_orphan_group(pid, start) {
+                    tracing::warn!(session = %id, pid, "killed the agent process group left by the previous server");
+                    let deadline = Instant::now() + Duration::from_secs(2);
+                    while crate::child::group_alive(pid) && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                let _ = store.set_agent_process(&id, None).await;
+            }
             // The agent process died with the old server: its open requests
             // cannot be answered any more. Say so explicitly.
             if let Ok(reqs) = store.list_requests(Some(&id), true).await {

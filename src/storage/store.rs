@@ -202,6 +202,34 @@ impl SessionStore for SqliteStore {
         self.update_session("set restart count", id, q).await
     }
 
+    async fn set_agent_process(
+        &self,
+        id: &SessionId,
+        process: Option<(i32, u64)>,
+    ) -> Result<(), StoreError> {
+        let q = sqlx::query("UPDATE sessions SET agent_pid = ?, agent_start = ? WHERE id = ?")
+            .bind(process.map(|p| i64::from(p.0)))
+            .bind(process.map(|p| p.1 as i64))
+            .bind(&id.0);
+        self.update_session("record agent process", id, q).await
+    }
+
+    async fn agent_process(&self, id: &SessionId) -> Result<Option<(i32, u64)>, StoreError> {
+        let row: Option<(Option<i64>, Option<i64>)> =
+            sqlx::query_as("SELECT agent_pid, agent_start FROM sessions WHERE id = ?")
+                .bind(&id.0)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| StoreError::Backend {
+                    op: "read agent process",
+                    message: e.to_string(),
+                })?;
+        Ok(match row {
+            Some((Some(pid), Some(start))) => Some((pid as i32, start as u64)),
+            _ => None,
+        })
+    }
+
     async fn touch(&self, id: &SessionId) -> Result<(), StoreError> {
         let q = sqlx::query("UPDATE sessions SET last_activity_at = ? WHERE id = ?")
             .bind(now_ms())

@@ -428,28 +428,56 @@ impl SessionState {
     /// starts a new block.
     pub(super) async fn flush_text(&mut self, publish: bool) {
         if self.text.dirty {
-            self.text.dirty = false;
             self.text.flushed_at = Instant::now();
-            match self.text.message_id {
-                Some(id) => {
-                    let _ = self.store.update_message(id, &self.text.text).await;
-                }
-                None => {
-                    self.text.message_id = self
-                        .store
-                        .append_message(self.id(), Role::Agent, MessageKind::Text, &self.text.text)
-                        .await
-                        .ok();
-                }
-            }
+            let stored = match self.text.message_id {
+                Some(id) => self.store.update_message(id, &self.text.text).await.is_ok(),
+                None => match self
+                    .store
+                    .append_message(self.id(), Role::Agent, MessageKind::Text, &self.text.text)
+                    .await
+                {
+                    Ok(id) => {
+                        self.text.message_id = Some(id);
+                        true
+                    }
+                    Err(_) => false,
+                },
+            };
+            // A failed write stays dirty and is retried on the next tick.
+            self.text.dirty = !stored;
         }
         if publish && !self.text.text.is_empty() {
+            if self.text.dirty {
+                // Not stored yet: keep it for the retry, whole, as its own entry.
+                self.unstored_text
+                    .push((self.text.message_id, self.text.text.clone()));
+                self.text.dirty = false;
+            }
             let text = std::mem::take(&mut self.text.text);
             self.text.message_id = None;
             self.emit(OperatorEvent::AgentText {
                 session_id: self.id().clone(),
                 text,
             });
+        }
+    }
+
+    /// Retries transcript writes that failed (storage outage): nothing the
+    /// agent said is lost once storage works again.
+    pub(super) async fn retry_unstored_text(&mut self) {
+        let pending = std::mem::take(&mut self.unstored_text);
+        for (message_id, text) in pending {
+            let ok = match message_id {
+                Some(id) => self.store.update_message(id, &text).await.is_ok(),
+                None => self
+                    .store
+                    .append_message(self.id(), Role::Agent, MessageKind::Text, &text)
+                    .await
+                    .is_ok(),
+            };
+            if !ok {
+                self.unstored_text.push((message_id, text));
+            }
         }
     }
 

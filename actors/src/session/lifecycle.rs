@@ -29,6 +29,9 @@ impl SessionState {
         if self.text.dirty && now.duration_since(self.text.flushed_at) >= TEXT_FLUSH {
             self.flush_text(false).await;
         }
+        if !self.unstored_text.is_empty() {
+            self.retry_unstored_text().await;
+        }
         if !self.dirty_tools.is_empty() || self.pending_plan.is_some() {
             self.flush_coalesced().await;
         }

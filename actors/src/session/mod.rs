@@ -500,6 +500,8 @@ pub struct SessionState {
     mcp_waiters: HashMap<u64, oneshot::Sender<McpAnswer>>,
     standby: Option<oneshot::Sender<Option<String>>>,
     text: TextBuffer,
+    /// Agent text whose transcript write failed, retried every tick.
+    unstored_text: Vec<(Option<i64>, String)>,
     tools: HashMap<String, (i64, Value)>,
     plan_message: Option<i64>,
     /// Inbound frames in the current one-second window (flood detection).
@@ -555,7 +557,18 @@ impl Actor for SessionActor {
         match AgentChild::spawn(&spec, move |ev| {
             let _ = me.send_message(SessionMsg::Child(ev));
         }) {
-            Ok(child) => state.child = Some(child),
+            Ok(child) => {
+                let pid = child.pid();
+                if let Some(start) = crate::child::start_time(pid)
+                    && let Err(e) = state
+                        .store
+                        .set_agent_process(&state.record.id, Some((pid, start)))
+                        .await
+                {
+                    tracing::warn!(session = %state.record.id, "cannot record the agent's pid: {e}");
+                }
+                state.child = Some(child);
+            }
             Err(e) => {
                 let err = StartError::Spawn(e.to_string());
                 if let SpawnError::NotFound { .. } = e {
@@ -706,6 +719,7 @@ impl SessionState {
             mcp_waiters: HashMap::new(),
             standby: None,
             text: TextBuffer::default(),
+            unstored_text: Vec::new(),
             tools: HashMap::new(),
             plan_message: None,
             rate: (now, 0),
