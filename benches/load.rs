@@ -1,56 +1,234 @@
 //! Load and latency benchmark: N concurrent scripted agents against the real
-//! session core and SQLite store, each streaming chunks and making M
-//! permission requests that an automatic operator answers as soon as it sees
-//! them.
+//! server (session core, SQLite store, and for `api` / `slack` the HTTP API or
+//! the Slack edge against the loopback emulator), each streaming chunks and
+//! making M permission requests that an automatic operator answers as soon
+//! as it learns of them.
 //!
-//! `cargo bench --bench load -- [--sessions 10,100,500] [--requests 10]`
+//! ```text
+//! cargo bench --bench load -- [--operator core|api|slack|all] [--sessions 10,100,500]
+//!                             [--requests 10] [--pace-ms 200] [--ramp-ms 0]
+//!                             [--wait-quiet-secs 0] [--dir DIR] [--dump DIR]
+//! ```
 //!
-//! Reports per N: approval round trip p50/p99/max as the agent measures it
-//! (request written -> answer read), the operator's own delay (event seen ->
-//! decision sent) so it can be subtracted, permission requests per second,
-//! server CPU and peak RSS, memory per idle session, and session start time
-//! (spawn -> handshake done -> first prompt sent). Figures go to stdout.
+//! `--pace-ms`: agent think time before each request (0 = back to back).
+//! `--ramp-ms`: spread the session starts evenly over this long (0 = all at
+//! once, so agents with the same pace fire in lockstep). `--wait-quiet-secs`:
+//! before each run, wait up to this long for the rest of the machine to be
+//! idle. `--dir`: where databases, scenarios and rtt logs go. `--dump`: copy
+//! each run's rtt log (completion order) there.
+//!
+//! Operators (`--operator`, a comma list or `all`; default `core`):
+//!
+//! * `core`: the operator is an `OperatorSink` in the supervisor's fan-out;
+//!   on `RequestOpened` it looks the session actor up and sends
+//!   `SessionMsg::Decide` directly. Operator delay = event seen -> `Decide`
+//!   sent.
+//! * `api`: the real `App` and HTTP router served on 127.0.0.1:0; sessions
+//!   start with `POST /api/sessions`; the operator subscribes to the app's
+//!   local event feed and answers with `POST /api/approvals/{id}`
+//!   `{"decision":"approve"}` over loopback HTTP (hyper). Operator delay =
+//!   event seen -> HTTP response received (so it contains the server's own
+//!   decide path: see BENCHMARKS.md).
+//! * `slack`: the Slack emulator (`tests/emulator`) and `spawn_slack` pointed
+//!   at it through a recording loopback proxy in this file (the emulator has
+//!   no notification hook; polling its call log clones the whole log under
+//!   its lock). The operator sees each `chat.postMessage` with decision
+//!   buttons the moment the emulator answers it and injects the `allow-once`
+//!   click (`block_actions`) through the emulator's Socket Mode. Operator
+//!   delay = message seen -> click injected. Sessions start with
+//!   `SupervisorMsg::Start` in channel C1 (not a slash command).
+//!
+//! The headline is the round trip as the scripted agent measures it
+//! (request written -> answer read, the scenario's `rtt_log`), also without
+//! the first N completions (about each session's first request, which
+//! overlaps the start burst). Per run it also reports the notification delay
+//! (`RequestOpened` emitted -> operator learnt of it), the operator's delay,
+//! permission requests per second (first Start call -> last session idle),
+//! CPU (this process, of which the bench-side threads, and the whole
+//! machine), peak RSS (`VmHWM`, reset per run), memory per idle session
+//! ((RSS with every session idle - RSS before the first start) / N) and
+//! session start time (Start call or `POST /api/sessions` -> answer, which
+//! comes after the handshake and the first prompt). The bench process is the
+//! server (in-process); the emulator, proxy, HTTP client and operator run on
+//! a separate runtime whose threads are named `bench-side` so their CPU can
+//! be told apart. Rows are printed as a Markdown table, notes below it (load
+//! average, CPU seconds per thread group, RSS before/after, problems).
+//! BENCHMARKS.md has the figures and how to read them.
 
-use std::collections::HashSet;
+#[path = "../tests/emulator/mod.rs"]
+mod emulator;
+
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use agent_intercom::app::{App, AppOptions};
+use agent_intercom::config::Config;
+use agent_intercom::http::auth::ApiToken;
+use agent_intercom::http::{router, serve_on};
+use agent_intercom::slack::{
+    self, ConnectionState, SlackHandle, SlackOptions, SlackTokens, SlackTuning,
+};
 use agent_intercom::storage::SqliteStore;
-use intercom_actors::model::{SessionId, SessionStatus};
-use intercom_actors::ports::{OperatorEvent, OperatorSink, SessionStore};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use intercom_actors::model::{Framing, Protocol, SessionId, SessionStatus};
+use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore};
+use intercom_actors::registry::{RegistryMsg, WorkspaceMap, WorkspaceRegistry};
 use intercom_actors::session::{Caller, Choice, SessionMsg, SessionSettings};
-use intercom_actors::settings::{AgentProfile, Limits, StallPolicy, SupervisionPolicy};
+use intercom_actors::settings::{
+    AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
+};
+use intercom_actors::slack_port::Outbox;
 use intercom_actors::supervisor::{SessionSupervisor, StartRequest, SupervisorArgs, SupervisorMsg};
 use ractor::{Actor, ActorRef};
-use serde_json::json;
+use serde_json::{Value, json};
+use tokio::runtime::Handle;
+use tokio::sync::{broadcast, mpsc};
 
-/// What the automatic operator observed.
-#[derive(Default)]
-struct Observed {
-    sup: OnceLock<ActorRef<SupervisorMsg>>,
-    delays: Mutex<Vec<Duration>>,
-    idle: Mutex<HashSet<SessionId>>,
-    decided: std::sync::atomic::AtomicUsize,
+/// API token of the in-process HTTP server.
+const TOKEN: &str = "bench-token-0123456789abcdef";
+/// Slack user who owns the sessions and clicks the buttons (an operator).
+const OWNER: &str = "UOWNER";
+/// The workspace's Slack channel.
+const CHANNEL: &str = "C1";
+/// Name of the threads that are not the server (emulator, proxy, operator, client).
+const BENCH_THREAD: &str = "bench-side";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Core,
+    Api,
+    Slack,
 }
 
-/// Answers every permission request the moment it is announced.
-struct AutoOperator(Arc<Observed>);
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Core => "core",
+            Mode::Api => "api",
+            Mode::Slack => "slack",
+        }
+    }
+}
 
-impl OperatorSink for AutoOperator {
+type HttpClient = Client<HttpConnector, Body>;
+
+fn http_client() -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(300))
+        .build_http()
+}
+
+/// What the automatic operator and the tracker observed during one run.
+#[derive(Default)]
+struct Observed {
+    /// Core mode: the supervisor to look sessions up in.
+    sup: OnceLock<ActorRef<SupervisorMsg>>,
+    /// Operator delay per answered request.
+    delays: Mutex<Vec<Duration>>,
+    /// Sessions whose turn ended (activity `idle`).
+    idle: Mutex<HashSet<SessionId>>,
+    /// When the last session went idle.
+    last_idle: Mutex<Option<Instant>>,
+    /// Decisions the operator sent.
+    decided: AtomicUsize,
+    /// Operator failures (HTTP status not 200, no actor, no button).
+    op_errors: AtomicUsize,
+    /// First operator failure, for the report.
+    first_error: Mutex<Option<String>>,
+    /// Local feed events lost to lag (api mode).
+    lagged: AtomicU64,
+    /// Requests answered by the sweep after lag (api mode).
+    swept: AtomicUsize,
+    /// Requests already being answered (api mode: event and sweep race).
+    handled: Mutex<HashSet<String>>,
+    /// When the core emitted `RequestOpened`, by global request id.
+    opened: Mutex<HashMap<String, Instant>>,
+    /// When the operator learnt of each request, by global request id.
+    seen: Mutex<HashMap<String, Instant>>,
+}
+
+impl Observed {
+    fn error(&self, what: String) {
+        self.op_errors.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut first) = self.first_error.lock()
+            && first.is_none()
+        {
+            *first = Some(what);
+        }
+    }
+
+    fn delay(&self, d: Duration) {
+        if let Ok(mut v) = self.delays.lock() {
+            v.push(d);
+        }
+        self.decided.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn saw(&self, id: &str, at: Instant) {
+        if let Ok(mut s) = self.seen.lock() {
+            s.insert(id.to_owned(), at);
+        }
+    }
+
+    /// Notification delays: `RequestOpened` emitted -> operator learnt of it.
+    fn notify_us(&self) -> Vec<u64> {
+        let (Ok(opened), Ok(seen)) = (self.opened.lock(), self.seen.lock()) else {
+            return Vec::new();
+        };
+        let mut v: Vec<u64> = seen
+            .iter()
+            .filter_map(|(id, s)| {
+                opened
+                    .get(id)
+                    .map(|o| s.saturating_duration_since(*o).as_micros() as u64)
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn idle_count(&self) -> usize {
+        self.idle.lock().map(|i| i.len()).unwrap_or(0)
+    }
+}
+
+/// Tracks idle sessions in every mode; in core mode also answers requests.
+struct BenchSink {
+    obs: Arc<Observed>,
+    answer: bool,
+}
+
+impl OperatorSink for BenchSink {
     fn emit(&self, event: OperatorEvent) {
         match event {
             OperatorEvent::RequestOpened { request } => {
-                let Some(sup) = self.0.sup.get().cloned() else {
+                let seen = Instant::now();
+                if let Ok(mut o) = self.obs.opened.lock() {
+                    o.insert(request.id.clone(), seen);
+                }
+                if !self.answer {
+                    return;
+                }
+                self.obs.saw(&request.id, seen);
+                let Some(sup) = self.obs.sup.get().cloned() else {
                     return;
                 };
-                let seen = Instant::now();
-                let me = self.0.clone();
+                let me = self.obs.clone();
                 tokio::spawn(async move {
                     let Ok(Some(actor)) = ractor::call!(sup, |reply| SupervisorMsg::Lookup {
                         id: request.session_id.clone(),
                         reply
                     }) else {
+                        me.error(format!("no actor for {}", request.id));
                         return;
                     };
                     let _ = actor.send_message(SessionMsg::Decide {
@@ -60,11 +238,7 @@ impl OperatorSink for AutoOperator {
                         caller: Caller::local(),
                         reply: ractor::concurrency::oneshot().0.into(),
                     });
-                    if let Ok(mut d) = me.delays.lock() {
-                        d.push(seen.elapsed());
-                    }
-                    me.decided
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    me.delay(seen.elapsed());
                 });
             }
             OperatorEvent::StatusChanged {
@@ -72,8 +246,11 @@ impl OperatorSink for AutoOperator {
                 activity,
                 ..
             } if activity == "idle" => {
-                if let Ok(mut idle) = self.0.idle.lock() {
+                if let Ok(mut idle) = self.obs.idle.lock() {
                     idle.insert(session_id);
+                }
+                if let Ok(mut t) = self.obs.last_idle.lock() {
+                    *t = Some(Instant::now());
                 }
             }
             _ => {}
@@ -105,43 +282,122 @@ fn agent_bin() -> PathBuf {
     bin
 }
 
-fn proc_stat() -> (f64, u64) {
-    let ticks = 100.0; // sysconf(_SC_CLK_TCK) on Linux
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+// ---- measurement ----------------------------------------------------------
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
+fn ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// utime + stime in seconds from a `/proc/.../stat` line.
+fn stat_cpu(stat: &str) -> f64 {
     let fields: Vec<&str> = stat
         .rsplit(')')
         .next()
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    let cpu = fields
-        .get(11)
-        .and_then(|u| u.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        + fields
-            .get(12)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0);
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kb = |key: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
+    let f = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
     };
-    (cpu / ticks, kb("VmRSS:"))
+    (f(11) + f(12)) / ticks()
 }
 
-fn peak_rss_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
+fn status_kb(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
+        .find(|l| l.starts_with(key))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// CPU seconds: (whole process, bench-side threads, machine busy).
+#[derive(Clone, Copy)]
+struct Cpu {
+    process: f64,
+    bench: f64,
+    machine: f64,
+}
+
+/// CPU seconds per live thread group (thread name without its number).
+fn cpu_by_thread() -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let group = comm
+                .trim_end()
+                .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
+                .to_owned();
+            let cpu = stat_cpu(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default());
+            *out.entry(group).or_insert(0.0) += cpu;
+        }
+    }
+    out
+}
+
+fn cpu_now() -> Cpu {
+    let process = stat_cpu(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default());
+    let mut bench = 0.0;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim_end().starts_with(BENCH_THREAD) {
+                bench +=
+                    stat_cpu(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default());
+            }
+        }
+    }
+    let machine = std::fs::read_to_string("/proc/stat")
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .map(|l| {
+            let v: Vec<f64> = l
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal
+            let total: f64 = v.iter().take(8).sum();
+            let idle = v.get(3).copied().unwrap_or(0.0) + v.get(4).copied().unwrap_or(0.0);
+            (total - idle) / ticks()
+        })
+        .unwrap_or(0.0);
+    Cpu {
+        process,
+        bench,
+        machine,
+    }
+}
+
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Waits (up to `limit`) until the rest of the machine is quiet: less than
+/// 0.15 of a core busy over 2 s. Returns the busy cores last seen.
+fn wait_quiet(limit: Duration) -> f64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let a = cpu_now();
+        std::thread::sleep(Duration::from_secs(2));
+        let b = cpu_now();
+        let others = ((b.machine - a.machine) - (b.process - a.process)) / 2.0;
+        if others < 0.15 || Instant::now() > deadline {
+            return others;
+        }
+    }
 }
 
 fn pct(sorted: &[u64], p: f64) -> u64 {
@@ -152,54 +408,647 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+fn read_rtts(path: &Path) -> Vec<u64> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
 struct Figures {
+    mode: Mode,
     n: usize,
-    requests: usize,
+    pace_ms: u64,
+    ramp_ms: u64,
     rtt_us: Vec<u64>,
+    rtt_later: Vec<u64>,
     op_us: Vec<u64>,
+    notify_us: Vec<u64>,
     rps: f64,
     cpu_pct: f64,
+    bench_cpu_pct: f64,
+    machine_pct: f64,
     peak_rss_mb: f64,
     idle_kib_per_session: f64,
     start_ms: Vec<u64>,
     errors: usize,
+    notes: Vec<String>,
+    /// 1-minute load average before the run and at its end.
+    load: (f64, f64),
 }
 
-async fn run(n: usize, m: usize, pace_ms: u64, dir: &Path) -> Figures {
-    let store = Arc::new(
-        SqliteStore::open(&dir.join(format!("load-{n}.db")))
-            .await
-            .expect("store"),
-    );
-    let operator = Arc::new(Observed::default());
-    let settings = Arc::new(SessionSettings {
-        limits: Limits {
-            max_sessions: n + 1,
-            startup_timeout_secs: 120,
-            idle_timeout_secs: 3600,
-            ..Limits::default()
-        },
-        stall: StallPolicy {
-            inactivity_secs: 0,
-            ..StallPolicy::default()
-        },
-        operators: HashSet::new(),
-        ..Default::default()
-    });
+// ---- the servers under test -----------------------------------------------
+
+/// One running server, whichever edge the operator uses.
+#[allow(clippy::large_enum_variant)] // one per run
+enum Rig {
+    Core {
+        sup: ActorRef<SupervisorMsg>,
+        store: Arc<SqliteStore>,
+    },
+    Api {
+        app: App,
+        base: String,
+        client: HttpClient,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        served: tokio::task::JoinHandle<std::io::Result<()>>,
+        bench_tasks: Vec<tokio::task::JoinHandle<()>>,
+    },
+    Slack {
+        sup: ActorRef<SupervisorMsg>,
+        registry: ActorRef<RegistryMsg>,
+        store: Arc<SqliteStore>,
+        handle: Option<SlackHandle>,
+        emu: emulator::Emulator,
+        bench_tasks: Vec<tokio::task::JoinHandle<()>>,
+    },
+}
+
+struct Env {
+    n: usize,
+    dir: PathBuf,
+    workspace: PathBuf,
+    profile: AgentProfile,
+    settings: Arc<SessionSettings>,
+}
+
+fn limits(n: usize) -> Limits {
+    Limits {
+        max_sessions: n + 1,
+        startup_timeout_secs: 120,
+        idle_timeout_secs: 3600,
+        ..Limits::default()
+    }
+}
+
+async fn supervisor(
+    env: &Env,
+    store: Arc<SqliteStore>,
+    sink: Arc<dyn OperatorSink>,
+) -> ActorRef<SupervisorMsg> {
     let args = SupervisorArgs {
         policy: SupervisionPolicy::default(),
-        settings,
-        store: store.clone(),
-        sink: Arc::new(AutoOperator(operator.clone())),
+        settings: env.settings.clone(),
+        store,
+        sink,
         bridge_url: None,
     };
     let (sup, _) = Actor::spawn(None, SessionSupervisor, args)
         .await
         .expect("supervisor");
-    let _ = operator.sup.set(sup.clone());
+    sup
+}
 
-    let rtt_log = dir.join(format!("rtt-{n}.log"));
-    let _ = std::fs::remove_file(&rtt_log);
+async fn rig_core(env: &Env, obs: &Arc<Observed>) -> Rig {
+    let store = Arc::new(
+        SqliteStore::open(&env.dir.join("core.db"))
+            .await
+            .expect("store"),
+    );
+    let sink = Arc::new(BenchSink {
+        obs: obs.clone(),
+        answer: true,
+    });
+    let sup = supervisor(env, store.clone(), sink).await;
+    let _ = obs.sup.set(sup.clone());
+    Rig::Core { sup, store }
+}
+
+async fn rig_api(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
+    let text = format!(
+        "workspace_root = {root:?}\ndefault_agent = \"scripted\"\n\n[database]\npath = {db:?}\n\n\
+         [[agent]]\nid = \"scripted\"\ncommand = {cmd:?}\nargs = {args:?}\n\n\
+         [[workspace]]\nid = \"ws\"\npath = {ws:?}\n\n\
+         [limits]\nmax_sessions = {max}\nstartup_timeout_secs = 120\nidle_timeout_secs = 3600\n\n\
+         [stall]\ninactivity_secs = 0\n",
+        root = env.dir.display().to_string(),
+        db = env.dir.join("api.db").display().to_string(),
+        cmd = env.profile.command,
+        args = env.profile.args,
+        ws = env.workspace.display().to_string(),
+        max = env.n + 1,
+    );
+    let config = Config::from_toml_str(&text, &env.dir).expect("bench config");
+    let store = SqliteStore::open(&config.database.path)
+        .await
+        .expect("store");
+    let tracker: Arc<dyn OperatorSink> = Arc::new(BenchSink {
+        obs: obs.clone(),
+        answer: false,
+    });
+    let app = App::start(
+        &config,
+        store,
+        AppOptions {
+            extra_sinks: vec![tracker],
+            bridge_url: None,
+        },
+    )
+    .await
+    .expect("app");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(serve_on(
+        listener,
+        router(app.clone(), ApiToken::new(TOKEN)),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let client = {
+        let _g = bench.enter();
+        http_client()
+    };
+    let mut bench_tasks = Vec::new();
+    // The operator: learns of requests from the local feed, answers over HTTP.
+    let mut events = app.subscribe();
+    {
+        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
+        bench_tasks.push(bench.spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(OperatorEvent::RequestOpened { request }) => {
+                        let seen = Instant::now();
+                        obs.saw(&request.id, seen);
+                        if let Ok(mut h) = obs.handled.lock()
+                            && !h.insert(request.id.clone())
+                        {
+                            continue;
+                        }
+                        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
+                        tokio::spawn(async move {
+                            approve(&client, &base, &request.id, &obs).await;
+                            obs.delay(seen.elapsed());
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(k)) => {
+                        obs.lagged.fetch_add(k, Ordering::Relaxed);
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }));
+    }
+    // After lag only: sweeps the pending list so a lost event cannot hang the run.
+    {
+        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
+        bench_tasks.push(bench.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if obs.lagged.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                let Ok((200, list)) =
+                    call(&client, "GET", &base, "/api/approvals?status=pending", None).await
+                else {
+                    continue;
+                };
+                for a in list.as_array().cloned().unwrap_or_default() {
+                    let Some(id) = a["id"].as_str().map(str::to_owned) else {
+                        continue;
+                    };
+                    let fresh = obs
+                        .handled
+                        .lock()
+                        .map(|mut h| h.insert(id.clone()))
+                        .unwrap_or(false);
+                    if fresh {
+                        obs.swept.fetch_add(1, Ordering::Relaxed);
+                        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
+                        tokio::spawn(async move {
+                            approve(&client, &base, &id, &obs).await;
+                        });
+                    }
+                }
+            }
+        }));
+    }
+    Rig::Api {
+        app,
+        base,
+        client,
+        stop: Some(stop),
+        served,
+        bench_tasks,
+    }
+}
+
+/// One API call; returns (status, body as JSON).
+async fn call(
+    client: &HttpClient,
+    method: &str,
+    base: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<(u16, Value), String> {
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(format!("{base}{path}"))
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .map_err(|e| e.to_string())?;
+    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(Body::new(resp.into_body()), usize::MAX)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
+}
+
+async fn approve(client: &HttpClient, base: &str, id: &str, obs: &Observed) {
+    let path = format!("/api/approvals/{id}");
+    match call(
+        client,
+        "POST",
+        base,
+        &path,
+        Some(json!({"decision": "approve"})),
+    )
+    .await
+    {
+        Ok((200, _)) => {}
+        Ok((status, body)) => obs.error(format!("POST {path}: {status} {body}")),
+        Err(e) => obs.error(format!("POST {path}: {e}")),
+    }
+}
+
+/// A permission message the proxy saw the emulator accept.
+struct Posted {
+    seen: Instant,
+    msg: emulator::Msg,
+}
+
+#[derive(Clone)]
+struct Proxy {
+    client: HttpClient,
+    upstream: String,
+    posted: mpsc::UnboundedSender<Posted>,
+}
+
+/// Forwards a Web API call to the emulator; reports permission posts.
+async fn forward(State(p): State<Proxy>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |x| x.as_str())
+        .to_owned();
+    let mut up = axum::http::Request::builder()
+        .method(parts.method.clone())
+        .uri(format!("{}{pq}", p.upstream));
+    for (k, v) in &parts.headers {
+        if k != header::HOST {
+            up = up.header(k, v);
+        }
+    }
+    let Ok(up) = up.body(Body::from(body.clone())) else {
+        return StatusCode::BAD_GATEWAY.into_response();
+    };
+    let Ok(resp) = p.client.request(up).await else {
+        return StatusCode::BAD_GATEWAY.into_response();
+    };
+    let (mut rparts, rbody) = resp.into_parts();
+    let Ok(rbytes) = axum::body::to_bytes(Body::new(rbody), usize::MAX).await else {
+        return StatusCode::BAD_GATEWAY.into_response();
+    };
+    if parts.uri.path().ends_with("/chat.postMessage")
+        && body.windows(7).any(|w| w == b"decide:")
+        && let (Ok(sent), Ok(answer)) = (
+            serde_json::from_slice::<Value>(&body),
+            serde_json::from_slice::<Value>(&rbytes),
+        )
+        && answer["ok"] == true
+    {
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let _ = p.posted.send(Posted {
+            seen: Instant::now(),
+            msg: emulator::Msg {
+                channel: s(&sent["channel"]),
+                ts: s(&answer["ts"]),
+                thread_ts: sent["thread_ts"].as_str().map(str::to_owned),
+                user: "UBOT".into(),
+                text: s(&sent["text"]),
+                blocks: sent["blocks"].as_array().cloned().unwrap_or_default(),
+                reactions: vec![],
+                updates: 0,
+                file: None,
+            },
+        });
+    }
+    rparts.headers.remove(header::TRANSFER_ENCODING);
+    rparts.headers.remove(header::CONNECTION);
+    Response::from_parts(rparts, Body::from(rbytes))
+}
+
+async fn rig_slack(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
+    let (emu, proxy_url, posted_rx, proxy_task) = bench
+        .spawn(async move {
+            let emu = emulator::Emulator::start().await;
+            let upstream = emu
+                .api_url
+                .trim_end_matches('/')
+                .trim_end_matches("/api")
+                .to_owned();
+            let (tx, rx) = mpsc::unbounded_channel();
+            let proxy = Proxy {
+                client: http_client(),
+                upstream,
+                posted: tx,
+            };
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind proxy");
+            let url = format!("http://{}/api/", listener.local_addr().expect("addr"));
+            let app = axum::Router::new().fallback(forward).with_state(proxy);
+            let task = tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            (emu, url, rx, task)
+        })
+        .await
+        .expect("emulator");
+    let map = WorkspaceMap {
+        workspace_root: env.dir.clone(),
+        workspaces: vec![WorkspaceEntry {
+            id: "ws".into(),
+            path: env.workspace.clone(),
+            channel_id: CHANNEL.into(),
+            label: None,
+            default_agent: None,
+        }],
+        agents: vec![env.profile.clone()],
+        default_agent: Some(env.profile.id.clone()),
+    };
+    let (registry, _) = Actor::spawn(None, WorkspaceRegistry, map)
+        .await
+        .expect("registry");
+    let store = Arc::new(
+        SqliteStore::open(&env.dir.join("slack.db"))
+            .await
+            .expect("store"),
+    );
+    let (slack_sink, events) = slack::event_channel();
+    let tracker: Arc<dyn OperatorSink> = Arc::new(BenchSink {
+        obs: obs.clone(),
+        answer: false,
+    });
+    let sup = supervisor(
+        env,
+        store.clone(),
+        Arc::new(FanOut(vec![slack_sink, tracker])),
+    )
+    .await;
+    let store_port: Arc<dyn SessionStore> = store.clone();
+    let outbox: Arc<dyn Outbox> = store.clone();
+    let opts = SlackOptions {
+        tokens: SlackTokens {
+            bot: "xoxb-bench".into(),
+            app: "xapp-bench".into(),
+        },
+        api_url: Some(proxy_url),
+        operators: vec![OWNER.to_owned()],
+        supervisor: sup.clone(),
+        registry: registry.clone(),
+        store: store_port,
+        outbox,
+        tuning: SlackTuning::default(),
+    };
+    let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
+    let mut status = handle.status();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        status.wait_for(|s| s == ConnectionState::Connected),
+    )
+    .await
+    .expect("Socket Mode connects");
+    // The operator: clicks allow-once on every permission message it sees.
+    let mut posted_rx = posted_rx;
+    let (obs2, emu2) = (obs.clone(), emu.clone());
+    let operator = bench.spawn(async move {
+        while let Some(Posted { seen, msg }) = posted_rx.recv().await {
+            let button = msg.button("allow-once").or_else(|| {
+                msg.buttons().into_iter().find(|b| {
+                    b["action_id"]
+                        .as_str()
+                        .is_some_and(|a| a.starts_with("decide:"))
+                })
+            });
+            match button {
+                Some(b) => {
+                    if let Some((global, _)) = b["value"].as_str().and_then(|v| v.rsplit_once('|'))
+                    {
+                        obs2.saw(global, seen);
+                    }
+                    emu2.click(OWNER, &msg, &b);
+                    obs2.delay(seen.elapsed());
+                }
+                None => obs2.error(format!("no decision button in {}", msg.all_text())),
+            }
+        }
+    });
+    Rig::Slack {
+        sup,
+        registry,
+        store,
+        handle: Some(handle),
+        emu,
+        bench_tasks: vec![proxy_task, operator],
+    }
+}
+
+impl Rig {
+    /// A closure that starts session `i` and says whether it started.
+    fn starter(
+        &self,
+        env: &Env,
+    ) -> Arc<dyn Fn(usize) -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync>
+    {
+        match self {
+            Rig::Core { sup, .. } | Rig::Slack { sup, .. } => {
+                let sup = sup.clone();
+                let slack = matches!(self, Rig::Slack { .. });
+                let (profile, cwd) = (env.profile.clone(), env.workspace.clone());
+                Arc::new(move |i| {
+                    let sup = sup.clone();
+                    let req = StartRequest {
+                        workspace: "ws".into(),
+                        cwd: cwd.clone(),
+                        channel_id: slack.then(|| CHANNEL.to_owned()),
+                        profile: profile.clone(),
+                        prompt: format!("load session {i}"),
+                        owner: if slack { OWNER } else { "bench" }.into(),
+                        mode: None,
+                    };
+                    Box::pin(async move {
+                        match ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }) {
+                            Ok(Ok(_)) => Ok(()),
+                            Ok(Err(e)) => Err(e.to_string()),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    })
+                })
+            }
+            Rig::Api { client, base, .. } => {
+                let (client, base) = (client.clone(), base.clone());
+                Arc::new(move |i| {
+                    let (client, base) = (client.clone(), base.clone());
+                    Box::pin(async move {
+                        let body =
+                            json!({"workspace": "ws", "prompt": format!("load session {i}")});
+                        match call(&client, "POST", &base, "/api/sessions", Some(body)).await {
+                            Ok((201, _)) => Ok(()),
+                            Ok((s, b)) => Err(format!("{s} {b}")),
+                            Err(e) => Err(e),
+                        }
+                    })
+                })
+            }
+        }
+    }
+
+    async fn live_count(&self) -> usize {
+        let list = match self {
+            Rig::Core { store, .. } | Rig::Slack { store, .. } => store.list_sessions(true).await,
+            Rig::Api { app, .. } => app.store().list_sessions(true).await,
+        };
+        list.map(|l| {
+            l.iter()
+                .filter(|s| s.status == SessionStatus::Active)
+                .count()
+        })
+        .unwrap_or(0)
+    }
+
+    /// Slack: waits until the gateway delivered everything; returns the backlog left.
+    async fn drain(&self) -> usize {
+        let Rig::Slack {
+            handle: Some(h), ..
+        } = self
+        else {
+            return 0;
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let left = h.backlog().await;
+            if left == 0 || Instant::now() > deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Problems the server reported back to the operator (Slack ephemerals).
+    /// Slack: successful Web API calls by method.
+    fn slack_calls(&self) -> Option<String> {
+        let Rig::Slack { emu, .. } = self else {
+            return None;
+        };
+        let mut by: Vec<(String, usize)> = Vec::new();
+        for c in emu.calls() {
+            match by.iter_mut().find(|(m, _)| *m == c.method) {
+                Some((_, k)) => *k += 1,
+                None => by.push((c.method.clone(), 1)),
+            }
+        }
+        by.sort_by_key(|b| std::cmp::Reverse(b.1));
+        Some(
+            by.iter()
+                .map(|(m, k)| format!("{m} {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    }
+
+    fn operator_visible_errors(&self) -> (usize, Option<String>) {
+        match self {
+            Rig::Slack { emu, .. } => {
+                let e = emu.ephemerals();
+                (e.len(), e.first().map(|m| m.text.clone()))
+            }
+            _ => (0, None),
+        }
+    }
+
+    async fn shutdown(self) {
+        match self {
+            Rig::Core { sup, store } => {
+                ractor::call!(sup, SupervisorMsg::Shutdown).ok();
+                sup.stop_and_wait(None, None).await.ok();
+                if let Ok(store) = Arc::try_unwrap(store) {
+                    store.close().await;
+                }
+            }
+            Rig::Api {
+                app,
+                mut stop,
+                served,
+                bench_tasks,
+                ..
+            } => {
+                for t in bench_tasks {
+                    t.abort();
+                }
+                if let Some(s) = stop.take() {
+                    let _ = s.send(());
+                }
+                let _ = served.await;
+                app.shutdown().await;
+                app.close().await;
+            }
+            Rig::Slack {
+                sup,
+                registry,
+                store,
+                mut handle,
+                bench_tasks,
+                ..
+            } => {
+                ractor::call!(sup, SupervisorMsg::Shutdown).ok();
+                sup.stop_and_wait(None, None).await.ok();
+                if let Some(h) = handle.take() {
+                    h.shutdown().await;
+                }
+                registry.stop_and_wait(None, None).await.ok();
+                for t in bench_tasks {
+                    t.abort();
+                }
+                if let Ok(store) = Arc::try_unwrap(store) {
+                    store.close().await;
+                }
+            }
+        }
+    }
+}
+
+// ---- one run --------------------------------------------------------------
+
+async fn run(
+    mode: Mode,
+    n: usize,
+    m: usize,
+    (pace_ms, ramp_ms): (u64, u64),
+    root: &Path,
+    bench: &Handle,
+) -> Figures {
+    let tag = format!("{}-{n}-pace{pace_ms}-ramp{ramp_ms}", mode.name());
+    let dir = root.join(&tag);
+    let workspace = dir.join("ws");
+    std::fs::create_dir_all(&workspace).expect("ws");
+    let dir = dir.canonicalize().expect("canon");
+    let workspace = workspace.canonicalize().expect("canon");
+    let rtt_log = dir.join("rtt.log");
     let mut turn = Vec::new();
     for i in 0..m {
         if pace_ms > 0 {
@@ -212,104 +1061,227 @@ async fn run(n: usize, m: usize, pace_ms: u64, dir: &Path) -> Figures {
         turn.push(json!({"permission": {"tool_call_id": format!("t{i}"), "title": "Edit file", "kind": "edit"}}));
     }
     let scenario = json!({"rtt_log": rtt_log, "turns": [turn]});
-    let scenario_path = dir.join(format!("scenario-{n}.json"));
+    let scenario_path = dir.join("scenario.json");
     std::fs::write(&scenario_path, scenario.to_string()).expect("scenario");
-    let workspace = dir.join("ws");
-    std::fs::create_dir_all(&workspace).expect("ws");
     let profile = AgentProfile {
         id: "scripted".into(),
         command: agent_bin().display().to_string(),
         args: vec!["--scenario".into(), scenario_path.display().to_string()],
         env: vec![],
-        protocol: Default::default(),
-        framing: Default::default(),
+        protocol: Protocol::Acp,
+        framing: Framing::Ndjson,
         auth_method: None,
     };
-
-    let (cpu0, rss0) = proc_stat();
+    let settings = Arc::new(SessionSettings {
+        limits: limits(n),
+        stall: StallPolicy {
+            inactivity_secs: 0,
+            ..StallPolicy::default()
+        },
+        operators: [OWNER.to_owned()].into_iter().collect(),
+        ..Default::default()
+    });
+    let env = Env {
+        n,
+        dir,
+        workspace,
+        profile,
+        settings,
+    };
+    let obs = Arc::new(Observed::default());
+    let rig = match mode {
+        Mode::Core => rig_core(&env, &obs).await,
+        Mode::Api => rig_api(&env, &obs, bench).await,
+        Mode::Slack => rig_slack(&env, &obs, bench).await,
+    };
+    let start = rig.starter(&env);
+    let load0 = loadavg();
+    // Let the rig settle, then reset the peak RSS counter for this run.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss0 = status_kb("VmRSS:");
+    let cpu0 = cpu_now();
+    let threads0 = cpu_by_thread();
     let t0 = Instant::now();
     let mut starts = Vec::new();
     for i in 0..n {
-        let sup = sup.clone();
-        let req = StartRequest {
-            workspace: "ws".into(),
-            cwd: workspace.clone(),
-            channel_id: None,
-            profile: profile.clone(),
-            prompt: format!("load session {i}"),
-            owner: "bench".into(),
-            mode: None,
-        };
-        starts.push(tokio::spawn(async move {
+        let fut = start(i);
+        // Spread the starts evenly over `ramp_ms` (0: all at once).
+        let offset = Duration::from_millis(ramp_ms * i as u64 / n.max(1) as u64);
+        let task = async move {
+            tokio::time::sleep(offset).await;
             let t = Instant::now();
-            let r = ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply });
-            (t.elapsed(), matches!(r, Ok(Ok(_))))
-        }));
+            let r = fut.await;
+            (t.elapsed(), r)
+        };
+        starts.push(if mode == Mode::Api {
+            bench.spawn(task)
+        } else {
+            tokio::spawn(task)
+        });
     }
     let mut start_ms = Vec::new();
     let mut errors = 0;
+    let mut notes = Vec::new();
     for s in starts {
         match s.await {
-            Ok((d, true)) => start_ms.push(d.as_millis() as u64),
-            _ => errors += 1,
+            Ok((d, Ok(()))) => start_ms.push(d.as_millis() as u64),
+            Ok((_, Err(e))) => {
+                if errors == 0 {
+                    notes.push(format!("start failed: {e}"));
+                }
+                errors += 1;
+            }
+            Err(e) => {
+                notes.push(format!("start task: {e}"));
+                errors += 1;
+            }
         }
     }
-    let want = (n - errors) * m;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while operator.decided.load(std::sync::atomic::Ordering::Relaxed) < want
-        || operator.idle.lock().map(|i| i.len()).unwrap_or(0) < n - errors
-    {
+    let started = n - errors;
+    let lines_at_started = read_rtts(&rtt_log).len();
+    notes.push(format!(
+        "all Start calls answered after {} ms; {lines_at_started} round trips done by then",
+        t0.elapsed().as_millis()
+    ));
+    let want = started * m;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let done = read_rtts(&rtt_log).len() >= want && obs.idle_count() >= started;
+        if done {
+            break;
+        }
         if Instant::now() > deadline {
-            eprintln!("timed out waiting for the load to finish");
+            notes.push(format!(
+                "timed out: {} of {want} round trips, {} of {started} idle",
+                read_rtts(&rtt_log).len(),
+                obs.idle_count()
+            ));
             errors += 1;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let elapsed = t0.elapsed();
-    let (cpu1, _) = proc_stat();
-    // Let the last flushes land, then measure idle memory.
+    let end = obs
+        .last_idle
+        .lock()
+        .ok()
+        .and_then(|t| *t)
+        .unwrap_or_else(Instant::now);
+    let elapsed = end
+        .saturating_duration_since(t0)
+        .max(Duration::from_millis(1));
+    let cpu1 = cpu_now();
+    let threads1 = cpu_by_thread();
+    let wall = t0.elapsed().as_secs_f64();
+    let backlog = rig.drain().await;
+    if backlog > 0 {
+        notes.push(format!("Slack backlog never drained: {backlog} left"));
+        errors += 1;
+    }
+    // Let the last writes land, then measure idle memory.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, rss_idle) = proc_stat();
-    let mut rtt_us: Vec<u64> = std::fs::read_to_string(&rtt_log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
+    let rss_idle = status_kb("VmRSS:");
+    let peak = status_kb("VmHWM:");
+    notes.push(format!(
+        "RSS {:.1} MiB before the sessions, {:.1} MiB with all {started} idle",
+        rss0 as f64 / 1024.0,
+        rss_idle as f64 / 1024.0
+    ));
+    if let Some(out) = arg("--dump") {
+        let _ = std::fs::create_dir_all(&out);
+        let _ = std::fs::copy(&rtt_log, Path::new(&out).join(format!("{tag}.rtt")));
+    }
+    let mut rtt_us = read_rtts(&rtt_log);
+    // The second half of the completions: past the start burst and what
+    // queued behind it (the log is in completion order).
+    let mut rtt_later: Vec<u64> = rtt_us.iter().skip(rtt_us.len() / 2).copied().collect();
+    rtt_later.sort_unstable();
     rtt_us.sort_unstable();
-    let mut op_us: Vec<u64> = operator
+    let mut groups: Vec<(String, f64)> = threads1
+        .iter()
+        .map(|(g, c)| (g.clone(), c - threads0.get(g).copied().unwrap_or(0.0)))
+        .filter(|(_, c)| *c >= 0.005)
+        .collect();
+    groups.sort_by(|a, b| b.1.total_cmp(&a.1));
+    notes.push(format!(
+        "CPU seconds by thread over {wall:.2} s: {} (process total {:.2})",
+        groups
+            .iter()
+            .map(|(g, c)| format!("{g} {c:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        cpu1.process - cpu0.process
+    ));
+    if rtt_us.len() < want {
+        errors += want - rtt_us.len();
+    }
+    let mut op_us: Vec<u64> = obs
         .delays
         .lock()
         .map(|d| d.iter().map(|x| x.as_micros() as u64).collect())
         .unwrap_or_default();
     op_us.sort_unstable();
     start_ms.sort_unstable();
-    let live = store
-        .list_sessions(true)
-        .await
-        .map(|l| {
-            l.iter()
-                .filter(|s| s.status == SessionStatus::Active)
-                .count()
-        })
-        .unwrap_or(0);
-    if live != n - errors {
-        errors += n - errors - live.min(n - errors);
+    let op_errors = obs.op_errors.load(Ordering::Relaxed);
+    if op_errors > 0 {
+        errors += op_errors;
+        notes.push(format!(
+            "{op_errors} operator errors, first: {}",
+            obs.first_error
+                .lock()
+                .ok()
+                .and_then(|f| f.clone())
+                .unwrap_or_default()
+        ));
     }
-    ractor::call!(sup, SupervisorMsg::Shutdown).ok();
+    if let Some(calls) = rig.slack_calls() {
+        notes.push(format!("Slack Web API calls: {calls}"));
+    }
+    let (visible, first) = rig.operator_visible_errors();
+    if visible > 0 {
+        errors += visible;
+        notes.push(format!(
+            "{visible} problem replies to the operator, first: {}",
+            first.unwrap_or_default()
+        ));
+    }
+    let lagged = obs.lagged.load(Ordering::Relaxed);
+    if lagged > 0 {
+        notes.push(format!(
+            "local feed lagged by {lagged} events; {} requests answered by the sweep",
+            obs.swept.load(Ordering::Relaxed)
+        ));
+    }
+    let live = rig.live_count().await;
+    if live != started {
+        notes.push(format!("{live} of {started} sessions active at the end"));
+        errors += started.abs_diff(live);
+    }
+    rig.shutdown().await;
     Figures {
+        mode,
         n,
-        requests: rtt_us.len(),
+        pace_ms,
+        ramp_ms,
         rps: rtt_us.len() as f64 / elapsed.as_secs_f64(),
         rtt_us,
+        rtt_later,
         op_us,
-        cpu_pct: 100.0 * (cpu1 - cpu0) / elapsed.as_secs_f64(),
-        peak_rss_mb: peak_rss_kb() as f64 / 1024.0,
+        notify_us: obs.notify_us(),
+        cpu_pct: 100.0 * (cpu1.process - cpu0.process) / wall,
+        bench_cpu_pct: 100.0 * (cpu1.bench - cpu0.bench) / wall,
+        machine_pct: 100.0 * (cpu1.machine - cpu0.machine) / wall,
+        peak_rss_mb: peak as f64 / 1024.0,
         idle_kib_per_session: rss_idle.saturating_sub(rss0) as f64 / n as f64,
         start_ms,
         errors,
+        notes,
+        load: (load0, loadavg()),
     }
 }
+
+// ---- main -----------------------------------------------------------------
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -318,64 +1290,147 @@ fn arg(name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+/// Raises the soft open-file limit to the hard one; returns (before, after).
+fn raise_nofile() -> (u64, u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write to / read from a valid rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return (0, 0);
+        }
+        let before = lim.rlim_cur;
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        }
+        (before, lim.rlim_cur)
+    }
+}
+
 fn main() {
+    let modes: Vec<Mode> = {
+        let spec = arg("--operator").unwrap_or_else(|| "core".into());
+        let mut v = Vec::new();
+        for s in spec.split(',') {
+            match s.trim() {
+                "core" => v.push(Mode::Core),
+                "api" => v.push(Mode::Api),
+                "slack" => v.push(Mode::Slack),
+                "all" => v.extend([Mode::Core, Mode::Api, Mode::Slack]),
+                other => panic!("--operator: core, api, slack or all, not {other:?}"),
+            }
+        }
+        v
+    };
     let sessions: Vec<usize> = arg("--sessions")
         .unwrap_or_else(|| "10,100".into())
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     let m: usize = arg("--requests").and_then(|s| s.parse().ok()).unwrap_or(10);
-    // Think time between an agent's requests; 0 = all agents fire in lockstep.
+    // Think time before each request; 0 = every agent fires back to back.
     let pace_ms: u64 = arg("--pace-ms").and_then(|s| s.parse().ok()).unwrap_or(200);
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    // Spread session starts evenly over this long, so agents with the same
+    // pace do not fire in lockstep (0: all start at once).
+    let ramp_ms: u64 = arg("--ramp-ms").and_then(|s| s.parse().ok()).unwrap_or(0);
+    // Before each run, wait up to this long for the rest of the machine to be quiet.
+    let quiet_secs: u64 = arg("--wait-quiet-secs")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (nofile_before, nofile) = raise_nofile();
+    let server = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_name("server")
         .build()
-        .expect("runtime");
-    let dir = tempfile::tempdir().expect("tmp");
+        .expect("server runtime");
+    let bench = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .thread_name(BENCH_THREAD)
+        .thread_keep_alive(Duration::from_secs(3600))
+        .build()
+        .expect("bench runtime");
+    // Where databases, scenarios and rtt logs go (default: a temp dir in TMPDIR).
+    let dir = match arg("--dir") {
+        Some(d) => {
+            std::fs::create_dir_all(&d).expect("--dir");
+            tempfile::tempdir_in(d).expect("tmp")
+        }
+        None => tempfile::tempdir().expect("tmp"),
+    };
     println!(
-        "load benchmark: {m} permission requests per session, automatic operator, SQLite store"
-    );
-    println!(
-        "machine: {} cores",
+        "load benchmark: {m} permission requests per session, pace {pace_ms} ms, SQLite store; \
+         {} cores; RLIMIT_NOFILE {nofile_before} -> {nofile}",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0)
     );
+    println!();
     println!(
-        "{:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>10} {:>9} {:>9} {:>6}",
-        "N",
-        "requests",
-        "rtt p50",
-        "rtt p99",
-        "rtt max",
-        "op p50",
-        "op p99",
-        "req/s",
-        "cpu %",
-        "peak MiB",
-        "KiB/idle",
-        "start p50",
-        "start p99",
-        "errors"
+        "| operator | N | pace ms | ramp ms | requests | rtt p50 µs | rtt p99 µs | rtt max µs | rtt p99 2nd half µs | notify p50 µs | notify p99 µs | op p50 µs | op p99 µs | rtt−op p50 µs | req/s | cpu % | bench-side cpu % | machine cpu % | peak RSS MiB | KiB/idle session | start p50 ms | start p99 ms | start max ms | errors |"
     );
-    for n in sessions {
-        let f = rt.block_on(run(n, m, pace_ms, dir.path()));
-        println!(
-            "{:>5} {:>8} {:>7}us {:>7}us {:>7}us {:>7}us {:>7}us {:>8.0} {:>7.0} {:>9.1} {:>10.0} {:>7}ms {:>7}ms {:>6}",
-            f.n,
-            f.requests,
-            pct(&f.rtt_us, 0.5),
-            pct(&f.rtt_us, 0.99),
-            f.rtt_us.last().copied().unwrap_or(0),
-            pct(&f.op_us, 0.5),
-            pct(&f.op_us, 0.99),
-            f.rps,
-            f.cpu_pct,
-            f.peak_rss_mb,
-            f.idle_kib_per_session,
-            pct(&f.start_ms, 0.5),
-            pct(&f.start_ms, 0.99),
-            f.errors
-        );
+    println!(
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
+    let mut notes = Vec::new();
+    for mode in &modes {
+        for &n in &sessions {
+            let handle = bench.handle().clone();
+            if quiet_secs > 0 {
+                let others = wait_quiet(Duration::from_secs(quiet_secs));
+                if others >= 0.15 {
+                    notes.push(format!(
+                        "{} N={n}: machine not quiet after {quiet_secs} s ({others:.2} cores busy elsewhere)",
+                        mode.name()
+                    ));
+                }
+            }
+            let f = server.block_on(run(*mode, n, m, (pace_ms, ramp_ms), dir.path(), &handle));
+            let (r50, o50) = (pct(&f.rtt_us, 0.5), pct(&f.op_us, 0.5));
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {} | {} | {} |",
+                f.mode.name(),
+                f.n,
+                f.pace_ms,
+                f.ramp_ms,
+                f.rtt_us.len(),
+                r50,
+                pct(&f.rtt_us, 0.99),
+                f.rtt_us.last().copied().unwrap_or(0),
+                pct(&f.rtt_later, 0.99),
+                pct(&f.notify_us, 0.5),
+                pct(&f.notify_us, 0.99),
+                o50,
+                pct(&f.op_us, 0.99),
+                r50 as i64 - o50 as i64,
+                f.rps,
+                f.cpu_pct,
+                f.bench_cpu_pct,
+                f.machine_pct,
+                f.peak_rss_mb,
+                f.idle_kib_per_session,
+                pct(&f.start_ms, 0.5),
+                pct(&f.start_ms, 0.99),
+                f.start_ms.last().copied().unwrap_or(0),
+                f.errors
+            );
+            notes.push(format!(
+                "{} N={n}: load average {:.2} before, {:.2} after; machine busy outside this process {:.0}% of a core (agents, kernel, anything else)",
+                f.mode.name(),
+                f.load.0,
+                f.load.1,
+                f.machine_pct - f.cpu_pct
+            ));
+            for note in f.notes {
+                notes.push(format!("{} N={n}: {note}", f.mode.name()));
+            }
+        }
+    }
+    for note in notes {
+        println!("note: {note}");
     }
 }
