@@ -178,6 +178,19 @@ impl Harness {
     fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+
+    /// Waits (bounded) until stderr contains `needle`: the pipe is drained
+    /// by a thread, so a line written just now may not be read yet.
+    fn stderr_contains(&self, needle: &str) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if self.stderr().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        false
+    }
 }
 
 impl Drop for Harness {
@@ -269,7 +282,7 @@ fn initialize_has_expected_shape() {
     );
     agent.close_stdin();
     assert_eq!(agent.wait_exit(), 0);
-    assert!(agent.stderr().contains("writeTextFile"));
+    assert!(agent.stderr_contains("writeTextFile"));
 }
 
 #[test]
@@ -318,11 +331,7 @@ fn demo_permission_round_trip_writes_file() {
     agent.expect_chunk("Done.");
     let resp = agent.recv_until("prompt response", |m| m["id"] == 2);
     assert_eq!(resp["result"]["stopReason"], "end_turn");
-    assert!(
-        agent
-            .stderr()
-            .contains("permission t1: selected allow-once")
-    );
+    assert!(agent.stderr_contains("permission t1: selected allow-once"));
 }
 
 #[test]
@@ -551,9 +560,9 @@ fn session_load_replays_history() {
 fn invalid_scenario_exits_2_naming_file() {
     let mut agent = Harness::with_scenario("invalid", &json!({"turns": [[{"nonsense": 1}]]}), &[]);
     assert_eq!(agent.wait_exit(), 2);
-    let stderr = agent.stderr();
     assert!(
-        stderr.contains("invalid.json") && stderr.contains("nonsense"),
-        "{stderr}"
+        agent.stderr_contains("invalid.json") && agent.stderr_contains("nonsense"),
+        "{}",
+        agent.stderr()
     );
 }
