@@ -55,6 +55,7 @@ fn main() -> ExitCode {
 
 fn run_serve(config: Option<PathBuf>, log_format: LogFormat) -> ExitCode {
     logging::init(log_format);
+    raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -70,6 +71,25 @@ fn run_serve(config: Option<PathBuf>, log_format: LogFormat) -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Each agent holds three pipes and a pidfd: raise the soft open-file limit
+/// to the hard one so hundreds of sessions do not run out of descriptors.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let before = lim.rlim_cur;
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                tracing::debug!(before, after = lim.rlim_max, "raised the open-file limit");
+            }
         }
     }
 }
