@@ -258,29 +258,11 @@ impl OperatorSink for BenchSink {
     }
 }
 
-fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf();
-    let bin = dir.join("scripted-agent");
-    if !bin.exists() {
-        let profile = if dir.ends_with("release") {
-            vec!["--release"]
-        } else {
-            vec![]
-        };
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "scripted-agent"])
-            .args(profile)
-            .status()
-            .expect("cargo build");
-        assert!(status.success());
-    }
-    bin
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../tests/shared/scripted_agent.rs"]
+mod scripted_agent;
+use scripted_agent::agent_bin;
 
 // ---- measurement ----------------------------------------------------------
 

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -30,21 +30,11 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// `AGENT_INTERCOM_TOKEN`) use.
 pub const TOKEN: &str = "chaos-token-0123456789abcdef";
 
-/// Path of the scripted agent (built on demand).
-pub fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> -> target/<profile>/scripted-agent
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("scripted-agent");
-    if !bin.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "scripted-agent"])
-            .status()
-            .expect("cargo build scripted-agent");
-        assert!(status.success(), "building scripted-agent failed");
-    }
-    bin
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/scripted_agent.rs"]
+mod scripted_agent;
+pub use scripted_agent::agent_bin;
 
 /// Polls `f` every 20 ms until it returns `Some`, or panics after `limit`.
 pub fn until_within<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -14,21 +14,11 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// The token the in-process tests use.
 pub const TOKEN: &str = "test-token-0123456789";
 
-/// Path of the scripted agent (built on demand).
-pub fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> -> target/<profile>/scripted-agent
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("scripted-agent");
-    if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "scripted-agent"])
-            .status()
-            .expect("cargo build scripted-agent");
-        assert!(status.success(), "building scripted-agent failed");
-    }
-    bin
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/scripted_agent.rs"]
+mod scripted_agent;
+pub use scripted_agent::agent_bin;
 
 /// Polls `f` every 50 ms until it returns `Some`, or panics after [`WAIT`].
 pub fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {

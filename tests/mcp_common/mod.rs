@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -364,21 +364,11 @@ impl Harness {
     }
 }
 
-/// Path of the scripted agent (built on demand, like the core's tests do).
-pub fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> -> target/<profile>/scripted-agent
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("scripted-agent");
-    if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "scripted-agent"])
-            .status()
-            .expect("cargo build scripted-agent");
-        assert!(status.success(), "building scripted-agent failed");
-    }
-    bin
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/scripted_agent.rs"]
+mod scripted_agent;
+pub use scripted_agent::agent_bin;
 
 /// JSON arguments as an rmcp object.
 pub fn args(v: Value) -> JsonObject {

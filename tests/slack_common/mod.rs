@@ -10,7 +10,6 @@
 #![allow(dead_code)]
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -43,20 +42,11 @@ pub const STRANGER: &str = "USTRANGER";
 /// The workspace's channel.
 pub const CHANNEL: &str = "C1";
 
-/// Path of the scripted agent (built on demand).
-pub fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("scripted-agent");
-    if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "scripted-agent"])
-            .status()
-            .expect("cargo build scripted-agent");
-        assert!(status.success(), "building scripted-agent failed");
-    }
-    bin
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/scripted_agent.rs"]
+mod scripted_agent;
+pub use scripted_agent::agent_bin;
 
 /// Fast timings for tests.
 pub fn tuning() -> SlackTuning {

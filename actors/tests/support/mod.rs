@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,21 +25,11 @@ use serde_json::Value;
 /// Deadline for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// Path of the scripted agent built by `cargo test --workspace` / `cargo build`.
-pub fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> -> target/<profile>/scripted-agent
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("scripted-agent");
-    if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "scripted-agent"])
-            .status()
-            .expect("cargo build scripted-agent");
-        assert!(status.success(), "building scripted-agent failed");
-    }
-    bin
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../../../tests/shared/scripted_agent.rs"]
+mod scripted_agent;
+pub use scripted_agent::agent_bin;
 
 /// Knobs for one harness.
 #[derive(Clone)]
