@@ -166,12 +166,34 @@ async fn gemini_cli_fails_session_new_with_a_named_auth_error() {
         "no session row left behind"
     );
     // The agent re-launches itself as a child: only a group kill reaches both.
-    let leftovers = std::process::Command::new("pgrep")
-        .args(["-f", "gemini --acp"])
-        .output()
-        .expect("pgrep");
-    let pids = String::from_utf8_lossy(&leftovers.stdout).trim().to_owned();
-    for pid in pids.lines().filter_map(|p| p.parse::<i32>().ok()) {
-        until_group_gone(pid).await;
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        let left = processes_with(&["gemini", "--acp"]);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gemini processes left: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Live (non-zombie) processes whose command line contains every word.
+fn processes_with(words: &[&str]) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            !zombie && words.iter().all(|w| cmdline.contains(w))
+        })
+        .collect()
 }
