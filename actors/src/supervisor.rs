@@ -448,25 +448,16 @@ impl SupervisorState {
             let _ = reply.send(Err(SupervisorError::LimitReached { max }));
             return;
         }
-        let now = now_ms();
-        let record = SessionRecord {
-            id: SessionId::generate(),
-            workspace: req.workspace,
-            cwd: req.cwd.display().to_string(),
-            agent: "mcp".into(),
-            protocol: Protocol::Mcp,
-            status: SessionStatus::Starting,
-            status_reason: None,
-            title: req.title.chars().take(80).collect(),
-            owner: req.owner,
-            acp_session_id: None,
-            channel_id: req.channel_id.filter(|c| !c.is_empty()),
-            thread_ts: None,
-            restart_count: 0,
-            created_at: now,
-            updated_at: now,
-            last_activity_at: now,
-        };
+        let record = new_record(
+            req.workspace,
+            &req.cwd,
+            "mcp",
+            Protocol::Mcp,
+            &req.title,
+            req.owner,
+            req.channel_id,
+        );
+
         if let Err(e) = self.args.store.create_session(&record).await {
             let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
             return;
@@ -527,25 +518,16 @@ impl SupervisorState {
             let _ = reply.send(Err(SupervisorError::LimitReached { max }));
             return;
         }
-        let now = now_ms();
-        let record = SessionRecord {
-            id: SessionId::generate(),
-            workspace: req.workspace.clone(),
-            cwd: req.cwd.display().to_string(),
-            agent: req.profile.id.clone(),
-            protocol: req.profile.protocol,
-            status: SessionStatus::Starting,
-            status_reason: None,
-            title: prompt.chars().take(80).collect(),
-            owner: req.owner.clone(),
-            acp_session_id: None,
-            channel_id: req.channel_id.clone().filter(|c| !c.is_empty()),
-            thread_ts: None,
-            restart_count: 0,
-            created_at: now,
-            updated_at: now,
-            last_activity_at: now,
-        };
+        let record = new_record(
+            req.workspace.clone(),
+            &req.cwd,
+            &req.profile.id,
+            req.profile.protocol,
+            &prompt,
+            req.owner.clone(),
+            req.channel_id.clone(),
+        );
+
         if let Err(e) = self.args.store.create_session(&record).await {
             let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
             return;
@@ -1089,6 +1071,38 @@ impl SupervisorState {
         {
             let _ = reply.send(());
         }
+    }
+}
+
+/// A new session's row: `starting`, titled by the first 80 characters of
+/// `title`; an empty channel id means none.
+fn new_record(
+    workspace: String,
+    cwd: &std::path::Path,
+    agent: &str,
+    protocol: Protocol,
+    title: &str,
+    owner: String,
+    channel_id: Option<String>,
+) -> SessionRecord {
+    let now = now_ms();
+    SessionRecord {
+        id: SessionId::generate(),
+        workspace,
+        cwd: cwd.display().to_string(),
+        agent: agent.to_owned(),
+        protocol,
+        status: SessionStatus::Starting,
+        status_reason: None,
+        title: title.chars().take(80).collect(),
+        owner,
+        acp_session_id: None,
+        channel_id: channel_id.filter(|c| !c.is_empty()),
+        thread_ts: None,
+        restart_count: 0,
+        created_at: now,
+        updated_at: now,
+        last_activity_at: now,
     }
 }
 

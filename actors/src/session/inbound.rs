@@ -279,12 +279,7 @@ impl SessionState {
             },
         );
         self.emit(OperatorEvent::RequestOpened { request: record });
-        self.emit(OperatorEvent::StatusChanged {
-            session_id: self.id().clone(),
-            status: self.status,
-            activity: "needs input".into(),
-            reason: None,
-        });
+        self.show_activity("needs input", None);
         Some(n)
     }
 

@@ -175,12 +175,7 @@ impl SessionState {
                     let _ = reply.send(Some(next.text));
                 } else {
                     self.standby = Some(reply);
-                    self.emit(OperatorEvent::StatusChanged {
-                        session_id: self.id().clone(),
-                        status: self.status,
-                        activity: "needs input".into(),
-                        reason: Some("waiting for an instruction".into()),
-                    });
+                    self.show_activity("needs input", Some("waiting for an instruction"));
                 }
             }
             McpCall::StandbyAbandoned => self.standby = None,

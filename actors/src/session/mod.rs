@@ -776,6 +776,16 @@ impl SessionState {
         });
     }
 
+    /// Tells the operator what the session is doing now (status unchanged).
+    fn show_activity(&self, activity: &str, reason: Option<&str>) {
+        self.emit(OperatorEvent::StatusChanged {
+            session_id: self.id().clone(),
+            status: self.status,
+            activity: activity.to_owned(),
+            reason: reason.map(str::to_owned),
+        });
+    }
+
     async fn authorize(&self, caller: &Caller, action: &str) -> Result<(), SessionError> {
         if caller.operator
             || caller.id == self.record.owner

@@ -86,12 +86,7 @@ impl SessionState {
         });
         self.last_any = std::time::Instant::now();
         if self.pending.is_empty() {
-            self.emit(OperatorEvent::StatusChanged {
-                session_id: self.id().clone(),
-                status: self.status,
-                activity: "working".into(),
-                reason: None,
-            });
+            self.show_activity("working", None);
         }
         Ok(decision)
     }

@@ -65,12 +65,7 @@ impl SessionState {
                 self.send_bytes(bytes);
             }
         }
-        self.emit(OperatorEvent::StatusChanged {
-            session_id: self.id().clone(),
-            status: self.status,
-            activity: "working".into(),
-            reason: None,
-        });
+        self.show_activity("working", None);
     }
 
     pub(super) async fn on_prompt_response(
@@ -122,23 +117,13 @@ impl SessionState {
             return;
         }
         if self.paused {
-            self.emit(OperatorEvent::StatusChanged {
-                session_id: self.id().clone(),
-                status: self.status,
-                activity: "paused".into(),
-                reason: None,
-            });
+            self.show_activity("paused", None);
         } else if let Some(text) = self.reprompt_after_cancel.take() {
             self.send_prompt(text, Role::System).await;
         } else if !self.queue.is_empty() {
             self.deliver_next_queued().await;
         } else {
-            self.emit(OperatorEvent::StatusChanged {
-                session_id: self.id().clone(),
-                status: self.status,
-                activity: "idle".into(),
-                reason: None,
-            });
+            self.show_activity("idle", None);
         }
     }
 
@@ -303,12 +288,7 @@ impl SessionState {
         self.audit(&caller.id, "session.paused", json!({})).await;
         self.emit_notice(NoticeLevel::Info, &format!("Paused by {}.", caller.id))
             .await;
-        self.emit(OperatorEvent::StatusChanged {
-            session_id: self.id().clone(),
-            status: self.status,
-            activity: "paused".into(),
-            reason: None,
-        });
+        self.show_activity("paused", None);
         Ok(())
     }
 
@@ -339,12 +319,7 @@ impl SessionState {
             let text = self.settings.stall.nudge_text.clone();
             self.send_prompt(text, Role::System).await;
         } else {
-            self.emit(OperatorEvent::StatusChanged {
-                session_id: self.id().clone(),
-                status: self.status,
-                activity: "idle".into(),
-                reason: None,
-            });
+            self.show_activity("idle", None);
         }
         Ok(())
     }
