@@ -192,10 +192,49 @@ pub fn approvals(list: &[ApprovalView]) -> String {
             ]
         })
         .collect();
-    table(
+    let mut out = table(
         &["ID", "STATUS", "KIND", "ASKED", "TITLE", "OPTIONS"],
         &rows,
-    )
+    );
+    for a in list {
+        out.push_str(&approval_detail(a));
+    }
+    out
+}
+
+/// The files and the diff of one approval, below the table: what the
+/// operator is deciding on.
+fn approval_detail(a: &ApprovalView) -> String {
+    let diff = a.diff.as_deref().filter(|d| !d.trim().is_empty());
+    if a.paths.is_empty() && diff.is_none() {
+        return String::new();
+    }
+    let mut out = format!("\n{}", a.id);
+    if !a.paths.is_empty() {
+        out.push_str(&format!(" — {}", printable(&a.paths.join(", "))));
+    }
+    out.push('\n');
+    if let Some(diff) = diff {
+        out.push_str(&printable(diff));
+        if !diff.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Agent-supplied text without terminal control characters (an escape
+/// sequence in a diff must not reach the operator's terminal).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '\u{fffd}'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// `ctl approve` / `ctl reject`.
@@ -288,6 +327,29 @@ mod tests {
     fn clipping() {
         assert_eq!(clip("a\nb", 10), "a b");
         assert_eq!(clip("abcdef", 4), "abc…");
+    }
+
+    #[test]
+    fn pending_approvals_show_their_files_and_diff_without_escapes() {
+        let a = ApprovalView {
+            id: "s-1:req-1".into(),
+            session_id: "s-1".into(),
+            request_id: "req-1".into(),
+            title: "Write hello.txt".into(),
+            kind: intercom_actors::model::RequestKind::Permission,
+            diff: Some("--- /dev/null\n+++ b/hello.txt\n+hi \u{1b}[2J\n".into()),
+            paths: vec!["hello.txt".into()],
+            options: vec![],
+            status: intercom_actors::model::RequestStatus::Pending,
+            created_at: 0,
+            decision: None,
+        };
+        let out = approvals(&[a]);
+        assert!(
+            out.contains("s-1:req-1 — hello.txt\n--- /dev/null\n+++ b/hello.txt\n"),
+            "{out}"
+        );
+        assert!(!out.contains('\u{1b}'), "{out}");
     }
 
     #[test]

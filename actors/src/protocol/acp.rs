@@ -191,8 +191,20 @@ pub fn permission_cancelled() -> Value {
     .unwrap_or(Value::Null)
 }
 
-/// A tool call as the operator sees it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One `diff` content block of a tool call, as the agent sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnouncedEdit {
+    /// The file, as the agent named it (usually absolute).
+    pub path: PathBuf,
+    /// The text replaced; `None` for a new (or wholly rewritten) file.
+    pub old_text: Option<String>,
+    /// The replacement text.
+    pub new_text: String,
+}
+
+/// A tool call or a partial update of one: only the fields the agent sent.
+/// `session/request_permission` carries one too (often only the id).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ToolCallView {
     /// Agent's id.
     pub id: String,
@@ -202,15 +214,17 @@ pub struct ToolCallView {
     pub kind: Option<String>,
     /// pending / in_progress / completed / failed.
     pub status: Option<String>,
-    /// Unified diffs from `diff` content blocks.
-    pub diffs: Vec<String>,
-    /// Paths from locations and diffs.
-    pub paths: Vec<String>,
-    /// The command of an execute call (`rawInput.command`), when given.
-    pub command: Option<String>,
+    /// The `diff` blocks of `content`, when `content` was sent (it replaces
+    /// the previous content as a whole).
+    pub edits: Option<Vec<AnnouncedEdit>>,
+    /// `locations`, when sent.
+    pub locations: Option<Vec<PathBuf>>,
+    /// `rawInput`, when sent (the command of an `execute` call lives there).
+    pub raw_input: Option<Value>,
 }
 
-fn command_of(raw: Option<&Value>) -> Option<String> {
+/// The command of an execute call (`rawInput.command`), when given.
+pub fn command_of(raw: Option<&Value>) -> Option<String> {
     match raw?.get("command")? {
         Value::String(s) => Some(s.clone()),
         Value::Array(parts) => Some(
@@ -256,57 +270,46 @@ fn snake(v: impl serde::Serialize) -> Option<String> {
         .and_then(|v| v.as_str().map(str::to_owned))
 }
 
-fn view_content(content: &[acp::ToolCallContent], view: &mut ToolCallView) {
-    for c in content {
-        if let acp::ToolCallContent::Diff(d) = c {
-            let path = d.path.display().to_string();
-            view.diffs.push(unified_diff(
-                &path,
-                d.old_text.as_deref().unwrap_or(""),
-                &d.new_text,
-            ));
-            if !view.paths.contains(&path) {
-                view.paths.push(path);
-            }
-        }
-    }
+fn edits_of(content: &[acp::ToolCallContent]) -> Vec<AnnouncedEdit> {
+    content
+        .iter()
+        .filter_map(|c| match c {
+            acp::ToolCallContent::Diff(d) => Some(AnnouncedEdit {
+                path: d.path.clone(),
+                old_text: d.old_text.clone(),
+                new_text: d.new_text.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 fn view_of_call(call: &acp::ToolCall) -> ToolCallView {
-    let mut view = ToolCallView {
+    ToolCallView {
         id: call.tool_call_id.to_string(),
         title: Some(call.title.clone()),
         kind: snake(call.kind),
         status: snake(call.status),
-        ..Default::default()
-    };
-    view.command = command_of(call.raw_input.as_ref());
-    view.paths = call
-        .locations
-        .iter()
-        .map(|l| l.path.display().to_string())
-        .collect();
-    view_content(&call.content, &mut view);
-    view
+        edits: Some(edits_of(&call.content)),
+        locations: Some(call.locations.iter().map(|l| l.path.clone()).collect()),
+        raw_input: call.raw_input.clone(),
+    }
 }
 
 fn view_of_update(upd: &acp::ToolCallUpdate) -> ToolCallView {
     let f = &upd.fields;
-    let mut view = ToolCallView {
+    ToolCallView {
         id: upd.tool_call_id.to_string(),
         title: f.title.clone(),
         kind: f.kind.and_then(snake),
         status: f.status.and_then(snake),
-        ..Default::default()
-    };
-    view.command = command_of(f.raw_input.as_ref());
-    if let Some(locs) = &f.locations {
-        view.paths = locs.iter().map(|l| l.path.display().to_string()).collect();
+        edits: f.content.as_deref().map(edits_of),
+        locations: f
+            .locations
+            .as_ref()
+            .map(|locs| locs.iter().map(|l| l.path.clone()).collect()),
+        raw_input: f.raw_input.clone(),
     }
-    if let Some(content) = &f.content {
-        view_content(content, &mut view);
-    }
-    view
 }
 
 /// Digests `session/update` params; errors name what did not match.
@@ -409,16 +412,23 @@ pub fn slice_lines(content: &str, line: Option<u32>, limit: Option<u32>) -> Stri
 }
 
 /// A unified diff of `old` -> `new` for `path` (empty old = new file).
+/// A workspace-relative path gets git's `a/` and `b/` prefixes; an absolute
+/// one (outside the workspace) is shown as it is.
 pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
     let diff = similar::TextDiff::from_lines(old, new);
+    let (a, b) = if path.starts_with('/') {
+        (path.to_owned(), path.to_owned())
+    } else {
+        (format!("a/{path}"), format!("b/{path}"))
+    };
     let from = if old.is_empty() {
         "/dev/null".to_owned()
     } else {
-        format!("a/{path}")
+        a
     };
     diff.unified_diff()
         .context_radius(3)
-        .header(&from, &format!("b/{path}"))
+        .header(&from, &b)
         .to_string()
 }
 
@@ -471,7 +481,11 @@ mod tests {
         match parse_update(&tool).expect("tool").1 {
             Update::ToolCallUpdate(v) => {
                 assert_eq!(v.status.as_deref(), Some("completed"));
-                assert!(v.diffs[0].contains("-a\n+b"), "{}", v.diffs[0]);
+                let edits = v.edits.expect("content was sent");
+                assert_eq!(edits[0].path, PathBuf::from("/w/a.txt"));
+                assert_eq!(edits[0].old_text.as_deref(), Some("a\n"));
+                assert_eq!(edits[0].new_text, "b\n");
+                assert!(v.locations.is_none() && v.title.is_none());
             }
             other => panic!("unexpected {other:?}"),
         }

@@ -25,6 +25,8 @@ pub mod codes {
     pub const INTERNAL_ERROR: i64 = -32603;
     /// ACP: authentication required.
     pub const AUTH_REQUIRED: i64 = -32000;
+    /// ACP: the request was cancelled (a cancelled write, for instance).
+    pub const REQUEST_CANCELLED: i64 = -32800;
 }
 
 /// A request id: a number or a string, kept verbatim.

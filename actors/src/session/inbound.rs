@@ -3,11 +3,12 @@
 //! events; `fs/*` calls are served inside the workspace; dialect messages map
 //! onto the same pending-request machinery as ACP.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use super::toolcalls::{self, ToolCalls};
 use super::{Outgoing, Pending, Phase, SessionState};
 use crate::child::ChildEvent;
 use crate::fsjail;
@@ -115,31 +116,7 @@ impl SessionState {
     async fn on_agent_request(&mut self, id: RpcId, method: &str, params: Value) {
         match method {
             methods::REQUEST_PERMISSION => match acp::parse_permission(&params) {
-                Ok(ask) => {
-                    self.flush_text(true).await;
-                    let title = ask.tool.title.clone().unwrap_or_else(|| {
-                        format!(
-                            "{} {}",
-                            ask.tool.kind.as_deref().unwrap_or("tool"),
-                            ask.tool.id
-                        )
-                    });
-                    let diff = (!ask.tool.diffs.is_empty()).then(|| ask.tool.diffs.join("\n"));
-                    let opened = self
-                        .open_request(
-                            id,
-                            RequestKind::Permission,
-                            title,
-                            diff,
-                            ask.tool.paths,
-                            ask.options,
-                            None,
-                        )
-                        .await;
-                    if let Some(n) = opened {
-                        self.apply_rules(n, ask.tool.kind, ask.tool.command).await;
-                    }
-                }
+                Ok(ask) => self.permission_requested(id, ask).await,
                 Err(e) => self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
             },
             methods::FS_READ => {
@@ -157,6 +134,38 @@ impl SessionState {
                     )),
                 );
             }
+        }
+    }
+
+    /// A permission request, merged with the tool call it references: the
+    /// operator, the rules and the mode see everything the agent announced.
+    async fn permission_requested(&mut self, id: RpcId, ask: acp::PermissionAsk) {
+        self.flush_text(true).await;
+        let root = PathBuf::from(&self.record.cwd);
+        let tool_id = ask.tool.id.clone();
+        let merged = self.toolcalls.update(&ask.tool).clone();
+        let shown = toolcalls::show(&root, &merged);
+        let title = shown
+            .title
+            .clone()
+            .unwrap_or_else(|| format!("{} {}", shown.kind.as_deref().unwrap_or("tool"), tool_id));
+        let diff = (!shown.diffs.is_empty()).then(|| shown.diffs.join("\n"));
+        let opened = self
+            .open_request(
+                id,
+                RequestKind::Permission,
+                title,
+                diff,
+                shown.paths,
+                ask.options,
+                None,
+            )
+            .await;
+        if let Some(n) = opened {
+            if let Some(p) = self.pending.get_mut(&n) {
+                p.announced = Some(ToolCalls::announced(&tool_id, &merged));
+            }
+            self.apply_rules(n, shown.kind, shown.command).await;
         }
     }
 
@@ -194,10 +203,11 @@ impl SessionState {
         };
         self.flush_text(true).await;
         let old = std::fs::read_to_string(&real).unwrap_or_default();
-        let rel = real
-            .strip_prefix(&self.record.cwd)
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|_| real.display().to_string());
+        let root = PathBuf::from(&self.record.cwd);
+        let rel = toolcalls::relative(&root, &real);
+        if let Some(cover) = self.toolcalls.take_covering(&root, &path, &old, &content) {
+            return self.write_covered(id, real, content, &rel, cover).await;
+        }
         let diff = acp::unified_diff(&rel, &old, &content);
         let options = vec![
             PermissionOption {
@@ -276,6 +286,7 @@ impl SessionState {
                 wire,
                 write,
                 governed: None,
+                announced: None,
             },
         );
         self.emit(OperatorEvent::RequestOpened { request: record });
@@ -346,11 +357,13 @@ impl SessionState {
     }
 
     async fn on_tool(&mut self, view: acp::ToolCallView) {
+        let root = PathBuf::from(&self.record.cwd);
+        let merged = self.toolcalls.update(&view).clone();
         if self.flooded()
             && let Some((message_id, doc)) = self.tools.get_mut(&view.id)
             && *message_id != 0
         {
-            merge_tool(doc, &view);
+            tool_doc(doc, &root, &merged, &view);
             self.dirty_tools.insert(view.id);
             return;
         }
@@ -359,7 +372,7 @@ impl SessionState {
             json!({"id": view.id, "title": "", "kind": "other", "status": "pending"}),
         ));
         let old_status = doc["status"].clone();
-        merge_tool(&mut doc, &view);
+        tool_doc(&mut doc, &root, &merged, &view);
         self.dirty_tools.remove(&view.id);
         let content = doc.to_string();
         let message_id = if message_id == 0 {
@@ -580,21 +593,24 @@ impl SessionState {
     }
 }
 
-/// Applies a tool call update to its transcript document.
-fn merge_tool(doc: &mut Value, view: &acp::ToolCallView) {
-    if let Some(t) = &view.title {
-        doc["title"] = json!(t);
+/// Writes a tool call's merged state into its transcript document, paths
+/// relative to the workspace; diffs are rendered again only when the update
+/// carried content (rendering reads the files).
+fn tool_doc(doc: &mut Value, root: &Path, merged: &toolcalls::ToolCall, view: &acp::ToolCallView) {
+    if let Some(t) = &merged.title {
+        doc["title"] = json!(toolcalls::relative_title(root, t));
     }
-    if let Some(k) = &view.kind {
+    if let Some(k) = &merged.kind {
         doc["kind"] = json!(k);
     }
-    if let Some(s) = &view.status {
+    if let Some(s) = &merged.status {
         doc["status"] = json!(s);
     }
-    if !view.paths.is_empty() {
-        doc["paths"] = json!(view.paths);
+    let paths = toolcalls::paths(root, merged);
+    if !paths.is_empty() {
+        doc["paths"] = json!(paths);
     }
-    if !view.diffs.is_empty() {
-        doc["diffs"] = json!(view.diffs);
+    if view.edits.is_some() {
+        doc["diffs"] = json!(toolcalls::show(root, merged).diffs);
     }
 }

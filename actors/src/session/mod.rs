@@ -13,6 +13,7 @@ mod lifecycle;
 mod mcp;
 mod requests;
 mod rules;
+mod toolcalls;
 mod turns;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -423,6 +424,8 @@ struct Pending {
     write: Option<(PathBuf, String)>,
     /// Rule facts (ACP tool kind, command) when approval rules govern it.
     governed: Option<(Option<String>, Option<String>)>,
+    /// For permissions: the edits the tool call announced when we asked.
+    announced: Option<toolcalls::Announced>,
 }
 
 /// A running prompt turn.
@@ -503,6 +506,8 @@ pub struct SessionState {
     /// Agent text whose transcript write failed, retried every tick.
     unstored_text: Vec<(Option<i64>, String)>,
     tools: HashMap<String, (i64, Value)>,
+    /// Merged tool-call state and allowed edits (one decision per change).
+    toolcalls: toolcalls::ToolCalls,
     plan_message: Option<i64>,
     /// Inbound frames in the current one-second window (flood detection).
     rate: (Instant, u32),
@@ -721,6 +726,7 @@ impl SessionState {
             text: TextBuffer::default(),
             unstored_text: Vec::new(),
             tools: HashMap::new(),
+            toolcalls: toolcalls::ToolCalls::default(),
             plan_message: None,
             rate: (now, 0),
             dirty_tools: HashSet::new(),

@@ -5,10 +5,13 @@
 //! cannot be stored is refused and the agent is not answered, so what the
 //! agent did is always what the record says.
 
+use std::path::{Path, PathBuf};
+
 use serde_json::{Value, json};
 
+use super::toolcalls::Cover;
 use super::{Caller, Choice, Pending, SessionError, SessionState};
-use crate::model::{Decision, OptionKind, RequestKind, RequestStatus, now_ms};
+use crate::model::{Decision, MessageKind, OptionKind, RequestKind, RequestStatus, Role, now_ms};
 use crate::ports::OperatorEvent;
 use crate::protocol::acp;
 use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
@@ -71,6 +74,11 @@ impl SessionState {
             .decide_request(&pending.record.id, &decision)
             .await?;
         self.pending.remove(&n);
+        if decision.approved
+            && let Some(announced) = pending.announced.clone()
+        {
+            self.toolcalls.grant(&pending.record.id, announced);
+        }
         self.answer(&pending, &decision).await;
         self.audit(
             decided_by,
@@ -137,19 +145,55 @@ impl SessionState {
         let Some((path, content)) = &pending.write else {
             return Err(RpcError::new(codes::INTERNAL_ERROR, "nothing to write"));
         };
-        let io = |e: std::io::Error| {
-            RpcError::new(
-                codes::INTERNAL_ERROR,
-                format!("cannot write {}: {e}", path.display()),
-            )
-        };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io)?;
-        }
-        std::fs::write(path, content).map_err(io)?;
-        Ok(Value::Null)
+        write_file(path, content)
     }
 
+    /// Performs a write an earlier decision already covers (one human
+    /// decision per change) and records which decision covered it.
+    pub(super) async fn write_covered(
+        &mut self,
+        wire: RpcId,
+        path: PathBuf,
+        content: String,
+        rel: &str,
+        cover: Cover,
+    ) {
+        let result = write_file(&path, &content);
+        let ok = result.is_ok();
+        self.respond(wire, result);
+        self.audit(
+            "system",
+            "fs.write_covered",
+            json!({"path": rel, "bytes": content.len(), "covered_by": cover.request,
+                   "tool_call_id": cover.tool_call_id, "written": ok}),
+        )
+        .await;
+        let text = if ok {
+            format!("Wrote {rel}, as approved in {}.", cover.request)
+        } else {
+            format!("Writing {rel} (approved in {}) failed.", cover.request)
+        };
+        self.note(Role::System, MessageKind::Text, &text).await;
+        self.last_any = std::time::Instant::now();
+    }
+}
+
+/// Writes `content` to `path`, creating parent directories.
+fn write_file(path: &Path, content: &str) -> Result<Value, RpcError> {
+    let io = |e: std::io::Error| {
+        RpcError::new(
+            codes::INTERNAL_ERROR,
+            format!("cannot write {}: {e}", path.display()),
+        )
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    std::fs::write(path, content).map_err(io)?;
+    Ok(Value::Null)
+}
+
+impl SessionState {
     /// Answers every pending request as cancelled (ACP requires it when a
     /// turn is cancelled) and records that.
     pub(super) async fn cancel_pending(&mut self, why: &str) {
@@ -174,7 +218,7 @@ impl SessionState {
             (true, RequestKind::FileWrite) => self.respond(
                 wire,
                 Err(RpcError::new(
-                    codes::AUTH_REQUIRED + 1,
+                    codes::REQUEST_CANCELLED,
                     "write cancelled: the turn was cancelled",
                 )),
             ),

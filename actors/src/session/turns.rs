@@ -77,6 +77,8 @@ impl SessionState {
             tracing::warn!(session = %self.record.id, rpc_id, "prompt response for a turn that is not running");
         }
         self.turn = None;
+        // An approval covers writes of its own turn only.
+        self.toolcalls.clear_grants();
         self.flush_text(true).await;
         self.flush_coalesced().await;
         match outcome {

@@ -278,8 +278,14 @@ pub fn text_update(session_id: &str, kind: TextKind, text: &str) -> Value {
 /// Runs an ACP-only step; `None` if the step is not an ACP step.
 pub fn run_step(agent: &mut Agent, step: &Step) -> Option<Flow> {
     match step {
-        Step::ToolCall(call) => send_update(agent, tool_call(call)),
-        Step::ToolUpdate(upd) => send_update(agent, tool_update(upd)),
+        Step::ToolCall(call) => {
+            let body = tool_call(cwd_of(agent).as_deref(), call);
+            send_update(agent, body)
+        }
+        Step::ToolUpdate(upd) => {
+            let body = tool_update(cwd_of(agent).as_deref(), upd);
+            send_update(agent, body)
+        }
         Step::Plan(entries) => {
             send_update(agent, json!({"sessionUpdate": "plan", "entries": entries}))
         }
@@ -298,26 +304,49 @@ fn send_update(agent: &mut Agent, body: Value) {
     agent.send(&msg);
 }
 
-fn tool_call(call: &ToolCall) -> Value {
+fn cwd_of(agent: &Agent) -> Option<PathBuf> {
+    agent.session().map(|s| s.cwd.clone())
+}
+
+/// Joins a relative path onto `cwd` (agents send absolute paths).
+fn joined(cwd: Option<&Path>, path: &str) -> String {
+    match cwd {
+        Some(cwd) if Path::new(path).is_relative() => cwd.join(path).display().to_string(),
+        _ => path.to_owned(),
+    }
+}
+
+fn tool_call(cwd: Option<&Path>, call: &ToolCall) -> Value {
     let mut v = json!({"sessionUpdate": "tool_call", "toolCallId": call.id});
     insert_opt(&mut v, "title", call.title.as_deref());
     insert_opt(&mut v, "kind", call.kind.as_deref());
     insert_opt(&mut v, "status", call.status.as_deref());
-    v
-}
-
-fn tool_update(upd: &ToolUpdate) -> Value {
-    let mut v = json!({"sessionUpdate": "tool_call_update", "toolCallId": upd.id});
-    insert_opt(&mut v, "title", upd.title.as_deref());
-    insert_opt(&mut v, "status", upd.status.as_deref());
-    if let Some(diff) = &upd.diff {
-        v["content"] = json!([diff_content(diff)]);
+    if !call.diffs.is_empty() {
+        v["content"] = call.diffs.iter().map(|d| diff_content(cwd, d)).collect();
+        v["locations"] = call
+            .diffs
+            .iter()
+            .map(|d| json!({"path": joined(cwd, &d.path)}))
+            .collect();
+    }
+    if let Some(raw) = &call.raw_input {
+        v["rawInput"] = raw.clone();
     }
     v
 }
 
-fn diff_content(diff: &Diff) -> Value {
-    json!({"type": "diff", "path": diff.path, "oldText": diff.old_text, "newText": diff.new_text})
+fn tool_update(cwd: Option<&Path>, upd: &ToolUpdate) -> Value {
+    let mut v = json!({"sessionUpdate": "tool_call_update", "toolCallId": upd.id});
+    insert_opt(&mut v, "title", upd.title.as_deref());
+    insert_opt(&mut v, "status", upd.status.as_deref());
+    if let Some(diff) = &upd.diff {
+        v["content"] = json!([diff_content(cwd, diff)]);
+    }
+    v
+}
+
+fn diff_content(cwd: Option<&Path>, diff: &Diff) -> Value {
+    json!({"type": "diff", "path": joined(cwd, &diff.path), "oldText": diff.old_text, "newText": diff.new_text})
 }
 
 fn insert_opt(target: &mut Value, key: &str, value: Option<&str>) {
@@ -507,8 +536,25 @@ mod tests {
                 new_text: "b".to_owned(),
             }),
         };
-        let v = tool_update(&upd);
+        let v = tool_update(Some(Path::new("/w")), &upd);
         assert_eq!(v["content"][0]["newText"], "b");
+        assert_eq!(v["content"][0]["path"], "/p");
+        let rel = ToolCall {
+            id: "t2".to_owned(),
+            title: None,
+            kind: Some("edit".to_owned()),
+            status: None,
+            diffs: vec![Diff {
+                path: "src/x.rs".to_owned(),
+                old_text: Some("a".to_owned()),
+                new_text: "b".to_owned(),
+            }],
+            raw_input: Some(json!({"file_path": "src/x.rs"})),
+        };
+        let call = tool_call(Some(Path::new("/w")), &rel);
+        assert_eq!(call["content"][0]["path"], "/w/src/x.rs");
+        assert_eq!(call["locations"][0]["path"], "/w/src/x.rs");
+        assert_eq!(call["rawInput"]["file_path"], "src/x.rs");
         assert!(v["content"][0]["oldText"].is_null());
         assert!(v.get("title").is_none());
     }

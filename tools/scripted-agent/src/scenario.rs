@@ -114,6 +114,14 @@ pub struct ToolCall {
     pub title: Option<String>,
     pub kind: Option<String>,
     pub status: Option<String>,
+    /// `diff` content blocks; relative paths are sent joined onto the
+    /// session's cwd (absolute, as Claude Code sends them), and each file is
+    /// also sent as a location.
+    #[serde(default)]
+    pub diffs: Vec<Diff>,
+    /// Sent verbatim as `rawInput`.
+    #[serde(default)]
+    pub raw_input: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -213,18 +221,25 @@ impl Scenario {
                 title: Some("Write hello.txt".to_owned()),
                 kind: Some("edit".to_owned()),
                 status: Some("pending".to_owned()),
+                diffs: vec![Diff {
+                    path: "hello.txt".to_owned(),
+                    old_text: None,
+                    new_text: DEMO_CONTENT.to_owned(),
+                }],
+                raw_input: None,
             }),
+            // Like Claude Code: the permission names only the tool call.
             Step::Permission(Permission {
                 tool_call_id: "t1".to_owned(),
-                title: Some("Write hello.txt".to_owned()),
-                kind: Some("edit".to_owned()),
+                title: None,
+                kind: None,
                 options: None,
             }),
             Step::IfAllowed(IfAllowed {
                 then: vec![
                     Step::WriteFile(WriteFile {
                         path: "hello.txt".to_owned(),
-                        content: "hello from scripted-agent\n".to_owned(),
+                        content: DEMO_CONTENT.to_owned(),
                     }),
                     tool_status("t1", "completed"),
                 ],
@@ -249,6 +264,8 @@ impl Scenario {
         }
     }
 }
+
+const DEMO_CONTENT: &str = "hello from scripted-agent\n";
 
 fn demo_plan() -> Vec<Value> {
     vec![

@@ -1,0 +1,510 @@
+//! Tool calls as the agent announced them, merged update by update, and the
+//! edits an operator allowed.
+//!
+//! ACP's `tool_call_update`, and the `toolCall` inside
+//! `session/request_permission`, are partial updates of a tool call announced
+//! earlier: Claude Code's permission carries only `toolCallId`, a title and
+//! `rawInput`. This module keeps the merged state of every call (kind, title,
+//! diffs, locations, rawInput) so that a permission is shown and judged with
+//! everything the agent said about it; renders paths relative to the
+//! workspace; and remembers the edits an allowed permission announced, so the
+//! `fs/write_text_file` carrying exactly those edits out is not asked a second
+//! time (ARCHITECTURE.md, "One decision per change"). Everything here is
+//! plain data owned by the session actor.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::fsjail;
+use crate::protocol::acp::{self, AnnouncedEdit, ToolCallView};
+
+/// Tool calls remembered per session; the oldest are forgotten first.
+const MAX_CALLS: usize = 1024;
+/// Allowed-but-unused edit sets remembered per session.
+const MAX_GRANTS: usize = 256;
+/// Files larger than this are not read to show a diff in context.
+const MAX_PREVIEW_BYTES: u64 = 4 << 20;
+
+/// What the agent said about one tool call so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolCall {
+    /// Title as sent (may name absolute paths).
+    pub title: Option<String>,
+    /// read / edit / execute / ...
+    pub kind: Option<String>,
+    /// pending / in_progress / completed / failed.
+    pub status: Option<String>,
+    /// The announced diffs.
+    pub edits: Vec<AnnouncedEdit>,
+    /// The announced locations.
+    pub locations: Vec<PathBuf>,
+    /// The tool's raw input.
+    pub raw_input: Option<Value>,
+}
+
+impl ToolCall {
+    fn apply(&mut self, view: &ToolCallView) {
+        if view.title.is_some() {
+            self.title.clone_from(&view.title);
+        }
+        if view.kind.is_some() {
+            self.kind.clone_from(&view.kind);
+        }
+        if view.status.is_some() {
+            self.status.clone_from(&view.status);
+        }
+        if let Some(edits) = &view.edits {
+            self.edits.clone_from(edits);
+        }
+        if let Some(locations) = &view.locations {
+            self.locations.clone_from(locations);
+        }
+        if view.raw_input.is_some() {
+            self.raw_input.clone_from(&view.raw_input);
+        }
+    }
+
+    /// The command of an execute call.
+    pub fn command(&self) -> Option<String> {
+        acp::command_of(self.raw_input.as_ref())
+    }
+
+    /// Whether a replacement applies to every occurrence (Claude Code's
+    /// `replace_all`); otherwise the first occurrence is replaced.
+    fn replace_all(&self) -> bool {
+        self.raw_input
+            .as_ref()
+            .and_then(|r| r.get("replace_all"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+}
+
+/// A tool call as the operator sees it: workspace-relative paths, diffs in
+/// context.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shown {
+    /// Title with the workspace prefix removed.
+    pub title: Option<String>,
+    /// Kind.
+    pub kind: Option<String>,
+    /// One unified diff per file.
+    pub diffs: Vec<String>,
+    /// Files from diffs and locations, relative when inside the workspace.
+    pub paths: Vec<String>,
+    /// The command of an execute call.
+    pub command: Option<String>,
+}
+
+/// The edits one allowed permission announced, not yet written.
+#[derive(Debug, Clone, PartialEq)]
+struct Grant {
+    /// Global id of the request whose decision allowed them.
+    request: String,
+    tool_call_id: String,
+    edits: Vec<AnnouncedEdit>,
+    replace_all: bool,
+}
+
+/// A write found to carry out what an allowed permission announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cover {
+    /// Global id of the deciding request.
+    pub request: String,
+    /// The tool call it was about.
+    pub tool_call_id: String,
+}
+
+/// What was announced to a permission: captured when the operator is asked,
+/// so later updates cannot change what an approval covers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Announced {
+    /// The tool call.
+    pub tool_call_id: String,
+    /// Its edits at the time of asking.
+    pub edits: Vec<AnnouncedEdit>,
+    /// Whether replacements apply to every occurrence.
+    pub replace_all: bool,
+}
+
+/// Every tool call of a session, and the allowed edits not yet written.
+#[derive(Debug, Default)]
+pub struct ToolCalls {
+    calls: HashMap<String, ToolCall>,
+    order: VecDeque<String>,
+    grants: VecDeque<Grant>,
+}
+
+impl ToolCalls {
+    /// Merges an update (or a new call, or a permission's `toolCall`) into
+    /// the call's state and returns the merged state.
+    pub fn update(&mut self, view: &ToolCallView) -> &ToolCall {
+        if !self.calls.contains_key(&view.id) {
+            if self.order.len() >= MAX_CALLS
+                && let Some(old) = self.order.pop_front()
+            {
+                self.calls.remove(&old);
+            }
+            self.order.push_back(view.id.clone());
+        }
+        let call = self.calls.entry(view.id.clone()).or_default();
+        call.apply(view);
+        call
+    }
+
+    /// What a permission about `call` covers once allowed.
+    pub fn announced(id: &str, call: &ToolCall) -> Announced {
+        Announced {
+            tool_call_id: id.to_owned(),
+            edits: call.edits.clone(),
+            replace_all: call.replace_all(),
+        }
+    }
+
+    /// Remembers the edits of an allowed permission.
+    pub fn grant(&mut self, request: &str, announced: Announced) {
+        if announced.edits.is_empty() {
+            return;
+        }
+        if self.grants.len() >= MAX_GRANTS {
+            self.grants.pop_front();
+        }
+        self.grants.push_back(Grant {
+            request: request.to_owned(),
+            tool_call_id: announced.tool_call_id,
+            edits: announced.edits,
+            replace_all: announced.replace_all,
+        });
+    }
+
+    /// Forgets every allowed edit (the turn ended or was cancelled).
+    pub fn clear_grants(&mut self) {
+        self.grants.clear();
+    }
+
+    /// If writing `content` to `path` (as the agent named it) is exactly what
+    /// an allowed permission announced, consumes that part of the grant and
+    /// says which decision covers the write. `current` is the file's content
+    /// now ("" when it does not exist).
+    pub fn take_covering(
+        &mut self,
+        root: &Path,
+        path: &Path,
+        current: &str,
+        content: &str,
+    ) -> Option<Cover> {
+        let target = normalize(root, path);
+        let found = self.grants.iter().position(|g| {
+            let edits: Vec<&AnnouncedEdit> = g
+                .edits
+                .iter()
+                .filter(|e| normalize(root, &e.path) == target)
+                .collect();
+            !edits.is_empty()
+                && apply_edits(current, &edits, g.replace_all).as_deref() == Some(content)
+        })?;
+        let grant = &mut self.grants[found];
+        grant.edits.retain(|e| normalize(root, &e.path) != target);
+        let cover = Cover {
+            request: grant.request.clone(),
+            tool_call_id: grant.tool_call_id.clone(),
+        };
+        if grant.edits.is_empty() {
+            self.grants.remove(found);
+        }
+        Some(cover)
+    }
+}
+
+/// The files a call names (diffs first, then locations), as the operator
+/// thinks of them.
+pub fn paths(root: &Path, call: &ToolCall) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    let named = call.edits.iter().map(|e| &e.path).chain(&call.locations);
+    for p in named {
+        let rel = relative(root, p);
+        if !paths.contains(&rel) {
+            paths.push(rel);
+        }
+    }
+    paths
+}
+
+/// Renders a merged call for the operator, relative to workspace `root`.
+pub fn show(root: &Path, call: &ToolCall) -> Shown {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for e in &call.edits {
+        let n = normalize(root, &e.path);
+        if !files.contains(&n) {
+            files.push(n);
+        }
+    }
+    let diffs = files
+        .iter()
+        .map(|file| {
+            let edits: Vec<&AnnouncedEdit> = call
+                .edits
+                .iter()
+                .filter(|e| &normalize(root, &e.path) == file)
+                .collect();
+            render_diff(
+                root,
+                file,
+                &relative(root, file),
+                &edits,
+                call.replace_all(),
+            )
+        })
+        .collect();
+    Shown {
+        title: call.title.as_deref().map(|t| relative_title(root, t)),
+        kind: call.kind.clone(),
+        diffs,
+        paths: paths(root, call),
+        command: call.command(),
+    }
+}
+
+/// One file's diff: against the file as it is now when it can be read inside
+/// the workspace (fragments shown in context, a "new" file that exists shown
+/// as the overwrite it is), otherwise from the agent's own texts.
+fn render_diff(
+    root: &Path,
+    file: &Path,
+    rel: &str,
+    edits: &[&AnnouncedEdit],
+    replace_all: bool,
+) -> String {
+    let current = read_inside(root, file);
+    if let Some(current) = &current
+        && let Some(after) = apply_edits(current, edits, replace_all)
+    {
+        return acp::unified_diff(rel, current, &after);
+    }
+    edits
+        .iter()
+        .map(|e| acp::unified_diff(rel, e.old_text.as_deref().unwrap_or(""), &e.new_text))
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+/// The file's content when it exists inside the workspace and is small.
+fn read_inside(root: &Path, file: &Path) -> Option<String> {
+    let real = fsjail::resolve_inside(root, file).ok()?;
+    let meta = std::fs::metadata(&real).ok()?;
+    if !meta.is_file() || meta.len() > MAX_PREVIEW_BYTES {
+        return None;
+    }
+    std::fs::read_to_string(&real).ok()
+}
+
+/// The file's content after the edits, or `None` when a replaced text is not
+/// in the file. A missing or empty `oldText` means the whole new content.
+pub fn apply_edits(current: &str, edits: &[&AnnouncedEdit], replace_all: bool) -> Option<String> {
+    let mut text = current.to_owned();
+    for e in edits {
+        text = match e.old_text.as_deref() {
+            None | Some("") => e.new_text.clone(),
+            Some(old) if text.contains(old) => {
+                if replace_all {
+                    text.replace(old, &e.new_text)
+                } else {
+                    text.replacen(old, &e.new_text, 1)
+                }
+            }
+            Some(_) => return None,
+        };
+    }
+    Some(text)
+}
+
+/// `path` joined onto `root` when relative, with `.` and `..` resolved
+/// lexically (no disk access: the agent's paths are compared as named).
+pub fn normalize(root: &Path, path: &Path) -> PathBuf {
+    let joined = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        root.join(path)
+    };
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The path as the operator thinks of it: relative to the workspace when
+/// inside it, absolute otherwise.
+pub fn relative(root: &Path, path: &Path) -> String {
+    let n = normalize(root, path);
+    match n.strip_prefix(root) {
+        Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
+        Ok(rel) => rel.display().to_string(),
+        Err(_) => n.display().to_string(),
+    }
+}
+
+/// A title with the workspace prefix removed from the paths it names.
+pub fn relative_title(root: &Path, title: &str) -> String {
+    let prefix = format!("{}/", root.display().to_string().trim_end_matches('/'));
+    if prefix.len() <= 1 {
+        return title.to_owned();
+    }
+    title.replace(&prefix, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn edit(path: &str, old: Option<&str>, new: &str) -> AnnouncedEdit {
+        AnnouncedEdit {
+            path: PathBuf::from(path),
+            old_text: old.map(str::to_owned),
+            new_text: new.to_owned(),
+        }
+    }
+
+    fn view(id: &str) -> ToolCallView {
+        ToolCallView {
+            id: id.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_permission_with_only_the_id_gets_the_announced_call() {
+        let mut calls = ToolCalls::default();
+        calls.update(&ToolCallView {
+            title: Some("Write /w/hello.txt".into()),
+            kind: Some("edit".into()),
+            edits: Some(vec![edit("/w/hello.txt", None, "hi\n")]),
+            locations: Some(vec![PathBuf::from("/w/hello.txt")]),
+            ..view("t1")
+        });
+        let merged = calls
+            .update(&ToolCallView {
+                raw_input: Some(json!({"file_path": "/w/hello.txt"})),
+                ..view("t1")
+            })
+            .clone();
+        let shown = show(Path::new("/w"), &merged);
+        assert_eq!(shown.kind.as_deref(), Some("edit"));
+        assert_eq!(shown.title.as_deref(), Some("Write hello.txt"));
+        assert_eq!(shown.paths, vec!["hello.txt".to_owned()]);
+        assert!(
+            shown.diffs[0].contains("+++ b/hello.txt") && shown.diffs[0].contains("+hi"),
+            "{}",
+            shown.diffs[0]
+        );
+    }
+
+    #[test]
+    fn paths_outside_the_workspace_stay_absolute() {
+        assert_eq!(
+            relative(Path::new("/w"), Path::new("/w/src/x.rs")),
+            "src/x.rs"
+        );
+        assert_eq!(relative(Path::new("/w"), Path::new("src/x.rs")), "src/x.rs");
+        assert_eq!(
+            relative(Path::new("/w"), Path::new("/w/../etc/passwd")),
+            "/etc/passwd"
+        );
+        assert_eq!(relative(Path::new("/w"), Path::new("/wx/a")), "/wx/a");
+        assert_eq!(
+            relative_title(Path::new("/w"), "Edit `/w/a.rs` and /wx/b"),
+            "Edit `a.rs` and /wx/b"
+        );
+    }
+
+    #[test]
+    fn fragments_are_applied_to_the_current_file() {
+        let e = edit("/w/a", Some("two"), "TWO");
+        assert_eq!(
+            apply_edits("one two two", &[&e], false).as_deref(),
+            Some("one TWO two")
+        );
+        assert_eq!(
+            apply_edits("one two two", &[&e], true).as_deref(),
+            Some("one TWO TWO")
+        );
+        assert_eq!(apply_edits("nothing", &[&e], false), None);
+        let whole = edit("/w/a", None, "new");
+        assert_eq!(apply_edits("old", &[&whole], false).as_deref(), Some("new"));
+    }
+
+    fn granted(edits: Vec<AnnouncedEdit>) -> ToolCalls {
+        let mut calls = ToolCalls::default();
+        calls.grant(
+            "s:req-1",
+            Announced {
+                tool_call_id: "t1".into(),
+                edits,
+                replace_all: false,
+            },
+        );
+        calls
+    }
+
+    #[test]
+    fn the_announced_write_is_covered_once() {
+        let root = Path::new("/w");
+        let mut calls = granted(vec![edit("/w/hello.txt", None, "hi\n")]);
+        let cover = calls.take_covering(root, Path::new("hello.txt"), "", "hi\n");
+        assert_eq!(
+            cover,
+            Some(Cover {
+                request: "s:req-1".into(),
+                tool_call_id: "t1".into()
+            })
+        );
+        // The same write again is a new change: asked again.
+        assert_eq!(
+            calls.take_covering(root, Path::new("/w/hello.txt"), "hi\n", "hi\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_write_that_differs_from_the_announcement_is_not_covered() {
+        let root = Path::new("/w");
+        let mut calls = granted(vec![edit("/w/a.txt", Some("two"), "TWO")]);
+        // Other content, other path, other base file: all asked.
+        assert_eq!(
+            calls.take_covering(root, Path::new("/w/a.txt"), "one two", "one EVIL"),
+            None
+        );
+        assert_eq!(
+            calls.take_covering(root, Path::new("/w/b.txt"), "one two", "one TWO"),
+            None
+        );
+        assert_eq!(
+            calls.take_covering(root, Path::new("/w/a.txt"), "one", "one TWO"),
+            None
+        );
+        assert!(
+            calls
+                .take_covering(root, Path::new("/w/./x/../a.txt"), "one two", "one TWO")
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn old_calls_are_forgotten_past_the_cap() {
+        let mut calls = ToolCalls::default();
+        for i in 0..(MAX_CALLS + 10) {
+            calls.update(&view(&format!("t{i}")));
+        }
+        assert_eq!(calls.calls.len(), MAX_CALLS);
+        assert!(!calls.calls.contains_key("t0"));
+    }
+}

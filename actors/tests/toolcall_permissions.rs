@@ -1,0 +1,232 @@
+//! A permission request is merged with the tool call it references (agents
+//! like Claude Code send only `toolCallId`, a title and `rawInput`): the
+//! operator sees the announced diff with workspace-relative paths, modes
+//! judge the merged kind and paths, and the `fs/write_text_file` carrying out
+//! exactly what an allowed permission announced is not asked again. A write
+//! that differs from the announcement is held with its own diff.
+
+mod support;
+
+use intercom_actors::model::{PendingRequest, RequestKind, SessionId};
+use intercom_actors::ports::{OperatorEvent, SessionStore};
+use intercom_actors::rules::ApprovalMode;
+use intercom_actors::session::{Caller, Choice, SessionMsg};
+use serde_json::{Value, json};
+use support::{Harness, Knobs};
+
+/// A tool call announcing `diffs`, a permission naming only its id, then
+/// (when allowed) a write of `path` with `content`.
+fn announce_then_write(diffs: Value, path: &str, content: &str) -> Value {
+    json!({"turns": [[
+        {"plan": [{"content": "Write the file", "status": "in_progress", "priority": "high"}]},
+        {"tool_call": {"id": "t1", "title": "Write", "kind": "edit", "status": "pending",
+                       "diffs": diffs, "raw_input": {"file_path": path}}},
+        {"permission": {"tool_call_id": "t1"}},
+        {"if_allowed": {"then": [{"write_file": {"path": path, "content": content}}]}},
+        {"chunk": "turn over"}
+    ]]})
+}
+
+/// Waits for the session's `n`-th request (`req-n`) to be shown.
+async fn opened(h: &Harness, n: usize) -> PendingRequest {
+    let want = format!("req-{n}");
+    match h
+        .until(
+            &want,
+            |e| matches!(e, OperatorEvent::RequestOpened { request } if request.request_id == want),
+        )
+        .await
+    {
+        OperatorEvent::RequestOpened { request } => request,
+        _ => unreachable!("matched above"),
+    }
+}
+
+async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Decide {
+        request_id: request.into(),
+        choice,
+        reason: None,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("decide call")
+    .expect("decided");
+}
+
+#[tokio::test]
+async fn one_approval_with_the_diff_covers_the_announced_write() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = announce_then_write(
+        json!([{"path": "hello.txt", "old_text": null, "new_text": "hello\n"}]),
+        "hello.txt",
+        "hello\n",
+    );
+    let rec = h.start(scenario, "create hello.txt").await;
+    let req = opened(&h, 1).await;
+    assert_eq!(req.kind, RequestKind::Permission);
+    assert_eq!(req.title, "Write");
+    assert_eq!(req.paths, vec!["hello.txt".to_owned()]);
+    let diff = req.diff.clone().expect("the announced diff is shown");
+    assert!(diff.contains("+++ b/hello.txt"), "{diff}");
+    assert!(diff.contains("+hello"), "{diff}");
+    assert!(
+        !diff.contains(h.workspace.to_str().expect("utf-8")),
+        "{diff}"
+    );
+
+    decide(&h, &rec.id, &req.request_id, Choice::Approve).await;
+    h.until_transcript(&rec.id, "turn over").await;
+    let text = h.transcript_text(&rec.id).await;
+    assert!(text.contains(": ok"), "the write succeeded:\n{text}");
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("hello.txt")).expect("written"),
+        "hello\n"
+    );
+    let all = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list");
+    assert_eq!(all.len(), 1, "one human decision for one change: {all:?}");
+    let covered = h
+        .store
+        .audit_entries()
+        .into_iter()
+        .find(|a| a.action == "fs.write_covered")
+        .expect("the covered write is recorded");
+    assert_eq!(covered.detail["covered_by"], json!(req.id));
+    assert_eq!(covered.detail["path"], "hello.txt");
+}
+
+#[tokio::test]
+async fn an_edit_fragment_is_shown_in_context_and_its_write_covered() {
+    let h = Harness::new(Knobs::default()).await;
+    std::fs::create_dir_all(h.workspace.join("src")).expect("mkdir");
+    std::fs::write(h.workspace.join("src/x.rs"), "one\ntwo\nthree\n").expect("seed");
+    let scenario = announce_then_write(
+        json!([{"path": "src/x.rs", "old_text": "two", "new_text": "TWO"}]),
+        "src/x.rs",
+        "one\nTWO\nthree\n",
+    );
+    let rec = h.start(scenario, "edit").await;
+    let req = opened(&h, 1).await;
+    let diff = req.diff.clone().expect("diff");
+    assert!(diff.contains("--- a/src/x.rs\n+++ b/src/x.rs"), "{diff}");
+    assert!(diff.contains(" one\n-two\n+TWO\n three"), "{diff}");
+    decide(&h, &rec.id, &req.request_id, Choice::Approve).await;
+    h.until_transcript(&rec.id, "turn over").await;
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("src/x.rs")).expect("read"),
+        "one\nTWO\nthree\n"
+    );
+    let all = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list");
+    assert_eq!(all.len(), 1, "{all:?}");
+}
+
+#[tokio::test]
+async fn a_write_other_than_the_announced_one_is_still_asked_with_its_diff() {
+    let h = Harness::new(Knobs::default()).await;
+    // Hostile: announces "hello", writes something else after the approval.
+    let scenario = announce_then_write(
+        json!([{"path": "hello.txt", "old_text": null, "new_text": "hello\n"}]),
+        "hello.txt",
+        "rm -rf /\n",
+    );
+    let rec = h.start(scenario, "create hello.txt").await;
+    let first = opened(&h, 1).await;
+    decide(&h, &rec.id, &first.request_id, Choice::Approve).await;
+    let second = opened(&h, 2).await;
+    assert_eq!(second.kind, RequestKind::FileWrite);
+    assert_eq!(second.paths, vec!["hello.txt".to_owned()]);
+    let diff = second.diff.clone().expect("diff");
+    assert!(diff.contains("+rm -rf /"), "{diff}");
+    assert!(
+        !h.workspace.join("hello.txt").exists(),
+        "nothing is written before the second decision"
+    );
+    decide(&h, &rec.id, &second.request_id, Choice::Reject).await;
+    h.until_transcript(&rec.id, "turn over").await;
+    assert!(!h.workspace.join("hello.txt").exists());
+}
+
+#[tokio::test]
+async fn a_changed_announcement_after_the_approval_is_not_covered() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Write", "kind": "edit",
+                       "diffs": [{"path": "a.txt", "old_text": null, "new_text": "good\n"}]}},
+        {"permission": {"tool_call_id": "t1"}},
+        {"tool_update": {"id": "t1", "diff": {"path": "a.txt", "old_text": null, "new_text": "evil\n"}}},
+        {"write_file": {"path": "a.txt", "content": "evil\n"}},
+        {"chunk": "turn over"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    let first = opened(&h, 1).await;
+    decide(&h, &rec.id, &first.request_id, Choice::Approve).await;
+    let second = opened(&h, 2).await;
+    assert_eq!(second.kind, RequestKind::FileWrite);
+    assert!(second.diff.expect("diff").contains("+evil"));
+}
+
+#[tokio::test]
+async fn auto_edits_judges_the_merged_kind_and_paths() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = announce_then_write(
+        json!([{"path": "hello.txt", "old_text": null, "new_text": "hi\n"}]),
+        "hello.txt",
+        "hi\n",
+    );
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::AutoEdits);
+    let rec = h.start_req(req).await.expect("starts");
+    h.until_transcript(&rec.id, "turn over").await;
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("hello.txt")).expect("written"),
+        "hi\n"
+    );
+    let all = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list");
+    assert_eq!(all.len(), 1, "{all:?}");
+    let (_, decision) = h
+        .store
+        .get_request(&all[0].id)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(decision.expect("decided").decided_by, "mode:auto-edits");
+}
+
+#[tokio::test]
+async fn auto_edits_does_not_allow_an_edit_announced_outside_the_workspace() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Edit /etc/passwd", "kind": "edit",
+                       "diffs": [{"path": "/etc/passwd", "old_text": "root", "new_text": "toor"}]}},
+        {"permission": {"tool_call_id": "t1"}},
+        {"chunk": "turn over"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::AutoEdits);
+    let rec = h.start_req(req).await.expect("starts");
+    let asked = opened(&h, 1).await;
+    assert_eq!(asked.paths, vec!["/etc/passwd".to_owned()]);
+    let pending = h
+        .store
+        .list_requests(Some(&rec.id), true)
+        .await
+        .expect("list");
+    assert_eq!(pending.len(), 1, "still waiting for a human");
+    // The file outside is never read into the diff shown to the operator.
+    let diff = asked.diff.expect("diff");
+    assert!(diff.contains("-root") && diff.contains("+toor"), "{diff}");
+    assert!(diff.contains("+++ /etc/passwd"), "{diff}");
+}
