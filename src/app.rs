@@ -43,7 +43,7 @@ pub const LOCAL_OWNER: &str = "local";
 const EVENT_BUFFER: usize = 1024;
 
 /// How long a cancel waits for the session to end before answering anyway.
-const CANCEL_WAIT: Duration = Duration::from_secs(5);
+const CANCEL_MARGIN: Duration = Duration::from_secs(1);
 
 /// How long a snapshot of a live session may take.
 const SNAPSHOT_TIMEOUT_MS: u64 = 2000;
@@ -318,6 +318,19 @@ struct Inner {
     modes: RwLock<BTreeMap<String, ApprovalMode>>,
     /// Whether the last config reload failed (for `/healthz`).
     config_status: ConfigStatus,
+    /// How long `cancel` waits for a session to end: the shutdown grace,
+    /// SIGTERM -> SIGKILL, and a second for the exit to be recorded.
+    cancel_wait: Duration,
+}
+
+/// What `cancel` found when it stopped waiting.
+#[derive(Debug, Clone)]
+pub struct CancelOutcome {
+    /// The session as stored.
+    pub record: SessionRecord,
+    /// True when the agent was still being terminated (answered `202`
+    /// `"stopping"`, never a stale `active`).
+    pub stopping: bool,
 }
 
 /// The running application; cheap to clone (shared).
@@ -388,6 +401,9 @@ impl App {
             config_rules: RwLock::new(config.rules.clone()),
             modes: RwLock::new(config.workspace_modes.clone()),
             config_status: ConfigStatus::new(),
+            cancel_wait: config.limits.shutdown_grace()
+                + intercom_actors::session::TERM_TO_KILL
+                + CANCEL_MARGIN,
         };
         Ok(App {
             inner: Arc::new(inner),
@@ -670,10 +686,13 @@ impl App {
 
     /// Stops a session (idempotent). Waits briefly for it to end and returns
     /// the record as it then is.
-    pub async fn cancel(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
+    pub async fn cancel(&self, id: &SessionId, caller: Caller) -> Result<CancelOutcome, AppError> {
         let record = self.session(id).await?;
         if !record.status.is_live() {
-            return Ok(record);
+            return Ok(CancelOutcome {
+                record,
+                stopping: false,
+            });
         }
         let mut events = self.subscribe();
         let Some(actor) = self.actor(id).await? else {
@@ -685,7 +704,7 @@ impl App {
                 reply
             })
             .map_err(|e| AppError::actor("supervisor", e))??;
-            return self.session(id).await;
+            return self.cancel_outcome(id).await;
         };
         let stop = ractor::call!(actor, |reply| SessionMsg::Stop {
             cause: StopCause::Operator,
@@ -697,8 +716,16 @@ impl App {
             // The actor ended between the lookup and the call: already stopping.
             Err(e) => tracing::debug!(session = %id, "stop raced the session's end: {e}"),
         }
-        wait_for_end(&mut events, id, CANCEL_WAIT).await;
-        self.session(id).await
+        wait_for_end(&mut events, id, self.inner.cancel_wait).await;
+        self.cancel_outcome(id).await
+    }
+
+    async fn cancel_outcome(&self, id: &SessionId) -> Result<CancelOutcome, AppError> {
+        let record = self.session(id).await?;
+        Ok(CancelOutcome {
+            stopping: record.status.is_live(),
+            record,
+        })
     }
 
     /// The configured approval mode of a workspace (`None` = ask).

@@ -315,7 +315,7 @@ fn server_kills(rounds: usize) {
         if !live.is_empty() && rng.chance(30) {
             let id = rng.pick(&live)["id"].as_str().unwrap_or("").to_owned();
             let r = api.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
-            assert_eq!(r.status, 200, "{}", r.text);
+            assert!(r.status == 200 || r.status == 202, "{}", r.text);
         }
         let live = api.get("/api/sessions").body.as_array().map_or(0, Vec::len);
         for n in live..3 {

@@ -866,3 +866,38 @@ async fn flooded_tool_updates_are_coalesced_not_dropped() {
         .await;
     assert!(matches!(last, OperatorEvent::ToolCall { .. }));
 }
+
+#[tokio::test]
+async fn agent_and_operator_activity_move_last_activity_at() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Edit", "kind": "edit"}},
+        {"permission": {"tool_call_id": "t1"}},
+        {"chunk": "Done."}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    let created = rec.created_at;
+    let agent_touched = h
+        .until_record(&rec.id, "touched by the agent", |r| {
+            r.last_activity_at > created
+        })
+        .await
+        .last_activity_at;
+    h.until("permission", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    // Let the millisecond clock pass the agent's touch before the operator acts.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while intercom_actors::model::now_ms() <= agent_touched {
+        assert!(std::time::Instant::now() < deadline, "clock stuck");
+        tokio::task::yield_now().await;
+    }
+    decide(&h, &rec.id, "req-1", Choice::Approve, None, Caller::local())
+        .await
+        .expect("decided");
+    h.until_record(&rec.id, "touched by the operator", |r| {
+        r.last_activity_at > agent_touched
+    })
+    .await;
+}

@@ -240,8 +240,8 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
         }
         CtlCommand::Cancel { id } => {
             let url = format!("/api/sessions/{}/cancel", segment(id));
-            let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
-            emit(json, &raw, || render::session_line(&session));
+            let (raw, answer) = client.post_as::<Value>(&url, &json!({}))?;
+            emit(json, &raw, || render::cancelled(&answer));
         }
         CtlCommand::Pending => {
             let (raw, list) =

@@ -172,6 +172,19 @@ pub fn session_detail(d: &SessionDetailView) -> String {
     out
 }
 
+/// `ctl cancel`: the ended session, or that its agent is still being
+/// terminated (`"status": "stopping"`).
+pub fn cancelled(answer: &serde_json::Value) -> String {
+    if answer["status"] == "stopping" {
+        let id = answer["id"].as_str().unwrap_or("?");
+        return format!("{id}  stopping (the agent is being terminated)\n");
+    }
+    match serde_json::from_value::<SessionView>(answer.clone()) {
+        Ok(session) => session_line(&session),
+        Err(_) => format!("{answer}\n"),
+    }
+}
+
 /// `ctl pending`.
 pub fn approvals(list: &[ApprovalView]) -> String {
     if list.is_empty() {

@@ -12,6 +12,7 @@ use intercom_actors::model::{RequestStatus, SessionId};
 use intercom_actors::registry::Target;
 use intercom_actors::session::{Caller, Choice};
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::error::{ApiError, ApiJson, ApiQuery};
 use super::views::{
@@ -150,13 +151,20 @@ pub async fn prompt(
     Ok((StatusCode::ACCEPTED, Json(answer)))
 }
 
-/// `POST /api/sessions/{id}/cancel`.
+/// `POST /api/sessions/{id}/cancel`: `200` with the ended session, or `202`
+/// with `"status": "stopping"` while the agent is still being terminated.
 pub async fn cancel(
     State(app): State<App>,
     Path(id): Path<String>,
-) -> ApiResult<Json<SessionView>> {
-    let record = app.cancel(&SessionId(id), Caller::local()).await?;
-    Ok(Json(record.into()))
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let outcome = app.cancel(&SessionId(id), Caller::local()).await?;
+    let mut view = serde_json::to_value(SessionView::from(outcome.record))
+        .map_err(|e| AppError::Internal(format!("cannot render the session: {e}")))?;
+    if outcome.stopping {
+        view["status"] = Value::from("stopping");
+        return Ok((StatusCode::ACCEPTED, Json(view)));
+    }
+    Ok((StatusCode::OK, Json(view)))
 }
 
 /// `GET /api/approvals` query.

@@ -580,6 +580,7 @@ impl SessionState {
         let now = Instant::now();
         self.last_inbound = now;
         self.last_any = now;
+        self.touch_if(true, false).await;
         let was_alerted = self.stall.alerted_at.is_some();
         self.stall = Default::default();
         if self.status == SessionStatus::Stalled && self.phase == Phase::Ready {

@@ -42,6 +42,9 @@ use crate::supervisor::SupervisorMsg;
 pub const TICK: Duration = Duration::from_millis(250);
 /// Between SIGTERM and SIGKILL when stopping an agent.
 pub const TERM_TO_KILL: Duration = Duration::from_secs(2);
+/// Agent activity bumps `last_activity_at` at most this often (operator
+/// actions always do).
+const TOUCH_EVERY: Duration = Duration::from_secs(5);
 
 /// Who is acting on a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -518,6 +521,8 @@ pub struct SessionState {
 
     last_inbound: Instant,
     last_any: Instant,
+    /// When `last_activity_at` was last written.
+    touched_at: Option<Instant>,
     stall: Stall,
     stopping: Option<StopCause>,
     stream_closed_at: Option<Instant>,
@@ -618,6 +623,7 @@ impl Actor for SessionActor {
                 reply,
             } => {
                 let r = state.decide(&request_id, choice, reason, &caller).await;
+                state.touch_if(r.is_ok(), true).await;
                 let _ = reply.send(r);
             }
             SessionMsg::Steer {
@@ -627,14 +633,17 @@ impl Actor for SessionActor {
                 reply,
             } => {
                 let r = state.steer(text, interrupt, &caller).await;
+                state.touch_if(r.is_ok(), true).await;
                 let _ = reply.send(r);
             }
             SessionMsg::Pause { caller, reply } => {
                 let r = state.pause(&caller).await;
+                state.touch_if(r.is_ok(), true).await;
                 let _ = reply.send(r);
             }
             SessionMsg::Resume { caller, reply } => {
                 let r = state.resume(&caller).await;
+                state.touch_if(r.is_ok(), true).await;
                 let _ = reply.send(r);
             }
             SessionMsg::Nudge { caller, reply } => {
@@ -666,6 +675,7 @@ impl Actor for SessionActor {
                 reply,
             } => {
                 let r = state.set_mode(mode, &caller).await;
+                state.touch_if(r.is_ok(), true).await;
                 let _ = reply.send(r);
             }
             SessionMsg::RulesChanged => state.reapply_rules().await,
@@ -733,6 +743,7 @@ impl SessionState {
             pending_plan: None,
             last_inbound: now,
             last_any: now,
+            touched_at: None,
             stall: Stall::default(),
             stopping: None,
             stream_closed_at: None,
@@ -780,6 +791,23 @@ impl SessionState {
             activity: activity.to_owned(),
             reason: reason.map(str::to_owned),
         });
+    }
+
+    /// Bumps `last_activity_at` (Slack's "most recent session" and cleanup
+    /// rely on it): always for operator actions, at most every
+    /// [`TOUCH_EVERY`] for agent traffic.
+    async fn touch_if(&mut self, happened: bool, operator: bool) {
+        let now = Instant::now();
+        let recent = self
+            .touched_at
+            .is_some_and(|t| now.duration_since(t) < TOUCH_EVERY);
+        if !happened || (recent && !operator) {
+            return;
+        }
+        self.touched_at = Some(now);
+        if let Err(e) = self.store.touch(self.id()).await {
+            tracing::warn!(session = %self.record.id, "cannot record activity: {e}");
+        }
     }
 
     /// Tells the operator what the session is doing now (status unchanged).
