@@ -8,27 +8,16 @@
 //! `tests/interop/run.sh`, which `.ci/run` calls, installs the agents and runs
 //! them with `--ignored`, where a missing install is a failure.
 
+mod interop_support;
 mod support;
-
-use std::path::PathBuf;
 
 use intercom_actors::model::SessionStatus;
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::session::{Caller, SessionMsg, StartError, StopCause};
-use intercom_actors::settings::{AgentProfile, Limits};
+use intercom_actors::settings::Limits;
 use intercom_actors::supervisor::SupervisorError;
+use interop_support::{bin, fresh_home, processes_with, profile};
 use support::{Harness, Knobs, until_group_gone};
-
-fn bin(name: &str) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop/node_modules/.bin");
-    let path = root.join(name);
-    assert!(
-        path.exists(),
-        "{} missing: run tests/interop/install.sh",
-        path.display()
-    );
-    path
-}
 
 fn knobs() -> Knobs {
     Knobs {
@@ -41,28 +30,9 @@ fn knobs() -> Knobs {
     }
 }
 
-fn profile(id: &str, command: PathBuf, args: &[&str], env: &[&str]) -> AgentProfile {
-    AgentProfile {
-        id: id.into(),
-        command: command.display().to_string(),
-        args: args.iter().map(|s| s.to_string()).collect(),
-        env: env.iter().map(|s| s.to_string()).collect(),
-        protocol: Default::default(),
-        framing: Default::default(),
-        auth_method: None,
-    }
-}
-
 /// Agents need a writable HOME of their own; as root claude-code-acp needs IS_SANDBOX=1.
 fn isolate_home(h: &Harness) {
-    let home = h.dir.path().join("home");
-    std::fs::create_dir_all(&home).expect("home");
-    // SAFETY: set before any agent is spawned in this test binary; tests in
-    // this file run one after another (see `serial`).
-    unsafe {
-        std::env::set_var("HOME", &home);
-        std::env::set_var("IS_SANDBOX", "1");
-    }
+    fresh_home(h.dir.path());
 }
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -178,22 +148,4 @@ async fn gemini_cli_fails_session_new_with_a_named_auth_error() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-}
-
-/// Live (non-zombie) processes whose command line contains every word.
-fn processes_with(words: &[&str]) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = stat
-                .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-            !zombie && words.iter().all(|w| cmdline.contains(w))
-        })
-        .collect()
 }

@@ -3,7 +3,8 @@
 #  1. install claude-code-acp, gemini-cli, the MCP Inspector CLI and the
 #     official Python MCP SDK (install.sh; idempotent)
 #  2. run the server core against the real ACP agents (handshake, auth errors,
-#     process-group cleanup)
+#     process-group cleanup), and Claude Code through whole turns against a
+#     fake Anthropic Messages API on loopback (actors/tests/interop_claude.rs)
 #  3. the MCP interop (mcp/run.sh) against the real server binary
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,6 +15,9 @@ cd "$ROOT"
 
 echo "-- real ACP agents"
 cargo test -p intercom-actors --test interop_agents -- --ignored --test-threads=1
+
+echo "-- Claude Code whole turns against the fake Anthropic API"
+cargo test -p intercom-actors --test interop_claude -- --ignored --test-threads=1
 
 if [ -x "$HERE/mcp/run.sh" ]; then
   echo "-- MCP clients"

@@ -1,0 +1,309 @@
+//! The real Claude Code (claude-code-acp 0.16.2, pinned in
+//! `tests/interop/package.json`) running whole turns offline against the fake
+//! Anthropic API in `interop_support/fake_anthropic.rs`: a fresh HOME,
+//! `ANTHROPIC_BASE_URL` on loopback, `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`.
+//!
+//! The model answers "create hello.txt" with a `mcp__acp__Write` tool use, so
+//! Claude Code announces a `tool_call` with the diff, asks
+//! `session/request_permission` naming only the tool call, and after Allow
+//! writes through `fs/write_text_file`. These tests hold the server to one
+//! approval per change, carrying the diff and the workspace-relative file;
+//! reject, cancel, a second turn, a crash with `session/load`, and
+//! `auto-edits` are covered too.
+//!
+//! Ignored by a plain `cargo test`; `tests/interop/run.sh` runs them.
+
+mod interop_support;
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use intercom_actors::model::{PendingRequest, RequestKind, RequestStatus, SessionId};
+use intercom_actors::ports::{OperatorEvent, SessionStore};
+use intercom_actors::rules::ApprovalMode;
+use intercom_actors::session::{Caller, Choice, SessionMsg, StopCause};
+use intercom_actors::settings::Limits;
+use interop_support::fake_anthropic::{self, FakeAnthropic, Reply};
+use interop_support::{bin, fresh_home, profile, set_env};
+use serde_json::json;
+use support::{Harness, Knobs, until_group_gone};
+
+const CONTENT: &str = "hello from claude\n";
+const SECOND: &str = "second file\n";
+const ENV: &[&str] = &[
+    "IS_SANDBOX",
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+];
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One harness with the fake model: writes `hello.txt` when asked (and
+/// `second.txt` when the prompt mentions "second"), and says "done" once
+/// told how the write went.
+async fn setup(knobs: Knobs) -> (Harness, FakeAnthropic) {
+    let h = Harness::new(knobs).await;
+    fresh_home(h.dir.path());
+    let file = h.workspace.join("hello.txt").display().to_string();
+    let second = h.workspace.join("second.txt").display().to_string();
+    let script: fake_anthropic::Script = Arc::new(move |req| {
+        if fake_anthropic::answers_a_tool(req) {
+            Reply::text("done")
+        } else if fake_anthropic::prompt_mentions(req, "second") {
+            Reply::tool(
+                "And the second one.",
+                "mcp__acp__Write",
+                json!({"file_path": second, "content": SECOND}),
+            )
+        } else {
+            Reply::tool(
+                "I'll create it.",
+                "mcp__acp__Write",
+                json!({"file_path": file, "content": CONTENT}),
+            )
+        }
+    });
+    let fake = FakeAnthropic::start(script).await;
+    set_env(&[
+        ("ANTHROPIC_BASE_URL", fake.url.as_str()),
+        ("ANTHROPIC_API_KEY", "sk-ant-fake-offline"),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+    ]);
+    (h, fake)
+}
+
+fn knobs() -> Knobs {
+    Knobs {
+        limits: Limits {
+            startup_timeout_secs: 90,
+            shutdown_grace_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    }
+}
+
+async fn start(h: &Harness, mode: Option<ApprovalMode>) -> SessionId {
+    let p = profile("claude", bin("claude-code-acp"), &[], ENV);
+    let mut req = h.request(p, "create hello.txt");
+    req.mode = mode;
+    h.start_req(req).await.expect("claude-code-acp starts").id
+}
+
+async fn request_opened(h: &Harness, n: usize) -> PendingRequest {
+    let want = format!("req-{n}");
+    match h
+        .until(
+            &want,
+            |e| matches!(e, OperatorEvent::RequestOpened { request } if request.request_id == want),
+        )
+        .await
+    {
+        OperatorEvent::RequestOpened { request } => request,
+        _ => unreachable!("matched above"),
+    }
+}
+
+async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Decide {
+        request_id: request.into(),
+        choice,
+        reason: None,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("decide call")
+    .expect("decided");
+}
+
+async fn pid(h: &Harness, id: &SessionId) -> i32 {
+    let actor = h.actor(id).await;
+    let snap = ractor::call!(actor, SessionMsg::Snapshot).expect("snapshot");
+    snap.pid.expect("agent pid")
+}
+
+async fn stop(h: &Harness, id: &SessionId) {
+    let pid = pid(h, id).await;
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: StopCause::Operator,
+        caller: Caller::local(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("ok");
+    until_group_gone(pid).await;
+}
+
+async fn steer(h: &Harness, id: &SessionId, text: &str) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: text.into(),
+        interrupt: false,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("steer")
+    .expect("steered");
+}
+
+async fn until_file(path: &Path) -> String {
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The write permission as the operator sees it: one approval, the diff,
+/// the workspace-relative file.
+fn assert_shows_the_write(req: &PendingRequest, workspace: &Path) {
+    assert_eq!(req.kind, RequestKind::Permission, "{req:?}");
+    assert_eq!(req.paths, vec!["hello.txt".to_owned()], "{req:?}");
+    assert_eq!(req.title, "Write hello.txt", "{req:?}");
+    let diff = req.diff.as_deref().expect("the diff is shown");
+    assert!(
+        diff.contains("+++ b/hello.txt") && diff.contains("+hello from claude"),
+        "{diff}"
+    );
+    let abs = workspace.display().to_string();
+    assert!(!diff.contains(&abs) && !req.title.contains(&abs), "{req:?}");
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn one_approval_with_the_diff_writes_the_models_exact_content() {
+    let _serial = SERIAL.lock().await;
+    let (h, fake) = setup(knobs()).await;
+    let id = start(&h, None).await;
+    let req = request_opened(&h, 1).await;
+    assert_shows_the_write(&req, &h.workspace);
+    decide(&h, &id, &req.request_id, Choice::Approve).await;
+    assert_eq!(until_file(&h.workspace.join("hello.txt")).await, CONTENT);
+    h.until_transcript(&id, "done").await;
+    let all = h.store.list_requests(Some(&id), false).await.expect("list");
+    assert_eq!(all.len(), 1, "one approval for one write: {all:?}");
+    assert!(
+        h.store
+            .audit_entries()
+            .iter()
+            .any(|a| a.action == "fs.write_covered" && a.detail["path"] == "hello.txt"),
+        "the write is recorded as covered by the approval"
+    );
+    // A second prompt runs a second turn, with its own single approval.
+    steer(&h, &id, "now the second file").await;
+    let second = request_opened(&h, 2).await;
+    assert_eq!(second.paths, vec!["second.txt".to_owned()]);
+    decide(&h, &id, &second.request_id, Choice::Approve).await;
+    assert_eq!(until_file(&h.workspace.join("second.txt")).await, SECOND);
+    let all = h.store.list_requests(Some(&id), false).await.expect("list");
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(fake.messages().len() >= 4, "{:?}", fake.requests());
+    stop(&h, &id).await;
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn a_rejected_write_leaves_no_file_and_the_turn_ends() {
+    let _serial = SERIAL.lock().await;
+    let (h, fake) = setup(knobs()).await;
+    let id = start(&h, None).await;
+    let req = request_opened(&h, 1).await;
+    assert_shows_the_write(&req, &h.workspace);
+    decide(&h, &id, &req.request_id, Choice::Reject).await;
+    // Claude Code ends the turn on a rejection (the model is not called again).
+    let actor = h.actor(&id).await;
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while ractor::call!(actor, SessionMsg::Snapshot)
+        .expect("snapshot")
+        .turn_running
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn never ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(!h.workspace.join("hello.txt").exists());
+    let all = h.store.list_requests(Some(&id), false).await.expect("list");
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(fake.messages().len(), 1, "{:?}", fake.requests());
+    stop(&h, &id).await;
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn cancel_mid_turn_answers_the_permission_and_ends_the_group() {
+    let _serial = SERIAL.lock().await;
+    let (h, _fake) = setup(knobs()).await;
+    let id = start(&h, None).await;
+    let req = request_opened(&h, 1).await;
+    let group = pid(&h, &id).await;
+    stop(&h, &id).await;
+    until_group_gone(group).await;
+    let (stored, _) = h
+        .store
+        .get_request(&req.id)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(stored.status, RequestStatus::Cancelled);
+    assert!(!h.workspace.join("hello.txt").exists());
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn auto_edits_answers_the_edit_permission_itself() {
+    let _serial = SERIAL.lock().await;
+    let (h, _fake) = setup(knobs()).await;
+    let id = start(&h, Some(ApprovalMode::AutoEdits)).await;
+    assert_eq!(until_file(&h.workspace.join("hello.txt")).await, CONTENT);
+    h.until_transcript(&id, "done").await;
+    let all = h.store.list_requests(Some(&id), false).await.expect("list");
+    assert_eq!(all.len(), 1, "{all:?}");
+    let (_, decision) = h
+        .store
+        .get_request(&all[0].id)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(decision.expect("decided").decided_by, "mode:auto-edits");
+    stop(&h, &id).await;
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn a_crash_mid_turn_resumes_with_session_load() {
+    let _serial = SERIAL.lock().await;
+    let (h, _fake) = setup(knobs()).await;
+    let id = start(&h, None).await;
+    // Claude Code stores a session once a turn completed; load needs that.
+    let first = request_opened(&h, 1).await;
+    decide(&h, &id, &first.request_id, Choice::Approve).await;
+    h.until_transcript(&id, "done").await;
+    steer(&h, &id, "now the second file").await;
+    request_opened(&h, 2).await;
+    let group = pid(&h, &id).await;
+    // SAFETY: signals the agent's own process group, which this test started.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    until_group_gone(group).await;
+    h.until_transcript(&id, "resumed the agent's session").await;
+    let text = h.transcript_text(&id).await;
+    assert!(!text.contains("starting a fresh one"), "{text}");
+    // The interrupted turn is continued, and asks again.
+    let again = request_opened(&h, 3).await;
+    decide(&h, &id, &again.request_id, Choice::Approve).await;
+    h.until_record(&id, "active after the restart", |r| r.restart_count == 1)
+        .await;
+    stop(&h, &id).await;
+}
