@@ -25,7 +25,8 @@ use intercom_actors::session::{
 };
 use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
-    SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
+    OPERATOR_CALL, SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
+    steer_session,
 };
 use ractor::{Actor, ActorRef};
 use tokio::sync::broadcast;
@@ -563,7 +564,8 @@ impl App {
     }
 
     /// Sends steering to a session: delivered now when the agent is idle,
-    /// queued behind the running turn otherwise (`interrupt` cancels it).
+    /// queued behind the running turn otherwise (`interrupt` cancels it);
+    /// between crash restarts it is stored for the restarted agent (queued).
     pub async fn steer(
         &self,
         id: &SessionId,
@@ -578,44 +580,31 @@ impl App {
         if !record.status.is_live() {
             return Err(AppError::ended(record.status));
         }
-        let Some(actor) = self.actor(id).await? else {
-            return self.steer_while_restarting(&record, text, &caller).await;
-        };
-        let text = text.to_owned();
-        let outcome = ractor::call!(actor, |reply| SessionMsg::Steer {
-            text,
-            interrupt,
-            caller,
-            reply
-        });
+        let outcome = steer_session(&self.inner.supervisor, id, text, interrupt, &caller).await;
         match outcome {
             Ok(result) => Ok(result?),
-            // The actor ended between the lookup and the call.
-            Err(_) => Err(AppError::ended(self.session(id).await?.status)),
+            Err(e) => Err(AppError::actor("supervisor", e)),
         }
     }
 
-    /// A live session without an actor is between crash restarts: the new
-    /// actor loads undelivered steering from the store, so queue it there.
-    async fn steer_while_restarting(
-        &self,
-        record: &SessionRecord,
-        text: &str,
-        caller: &Caller,
-    ) -> Result<SteerOutcome, AppError> {
-        let current = self.session(&record.id).await?;
-        if current.status != SessionStatus::Starting {
-            return Err(AppError::ended(current.status));
+    /// Restarts a session's agent (kill its process group, respawn it in
+    /// the same session, resumed like after a crash).
+    pub async fn restart(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
+        let record = self.session(id).await?;
+        if !record.status.is_live() {
+            return Err(AppError::ended(record.status));
         }
-        let steering = self
-            .inner
-            .store
-            .enqueue_steering(&record.id, text, &caller.id)
-            .await?;
-        Ok(SteerOutcome {
-            queued: true,
-            steering_id: steering.id,
-        })
+        ractor::call_t!(
+            self.inner.supervisor,
+            |reply| SupervisorMsg::Restart {
+                id: id.clone(),
+                caller,
+                reply
+            },
+            OPERATOR_CALL.as_millis() as u64
+        )
+        .map_err(|e| AppError::actor("supervisor", e))??;
+        self.session(id).await
     }
 
     /// One approval request with its decision, by global id.

@@ -621,3 +621,56 @@ fn approval_modes_apply_at_start_and_later() {
     );
     assert_eq!(bad.status, 400);
 }
+
+/// The agent's transcript as one string (what it reported receiving).
+fn transcript(http: &Http, id: &str) -> String {
+    let r = http.get(&format!("/api/sessions/{id}/messages"));
+    r.body
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(|e| e["content"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn restart_respawns_a_hung_agent_in_the_same_session() {
+    let markers = tempfile::tempdir().expect("tempdir");
+    let hung = markers.path().join("hung").display().to_string();
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[{"hang_once": hung}, {"chunk": "working again"}]]}),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("the task"));
+    until("the agent got the task", || {
+        transcript(http, &id)
+            .contains("prompt: the task")
+            .then_some(())
+    });
+    let pid = http.get(&format!("/api/sessions/{id}")).body["live"]["agent_pid"].clone();
+    let r = http.post(&format!("/api/sessions/{id}/restart"), &json!({}));
+    assert_eq!(r.status, 202, "{}", r.text);
+    assert_eq!(r.body["id"], id.as_str());
+    until("resumed and working", || {
+        transcript(http, &id)
+            .contains("working again")
+            .then_some(())
+    });
+    let detail = http.get(&format!("/api/sessions/{id}"));
+    assert_eq!(detail.body["restart_count"], 1, "{}", detail.text);
+    assert_ne!(detail.body["live"]["agent_pid"], pid, "a new agent process");
+
+    let r = http.post("/api/sessions/s-0000000000000000/restart", &json!({}));
+    assert_eq!(r.status, 404, "{}", r.text);
+    http.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
+    let r = http.post(&format!("/api/sessions/{id}/restart"), &json!({}));
+    assert_eq!(
+        r.status, 409,
+        "an ended session is not restarted: {}",
+        r.text
+    );
+}

@@ -67,6 +67,9 @@ pub enum ChildEvent {
     ReadFailed(String),
     /// Writing to stdin failed (broken pipe).
     WriteFailed(String),
+    /// A message sent with [`AgentChild::send_tracked`] was written to
+    /// stdin and flushed (the agent can read it now).
+    Written(u64),
     /// The process exited.
     Exited {
         /// Exit code, when it exited normally.
@@ -126,7 +129,8 @@ impl StderrTail {
 }
 
 enum WriterCmd {
-    Send(Bytes),
+    /// Bytes to write, with the token to confirm once they are written.
+    Send(Bytes, Option<u64>),
     Close,
 }
 
@@ -230,10 +234,13 @@ impl AgentChild {
             let mut sink = FramedWrite::new(stdin, codec);
             while let Some(cmd) = rx.recv().await {
                 match cmd {
-                    WriterCmd::Send(bytes) => {
+                    WriterCmd::Send(bytes, token) => {
                         if let Err(e) = sink.send(bytes).await {
                             events(ChildEvent::WriteFailed(e.to_string()));
                             return;
+                        }
+                        if let Some(token) = token {
+                            events(ChildEvent::Written(token));
                         }
                     }
                     WriterCmd::Close => break,
@@ -290,8 +297,19 @@ impl AgentChild {
 
     /// Queues one message for stdin. Fails when the writer has stopped.
     pub fn send(&self, bytes: Bytes) -> Result<(), String> {
+        self.send_cmd(WriterCmd::Send(bytes, None))
+    }
+
+    /// Queues one message for stdin; [`ChildEvent::Written`] with `token`
+    /// follows once it was written and flushed, [`ChildEvent::WriteFailed`]
+    /// if it could not be. What was never confirmed never reached the agent.
+    pub fn send_tracked(&self, bytes: Bytes, token: u64) -> Result<(), String> {
+        self.send_cmd(WriterCmd::Send(bytes, Some(token)))
+    }
+
+    fn send_cmd(&self, cmd: WriterCmd) -> Result<(), String> {
         self.writer
-            .send(WriterCmd::Send(bytes))
+            .send(cmd)
             .map_err(|_| "write failed: stream closed".to_owned())
     }
 
@@ -303,6 +321,15 @@ impl AgentChild {
     /// Signals the whole process group.
     pub fn signal_group(&self, signal: i32) {
         signal_group(self.pid, signal);
+    }
+}
+
+/// The agent never outlives its handle: whatever path drops it (a normal
+/// stop, a failed start, a session actor that panicked and skipped
+/// `post_stop`), its process group is SIGKILLed.
+impl Drop for AgentChild {
+    fn drop(&mut self) {
+        signal_group(self.pid, SIGKILL);
     }
 }
 

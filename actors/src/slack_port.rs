@@ -246,7 +246,7 @@ pub trait Render: Send + Sync + 'static {
     fn plan(&self, entries: &[(String, String)]) -> MessageBody;
     /// A notice (restart, crash, timeout, ...).
     fn notice(&self, level: NoticeLevel, text: &str) -> MessageBody;
-    /// A stall alert with Nudge / Stop buttons.
+    /// A stall alert with Nudge / Restart / Stop buttons.
     fn stalled(&self, session: &SessionId, reason: Option<&str>) -> MessageBody;
     /// The closing line of a session.
     fn ended(&self, status: SessionStatus, reason: Option<&str>) -> MessageBody;

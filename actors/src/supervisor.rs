@@ -23,10 +23,13 @@ use crate::model::{
 use crate::ports::{NoticeLevel, OperatorEvent, OperatorSink, SessionStore};
 use crate::protocol::acp::McpHttpServer;
 use crate::session::{
-    Caller, SessionActor, SessionArgs, SessionExit, SessionMsg, SessionSettings, StartError,
-    StartMode, StopCause, TERM_TO_KILL,
+    Caller, SessionActor, SessionArgs, SessionError, SessionExit, SessionMsg, SessionSettings,
+    StartError, StartMode, SteerOutcome, StopCause, TERM_TO_KILL,
 };
 use crate::settings::{AgentProfile, SupervisionPolicy};
+
+mod operator;
+pub use operator::{NoAnswer, OPERATOR_CALL, steer_session};
 
 /// What a new session needs, already resolved by the workspace registry.
 #[derive(Debug, Clone)]
@@ -130,6 +133,31 @@ pub enum SupervisorMsg {
     },
     /// A restart's backoff elapsed.
     RestartDue(SessionId),
+    /// Steer a session: handed to its actor, or, while the session waits
+    /// for a restart, stored for the restarted agent (answered `queued`).
+    Steer {
+        /// Which.
+        id: SessionId,
+        /// The instruction.
+        text: String,
+        /// Cancel the running turn first.
+        interrupt: bool,
+        /// Who.
+        caller: Caller,
+        /// Whether it was queued.
+        reply: RpcReplyPort<Result<SteerOutcome, SessionError>>,
+    },
+    /// Restart a session's agent now (an operator asked): kill its process
+    /// group and respawn it in the same session, or, while it waits for a
+    /// crash restart, restart it without waiting for the backoff.
+    Restart {
+        /// Which.
+        id: SessionId,
+        /// Who.
+        caller: Caller,
+        /// Answered once the restart is under way.
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    },
     /// The actor of a live session.
     Lookup {
         /// Which.
@@ -282,6 +310,16 @@ impl Actor for SessionSupervisor {
             }
             SupervisorMsg::SessionExited { id, exit } => state.on_exit(id, exit).await,
             SupervisorMsg::RestartDue(id) => state.restart(id).await,
+            SupervisorMsg::Steer {
+                id,
+                text,
+                interrupt,
+                caller,
+                reply,
+            } => state.steer(id, text, interrupt, caller, reply).await,
+            SupervisorMsg::Restart { id, caller, reply } => {
+                state.restart_now(id, caller, reply).await
+            }
             SupervisorMsg::Lookup { id, reply } => {
                 let actor = state.sessions.get(&id).and_then(|e| e.actor.clone());
                 let _ = reply.send(actor);
@@ -637,6 +675,21 @@ impl SupervisorState {
                 });
                 self.maybe_restart(id, err.to_string(), plan).await;
             }
+            SessionExit::RestartRequested {
+                by,
+                acp_session,
+                interrupted_prompt,
+                mid_turn,
+            } => {
+                entry.first_start = false;
+                let plan = RestartPlan {
+                    resume: acp_session,
+                    reprompt: interrupted_prompt,
+                    mid_turn,
+                    require_resume: false,
+                };
+                self.restart_on_request(id, by, plan).await;
+            }
             SessionExit::Crashed {
                 reason,
                 acp_session,
@@ -729,6 +782,10 @@ impl SupervisorState {
         let Some(entry) = self.sessions.get(&id) else {
             return;
         };
+        if entry.actor.is_some() {
+            // Already restarted (an operator's restart beat the backoff).
+            return;
+        }
         let profile = entry.profile.clone();
         let plan = entry.plan.clone().unwrap_or(RestartPlan {
             resume: None,

@@ -452,9 +452,10 @@ async fn shutdown(h: &Harness) {
 #[tokio::test]
 async fn contract_06_stream_eof_ends_the_session_crashed() {
     let h = Harness::new(no_restarts()).await;
+    // A failing exit (exit 0 would be a clean finish: `completed`).
     let scenario = json!({"protocol": "intercom", "turns": [[
         {"status": "about to exit"},
-        {"exit": 0}
+        {"exit": 2}
     ]]});
     let rec = h.start(scenario, "go").await;
     // The agent's stdout closed under us: the session is terminated.
@@ -462,7 +463,7 @@ async fn contract_06_stream_eof_ends_the_session_crashed() {
     assert_eq!(status, SessionStatus::Crashed);
     let reason = reason.expect("a reason");
     assert!(
-        reason.contains("agent exited unexpectedly (exit code 0)"),
+        reason.contains("agent exited unexpectedly (exit code 2)"),
         "{reason}"
     );
     let notice = h
@@ -511,12 +512,12 @@ async fn contract_06_stream_eof_schedules_a_restart_within_budget() {
     let h = Harness::new(Knobs::default()).await;
     // Exits in its first turn; a restarted intercom agent gets no prompt,
     // so it stays up after the restart.
-    let scenario = json!({"protocol": "intercom", "turns": [[{"exit": 0}]]});
+    let scenario = json!({"protocol": "intercom", "turns": [[{"exit": 1}]]});
     let rec = h.start(scenario, "go").await;
     h.until("restart notice", |e| {
         matches!(e, OperatorEvent::Notice { session_id, level: NoticeLevel::Warning, text }
             if session_id == &rec.id
-                && text.contains("agent exited unexpectedly (exit code 0)")
+                && text.contains("agent exited unexpectedly (exit code 1)")
                 && text.contains("attempt 1 of 3"))
     })
     .await;

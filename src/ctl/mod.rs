@@ -100,6 +100,12 @@ pub enum CtlCommand {
         /// Session id
         id: String,
     },
+    /// Restart a session's agent (kill it, respawn it in the same session,
+    /// resumed with session/load where the agent supports it)
+    Restart {
+        /// Session id
+        id: String,
+    },
     /// List pending approvals
     Pending,
     /// Approve a pending request
@@ -242,6 +248,11 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             let url = format!("/api/sessions/{}/cancel", segment(id));
             let (raw, answer) = client.post_as::<Value>(&url, &json!({}))?;
             emit(json, &raw, || render::cancelled(&answer));
+        }
+        CtlCommand::Restart { id } => {
+            let url = format!("/api/sessions/{}/restart", segment(id));
+            let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
+            emit(json, &raw, || render::session_line(&session));
         }
         CtlCommand::Pending => {
             let (raw, list) =

@@ -37,6 +37,7 @@ pub fn router(app: App, token: ApiToken) -> Router {
         .route("/sessions/{id}/messages", get(routes::messages))
         .route("/sessions/{id}/prompt", post(routes::prompt))
         .route("/sessions/{id}/cancel", post(routes::cancel))
+        .route("/sessions/{id}/restart", post(routes::restart))
         .route("/sessions/{id}/mode", post(rules::set_mode))
         .route("/rules", get(rules::list).post(rules::create))
         .route("/rules/{id}", axum::routing::delete(rules::delete))

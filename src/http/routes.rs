@@ -151,6 +151,15 @@ pub async fn prompt(
     Ok((StatusCode::ACCEPTED, Json(answer)))
 }
 
+/// `POST /api/sessions/{id}/restart`.
+pub async fn restart(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<SessionView>)> {
+    let record = app.restart(&SessionId(id), Caller::local()).await?;
+    Ok((StatusCode::ACCEPTED, Json(record.into())))
+}
+
 /// `POST /api/sessions/{id}/cancel`: `200` with the ended session, or `202`
 /// with `"status": "stopping"` while the agent is still being terminated.
 pub async fn cancel(

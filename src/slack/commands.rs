@@ -64,6 +64,8 @@ pub enum Command {
     },
     /// `nudge [id]`.
     Nudge(Option<String>),
+    /// `restart [id]`: kill the agent and respawn it in the same thread.
+    Restart(Option<String>),
     /// `mode [<ask|auto-edits|auto>] [id]`: set (or show) the approval mode.
     Mode {
         /// The mode (checked when executed); `None` shows the current one.
@@ -152,6 +154,7 @@ pub fn parse(text: &str) -> Command {
         "pause" => Command::Pause(id_only(rest)),
         "resume" => Command::Resume(id_only(rest)),
         "nudge" => Command::Nudge(id_only(rest)),
+        "restart" => Command::Restart(id_only(rest)),
         "steer" => {
             let (id, text) = optional_id(rest);
             Command::Steer {
@@ -432,6 +435,20 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
             };
             let mut body = match ctx.nudge(&rec.id, &reply.user).await {
                 Ok(()) => MessageBody::text(format!("Nudged `{}`.", rec.id)),
+                Err(e) => render::problem(&e),
+            };
+            append_hint(&mut body, hint);
+            reply.send(ctx, body);
+        }
+        Command::Restart(id) => {
+            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
+                return;
+            };
+            let mut body = match ctx.restart(&rec.id, &reply.user).await {
+                Ok(()) => MessageBody::text(format!(
+                    ":arrows_counterclockwise: Restarting the agent of `{}`: it resumes in its thread.",
+                    rec.id
+                )),
                 Err(e) => render::problem(&e),
             };
             append_hint(&mut body, hint);

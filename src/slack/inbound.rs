@@ -24,7 +24,7 @@ use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::ApprovalMode;
 use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome, StopCause};
 use intercom_actors::slack_port::MessageBody;
-use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
+use intercom_actors::supervisor::{SupervisorError, SupervisorMsg, steer_session};
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use slack_morphism::prelude::*;
@@ -175,6 +175,11 @@ impl Ctx {
         .flatten()
     }
 
+    /// Whether the stored session is live (running, or between restarts).
+    pub async fn is_live(&self, id: &SessionId) -> bool {
+        matches!(self.store.get_session(id).await, Ok(Some(r)) if r.status.is_live())
+    }
+
     /// The live session whose thread this is.
     pub async fn session_of_thread(&self, channel: &str, ts: &str) -> Option<SessionId> {
         ractor::call_t!(
@@ -264,26 +269,34 @@ impl Ctx {
         .map_err(|e| session_error_text(&e))
     }
 
-    /// Steers a session on behalf of `user`.
+    /// Steers a session on behalf of `user` (stored for the restarted agent
+    /// while the session is between restarts).
     pub async fn steer(
         &self,
         id: &SessionId,
         text: &str,
         user: &str,
     ) -> Result<SteerOutcome, String> {
-        let actor = self.live_actor(id).await?;
+        let caller = self.caller(user);
+        steer_session(&self.supervisor, id, text, false, &caller)
+            .await
+            .map_err(|e| format!("The session did not answer: {e}"))?
+            .map_err(|e| session_error_text(&e))
+    }
+
+    /// Restarts a session's agent on behalf of `user`.
+    pub async fn restart(&self, id: &SessionId, user: &str) -> Result<(), String> {
         let caller = self.caller(user);
         ractor::call_t!(
-            actor,
-            |reply| SessionMsg::Steer {
-                text: text.to_owned(),
-                interrupt: false,
+            self.supervisor,
+            |reply| SupervisorMsg::Restart {
+                id: id.clone(),
                 caller,
                 reply
             },
             CALL_TIMEOUT_MS
         )
-        .map_err(|e| format!("The session did not answer: {e}"))?
+        .map_err(|e| format!("The session supervisor did not answer: {e}"))?
         .map_err(|e| session_error_text(&e))
     }
 
@@ -438,6 +451,8 @@ async fn on_block_actions(ctx: &Arc<Ctx>, e: SlackInteractionBlockActionsEvent) 
             open_feedback(ctx, &value, &e.trigger_id.0, &reply).await
         } else if id == "nudge" {
             ctx.nudge(&SessionId::from(value.as_str()), &user).await
+        } else if id == "restart" {
+            ctx.restart(&SessionId::from(value.as_str()), &user).await
         } else if id == "stop" {
             ctx.stop(&SessionId::from(value.as_str()), &user).await
         } else if let Some(scope) = RememberScope::from_action_id(id) {
@@ -583,8 +598,10 @@ async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
         return;
     }
     // The supervisor's index keeps ended sessions' threads: check liveness.
+    // A live session without an actor is restarting: the reply is stored
+    // for the restarted agent (⏳, then ✅ once delivered).
     let session = match ctx.session_of_thread(&channel, &thread_ts).await {
-        Some(s) if ctx.actor(&s).await.is_some() => s,
+        Some(s) if ctx.actor(&s).await.is_some() || ctx.is_live(&s).await => s,
         _ => {
             not_live(ctx, &reply, &thread_ts, held).await;
             return;

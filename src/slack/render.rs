@@ -9,7 +9,7 @@
 //! Button contract (read back by `inbound.rs`): decision buttons have
 //! `action_id` `decide:<n>` and value `<global request id>|<option id>`;
 //! "Reject with feedback" / "Refine" have `action_id` `feedback` and the same
-//! value shape; stall alerts have `nudge` / `stop` with the session id; the
+//! value shape; stall alerts have `nudge` / `restart` / `stop` with the session id; the
 //! "Remember" buttons after an "always" decision have `remember:session` /
 //! `remember:workspace` with the global request id.
 
@@ -291,6 +291,7 @@ pub fn help() -> MessageBody {
          • `status [id]`: what a session is doing\n\
          • `steer [id] <text>`: give the agent an instruction (queued while it works)\n\
          • `nudge [id]`: nudge a stalled agent\n\
+         • `restart [id]`: kill the agent and respawn it in the same thread (resumed where the agent supports it)\n\
          • `stop [id]`: stop a session\n\
          • `pause [id]`: cancel the running turn and hold replies until `resume [id]`\n\
          • `mode <ask|auto-edits|auto> [id]`: how much the session may do without asking (`mode` alone shows it)\n\
@@ -727,6 +728,7 @@ impl Render for BlockKit {
                 section(&text),
                 json!({"type": "actions", "elements": [
                     button("Nudge", "nudge", &session.0, Some("primary")),
+                    button("Restart", "restart", &session.0, None),
                     button("Stop", "stop", &session.0, Some("danger")),
                 ]}),
             ],

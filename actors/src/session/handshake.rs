@@ -17,15 +17,31 @@ impl SessionState {
     /// Sends one of our requests and remembers what it was for.
     pub(super) fn request(&mut self, method: &str, params: Value, purpose: Outgoing) -> i64 {
         let id = self.next_rpc_id;
+        self.request_tracked(method, params, purpose, None);
+        id
+    }
+
+    /// Sends one of our requests; with a token its write is confirmed by
+    /// [`crate::child::ChildEvent::Written`]. `None` when it could not be sent.
+    pub(super) fn request_tracked(
+        &mut self,
+        method: &str,
+        params: Value,
+        purpose: Outgoing,
+        token: Option<u64>,
+    ) -> Option<i64> {
+        let id = self.next_rpc_id;
         self.next_rpc_id += 1;
-        self.outgoing.insert(id, purpose);
         let msg = RpcMessage::Request {
             id: RpcId::Num(id),
             method: method.to_owned(),
             params,
         };
-        self.send_bytes(msg.to_bytes());
-        id
+        if !self.write_to_agent(msg.to_bytes(), token) {
+            return None;
+        }
+        self.outgoing.insert(id, purpose);
+        Some(id)
     }
 
     /// Sends a notification.
@@ -264,7 +280,7 @@ impl SessionState {
                 self.audit("system", "session.restarted", json!({"resumed": resumed}))
                     .await;
                 if !self.queue.is_empty() {
-                    self.deliver_next_queued().await;
+                    self.deliver_queued().await;
                 } else if was_mid_turn {
                     let text = if resumed {
                         Some(self.settings.stall.nudge_text.clone())

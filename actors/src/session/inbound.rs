@@ -50,12 +50,13 @@ impl SessionState {
             ChildEvent::ReadFailed(e) => {
                 tracing::warn!(session = %self.record.id, "reading from agent failed: {e}");
                 self.stream_closed_at = Some(Instant::now());
-                self.kill_group_now();
+                self.kill_for(format!("reading its output failed: {e}"));
             }
             ChildEvent::WriteFailed(e) => {
                 tracing::warn!(session = %self.record.id, "broken pipe to agent: {e}");
-                self.kill_group_now();
+                self.kill_for(format!("writing to its stdin failed: {e}"));
             }
+            ChildEvent::Written(token) => self.on_written(token).await,
             ChildEvent::Exited { code, signal } => self.on_exit(code, signal).await,
         }
     }

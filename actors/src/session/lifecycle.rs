@@ -41,7 +41,7 @@ impl SessionState {
         {
             tracing::warn!(session = %self.record.id, "agent closed stdout but kept running; killing it");
             self.stream_closed_at = None;
-            self.kill_group_now();
+            self.kill_for("it closed its stdout but kept running".to_owned());
         }
         if self.phase != Phase::Ready {
             return;
@@ -107,7 +107,7 @@ impl SessionState {
                 .await;
             self.emit_notice(
                 NoticeLevel::Error,
-                &format!("The agent is stalled: {reason}. Nudge or stop it."),
+                &format!("The agent is stalled: {reason}. Nudge, restart or stop it."),
             )
             .await;
             self.audit(
@@ -192,6 +192,41 @@ impl SessionState {
         }
     }
 
+    /// An operator asked for a restart: kill the group; the exit that
+    /// follows goes to the supervisor as [`SessionExit::RestartRequested`].
+    pub(super) async fn restart_requested(&mut self, caller: &Caller) -> Result<(), SessionError> {
+        self.authorize(caller, "restart").await?;
+        if self.phase != Phase::Ready {
+            let status = self
+                .stopping
+                .as_ref()
+                .map(|c| c.final_status().0)
+                .unwrap_or(self.status);
+            return Err(SessionError::NotLive(status));
+        }
+        if self.restart_by.is_some() {
+            return Ok(()); // already on its way
+        }
+        self.audit(&caller.id, "session.restart_requested", json!({}))
+            .await;
+        self.emit_notice(
+            NoticeLevel::Warning,
+            &format!("Restarting the agent (asked by {}).", caller.id),
+        )
+        .await;
+        self.restart_by = Some(caller.id.clone());
+        self.kill_for(format!("{} asked for a restart", caller.id));
+        Ok(())
+    }
+
+    /// Kills the agent for a reason of ours; the crash report names it.
+    pub(super) fn kill_for(&mut self, why: String) {
+        if self.kill_reason.is_none() {
+            self.kill_reason = Some(why);
+        }
+        self.kill_group_now();
+    }
+
     pub(super) fn kill_group_now(&mut self) {
         if let Some(child) = &self.child {
             child.signal_group(SIGKILL);
@@ -210,7 +245,10 @@ impl SessionState {
         self.exited = true;
         // Stragglers in the group (grandchildren) go with the leader.
         self.kill_group_now();
-        let exit = Self::exit_text(code, signal);
+        let mut exit = Self::exit_text(code, signal);
+        if let Some(why) = &self.kill_reason {
+            exit = format!("{exit}: agent-intercom killed it because {why}");
+        }
         let stderr = self
             .child
             .as_ref()
@@ -219,29 +257,10 @@ impl SessionState {
         match self.phase {
             Phase::Stopping => self.finish_stopped().await,
             Phase::Ended => {}
-            Phase::Ready => {
-                let mid_turn = self.turn.is_some();
-                let interrupted_prompt = self.turn.take().map(|t| t.prompt);
-                self.cancel_pending("agent exited").await;
-                self.flush_text(true).await;
-                let reason = if stderr.is_empty() {
-                    format!("agent exited unexpectedly ({exit})")
-                } else {
-                    format!("agent exited unexpectedly ({exit}); stderr: {stderr}")
-                };
-                tracing::warn!(session = %self.record.id, "{reason}");
-                self.note(Role::System, MessageKind::Error, &reason).await;
-                self.audit("system", "session.agent_exited", json!({"exit": exit}))
-                    .await;
-                self.phase = Phase::Ended;
-                self.report(SessionExit::Crashed {
-                    reason,
-                    acp_session: self.acp_session.clone(),
-                    interrupted_prompt,
-                    mid_turn,
-                });
-                self.myself.stop(Some("agent exited".into()));
+            Phase::Ready if code == Some(0) && self.finished_cleanly() => {
+                self.finish_clean_exit().await
             }
+            Phase::Ready => self.on_crash(exit, stderr).await,
             _ => {
                 let err = StartError::Exited {
                     agent: self.profile.id.clone(),
@@ -251,6 +270,74 @@ impl SessionState {
                 self.fail_start(err).await;
             }
         }
+    }
+
+    /// Exit 0 means "done" only when nothing is left half-way: no turn
+    /// running, no request waiting for the operator, no steering queued or
+    /// still being written, and we did not kill it ourselves.
+    fn finished_cleanly(&self) -> bool {
+        self.turn.is_none()
+            && self.pending.is_empty()
+            && self.queue.is_empty()
+            && self.in_flight.is_empty()
+            && self.reprompt_after_cancel.is_none()
+            && self.kill_reason.is_none()
+    }
+
+    /// The agent finished its work and exited 0: the session is completed.
+    async fn finish_clean_exit(&mut self) {
+        tracing::info!(session = %self.record.id, "agent finished and exited 0");
+        self.flush_text(true).await;
+        self.emit_notice(
+            NoticeLevel::Info,
+            "The agent finished and exited (exit code 0); the session is completed.",
+        )
+        .await;
+        self.audit(
+            "system",
+            "session.agent_exited",
+            json!({"exit": "exit code 0"}),
+        )
+        .await;
+        self.stopping = Some(StopCause::AgentFinished);
+        self.finish_stopped().await;
+    }
+
+    /// The agent died mid-session (or was killed for an operator's
+    /// restart): report it for a restart.
+    async fn on_crash(&mut self, exit: String, stderr: String) {
+        let mid_turn = self.turn.is_some();
+        let interrupted_prompt = self.turn.take().map(|t| t.prompt);
+        self.cancel_pending("agent exited").await;
+        self.flush_text(true).await;
+        if let Some(by) = self.restart_by.take() {
+            self.phase = Phase::Ended;
+            self.report(SessionExit::RestartRequested {
+                by,
+                acp_session: self.acp_session.clone(),
+                interrupted_prompt,
+                mid_turn,
+            });
+            self.myself.stop(Some("restart requested".into()));
+            return;
+        }
+        let reason = if stderr.is_empty() {
+            format!("agent exited unexpectedly ({exit})")
+        } else {
+            format!("agent exited unexpectedly ({exit}); stderr: {stderr}")
+        };
+        tracing::warn!(session = %self.record.id, "{reason}");
+        self.note(Role::System, MessageKind::Error, &reason).await;
+        self.audit("system", "session.agent_exited", json!({"exit": exit}))
+            .await;
+        self.phase = Phase::Ended;
+        self.report(SessionExit::Crashed {
+            reason,
+            acp_session: self.acp_session.clone(),
+            interrupted_prompt,
+            mid_turn,
+        });
+        self.myself.stop(Some("agent exited".into()));
     }
 
     async fn finish_stopped(&mut self) {

@@ -248,6 +248,19 @@ pub enum SessionExit {
         /// Whether a turn was running.
         mid_turn: bool,
     },
+    /// An operator asked for a restart and the agent was killed for it:
+    /// respawned at once (no backoff, outside the crash budget), resumed
+    /// like after a crash.
+    RestartRequested {
+        /// Who asked.
+        by: String,
+        /// The agent's session id, for `session/load`.
+        acp_session: Option<String>,
+        /// The prompt of the turn that was running.
+        interrupted_prompt: Option<String>,
+        /// Whether a turn was running.
+        mid_turn: bool,
+    },
     /// Never got going.
     StartFailed(StartError),
 }
@@ -263,6 +276,9 @@ pub enum StopCause {
     Shutdown,
     /// The MCP client went away.
     Disconnected,
+    /// The agent finished its work and exited 0 (no turn running, nothing
+    /// pending, nothing queued for it).
+    AgentFinished,
 }
 
 impl StopCause {
@@ -272,6 +288,7 @@ impl StopCause {
             StopCause::IdleTimeout => (SessionStatus::Completed, "idle_timeout"),
             StopCause::Shutdown => (SessionStatus::Cancelled, "server_shutdown"),
             StopCause::Disconnected => (SessionStatus::Completed, "client_disconnected"),
+            StopCause::AgentFinished => (SessionStatus::Completed, "agent_finished"),
         }
     }
 }
@@ -344,6 +361,17 @@ pub enum SessionMsg {
         /// Answered when the stop has begun (not when the agent is gone).
         reply: Option<RpcReplyPort<Result<(), SessionError>>>,
     },
+    /// Kill the agent's process group and have the supervisor respawn it
+    /// in the same session (resumed like after a crash).
+    Restart {
+        /// Who.
+        caller: Caller,
+        /// Answered once the agent was told to go.
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    },
+    /// Tests: panic inside the actor (to prove the agent goes with it).
+    #[cfg(feature = "test-hooks")]
+    PanicForTest,
     /// Current state.
     Snapshot(RpcReplyPort<SessionSnapshot>),
     /// Change the approval mode (persisted; re-applied after restarts).
@@ -503,6 +531,15 @@ pub struct SessionState {
     /// The prompt of a turn cut short by a pause (continued on resume).
     resume_turn: Option<String>,
     queue: VecDeque<Steering>,
+    /// Steering written to the agent's stdin but not yet confirmed written,
+    /// by write token: it becomes delivered on [`ChildEvent::Written`] and
+    /// stays undelivered (in storage) when the write fails.
+    in_flight: BTreeMap<u64, Steering>,
+    next_write_token: u64,
+    /// Why agent-intercom killed the agent, told with the exit that follows.
+    kill_reason: Option<String>,
+    /// Who asked for the restart the agent is being killed for.
+    restart_by: Option<String>,
     mcp_waiters: HashMap<u64, oneshot::Sender<McpAnswer>>,
     standby: Option<oneshot::Sender<Option<String>>>,
     text: TextBuffer,
@@ -584,6 +621,9 @@ impl Actor for SessionActor {
                 if let SpawnError::NotFound { .. } = e {
                     tracing::error!(session = %state.record.id, "{err}");
                 }
+                // The supervisor learns this from the failed spawn itself;
+                // a report as well would schedule a second restart.
+                state.supervisor = None;
                 state.fail_start(err.clone()).await;
                 return Err(Box::new(err));
             }
@@ -666,6 +706,12 @@ impl Actor for SessionActor {
                     let _ = reply.send(r);
                 }
             }
+            SessionMsg::Restart { caller, reply } => {
+                let r = state.restart_requested(&caller).await;
+                let _ = reply.send(r);
+            }
+            #[cfg(feature = "test-hooks")]
+            SessionMsg::PanicForTest => panic!("session actor panicked on request (test hook)"),
             SessionMsg::Snapshot(reply) => {
                 let _ = reply.send(state.snapshot());
             }
@@ -731,6 +777,10 @@ impl SessionState {
             reprompt_after_cancel: None,
             resume_turn: None,
             queue: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            next_write_token: 0,
+            kill_reason: None,
+            restart_by: None,
             mcp_waiters: HashMap::new(),
             standby: None,
             text: TextBuffer::default(),
@@ -855,9 +905,16 @@ impl SessionState {
 
     /// Sends raw bytes to the agent; a failure is handled like a broken pipe.
     fn send_bytes(&mut self, bytes: bytes::Bytes) -> bool {
-        let result = match &self.child {
-            Some(child) => child.send(bytes),
-            None => Err("no agent process".to_owned()),
+        self.write_to_agent(bytes, None)
+    }
+
+    /// Sends raw bytes; with a token, [`ChildEvent::Written`] confirms them.
+    /// False when the writer is already gone (nothing was sent).
+    fn write_to_agent(&mut self, bytes: bytes::Bytes, token: Option<u64>) -> bool {
+        let result = match (&self.child, token) {
+            (Some(child), Some(token)) => child.send_tracked(bytes, token),
+            (Some(child), None) => child.send(bytes),
+            (None, _) => Err("no agent process".to_owned()),
         };
         match result {
             Ok(()) => true,

@@ -36,36 +36,49 @@ impl SessionState {
         }
     }
 
-    /// Starts a turn with `text` (ACP) or sends it (dialect).
-    pub(super) async fn send_prompt(&mut self, text: String, role: Role) {
+    /// Starts a turn with `text` (ACP) or sends it (dialect). False when
+    /// the agent's stdin is already gone (nothing was sent or recorded).
+    pub(super) async fn send_prompt(&mut self, text: String, role: Role) -> bool {
+        self.prompt_agent(text, role, None).await
+    }
+
+    /// [`Self::send_prompt`], with the write confirmed under `token`.
+    async fn prompt_agent(&mut self, text: String, role: Role, token: Option<u64>) -> bool {
+        let sent = match self.record.protocol {
+            Protocol::Acp => {
+                let Some(sid) = self.acp_session.clone() else {
+                    tracing::error!(session = %self.record.id, "prompt before the agent session exists");
+                    return false;
+                };
+                let params = acp::prompt_params(&sid, &text);
+                match self.request_tracked(methods::SESSION_PROMPT, params, Outgoing::Prompt, token)
+                {
+                    Some(rpc_id) => {
+                        self.turn = Some(Turn {
+                            rpc_id,
+                            prompt: text.clone(),
+                            started: Instant::now(),
+                            timeout_noted: false,
+                        });
+                        true
+                    }
+                    None => false,
+                }
+            }
+            _ => {
+                let bytes = self.dialect.prompt_send(&text);
+                self.write_to_agent(bytes, token)
+            }
+        };
+        if !sent {
+            return false;
+        }
         self.note(role, MessageKind::Text, &text).await;
         // Tool call ids are per turn: a new turn's `t1` is a new entry.
         self.tools.clear();
         self.last_any = Instant::now();
-        match self.record.protocol {
-            Protocol::Acp => {
-                let Some(sid) = self.acp_session.clone() else {
-                    tracing::error!(session = %self.record.id, "prompt before the agent session exists");
-                    return;
-                };
-                let rpc_id = self.request(
-                    methods::SESSION_PROMPT,
-                    acp::prompt_params(&sid, &text),
-                    Outgoing::Prompt,
-                );
-                self.turn = Some(Turn {
-                    rpc_id,
-                    prompt: text,
-                    started: Instant::now(),
-                    timeout_noted: false,
-                });
-            }
-            _ => {
-                let bytes = self.dialect.prompt_send(&text);
-                self.send_bytes(bytes);
-            }
-        }
         self.show_activity("working", None);
+        true
     }
 
     pub(super) async fn on_prompt_response(
@@ -123,28 +136,64 @@ impl SessionState {
         } else if let Some(text) = self.reprompt_after_cancel.take() {
             self.send_prompt(text, Role::System).await;
         } else if !self.queue.is_empty() {
-            self.deliver_next_queued().await;
+            self.deliver_queued().await;
         } else {
             self.show_activity("idle", None);
         }
     }
 
-    pub(super) async fn deliver_next_queued(&mut self) {
-        let Some(steering) = self.queue.pop_front() else {
-            return;
-        };
-        self.deliver(steering).await;
+    /// Delivers what waits in the queue as far as the agent can take it: ACP
+    /// the next prompt (the rest follow turn by turn), the dialect (which has
+    /// no turns) everything, in order. MCP clients collect it themselves.
+    pub(super) async fn deliver_queued(&mut self) {
+        match self.record.protocol {
+            Protocol::Acp => {
+                if let Some(steering) = self.queue.pop_front() {
+                    self.deliver(steering).await;
+                }
+            }
+            Protocol::Intercom => {
+                while let Some(steering) = self.queue.pop_front() {
+                    if !self.deliver(steering).await {
+                        break;
+                    }
+                }
+            }
+            Protocol::Mcp => {}
+        }
     }
 
-    async fn deliver(&mut self, steering: Steering) {
+    /// Writes one steering message to the agent. It is marked delivered
+    /// only once the write is confirmed ([`Self::on_written`]); when it
+    /// cannot be sent it goes back to the head of the queue (and stays
+    /// undelivered in storage, for the restarted agent) and this is false.
+    async fn deliver(&mut self, steering: Steering) -> bool {
+        let token = self.next_write_token;
+        self.next_write_token += 1;
+        if self
+            .prompt_agent(steering.text.clone(), Role::User, Some(token))
+            .await
+        {
+            self.in_flight.insert(token, steering);
+            true
+        } else {
+            tracing::warn!(session = %self.record.id, steering = steering.id, "steering not delivered: the agent's stdin is gone; kept for the restarted agent");
+            self.queue.push_front(steering);
+            false
+        }
+    }
+
+    /// The agent's stdin took a steering message: now it is delivered.
+    pub(super) async fn on_written(&mut self, token: u64) {
+        let Some(steering) = self.in_flight.remove(&token) else {
+            return;
+        };
         if let Err(e) = self.store.mark_steering_delivered(steering.id).await {
             tracing::error!(session = %self.record.id, "marking steering delivered: {e}");
         }
-        let id = steering.id;
-        self.send_prompt(steering.text, Role::User).await;
         self.emit(OperatorEvent::SteeringDelivered {
             session_id: self.id().clone(),
-            steering_id: id,
+            steering_id: steering.id,
         });
     }
 
@@ -204,9 +253,16 @@ impl SessionState {
         }
         if self.can_take_prompt_now() {
             let id = steering.id;
-            self.deliver(steering).await;
+            // Not sent (stdin gone): it waits at the head of the queue.
+            let sent = self.deliver(steering.clone()).await;
+            if !sent {
+                self.emit(OperatorEvent::SteeringQueued {
+                    session_id: self.id().clone(),
+                    steering,
+                });
+            }
             return Ok(SteerOutcome {
-                queued: false,
+                queued: !sent,
                 steering_id: id,
             });
         }
@@ -316,7 +372,7 @@ impl SessionState {
             return Ok(());
         }
         if !self.queue.is_empty() {
-            self.deliver_next_queued().await;
+            self.deliver_queued().await;
         } else if interrupted.is_some() {
             let text = self.settings.stall.nudge_text.clone();
             self.send_prompt(text, Role::System).await;

@@ -225,6 +225,10 @@ fn prompt(agent: &mut Agent, id: Value, params: &Value) {
     agent.phase = Phase::Idle;
     agent.cancelled = false;
     respond(agent, id, json!({"stopReason": reason}));
+    if let Some(code) = agent.exit_after_turn.take() {
+        note(&format!("exit_after_turn: exiting with {code}"));
+        std::process::exit(code);
+    }
 }
 
 /// The text blocks of a prompt, joined by newlines.

@@ -74,6 +74,8 @@ pub struct Agent {
     pub last_permission_allowed: bool,
     /// Intercom prompts/nudges that arrived while a turn was running.
     pub pending: VecDeque<Value>,
+    /// `exit_after_turn`: exit with this code once the turn was answered.
+    pub exit_after_turn: Option<i32>,
 }
 
 impl Agent {
@@ -98,6 +100,7 @@ impl Agent {
             authenticated: false,
             last_permission_allowed: false,
             pending: VecDeque::new(),
+            exit_after_turn: None,
         }
     }
 

@@ -93,6 +93,15 @@ pub enum Step {
     Hang(bool),
     Exit(i32),
     ExitOnce(ExitOnce),
+    /// The first time (no marker file yet): close stdin for good and say
+    /// "stdin closed"; the agent then stays up without stdin (a broken pipe
+    /// for the server's next write). Later runs skip it.
+    CloseStdinOnce(String),
+    /// Like `hang`, but only the first time (no marker file yet).
+    HangOnce(String),
+    /// Exit with this code right after the turn's answer was sent (an
+    /// agent that finished its work; ACP).
+    ExitAfterTurn(i32),
     Stderr(String),
     EchoEnv(Vec<String>),
     EchoCwd(bool),

@@ -75,6 +75,13 @@ fn run_step(agent: &mut Agent, step: &Step) -> Flow {
         Step::Hang(true) => hang(agent),
         Step::Exit(code) => std::process::exit(*code),
         Step::ExitOnce(spec) => exit_once(spec),
+        Step::CloseStdinOnce(marker) => close_stdin_once(agent, marker),
+        Step::HangOnce(marker) => {
+            if first_time(marker) {
+                hang(agent);
+            }
+        }
+        Step::ExitAfterTurn(code) => agent.exit_after_turn = Some(*code),
         Step::Stderr(text) => eprintln!("{text}"),
         Step::EchoEnv(names) => echo_env(agent, names),
         Step::EchoCwd(true) => echo_cwd(agent),
@@ -169,6 +176,30 @@ fn exit_once(spec: &ExitOnce) {
     }
     note(&format!("exit_once: exiting with {}", spec.code));
     std::process::exit(spec.code);
+}
+
+/// True the first time for `marker` (it did not exist and now does).
+fn first_time(marker: &str) -> bool {
+    let marker = Path::new(marker);
+    if marker.exists() {
+        return false;
+    }
+    if let Err(e) = std::fs::write(marker, b"") {
+        note(&format!("cannot create marker {}: {e}", marker.display()));
+        std::process::exit(2);
+    }
+    true
+}
+
+fn close_stdin_once(agent: &mut Agent, marker: &str) {
+    if !first_time(marker) {
+        return;
+    }
+    if !crate::wire::close_stdin() {
+        note("close_stdin_once: stdin did not close within a second");
+        std::process::exit(2);
+    }
+    emit(agent, TextKind::Agent, "stdin closed");
 }
 
 fn echo_env(agent: &mut Agent, names: &[String]) {

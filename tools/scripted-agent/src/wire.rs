@@ -4,11 +4,15 @@
 //! `Content-Length` frames, flushing, broken pipes) away from the protocol
 //! logic. Incoming messages are parsed on a dedicated reader thread and handed
 //! to the logic thread over an `mpsc` channel; outgoing messages go through
-//! [`Writer`], which flushes after every frame.
+//! [`Writer`], which flushes after every frame. The reader polls stdin so a
+//! scenario can make it close stdin for good ([`close_stdin`]): the server's
+//! next write then fails with a broken pipe while the agent stays up.
 
-use std::io::{self, BufRead, BufReader, StdoutLock, Write};
+use std::io::{self, BufRead, BufReader, Read, StdoutLock, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -29,15 +33,89 @@ pub enum Inbound {
 pub fn spawn_reader(framing: Framing) -> Receiver<Inbound> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
-        let mut input = BufReader::new(io::stdin().lock());
+        let mut input = BufReader::new(PolledStdin);
         match framing {
             Framing::Ndjson => read_lines(&mut input, &tx),
             Framing::Lsp => read_frames(&mut input, &tx),
+        }
+        if stdin_closed_by_scenario() {
+            // No end of input for the logic thread: the agent stays up,
+            // waiting for messages that can no longer come.
+            loop {
+                thread::park();
+            }
         }
         // The receiver may already be gone when the agent is exiting.
         let _ = tx.send(Inbound::Eof);
     });
     rx
+}
+
+/// Set by [`close_stdin`]; the reader closes fd 0 when it sees it.
+static CLOSE_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// Set by the reader once fd 0 is closed.
+static STDIN_CLOSED: AtomicBool = AtomicBool::new(false);
+/// How often the reader looks at [`CLOSE_REQUESTED`] while stdin is quiet.
+const POLL_MS: i32 = 20;
+
+/// Closes stdin for good (the read end of the pipe), waiting up to a second
+/// for the reader thread to do it; true once it is closed.
+pub fn close_stdin() -> bool {
+    CLOSE_REQUESTED.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !STDIN_CLOSED.load(Ordering::SeqCst) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    STDIN_CLOSED.load(Ordering::SeqCst)
+}
+
+/// True once [`close_stdin`] closed stdin (end of input is then expected).
+pub fn stdin_closed_by_scenario() -> bool {
+    STDIN_CLOSED.load(Ordering::SeqCst)
+}
+
+/// fd 0, read only when `poll` says there is data, so a close request is
+/// noticed between reads (a thread blocked in `read` would keep the pipe's
+/// read end open).
+struct PolledStdin;
+
+impl Read for PolledStdin {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if CLOSE_REQUESTED.load(Ordering::SeqCst) {
+                // SAFETY: closing fd 0, which only this thread reads.
+                unsafe { libc::close(0) };
+                STDIN_CLOSED.store(true, Ordering::SeqCst);
+                return Err(io::Error::other("stdin closed by the scenario"));
+            }
+            let mut fd = libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, its length is 1.
+            let ready = unsafe { libc::poll(&mut fd, 1, POLL_MS) };
+            if ready < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if ready == 0 {
+                continue;
+            }
+            // SAFETY: `buf` is valid for `buf.len()` bytes.
+            let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
 }
 
 fn read_lines(input: &mut impl BufRead, tx: &Sender<Inbound>) {

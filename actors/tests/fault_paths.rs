@@ -1,0 +1,385 @@
+//! Fault paths: nothing lost, nothing wedged (issue 14).
+//!
+//! Queued instructions survive a crash, a pause and a broken pipe, in order
+//! and once each, with `delivered` true to what the agent received (the
+//! scripted agent reports `prompt: <text>` for every prompt that reached
+//! it); a clean exit 0 ends the session `completed`; an operator restart
+//! respawns the agent in the same session; a panicking session actor takes
+//! its agent's process group with it; a spawn failure during a restart is
+//! counted once.
+
+mod support;
+
+use intercom_actors::model::{SessionId, SessionStatus};
+use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
+use intercom_actors::session::{Caller, SessionError, SessionMsg, SteerOutcome};
+use intercom_actors::settings::SupervisionPolicy;
+use intercom_actors::supervisor::{SupervisorMsg, steer_session};
+use serde_json::{Value, json};
+use support::{Harness, Knobs, until_group_gone};
+
+fn owner() -> Caller {
+    Caller {
+        id: "U_OWNER".into(),
+        operator: false,
+    }
+}
+
+/// Restarts wait `backoff` seconds, so instructions can arrive meanwhile.
+fn knobs_with_backoff(backoff: u64) -> Knobs {
+    Knobs {
+        policy: SupervisionPolicy {
+            max_restarts: 3,
+            restart_window_secs: 600,
+            backoff_initial_secs: backoff,
+            backoff_max_secs: backoff,
+        },
+        ..Knobs::default()
+    }
+}
+
+fn marker(h: &Harness, name: &str) -> String {
+    h.dir.path().join(name).display().to_string()
+}
+
+async fn steer(h: &Harness, id: &SessionId, text: &str) -> SteerOutcome {
+    steer_session(&h.sup, id, text, false, &owner())
+        .await
+        .expect("steer call")
+        .expect("steer accepted")
+}
+
+async fn pid(h: &Harness, id: &SessionId) -> i32 {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, SessionMsg::Snapshot)
+        .expect("snapshot")
+        .pid
+        .expect("a pid")
+}
+
+/// Waits until the agent reported every prompt in `texts`, then checks it
+/// saw each exactly once, in this order, and that storage calls every one
+/// delivered (and nothing else waiting).
+async fn assert_received_in_order(h: &Harness, id: &SessionId, texts: &[&str]) {
+    let last = format!("prompt: {}", texts[texts.len() - 1]);
+    let transcript = h.until_transcript(id, &last).await;
+    let mut at = 0;
+    for text in texts {
+        let needle = format!("prompt: {text}\n");
+        let full = format!("{transcript}\n");
+        assert_eq!(
+            full.matches(&needle).count(),
+            1,
+            "{text:?} reached the agent once:\n{transcript}"
+        );
+        let pos = full.find(&needle).expect("present");
+        assert!(pos >= at, "{text:?} out of order:\n{transcript}");
+        at = pos;
+    }
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        let left = h.store.undelivered_steering(id).await.expect("steering");
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still undelivered: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Number of `SteeringDelivered` events for `id`.
+fn delivered_events(h: &Harness, id: &SessionId) -> usize {
+    h.sink
+        .events()
+        .iter()
+        .filter(|e| matches!(e, OperatorEvent::SteeringDelivered { session_id, .. } if session_id == id))
+        .count()
+}
+
+async fn until_restart_scheduled(h: &Harness, id: &SessionId) {
+    h.until("restart scheduled", |e| {
+        matches!(e, OperatorEvent::StatusChanged { session_id, status: SessionStatus::Starting, .. }
+            if session_id == id)
+    })
+    .await;
+}
+
+async fn crash_then_three_queued(scenario: Value) {
+    let h = Harness::new(knobs_with_backoff(2)).await;
+    let m = marker(&h, "crashed");
+    let mut scenario = scenario;
+    scenario["turns"] = json!([[{"exit_once": {"code": 1, "marker": m}}], []]);
+    let rec = h.start(scenario, "first").await;
+    until_restart_scheduled(&h, &rec.id).await;
+    for text in ["a", "b", "c"] {
+        let o = steer(&h, &rec.id, text).await;
+        assert!(o.queued, "{text} waits for the restart");
+    }
+    assert_received_in_order(&h, &rec.id, &["a", "b", "c"]).await;
+    // Later instructions go straight through.
+    steer(&h, &rec.id, "d").await;
+    assert_received_in_order(&h, &rec.id, &["a", "b", "c", "d"]).await;
+    assert_eq!(delivered_events(&h, &rec.id), 4);
+}
+
+#[tokio::test]
+async fn dialect_crash_delivers_every_queued_instruction_in_order() {
+    crash_then_three_queued(json!({"protocol": "intercom"})).await;
+}
+
+#[tokio::test]
+async fn acp_crash_delivers_every_queued_instruction_in_order() {
+    crash_then_three_queued(json!({})).await;
+}
+
+#[tokio::test]
+async fn dialect_pause_holds_then_resume_delivers_all_in_order() {
+    let h = Harness::new(Knobs::default()).await;
+    let rec = h.start(json!({"protocol": "intercom"}), "first").await;
+    h.until_transcript(&rec.id, "prompt: first").await;
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Pause {
+        caller: owner(),
+        reply
+    })
+    .expect("pause call")
+    .expect("paused");
+    for text in ["a", "b", "c"] {
+        assert!(steer(&h, &rec.id, text).await.queued, "{text} is held");
+    }
+    ractor::call!(actor, |reply| SessionMsg::Resume {
+        caller: owner(),
+        reply
+    })
+    .expect("resume call")
+    .expect("resumed");
+    assert_received_in_order(&h, &rec.id, &["first", "a", "b", "c"]).await;
+    let o = steer(&h, &rec.id, "d").await;
+    assert!(
+        !o.queued,
+        "after the queue drained, instructions go straight through"
+    );
+    assert_received_in_order(&h, &rec.id, &["first", "a", "b", "c", "d"]).await;
+    let snap = ractor::call!(actor, SessionMsg::Snapshot).expect("snapshot");
+    assert!(snap.queued.is_empty(), "{:?}", snap.queued);
+}
+
+async fn broken_pipe_then_three(scenario: Value) {
+    let h = Harness::new(knobs_with_backoff(1)).await;
+    let m = marker(&h, "closed");
+    let mut scenario = scenario;
+    scenario["turns"] = json!([[{"close_stdin_once": m}], []]);
+    let rec = h.start(scenario, "first").await;
+    h.until_transcript(&rec.id, "stdin closed").await;
+    let old = pid(&h, &rec.id).await;
+    for text in ["a", "b", "c"] {
+        // Written to a closed pipe, held behind the failed one, or stored
+        // during the restart: never delivered to the agent that cannot read.
+        steer(&h, &rec.id, text).await;
+    }
+    until_group_gone(old).await;
+    assert_received_in_order(&h, &rec.id, &["a", "b", "c"]).await;
+    assert_eq!(delivered_events(&h, &rec.id), 3);
+    let text = h.transcript_text(&rec.id).await;
+    assert!(
+        text.contains("agent-intercom killed it because writing to its stdin failed"),
+        "the crash says why the agent was killed:\n{text}"
+    );
+}
+
+#[tokio::test]
+async fn dialect_broken_pipe_keeps_instructions_for_the_restarted_agent() {
+    broken_pipe_then_three(json!({"protocol": "intercom"})).await;
+}
+
+#[tokio::test]
+async fn acp_broken_pipe_keeps_instructions_for_the_restarted_agent() {
+    broken_pipe_then_three(json!({})).await;
+}
+
+async fn until_ended(h: &Harness, id: &SessionId) -> (SessionStatus, Option<String>) {
+    let ev = h
+        .until(
+            "session ended",
+            |e| matches!(e, OperatorEvent::SessionEnded { session_id, .. } if session_id == id),
+        )
+        .await;
+    match ev {
+        OperatorEvent::SessionEnded { status, reason, .. } => (status, reason),
+        _ => unreachable!(),
+    }
+}
+
+#[tokio::test]
+async fn dialect_clean_exit_completes_the_session() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario =
+        json!({"protocol": "intercom", "turns": [[{"status": "all done"}, {"exit": 0}]]});
+    let rec = h.start(scenario, "go").await;
+    let (status, reason) = until_ended(&h, &rec.id).await;
+    assert_eq!(status, SessionStatus::Completed);
+    assert_eq!(reason.as_deref(), Some("agent_finished"));
+    h.until("completion notice", |e| {
+        matches!(e, OperatorEvent::Notice { session_id, level: NoticeLevel::Info, text }
+            if session_id == &rec.id && text.contains("exited (exit code 0)"))
+    })
+    .await;
+    let stored = h
+        .until_record(&rec.id, "completed", |r| {
+            r.status == SessionStatus::Completed
+        })
+        .await;
+    assert_eq!(stored.restart_count, 0, "not restarted");
+    assert_eq!(h.live_count().await, 0);
+}
+
+#[tokio::test]
+async fn acp_clean_exit_between_turns_completes_the_session() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[{"chunk": "done"}, {"exit_after_turn": 0}]]});
+    let rec = h.start(scenario, "go").await;
+    let (status, reason) = until_ended(&h, &rec.id).await;
+    assert_eq!(status, SessionStatus::Completed);
+    assert_eq!(reason.as_deref(), Some("agent_finished"));
+    assert_eq!(h.live_count().await, 0);
+}
+
+#[tokio::test]
+async fn acp_exit_0_mid_turn_and_nonzero_exits_are_crashes() {
+    let h = Harness::new(knobs_with_backoff(0)).await;
+    let m = marker(&h, "exit0");
+    let scenario = json!({"turns": [[{"exit_once": {"code": 0, "marker": m}}]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("restart notice", |e| {
+        matches!(e, OperatorEvent::Notice { session_id, level: NoticeLevel::Warning, text }
+            if session_id == &rec.id && text.contains("exited unexpectedly (exit code 0)"))
+    })
+    .await;
+    h.until_record(&rec.id, "restarted", |r| {
+        r.status == SessionStatus::Active && r.restart_count == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn operator_restart_resumes_a_hung_agent_in_the_same_session() {
+    let h = Harness::new(Knobs::default()).await;
+    let m = marker(&h, "hung");
+    let scenario = json!({"turns": [[{"hang_once": m}, {"chunk": "working again"}]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "prompt: go").await;
+    let old = pid(&h, &rec.id).await;
+    // Only the owner and operators may restart.
+    let stranger = Caller {
+        id: "U_OTHER".into(),
+        operator: false,
+    };
+    let refused = ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
+        id: rec.id.clone(),
+        caller: stranger,
+        reply
+    })
+    .expect("restart call");
+    assert!(
+        matches!(refused, Err(SessionError::Unauthorized { .. })),
+        "{refused:?}"
+    );
+    ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
+        id: rec.id.clone(),
+        caller: owner(),
+        reply
+    })
+    .expect("restart call")
+    .expect("restart accepted");
+    until_group_gone(old).await;
+    h.until("resumed notice", |e| {
+        matches!(e, OperatorEvent::Notice { session_id, text, .. }
+            if session_id == &rec.id && text.contains("resumed the agent's session"))
+    })
+    .await;
+    // Resumed mid-turn: continued with the nudge text.
+    h.until_transcript(&rec.id, "working again").await;
+    let stored = h
+        .until_record(&rec.id, "active", |r| r.status == SessionStatus::Active)
+        .await;
+    assert_eq!(stored.restart_count, 1);
+    assert_ne!(pid(&h, &rec.id).await, old);
+}
+
+#[tokio::test]
+async fn operator_restart_without_load_resends_the_original_prompt() {
+    let h = Harness::new(Knobs::default()).await;
+    let m = marker(&h, "hung");
+    let scenario =
+        json!({"load_session": false, "turns": [[{"hang_once": m}, {"chunk": "working again"}]]});
+    let rec = h.start(scenario, "the task").await;
+    h.until_transcript(&rec.id, "prompt: the task").await;
+    let old = pid(&h, &rec.id).await;
+    ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
+        id: rec.id.clone(),
+        caller: owner(),
+        reply
+    })
+    .expect("restart call")
+    .expect("restart accepted");
+    until_group_gone(old).await;
+    let text = h.until_transcript(&rec.id, "working again").await;
+    assert_eq!(text.matches("prompt: the task").count(), 2, "{text}");
+}
+
+#[tokio::test]
+async fn a_panicking_session_actor_takes_its_agent_group_with_it() {
+    let h = Harness::new(knobs_with_backoff(0)).await;
+    let rec = h.start(json!({"protocol": "intercom"}), "first").await;
+    h.until_transcript(&rec.id, "prompt: first").await;
+    let old = pid(&h, &rec.id).await;
+    let actor = h.actor(&rec.id).await;
+    actor
+        .send_message(SessionMsg::PanicForTest)
+        .expect("send the panic");
+    until_group_gone(old).await;
+    assert!(
+        !std::path::Path::new(&format!("/proc/{old}")).exists(),
+        "the old agent is gone from /proc"
+    );
+    // The supervisor restarted the session with a new agent.
+    h.until_record(&rec.id, "restarted", |r| {
+        r.status == SessionStatus::Active && r.restart_count == 1
+    })
+    .await;
+    assert_ne!(pid(&h, &rec.id).await, old);
+}
+
+#[tokio::test]
+async fn a_spawn_failure_during_a_restart_is_counted_once() {
+    let h = Harness::new(knobs_with_backoff(1)).await;
+    let copy = h.dir.path().join("agent-copy");
+    std::fs::copy(support::agent_bin(), &copy).expect("copy the agent");
+    let mut profile = h.profile(json!({"protocol": "intercom", "turns": [[{"exit": 1}]]}));
+    profile.command = copy.display().to_string();
+    let rec = h.start_req(h.request(profile, "go")).await.expect("starts");
+    // Every restart from now on fails to spawn.
+    std::fs::remove_file(&copy).expect("remove the agent");
+    h.until_record(&rec.id, "crashed", |r| r.status == SessionStatus::Crashed)
+        .await;
+    let attempts: Vec<Value> = h
+        .store
+        .audit_entries()
+        .iter()
+        .filter(|a| {
+            a.action == "session.restart_scheduled" && a.session_id.as_ref() == Some(&rec.id)
+        })
+        .map(|a| a.detail["attempt"].clone())
+        .collect();
+    assert_eq!(attempts, vec![json!(1), json!(2), json!(3)]);
+    let stored = h
+        .store
+        .get_session(&rec.id)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(stored.restart_count, 3);
+}
