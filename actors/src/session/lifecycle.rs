@@ -246,7 +246,8 @@ impl SessionState {
         // Stragglers in the group (grandchildren) go with the leader.
         self.kill_group_now();
         let mut exit = Self::exit_text(code, signal);
-        if let Some(why) = &self.kill_reason {
+        if let (Some(why), Some(_)) = (&self.kill_reason, signal) {
+            // Our kill, not an exit the agent chose before it landed.
             exit = format!("{exit}: agent-intercom killed it because {why}");
         }
         let stderr = self
