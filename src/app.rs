@@ -232,6 +232,8 @@ fn event_name(event: &OperatorEvent) -> &'static str {
         OperatorEvent::SessionStarted { .. } => "session_started",
         OperatorEvent::StatusChanged { .. } => "status_changed",
         OperatorEvent::AgentText { .. } => "agent_text",
+        OperatorEvent::AgentThought { .. } => "agent_thought",
+        OperatorEvent::Usage { .. } => "usage",
         OperatorEvent::ToolCall { .. } => "tool_call",
         OperatorEvent::Plan { .. } => "plan",
         OperatorEvent::RequestOpened { .. } => "request_opened",

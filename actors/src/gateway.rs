@@ -35,6 +35,8 @@ use crate::supervisor::SupervisorMsg;
 
 /// Key of the thread root message.
 pub const ROOT_KEY: &str = "root";
+/// The key of a thread's collapsed "thinking" line, updated in place.
+pub const THINKING_KEY: &str = "thinking";
 /// Reaction on a steering reply that reached the agent.
 pub const DELIVERED_REACTION: &str = "white_check_mark";
 /// Reaction on a steering reply waiting for the running turn.
@@ -451,6 +453,7 @@ impl GatewayState {
             status: rec.status,
             activity: rec.status.as_str().to_owned(),
             reason: rec.status_reason.clone(),
+            usage: None,
         };
         match &rec.thread_ts {
             Some(ts) => {
@@ -487,6 +490,7 @@ impl GatewayState {
                 status: session.status,
                 activity: "starting".into(),
                 reason: None,
+                usage: None,
             };
             let id = session.id.clone();
             self.adopt(session).await;
@@ -530,6 +534,7 @@ impl GatewayState {
                     status,
                     activity,
                     reason: reason.clone(),
+                    usage: view.line.usage.take(),
                 };
                 view.record.status = status;
                 ops.push(update(
@@ -544,6 +549,16 @@ impl GatewayState {
                 for body in render.agent_text(&text) {
                     ops.push(post(body, None));
                 }
+            }
+            OperatorEvent::AgentThought { text, .. } => {
+                ops.push(update(THINKING_KEY.to_owned(), render.thinking(&text)));
+            }
+            OperatorEvent::Usage { usage, .. } => {
+                view.line.usage = Some(usage.describe());
+                ops.push(update(
+                    ROOT_KEY.to_owned(),
+                    render.root(&view.record, &view.line),
+                ));
             }
             OperatorEvent::ToolCall {
                 tool_call_id,
@@ -1268,6 +1283,42 @@ mod tests {
             vec![(SessionId::from("s-1"), "C1".into(), "1.000".into())]
         );
         assert!(r.outbox.pending().await.expect("pending").is_empty());
+    }
+
+    #[tokio::test]
+    async fn thoughts_share_one_thinking_line_and_usage_updates_the_root() {
+        let r = rig().await;
+        r.start("s-1", Some("C1")).await;
+        for t in ["first idea", "second idea"] {
+            r.emit(OperatorEvent::AgentThought {
+                session_id: SessionId::from("s-1"),
+                text: t.into(),
+            });
+        }
+        r.emit(OperatorEvent::Usage {
+            session_id: SessionId::from("s-1"),
+            usage: crate::protocol::acp::Usage {
+                used: 1000,
+                size: 2000,
+                cost: None,
+                currency: None,
+            },
+        });
+        r.drained().await;
+        let calls = ok_calls(&r.api.calls());
+        let thinking: Vec<&String> = calls.iter().filter(|c| c.contains("thinking:")).collect();
+        assert_eq!(thinking.len(), 2, "{calls:?}");
+        assert!(
+            thinking[0].starts_with("post C1 Some")
+                && thinking[0].ends_with("thinking: first idea")
+        );
+        assert!(
+            thinking[1].starts_with("update C1") && thinking[1].ends_with("thinking: second idea")
+        );
+        assert!(
+            calls.iter().any(|c| c.starts_with("update C1 1.000 root")),
+            "{calls:?}"
+        );
     }
 
     #[tokio::test]

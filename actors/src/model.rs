@@ -168,6 +168,8 @@ pub enum MessageKind {
     Tool,
     /// An error or lifecycle failure.
     Error,
+    /// The agent's reasoning (`agent_thought_chunk`s, aggregated).
+    Thought,
 }
 
 impl MessageKind {
@@ -178,6 +180,7 @@ impl MessageKind {
             MessageKind::Plan => "plan",
             MessageKind::Tool => "tool",
             MessageKind::Error => "error",
+            MessageKind::Thought => "thought",
         }
     }
 }

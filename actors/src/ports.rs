@@ -176,6 +176,20 @@ pub enum OperatorEvent {
         /// The text.
         text: String,
     },
+    /// The agent's reasoning since its last text (aggregated).
+    AgentThought {
+        /// The session.
+        session_id: SessionId,
+        /// The whole thought.
+        text: String,
+    },
+    /// The agent reported its context window use and cost.
+    Usage {
+        /// The session.
+        session_id: SessionId,
+        /// What it reported.
+        usage: crate::protocol::acp::Usage,
+    },
     /// A tool call started or changed.
     ToolCall {
         /// The session.
@@ -252,6 +266,8 @@ impl OperatorEvent {
             OperatorEvent::RequestOpened { request } => &request.session_id,
             OperatorEvent::StatusChanged { session_id, .. }
             | OperatorEvent::AgentText { session_id, .. }
+            | OperatorEvent::AgentThought { session_id, .. }
+            | OperatorEvent::Usage { session_id, .. }
             | OperatorEvent::ToolCall { session_id, .. }
             | OperatorEvent::Plan { session_id, .. }
             | OperatorEvent::RequestClosed { session_id, .. }

@@ -222,6 +222,8 @@ pub struct StatusLine {
     pub activity: String,
     /// Why, when known.
     pub reason: Option<String>,
+    /// Context use and cost, when the agent reports it ("53k/200k tokens").
+    pub usage: Option<String>,
 }
 
 /// Turns what happened into Slack messages. Pure: no I/O, no state.
@@ -242,6 +244,11 @@ pub trait Render: Send + Sync + 'static {
     fn agent_text(&self, text: &str) -> Vec<MessageBody>;
     /// One compact tool call line.
     fn tool_call(&self, title: &str, status: &str) -> MessageBody;
+    /// The thread's collapsed "thinking" line (the whole thought is in the API).
+    fn thinking(&self, text: &str) -> MessageBody {
+        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        MessageBody::text(format!("thinking: {first}"))
+    }
     /// The plan as a checklist.
     fn plan(&self, entries: &[(String, String)]) -> MessageBody;
     /// A notice (restart, crash, timeout, ...).

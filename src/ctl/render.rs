@@ -159,6 +159,16 @@ pub fn session_detail(d: &SessionDetailView) -> String {
         fields.push(("agent pid", pid));
         fields.push(("turn", turn.into()));
         fields.push(("queued", live.queued_prompts.to_string()));
+        if let Some(u) = &live.usage {
+            let mut usage = format!("{}/{} tokens", u.used, u.size);
+            if let Some(cost) = u.cost {
+                usage.push_str(&format!(
+                    ", {cost:.2} {}",
+                    u.currency.as_deref().unwrap_or("")
+                ));
+            }
+            fields.push(("usage", usage.trim_end().to_owned()));
+        }
     }
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut out: String = fields
@@ -277,6 +287,7 @@ pub fn message(m: &MessageView) -> String {
         "tool" => tool_line(&m.content),
         "plan" => plan_lines(&m.content),
         "error" => format!("ERROR {}", m.content),
+        "thought" => format!("(thinking) {}", m.content),
         _ => m.content.clone(),
     };
     let prefix = format!("{time} {:<6} ", m.role);

@@ -91,7 +91,7 @@ impl From<SessionRecord> for SessionView {
 }
 
 /// What the running actor reports about a live session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LiveView {
     /// Whether a prompt turn is running.
     pub turn_running: bool,
@@ -101,11 +101,29 @@ pub struct LiveView {
     pub agent_pid: Option<i32>,
     /// The agent's name, from its `initialize` answer.
     pub agent_name: Option<String>,
+    /// Context use and cost, as last reported by the agent (`usage_update`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageView>,
+}
+
+/// Context use and cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageView {
+    /// Tokens in context.
+    pub used: u64,
+    /// Context window size.
+    pub size: u64,
+    /// Cumulative cost, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// Its unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
 }
 
 /// `GET /api/sessions/{id}`: the session, its pending requests and, while
 /// an agent is attached, the live view.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionDetailView {
     /// The session.
     #[serde(flatten)]
@@ -130,6 +148,12 @@ impl From<SessionDetail> for SessionDetailView {
                 queued_prompts: s.queued.len(),
                 agent_pid: s.pid,
                 agent_name: s.agent.name,
+                usage: s.usage.map(|u| UsageView {
+                    used: u.used,
+                    size: u.size,
+                    cost: u.cost,
+                    currency: u.currency,
+                }),
             }),
         }
     }

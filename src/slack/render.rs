@@ -501,6 +501,9 @@ impl Render for BlockKit {
         if let Some(reason) = line.reason.as_deref().filter(|r| !r.is_empty()) {
             status.push_str(&format!(" · _{}_", escape(&truncate(reason, 300))));
         }
+        if let Some(usage) = line.usage.as_deref() {
+            status.push_str(&format!(" · :bar_chart: {}", escape(usage)));
+        }
         let blocks = vec![
             section(&format!(":robot_face: *{}*", escape(&s.title))),
             context(&format!(
@@ -653,6 +656,19 @@ impl Render for BlockKit {
             .filter(|p| !p.trim().is_empty())
             .map(MessageBody::text)
             .collect()
+    }
+
+    fn thinking(&self, text: &str) -> MessageBody {
+        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let line = format!(
+            ":thought_balloon: _thinking_ · {} _({} chars; whole in the API)_",
+            escape(&truncate(first.trim(), 150)),
+            text.chars().count()
+        );
+        MessageBody {
+            text: format!("thinking: {}", truncate(first.trim(), 150)),
+            blocks: vec![context(&line)],
+        }
     }
 
     fn tool_call(&self, title: &str, status: &str) -> MessageBody {
@@ -841,6 +857,7 @@ mod tests {
             status: SessionStatus::Active,
             activity: "needs input".into(),
             reason: None,
+            usage: Some("53k/200k tokens · 0.05 USD".into()),
         };
         let body = BlockKit.root(&record(), &line);
         blocks_parse(&body);
@@ -851,6 +868,7 @@ mod tests {
             "{all}"
         );
         assert!(all.contains("`api`") && all.contains("`claude`"), "{all}");
+        assert!(all.contains("53k/200k tokens"), "{all}");
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub(crate) fn parse_message_kind(s: &str) -> Option<MessageKind> {
         "plan" => MessageKind::Plan,
         "tool" => MessageKind::Tool,
         "error" => MessageKind::Error,
+        "thought" => MessageKind::Thought,
         _ => return None,
     })
 }
@@ -334,6 +335,7 @@ mod tests {
             MessageKind::Plan,
             MessageKind::Tool,
             MessageKind::Error,
+            MessageKind::Thought,
         ] {
             assert_eq!(parse_message_kind(k.as_str()), Some(k));
         }

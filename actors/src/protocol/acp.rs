@@ -238,6 +238,41 @@ pub fn command_of(raw: Option<&Value>) -> Option<String> {
     }
 }
 
+/// What the agent reported about its context window and cost
+/// (`usage_update`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Usage {
+    /// Tokens in context.
+    pub used: u64,
+    /// Context window size in tokens.
+    pub size: u64,
+    /// Cumulative session cost, when given.
+    pub cost: Option<f64>,
+    /// Unit of `cost` (`USD`, ...).
+    pub currency: Option<String>,
+}
+
+impl Usage {
+    /// "53k/200k tokens · 0.05 USD".
+    pub fn describe(&self) -> String {
+        let k = |n: u64| {
+            if n >= 1000 {
+                format!("{}k", n / 1000)
+            } else {
+                n.to_string()
+            }
+        };
+        let mut text = format!("{}/{} tokens", k(self.used), k(self.size));
+        if let Some(cost) = self.cost {
+            text.push_str(&format!(
+                " · {cost:.2} {}",
+                self.currency.as_deref().unwrap_or("")
+            ));
+        }
+        text.trim_end().to_owned()
+    }
+}
+
 /// A `session/update`, digested.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Update {
@@ -253,6 +288,8 @@ pub enum Update {
     ToolCallUpdate(ToolCallView),
     /// The plan, replaced as a whole: (content, status).
     Plan(Vec<(String, String)>),
+    /// Context window and cost.
+    Usage(Usage),
     /// Anything else we keep only as a count (commands, mode, config, usage, ...).
     Other(String),
 }
@@ -328,6 +365,12 @@ pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
                 .map(|e| (e.content.clone(), snake(&e.status).unwrap_or_default()))
                 .collect(),
         ),
+        acp::SessionUpdate::UsageUpdate(u) => Update::Usage(Usage {
+            used: u.used,
+            size: u.size,
+            cost: u.cost.as_ref().map(|c| c.amount),
+            currency: u.cost.as_ref().map(|c| c.currency.clone()),
+        }),
         other => Update::Other(
             serde_json::to_value(other)
                 .ok()
@@ -493,6 +536,17 @@ mod tests {
         assert_eq!(
             parse_update(&plan).expect("plan").1,
             Update::Plan(vec![("x".into(), "pending".into())])
+        );
+        let usage = json!({"sessionId":"s","update":{"sessionUpdate":"usage_update","used":53000,"size":200000,
+            "cost":{"amount":0.045,"currency":"USD"}}});
+        let Update::Usage(u) = parse_update(&usage).expect("usage").1 else {
+            panic!("not usage")
+        };
+        assert_eq!(u.describe(), "53k/200k tokens · 0.04 USD");
+        let thought = json!({"sessionId":"s","update":{"sessionUpdate":"agent_thought_chunk","content":{"type":"text","text":"hmm"}}});
+        assert_eq!(
+            parse_update(&thought).expect("thought").1,
+            Update::Thought("hmm".into())
         );
         let other = json!({"sessionId":"s","update":{"sessionUpdate":"available_commands_update","availableCommands":[]}});
         assert_eq!(

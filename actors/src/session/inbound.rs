@@ -310,12 +310,29 @@ impl SessionState {
         }
         match update {
             Update::AgentText(t) => {
+                if !self.thought.is_empty() {
+                    self.flush_thought().await;
+                }
                 self.text.text.push_str(&t);
                 self.text.dirty = true;
             }
+            Update::Thought(t) => {
+                if !self.text.text.is_empty() {
+                    // Keep the transcript in the order the agent spoke.
+                    self.flush_text(true).await;
+                }
+                self.thought.push_str(&t);
+            }
+            Update::Usage(usage) => {
+                self.emit(OperatorEvent::Usage {
+                    session_id: self.id().clone(),
+                    usage: usage.clone(),
+                });
+                self.usage = Some(usage);
+            }
             Update::ToolCall(view) | Update::ToolCallUpdate(view) => self.on_tool(view).await,
             Update::Plan(entries) => self.on_plan(entries).await,
-            Update::UserText(_) | Update::Thought(_) | Update::Other(_) => {}
+            Update::UserText(_) | Update::Other(_) => {}
         }
     }
 
@@ -433,9 +450,25 @@ impl SessionState {
         });
     }
 
+    /// Stores the agent's aggregated thought and shows it to the operator.
+    async fn flush_thought(&mut self) {
+        let text = std::mem::take(&mut self.thought);
+        if text.trim().is_empty() {
+            return;
+        }
+        self.note(Role::Agent, MessageKind::Thought, &text).await;
+        self.emit(OperatorEvent::AgentThought {
+            session_id: self.id().clone(),
+            text,
+        });
+    }
+
     /// Persists aggregated agent text; `publish` also tells the operator and
     /// starts a new block.
     pub(super) async fn flush_text(&mut self, publish: bool) {
+        if publish && !self.thought.is_empty() {
+            self.flush_thought().await;
+        }
         if self.text.dirty {
             self.text.flushed_at = Instant::now();
             let stored = match self.text.message_id {

@@ -230,6 +230,8 @@ pub struct SessionSnapshot {
     pub mode: ApprovalMode,
     /// Paused by an operator (steering is held).
     pub paused: bool,
+    /// The agent's last reported context use and cost.
+    pub usage: Option<crate::protocol::acp::Usage>,
 }
 
 /// Final outcome a session reports to its supervisor.
@@ -543,6 +545,11 @@ pub struct SessionState {
     mcp_waiters: HashMap<u64, oneshot::Sender<McpAnswer>>,
     standby: Option<oneshot::Sender<Option<String>>>,
     text: TextBuffer,
+    /// The agent's reasoning since its last text, stored and shown whole
+    /// when its text (or a request, or the turn's end) follows.
+    thought: String,
+    /// The agent's last `usage_update`.
+    usage: Option<crate::protocol::acp::Usage>,
     /// Agent text whose transcript write failed, retried every tick.
     unstored_text: Vec<(Option<i64>, String)>,
     tools: HashMap<String, (i64, Value)>,
@@ -784,6 +791,8 @@ impl SessionState {
             mcp_waiters: HashMap::new(),
             standby: None,
             text: TextBuffer::default(),
+            thought: String::new(),
+            usage: None,
             unstored_text: Vec::new(),
             tools: HashMap::new(),
             toolcalls: toolcalls::ToolCalls::default(),
@@ -900,6 +909,7 @@ impl SessionState {
             pid: self.child.as_ref().map(AgentChild::pid),
             mode: self.mode,
             paused: self.paused,
+            usage: self.usage.clone(),
         }
     }
 
