@@ -46,6 +46,9 @@ const EVENT_BUFFER: usize = 1024;
 /// How long a cancel waits for the session to end before answering anyway.
 const CANCEL_MARGIN: Duration = Duration::from_secs(1);
 
+/// How long the agent may take to answer a mode / model / option switch.
+const AGENT_OPTION_TIMEOUT_MS: u64 = 15_000;
+
 /// How long a snapshot of a live session may take.
 const SNAPSHOT_TIMEOUT_MS: u64 = 2000;
 
@@ -176,6 +179,11 @@ impl From<SessionError> for AppError {
             },
             SessionError::NotLive(status) => AppError::conflict_status(status, message),
             SessionError::Storage(_) => AppError::Storage(message),
+            SessionError::NotOffered(_) => AppError::BadRequest(message),
+            SessionError::AgentRefused(_) => AppError::Conflict {
+                message,
+                status: None,
+            },
         }
     }
 }
@@ -876,6 +884,33 @@ impl App {
         };
         outcome.map_err(|e| AppError::actor("session", e))??;
         Ok(())
+    }
+
+    /// Switches the agent's own mode, model or config option; answers once
+    /// the agent accepted (or refused) it.
+    pub async fn set_agent_option(
+        &self,
+        id: &SessionId,
+        setting: intercom_actors::protocol::agent_options::AgentSetting,
+        caller: Caller,
+    ) -> Result<intercom_actors::protocol::agent_options::AgentOptions, AppError> {
+        let record = self.session(id).await?;
+        let Some(actor) = self.actor(id).await? else {
+            return Err(AppError::ended(record.status));
+        };
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::SetAgentOption {
+                setting,
+                caller,
+                reply
+            },
+            AGENT_OPTION_TIMEOUT_MS
+        )
+        .map_err(|e| AppError::actor("session", e))??;
+        let snapshot = ractor::call_t!(actor, SessionMsg::Snapshot, SNAPSHOT_TIMEOUT_MS)
+            .map_err(|e| AppError::actor("session", e))?;
+        Ok(snapshot.agent_options)
     }
 
     /// Sets a live session's approval mode (persisted).

@@ -674,3 +674,41 @@ fn restart_respawns_a_hung_agent_in_the_same_session() {
         r.text
     );
 }
+
+#[test]
+fn the_agents_own_modes_are_shown_and_switched() {
+    let server = Server::start(Setup {
+        scenario: json!({
+            "session_options": {"modes": {"currentModeId": "default", "availableModes": [
+                {"id": "default", "name": "Default"}, {"id": "plan", "name": "Plan Mode"}]}},
+            "turns": [[{"chunk": "ready."}]]
+        }),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("go"));
+    http.until_transcript(&id, "ready.");
+    let detail = http.get(&format!("/api/sessions/{id}"));
+    let offered = &detail.body["live"]["agent_options"];
+    assert_eq!(offered["current_mode"], "default", "{}", detail.text);
+    assert_eq!(offered["modes"][1]["id"], "plan");
+
+    let url = format!("/api/sessions/{id}/agent-mode");
+    let r = http.post(&url, &json!({"mode": "plan"}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.body["agent_options"]["current_mode"], "plan");
+    http.until_transcript(&id, "session/set_mode");
+
+    let r = http.post(&url, &json!({"mode": "bypassPermissions"}));
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(
+        r.body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("default, plan"),
+        "{}",
+        r.text
+    );
+    let r = http.post(&url, &json!({}));
+    assert_eq!(r.status, 400, "{}", r.text);
+}

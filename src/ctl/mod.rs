@@ -106,6 +106,23 @@ pub enum CtlCommand {
         /// Session id
         id: String,
     },
+    /// Show or switch the agent's own mode, model or config option
+    /// (what the agent offered in session/new; `ctl show` lists them)
+    AgentMode {
+        /// Session id
+        id: String,
+        /// The mode to switch to (e.g. plan, acceptEdits)
+        mode: Option<String>,
+        /// Switch the model instead
+        #[arg(long, conflicts_with = "mode")]
+        model: Option<String>,
+        /// Set a config option instead: --option <id> --value <value>
+        #[arg(long, requires = "value", conflicts_with_all = ["mode", "model"])]
+        option: Option<String>,
+        /// The config option's new value
+        #[arg(long, requires = "option")]
+        value: Option<String>,
+    },
     /// List pending approvals
     Pending,
     /// Approve a pending request
@@ -253,6 +270,31 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             let url = format!("/api/sessions/{}/restart", segment(id));
             let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
             emit(json, &raw, || render::session_line(&session));
+        }
+        CtlCommand::AgentMode {
+            id,
+            mode,
+            model,
+            option,
+            value,
+        } => {
+            let body = match (mode, model, option, value) {
+                (Some(m), _, _, _) => json!({"mode": m}),
+                (_, Some(m), _, _) => json!({"model": m}),
+                (_, _, Some(o), Some(v)) => json!({"option": o, "value": v}),
+                _ => {
+                    let (raw, detail) = client
+                        .get_as::<SessionDetailView>(&format!("/api/sessions/{}", segment(id)))?;
+                    let options = detail.live.map(|l| l.agent_options).unwrap_or_default();
+                    emit(json, &raw, || render::agent_options(&options));
+                    return Ok(());
+                }
+            };
+            let url = format!("/api/sessions/{}/agent-mode", segment(id));
+            let (raw, answer) = client.post_as::<Value>(&url, &body)?;
+            let options =
+                serde_json::from_value(answer["agent_options"].clone()).unwrap_or_default();
+            emit(json, &raw, || render::agent_options(&options));
         }
         CtlCommand::Pending => {
             let (raw, list) =

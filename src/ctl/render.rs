@@ -195,6 +195,39 @@ pub fn cancelled(answer: &serde_json::Value) -> String {
     }
 }
 
+/// `ctl agent-mode`: what the agent offers, the current choice marked `*`.
+pub fn agent_options(o: &intercom_actors::protocol::agent_options::AgentOptions) -> String {
+    use intercom_actors::protocol::agent_options::Offered;
+    if o.is_empty() {
+        return "the agent offers no modes, models or options\n".to_owned();
+    }
+    let line = |label: &str, list: &[Offered], current: Option<&str>| {
+        let items: Vec<String> = list
+            .iter()
+            .map(|c| {
+                let mark = if Some(c.id.as_str()) == current {
+                    "*"
+                } else {
+                    ""
+                };
+                format!("{mark}{}", printable(&c.id))
+            })
+            .collect();
+        format!("{label:<8} {}\n", items.join("  "))
+    };
+    let mut out = String::new();
+    if !o.modes.is_empty() {
+        out.push_str(&line("modes", &o.modes, o.current_mode.as_deref()));
+    }
+    if !o.models.is_empty() {
+        out.push_str(&line("models", &o.models, o.current_model.as_deref()));
+    }
+    for c in &o.config {
+        out.push_str(&line(&c.id, &c.values, c.current.as_deref()));
+    }
+    out
+}
+
 /// `ctl pending`.
 pub fn approvals(list: &[ApprovalView]) -> String {
     if list.is_empty() {

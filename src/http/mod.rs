@@ -39,6 +39,7 @@ pub fn router(app: App, token: ApiToken) -> Router {
         .route("/sessions/{id}/cancel", post(routes::cancel))
         .route("/sessions/{id}/restart", post(routes::restart))
         .route("/sessions/{id}/mode", post(rules::set_mode))
+        .route("/sessions/{id}/agent-mode", post(rules::set_agent_option))
         .route("/rules", get(rules::list).post(rules::create))
         .route("/rules/{id}", axum::routing::delete(rules::delete))
         .route("/approvals", get(routes::list_approvals))

@@ -5,6 +5,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use intercom_actors::model::SessionId;
+use intercom_actors::protocol::agent_options::AgentSetting;
 use intercom_actors::rules::{ApprovalMode, Rule, RuleAction, RuleMatch, Scope};
 use intercom_actors::session::Caller;
 use serde::{Deserialize, Serialize};
@@ -96,6 +97,45 @@ pub async fn delete(
 ) -> Result<StatusCode, ApiError> {
     app.delete_rule(&id, LOCAL_OWNER).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/sessions/{id}/agent-mode` body: exactly one of `mode`,
+/// `model`, or `option` with `value`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentOptionBody {
+    mode: Option<String>,
+    model: Option<String>,
+    option: Option<String>,
+    value: Option<String>,
+}
+
+impl AgentOptionBody {
+    fn setting(self) -> Result<AgentSetting, ApiError> {
+        match (self.mode, self.model, self.option, self.value) {
+            (Some(m), None, None, None) => Ok(AgentSetting::Mode(m)),
+            (None, Some(m), None, None) => Ok(AgentSetting::Model(m)),
+            (None, None, Some(id), Some(value)) => Ok(AgentSetting::Config { id, value }),
+            _ => Err(ApiError::bad_request(
+                "give exactly one of {\"mode\": ...}, {\"model\": ...} or {\"option\": ..., \"value\": ...}",
+            )),
+        }
+    }
+}
+
+/// `POST /api/sessions/{id}/agent-mode` -> 200 with what the agent now
+/// offers and uses (`session/set_mode`, `session/set_model`,
+/// `session/set_config_option`, sent only for offered values).
+pub async fn set_agent_option(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<AgentOptionBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let setting = body.setting()?;
+    let options = app
+        .set_agent_option(&SessionId(id), setting, Caller::local())
+        .await?;
+    Ok(Json(serde_json::json!({"agent_options": options})))
 }
 
 /// `POST /api/sessions/{id}/mode` body.

@@ -104,6 +104,10 @@ pub struct LiveView {
     /// Context use and cost, as last reported by the agent (`usage_update`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageView>,
+    /// The modes, models and config options the agent offers (switch them
+    /// with `POST /api/sessions/{id}/agent-mode`).
+    #[serde(default)]
+    pub agent_options: intercom_actors::protocol::agent_options::AgentOptions,
 }
 
 /// Context use and cost.
@@ -148,6 +152,7 @@ impl From<SessionDetail> for SessionDetailView {
                 queued_prompts: s.queued.len(),
                 agent_pid: s.pid,
                 agent_name: s.agent.name,
+                agent_options: s.agent_options,
                 usage: s.usage.map(|u| UsageView {
                     used: u.used,
                     size: u.size,

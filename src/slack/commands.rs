@@ -73,6 +73,9 @@ pub enum Command {
         /// Session id.
         id: Option<String>,
     },
+    /// `agent-mode [id] [<mode> | model <m> | <option> <value>]`: the
+    /// agent's own modes, models and options.
+    AgentMode(super::agent_mode::AgentModeCommand),
     /// `rules`.
     Rules,
     /// `rule rm <id>`.
@@ -172,6 +175,9 @@ pub fn parse(text: &str) -> Command {
                 }
             }
             Command::Mode { mode, id }
+        }
+        "agent-mode" | "agentmode" | "agent_mode" => {
+            Command::AgentMode(super::agent_mode::parse(rest))
         }
         "rules" => Command::Rules,
         "rule" => {
@@ -394,6 +400,7 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
             append_hint(&mut body, hint);
             reply.send(ctx, body);
         }
+        Command::AgentMode(cmd) => super::agent_mode::run(ctx, reply, cmd).await,
         Command::Rules => super::rules::list(ctx, &reply).await,
         Command::RuleRm(id) => super::rules::remove(ctx, &reply, id).await,
         Command::Steer { id, text } => {
@@ -459,7 +466,7 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
 }
 
 /// The actor's view of a live session.
-async fn snapshot(ctx: &Ctx, id: &SessionId) -> Option<SessionSnapshot> {
+pub(super) async fn snapshot(ctx: &Ctx, id: &SessionId) -> Option<SessionSnapshot> {
     let actor = ctx.actor(id).await?;
     ractor::call_t!(actor, SessionMsg::Snapshot, CALL_TIMEOUT_MS).ok()
 }
@@ -471,7 +478,7 @@ fn append_hint(body: &mut MessageBody, hint: Option<String>) {
 }
 
 /// The session a command concerns, or an ephemeral error (returns None).
-async fn resolve(
+pub(super) async fn resolve(
     ctx: &Ctx,
     reply: &Reply,
     id: Option<&str>,

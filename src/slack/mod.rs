@@ -28,6 +28,7 @@
 //! // shutdown: after the supervisor's, handle.shutdown().await
 //! ```
 
+pub mod agent_mode;
 pub mod api;
 pub mod commands;
 pub mod inbound;

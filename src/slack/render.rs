@@ -295,6 +295,7 @@ pub fn help() -> MessageBody {
          • `stop [id]`: stop a session\n\
          • `pause [id]`: cancel the running turn and hold replies until `resume [id]`\n\
          • `mode <ask|auto-edits|auto> [id]`: how much the session may do without asking (`mode` alone shows it)\n\
+         • `agent-mode [<mode> | model <model> | <option> <value>] [id]`: the agent's own modes and models, e.g. Claude Code's `plan` or `acceptEdits` (alone: what it offers)\n\
          • `rules`: the approval rules in force; `rule rm <id>`: remove one (operators only)\n\
          • `cleanup`: mark sessions that are stored as live but have no agent running as interrupted (operators only)\n\
          `start` also takes `--mode <ask|auto-edits|auto>`. \

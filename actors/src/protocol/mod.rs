@@ -6,6 +6,7 @@
 //! standard Agent Client Protocol) and [`intercom`] (the older NDJSON dialect).
 
 pub mod acp;
+pub mod agent_options;
 pub mod framing;
 pub mod intercom;
 pub mod jsonrpc;

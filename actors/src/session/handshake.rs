@@ -108,6 +108,7 @@ impl SessionState {
             }
             (Outgoing::NewSession, Ok(result)) => match acp::session_id_from_new(&result) {
                 Ok(sid) => {
+                    self.learn_agent_options(&result);
                     self.acp_session = Some(sid.clone());
                     if let Err(e) = self.store.set_acp_session_id(self.id(), &sid).await {
                         tracing::error!(session = %self.record.id, "storing acp session id: {e}");
@@ -124,8 +125,9 @@ impl SessionState {
                         .await;
                 }
             }
-            (Outgoing::LoadSession { .. }, Ok(_)) => {
+            (Outgoing::LoadSession { .. }, Ok(result)) => {
                 self.replaying = false;
+                self.learn_agent_options(&result);
                 tracing::info!(session = %self.record.id, replayed = self.replayed, "agent session resumed");
                 self.on_ready(true).await;
             }
@@ -144,7 +146,7 @@ impl SessionState {
                 let params = acp::new_session_params(&cwd, self.bridge());
                 self.request(methods::SESSION_NEW, params, Outgoing::NewSession);
             }
-            (Outgoing::Prompt, _) => {}
+            (Outgoing::Prompt, _) | (Outgoing::SetOption(_), _) => {}
         }
     }
 

@@ -95,6 +95,13 @@ impl SessionState {
                         };
                         self.on_prompt_response(rpc, outcome).await;
                     }
+                    Some(Outgoing::SetOption(setting)) => {
+                        let rpc = match id {
+                            Some(RpcId::Num(n)) => n,
+                            _ => -1,
+                        };
+                        self.on_setting_response(rpc, setting, outcome).await;
+                    }
                     Some(p) => self.on_handshake_response(p, outcome).await,
                     None => {
                         tracing::warn!(session = %self.record.id, id = ?id, "response to an unknown request id; ignored");
@@ -332,7 +339,12 @@ impl SessionState {
             }
             Update::ToolCall(view) | Update::ToolCallUpdate(view) => self.on_tool(view).await,
             Update::Plan(entries) => self.on_plan(entries).await,
-            Update::UserText(_) | Update::Other(_) => {}
+            Update::Other(_) => {
+                if let Some(update) = params.get("update") {
+                    self.agent_options.apply_update(update);
+                }
+            }
+            Update::UserText(_) => {}
         }
     }
 

@@ -7,6 +7,7 @@
 //! [`inbound`] (what the agent sends), [`requests`] (operator decisions),
 //! [`turns`] (prompts and steering), [`lifecycle`] (timers, stop, crash).
 
+mod agent_settings;
 mod handshake;
 mod inbound;
 mod lifecycle;
@@ -189,6 +190,12 @@ pub enum SessionError {
     /// Storage refused the write; nothing was sent to the agent.
     #[error("could not record it, so nothing was sent to the agent: {0}")]
     Storage(String),
+    /// The agent does not offer that mode, model or option value.
+    #[error("{0}")]
+    NotOffered(String),
+    /// The agent answered the switch with an error.
+    #[error("{0}")]
+    AgentRefused(String),
 }
 
 impl From<StoreError> for SessionError {
@@ -232,6 +239,8 @@ pub struct SessionSnapshot {
     pub paused: bool,
     /// The agent's last reported context use and cost.
     pub usage: Option<crate::protocol::acp::Usage>,
+    /// The modes, models and options the agent offers.
+    pub agent_options: crate::protocol::agent_options::AgentOptions,
 }
 
 /// Final outcome a session reports to its supervisor.
@@ -387,6 +396,15 @@ pub enum SessionMsg {
     },
     /// The rule set changed: re-evaluate pending requests.
     RulesChanged,
+    /// Switch the agent's own mode, model or config option.
+    SetAgentOption {
+        /// What to switch.
+        setting: crate::protocol::agent_options::AgentSetting,
+        /// Who.
+        caller: Caller,
+        /// Answered once the agent answered.
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    },
 }
 
 /// Shared, read-only settings for sessions.
@@ -443,6 +461,7 @@ enum Outgoing {
     NewSession,
     LoadSession { method: &'static str },
     Prompt,
+    SetOption(crate::protocol::agent_options::AgentSetting),
 }
 
 /// A request from the agent waiting for the operator.
@@ -550,6 +569,10 @@ pub struct SessionState {
     thought: String,
     /// The agent's last `usage_update`.
     usage: Option<crate::protocol::acp::Usage>,
+    /// What the agent offers to switch (modes, models, options).
+    agent_options: crate::protocol::agent_options::AgentOptions,
+    /// Operators waiting for the agent to answer a switch, by request id.
+    setting_waiters: HashMap<i64, RpcReplyPort<Result<(), SessionError>>>,
     /// Agent text whose transcript write failed, retried every tick.
     unstored_text: Vec<(Option<i64>, String)>,
     tools: HashMap<String, (i64, Value)>,
@@ -732,6 +755,11 @@ impl Actor for SessionActor {
                 let _ = reply.send(r);
             }
             SessionMsg::RulesChanged => state.reapply_rules().await,
+            SessionMsg::SetAgentOption {
+                setting,
+                caller,
+                reply,
+            } => state.set_agent_option(setting, &caller, reply).await,
         }
         Ok(())
     }
@@ -793,6 +821,8 @@ impl SessionState {
             text: TextBuffer::default(),
             thought: String::new(),
             usage: None,
+            agent_options: Default::default(),
+            setting_waiters: HashMap::new(),
             unstored_text: Vec::new(),
             tools: HashMap::new(),
             toolcalls: toolcalls::ToolCalls::default(),
@@ -910,6 +940,7 @@ impl SessionState {
             mode: self.mode,
             paused: self.paused,
             usage: self.usage.clone(),
+            agent_options: self.agent_options.clone(),
         }
     }
 

@@ -98,6 +98,9 @@ fn handle_request(agent: &mut Agent, id: Value, method: &str, params: &Value) {
         "session/new" => new_session(agent, id, params),
         "session/load" => load_session(agent, id, params),
         "session/prompt" => prompt(agent, id, params),
+        "session/set_mode" | "session/set_model" | "session/set_config_option" => {
+            set_option(agent, id, method, params)
+        }
         _ => respond_error(
             agent,
             id,
@@ -172,7 +175,44 @@ fn new_session(agent: &mut Agent, id: Value, params: &Value) {
     agent
         .sessions
         .insert(session_id.clone(), session_info(params));
-    respond(agent, id, json!({"sessionId": session_id}));
+    let mut result = json!({"sessionId": session_id});
+    if let (Some(extra), Some(target)) = (
+        agent
+            .scenario
+            .session_options
+            .as_ref()
+            .and_then(Value::as_object),
+        result.as_object_mut(),
+    ) {
+        for (k, v) in extra {
+            target.insert(k.clone(), v.clone());
+        }
+    }
+    respond(agent, id, result);
+}
+
+/// `session/set_mode`, `session/set_model`, `session/set_config_option`:
+/// accepted when the scenario offers options, and reported as agent text.
+fn set_option(agent: &mut Agent, id: Value, method: &str, params: &Value) {
+    if agent.scenario.session_options.is_none() {
+        return respond_error(
+            agent,
+            id,
+            METHOD_NOT_FOUND,
+            &format!("method not found: {method}"),
+        );
+    }
+    respond(agent, id, json!({}));
+    let mut shown = params.clone();
+    if let Some(o) = shown.as_object_mut() {
+        o.remove("sessionId");
+    }
+    if method == "session/set_mode" {
+        let mode = params.get("modeId").cloned().unwrap_or(Value::Null);
+        let body = json!({"sessionUpdate": "current_mode_update", "currentModeId": mode});
+        send_update(agent, body);
+    }
+    steps::emit(agent, TextKind::Agent, &format!("{method} {shown}"));
 }
 
 fn load_session(agent: &mut Agent, id: Value, params: &Value) {

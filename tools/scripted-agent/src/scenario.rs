@@ -52,6 +52,11 @@ pub struct Scenario {
     pub require_auth: bool,
     #[serde(default)]
     pub handshake_delay_ms: u64,
+    /// Extra fields of the `session/new` result (`modes`, `models`,
+    /// `configOptions`); their switches (`session/set_mode`, ...) are
+    /// accepted and reported as agent text.
+    #[serde(default)]
+    pub session_options: Option<Value>,
     #[serde(default)]
     pub on_start: Vec<Step>,
     #[serde(default)]
@@ -266,6 +271,7 @@ impl Scenario {
             auth_methods: Vec::new(),
             require_auth: false,
             handshake_delay_ms: 0,
+            session_options: None,
             on_start: Vec::new(),
             turns: vec![turn],
             on_load: Vec::new(),
