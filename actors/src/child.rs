@@ -124,8 +124,35 @@ impl StderrTail {
         };
         let skip = buf.len().saturating_sub(max);
         let bytes: Vec<u8> = buf.iter().skip(skip).copied().collect();
-        String::from_utf8_lossy(&bytes).trim().to_owned()
+        plain_text(&String::from_utf8_lossy(&bytes))
+            .trim()
+            .to_owned()
     }
+}
+
+/// Agent stderr as the operator should see it: terminal escape sequences
+/// (colours, cursor moves) removed, other control characters dropped.
+pub fn plain_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                // CSI: parameters, then one final byte in @..~.
+                for f in chars.by_ref() {
+                    if ('@'..='~').contains(&f) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+        } else if !c.is_control() || c == '\n' || c == '\t' {
+            out.push(c);
+        }
+    }
+    out
 }
 
 enum WriterCmd {
@@ -384,6 +411,15 @@ pub use libc::{SIGKILL, SIGTERM};
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn stderr_is_shown_without_terminal_escapes() {
+        assert_eq!(
+            plain_text("2026 [\u{1b}[32minfo\u{1b}[39m]: Starting\u{7}\n\u{1b}]0;t"),
+            "2026 [info]: Starting\n0;t"
+        );
+    }
+
     use super::*;
     use std::time::Duration;
 

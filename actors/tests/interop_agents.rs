@@ -149,3 +149,66 @@ async fn gemini_cli_fails_session_new_with_a_named_auth_error() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// The interop install directory as it appears in agents' command lines.
+fn install_dir() -> String {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop");
+    dir.canonicalize().unwrap_or(dir).display().to_string()
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn copilot_cli_names_copilot_login_and_leaves_nothing_running() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::new(knobs()).await;
+    isolate_home(&h);
+    let p = profile("copilot", bin("copilot"), &["--acp"], &[]);
+    let err = h
+        .start_req(h.request(p, "hello"))
+        .await
+        .expect_err("no GitHub login offline");
+    let SupervisorError::StartFailed(StartError::AuthRequired { agent, methods, .. }) = &err else {
+        panic!("unexpected {err:?}");
+    };
+    assert_eq!(agent, "copilot");
+    assert!(methods.contains("copilot-login"), "{methods}");
+    assert!(err.to_string().contains("copilot-login"), "{err}");
+    assert!(
+        h.store.list_sessions(false).await.expect("list").is_empty(),
+        "no session row left behind"
+    );
+    interop_support::until_no_process(&[&install_dir(), "copilot"], support::WAIT).await;
+}
+
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn cursor_agent_acp_without_cursor_agent_times_out_with_its_stderr() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            startup_timeout_secs: 4,
+            shutdown_grace_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    isolate_home(&h);
+    let p = profile("cursor", bin("cursor-agent-acp"), &[], &[]);
+    let err = h
+        .start_req(h.request(p, "hello"))
+        .await
+        .expect_err("it never answers initialize without cursor-agent");
+    let SupervisorError::StartFailed(StartError::Timeout { secs, stderr, .. }) = &err else {
+        panic!("unexpected {err:?}");
+    };
+    assert_eq!(*secs, 4);
+    assert!(
+        stderr.contains("cursor-agent") && stderr.contains("ENOENT"),
+        "the operator sees why: {stderr}"
+    );
+    assert!(!stderr.contains('\u{1b}'), "no terminal escapes: {stderr}");
+    assert!(err.to_string().contains("stderr:"), "{err}");
+    assert!(h.store.list_sessions(false).await.expect("list").is_empty());
+    interop_support::until_no_process(&[&install_dir(), "cursor-agent-acp"], support::WAIT).await;
+}

@@ -310,8 +310,15 @@ async fn startup_timeout_fails_the_start_and_leaves_no_record() {
         ..Knobs::default()
     })
     .await;
-    let req = h.request(h.profile(json!({"handshake_delay_ms": 30000})), "go");
+    let scenario = json!({"handshake_delay_ms": 30000,
+        "on_start": [{"stderr": "\u{1b}[31merror\u{1b}[39m: waiting for the moon"}]});
+    let req = h.request(h.profile(scenario), "go");
     let err = h.start_req(req).await.expect_err("must time out");
+    assert!(
+        err.to_string()
+            .contains("stderr: error: waiting for the moon"),
+        "the operator sees why, without escapes: {err}"
+    );
     assert!(
         matches!(
             err,

@@ -2,8 +2,8 @@
 # Install the pinned real agents / MCP tooling used by the interop tests.
 #
 #   tests/interop/node_modules   <- package.json + package-lock.json (npm ci)
-#       @zed-industries/claude-code-acp, @google/gemini-cli,
-#       @modelcontextprotocol/inspector
+#       @zed-industries/claude-code-acp, @google/gemini-cli, @github/copilot,
+#       @blowmage/cursor-agent-acp, @modelcontextprotocol/inspector
 #   tests/interop/.venv          <- requirements.txt (official MCP SDK `mcp`)
 #
 # Idempotent: a stamp in tests/interop/.install/ records the hash of the
@@ -63,6 +63,8 @@ BINS=(
     "node_modules/.bin/claude-code-acp"
     "node_modules/.bin/gemini"
     "node_modules/.bin/mcp-inspector"
+    "node_modules/.bin/copilot"
+    "node_modules/.bin/cursor-agent-acp"
     ".venv/bin/python"
 )
 
@@ -114,6 +116,8 @@ fi
 cat >"$STATE_DIR/paths.env" <<EOF
 CLAUDE_CODE_ACP_BIN=$HERE/node_modules/.bin/claude-code-acp
 GEMINI_BIN=$HERE/node_modules/.bin/gemini
+COPILOT_BIN=$HERE/node_modules/.bin/copilot
+CURSOR_AGENT_ACP_BIN=$HERE/node_modules/.bin/cursor-agent-acp
 MCP_INSPECTOR_BIN=$HERE/node_modules/.bin/mcp-inspector
 INTEROP_PYTHON=$HERE/.venv/bin/python
 EOF
@@ -122,5 +126,7 @@ ver() { node -p "require('$HERE/node_modules/$1/package.json').version"; }
 echo "interop tools ready:"
 echo "  claude-code-acp $(ver @zed-industries/claude-code-acp): $HERE/node_modules/.bin/claude-code-acp"
 echo "  gemini          $(ver @google/gemini-cli): $HERE/node_modules/.bin/gemini  (ACP: --acp)"
+echo "  copilot         $(ver @github/copilot): $HERE/node_modules/.bin/copilot  (ACP: --acp)"
+echo "  cursor-agent-acp $(ver @blowmage/cursor-agent-acp): $HERE/node_modules/.bin/cursor-agent-acp"
 echo "  mcp-inspector   $(ver @modelcontextprotocol/inspector): $HERE/node_modules/.bin/mcp-inspector  (--cli)"
 echo "  python + mcp    $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("mcp"))'): $HERE/.venv/bin/python"

@@ -14,6 +14,9 @@ use crate::model::{MessageKind, Protocol, Role, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::supervisor::SupervisorMsg;
 
+/// How much of the agent's stderr a startup timeout shows.
+const STARTUP_STDERR_BYTES: usize = 1024;
+
 /// How often streaming agent text is persisted mid-turn.
 const TEXT_FLUSH: Duration = Duration::from_secs(1);
 
@@ -127,6 +130,11 @@ impl SessionState {
             let err = StartError::Timeout {
                 agent: self.profile.id.clone(),
                 secs: self.settings.limits.startup_timeout_secs,
+                stderr: self
+                    .child
+                    .as_ref()
+                    .map(|c| c.stderr.text(STARTUP_STDERR_BYTES))
+                    .unwrap_or_default(),
             };
             self.fail_start(err).await;
         }

@@ -108,12 +108,17 @@ pub enum StartError {
     #[error("{0}")]
     Spawn(String),
     /// The handshake did not finish in time.
-    #[error("agent `{agent}` did not finish the ACP handshake within {secs} s")]
+    #[error(
+        "agent `{agent}` did not finish the ACP handshake within {secs} s{}",
+        stderr_suffix(.stderr)
+    )]
     Timeout {
         /// Profile.
         agent: String,
         /// Seconds.
         secs: u64,
+        /// The last of what the agent wrote to stderr (why it is stuck).
+        stderr: String,
     },
     /// The agent exited during startup.
     #[error("agent `{agent}` exited during startup ({exit}); stderr: {stderr}")]
@@ -150,6 +155,14 @@ pub enum StartError {
     /// Storage failed.
     #[error("storage: {0}")]
     Storage(String),
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    if stderr.is_empty() {
+        "; it wrote nothing to stderr".to_owned()
+    } else {
+        format!("; stderr: {stderr}")
+    }
 }
 
 /// Why an operator action was refused.
