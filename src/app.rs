@@ -504,7 +504,7 @@ impl App {
         owner: &str,
         mode: Option<ApprovalMode>,
     ) -> Result<SessionRecord, AppError> {
-        if prompt.trim().is_empty() {
+        if intercom_actors::model::is_blank_prompt(prompt) {
             return Err(AppError::BadRequest("the prompt is empty".into()));
         }
         let resolved = ractor::call!(self.inner.registry, RegistryMsg::Resolve, target)
@@ -583,7 +583,7 @@ impl App {
         interrupt: bool,
         caller: Caller,
     ) -> Result<SteerOutcome, AppError> {
-        if text.trim().is_empty() {
+        if intercom_actors::model::is_blank_prompt(text) {
             return Err(AppError::BadRequest("the prompt text is empty".into()));
         }
         let record = self.session(id).await?;
@@ -755,6 +755,9 @@ impl App {
         self.refresh_rules().await;
         self.inner.config_status.ok();
         tracing::info!("{}", config.summary());
+        for w in config.warnings() {
+            tracing::warn!("{w}");
+        }
     }
 
     /// Marks the config stale after a bad edit (the previous map stays).

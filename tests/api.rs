@@ -712,3 +712,21 @@ fn the_agents_own_modes_are_shown_and_switched() {
     let r = http.post(&url, &json!({}));
     assert_eq!(r.status, 400, "{}", r.text);
 }
+
+#[test]
+fn a_prompt_of_only_quotes_is_empty() {
+    let server = Server::start(Setup::default());
+    let r = server.http.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": " \"\" "}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(
+        r.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("empty")),
+        "{}",
+        r.text
+    );
+    assert_eq!(server.http.get("/api/sessions").body, json!([]));
+}

@@ -1089,3 +1089,20 @@ fn discovery_runs_again_on_every_load_and_rules_may_name_discovered_workspaces()
     );
     assert!(summary.contains("1 approval rule"), "{summary}");
 }
+
+#[test]
+fn check_config_warns_about_agent_commands_that_cannot_be_found() {
+    let (_dir, path) = write_config(
+        "[[agent]]\nid = \"ghost\"\ncommand = \"no-such-agent-binary-xyz\"\n\n[[agent]]\nid = \"shell\"\ncommand = \"sh\"\n",
+    );
+    let out = check_config(&path).unwrap();
+    assert!(out.starts_with("config OK"), "{out}");
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{out}");
+    assert!(
+        warnings[0].contains("agent profile `ghost`")
+            && warnings[0].contains("no-such-agent-binary-xyz")
+            && warnings[0].contains("not found on PATH"),
+        "{out}"
+    );
+}

@@ -585,6 +585,9 @@ async fn pause_cancels_the_turn_and_holds_steering_until_resume() {
     .await;
     rig.emu.slash(OWNER, CHANNEL, "status");
     rig.until_ephemeral(OWNER, ": paused").await;
+    rig.emu.slash(OWNER, CHANNEL, "sessions");
+    rig.until_ephemeral(OWNER, &format!("`{}` :double_vertical_bar: *paused*", id.0))
+        .await;
 
     // A reply and a steer while paused are held (hourglass), not delivered.
     let held = rig
@@ -884,4 +887,44 @@ async fn mode_auto_approves_without_asking() {
     rig.until_transcript(&auto, "permission t1: selected allow-once")
         .await;
     assert!(rig.transcript(&auto).await.contains("prompt: write it"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_during_a_restart_is_stored_then_delivered_and_restart_is_a_command() {
+    let markers = tempfile::tempdir().expect("tempdir");
+    let crashed = markers.path().join("crashed").display().to_string();
+    let scenario = json!({"turns": [[{"exit_once": {"code": 1, "marker": crashed}}], []]});
+    let options = RigOptions {
+        backoff_secs: 2,
+        ..RigOptions::default()
+    };
+    let rig = Rig::start_with(&[("crashy", scenario)], options).await;
+    let (id, root) = rig.start_session("crashy", "go").await;
+    rig.until_record(&id, "waiting for its restart", |r| {
+        r.status == SessionStatus::Starting && r.restart_count == 1
+    })
+    .await;
+    // The agent is gone for the backoff: the reply is stored (hourglass) ...
+    let held = rig.emu.reply(OWNER, CHANNEL, &root, "after the crash");
+    rig.until_message(&held, "queued reaction", |m| {
+        m.reactions.contains(&"hourglass_flowing_sand".to_owned())
+    })
+    .await;
+    // ... and delivered to the restarted agent (check mark).
+    rig.until_transcript(&id, "prompt: after the crash").await;
+    rig.until_message(&held, "delivered reaction", |m| {
+        m.reactions == vec!["white_check_mark".to_owned()]
+    })
+    .await;
+
+    // `/intercom restart` respawns the agent in the same thread.
+    rig.emu.slash(OWNER, CHANNEL, "restart");
+    rig.until_ephemeral(OWNER, "Restarting the agent").await;
+    rig.until_record(&id, "restarted by the operator", |r| {
+        r.status == SessionStatus::Active && r.restart_count == 2
+    })
+    .await;
+    rig.emu
+        .slash(STRANGER, CHANNEL, &format!("restart {}", id.0));
+    rig.until_ephemeral(STRANGER, "may not").await;
 }

@@ -417,6 +417,19 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// True for a prompt with nothing to say: only whitespace and quote
+/// characters (`/intercom start ""` is an empty prompt, not a task of two
+/// quote characters).
+pub fn is_blank_prompt(text: &str) -> bool {
+    text.chars().all(|c| {
+        c.is_whitespace()
+            || matches!(
+                c,
+                '"' | '\'' | '`' | '\u{201c}' | '\u{201d}' | '\u{2018}' | '\u{2019}'
+            )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,5 +454,15 @@ mod tests {
     #[test]
     fn generated_ids_differ() {
         assert_ne!(SessionId::generate(), SessionId::generate());
+    }
+
+    #[test]
+    fn quotes_and_whitespace_are_a_blank_prompt() {
+        for blank in ["", "  ", "\"\"", "''", " \" \" ", "\u{201c}\u{201d}", "``"] {
+            assert!(super::is_blank_prompt(blank), "{blank:?}");
+        }
+        for real in ["x", "\"fix it\"", "it's"] {
+            assert!(!super::is_blank_prompt(real), "{real:?}");
+        }
     }
 }

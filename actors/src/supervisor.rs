@@ -546,7 +546,7 @@ impl SupervisorState {
             return;
         }
         let prompt = req.prompt.trim().to_owned();
-        if prompt.is_empty() {
+        if crate::model::is_blank_prompt(&prompt) {
             let _ = reply.send(Err(SupervisorError::EmptyPrompt));
             return;
         }
@@ -630,7 +630,13 @@ impl SupervisorState {
                     Err(SupervisorError::StartFailed(err))
                 }
                 Err(_) => {
-                    let _ = store.delete_session(&id).await;
+                    // Stopped before it was ready: a stop leaves its record
+                    // (`cancelled`); anything else leaves none.
+                    let ended =
+                        matches!(store.get_session(&id).await, Ok(Some(r)) if !r.status.is_live());
+                    if !ended {
+                        let _ = store.delete_session(&id).await;
+                    }
                     Err(SupervisorError::StartFailed(StartError::Spawn(
                         "the session stopped before its agent was ready".into(),
                     )))

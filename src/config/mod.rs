@@ -18,6 +18,7 @@
 //! whole file when it changes; [`Config::workspace_map`] is what the
 //! WorkspaceRegistry serves.
 
+mod agent_check;
 mod discover;
 mod paths;
 mod rules;
@@ -551,7 +552,21 @@ fn parse_message(e: &toml::de::Error) -> String {
 /// Loads and validates the file at `path` and returns the summary printed by
 /// the `check-config` subcommand.
 pub fn check_config(path: &Path) -> Result<String, ConfigError> {
-    Config::load(path).map(|c| c.summary())
+    Config::load(path).map(|c| {
+        let mut out = c.summary();
+        for w in c.warnings() {
+            out.push_str(&format!("\nwarning: {w}"));
+        }
+        out
+    })
+}
+
+impl Config {
+    /// What would fail later although the file is valid (agent commands
+    /// that cannot be found), one sentence each.
+    pub fn warnings(&self) -> Vec<String> {
+        agent_check::agent_command_warnings(&self.agents)
+    }
 }
 
 #[cfg(test)]

@@ -128,6 +128,9 @@ fn load_config(options: &ServeOptions) -> Result<Config, ConfigError> {
     }
     let config = Config::load(&choice.path)?;
     tracing::info!("{}", config.summary());
+    for w in config.warnings() {
+        tracing::warn!("{w}");
+    }
     Ok(config)
 }
 

@@ -311,7 +311,10 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
             tokio::spawn(async move { start(&ctx, reply, agent, mode, text).await });
         }
         Command::Sessions { all } => match ctx.store.list_sessions(!all).await {
-            Ok(list) => reply.send(ctx, render::session_list(&list, all)),
+            Ok(list) => {
+                let paused = paused_among(ctx, &list).await;
+                reply.send(ctx, render::session_list(&list, all, &paused))
+            }
             Err(e) => reply.send(ctx, render::problem(&format!("Cannot list sessions: {e}"))),
         },
         Command::Status(id) => {
@@ -465,6 +468,17 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
     }
 }
 
+/// The live sessions among `list` (as far as it is shown) that are paused.
+async fn paused_among(ctx: &Ctx, list: &[SessionRecord]) -> HashSet<SessionId> {
+    let mut paused = HashSet::new();
+    for rec in list.iter().filter(|r| r.status.is_live()).take(25) {
+        if snapshot(ctx, &rec.id).await.is_some_and(|s| s.paused) {
+            paused.insert(rec.id.clone());
+        }
+    }
+    paused
+}
+
 /// The actor's view of a live session.
 pub(super) async fn snapshot(ctx: &Ctx, id: &SessionId) -> Option<SessionSnapshot> {
     let actor = ctx.actor(id).await?;
@@ -550,7 +564,7 @@ async fn start(
             }
         },
     };
-    if prompt.trim().is_empty() {
+    if intercom_actors::model::is_blank_prompt(prompt) {
         reply.send(
             ctx,
             render::problem(

@@ -305,7 +305,13 @@ pub fn help() -> MessageBody {
 }
 
 /// One line per session for `/intercom sessions`.
-pub fn session_list(sessions: &[SessionRecord], all: bool) -> MessageBody {
+/// `/intercom sessions`; `paused` are live sessions an operator paused
+/// (shown *paused*, not by their stored status).
+pub fn session_list(
+    sessions: &[SessionRecord],
+    all: bool,
+    paused: &std::collections::HashSet<SessionId>,
+) -> MessageBody {
     if sessions.is_empty() {
         let what = if all {
             "No sessions yet."
@@ -320,11 +326,16 @@ pub fn session_list(sessions: &[SessionRecord], all: bool) -> MessageBody {
         "*Live sessions*".to_owned()
     }];
     for s in sessions.iter().take(25) {
+        let (emoji, status) = if s.status.is_live() && paused.contains(&s.id) {
+            (":double_vertical_bar:", "paused")
+        } else {
+            (status_emoji(s.status, s.status.as_str()), s.status.as_str())
+        };
         lines.push(format!(
             "• `{}` {} *{}* · {} · {} · owner {}",
             s.id,
-            status_emoji(s.status, s.status.as_str()),
-            s.status,
+            emoji,
+            status,
             escape(&s.workspace),
             escape(&truncate(&s.title, 60)),
             who(&s.owner)

@@ -69,6 +69,8 @@ pub struct RigOptions {
     pub idle_timeout_secs: u64,
     /// Rules "from the config file".
     pub config_rules: Vec<Rule>,
+    /// Seconds before a crash restart (0: at once).
+    pub backoff_secs: u64,
 }
 
 /// The server's rule management for the harness: what `App` does for
@@ -254,8 +256,8 @@ async fn spawn_supervisor(
     });
     let args = SupervisorArgs {
         policy: SupervisionPolicy {
-            backoff_initial_secs: 0,
-            backoff_max_secs: 0,
+            backoff_initial_secs: options.backoff_secs,
+            backoff_max_secs: options.backoff_secs,
             ..SupervisionPolicy::default()
         },
         settings,

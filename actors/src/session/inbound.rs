@@ -348,21 +348,25 @@ impl SessionState {
         }
     }
 
-    /// Counts inbound frames per one-second window.
+    /// Counts inbound frames; warns once per burst over the limit.
     fn count_frame(&mut self) {
-        let now = Instant::now();
-        if now.duration_since(self.rate.0) >= std::time::Duration::from_secs(1) {
-            self.rate = (now, 0);
+        let limit = self.settings.limits.inbound_messages_per_sec;
+        if let Some(rate) = self.rate.count(Instant::now(), limit) {
+            tracing::warn!(
+                session = %self.record.id,
+                rate,
+                limit,
+                "agent sends about {rate} messages/s, over limits.inbound_messages_per_sec ({limit}): updates are coalesced until it slows down"
+            );
         }
-        self.rate.1 = self.rate.1.saturating_add(1);
     }
 
     /// True while the agent sends more than `limits.inbound_messages_per_sec`:
     /// updates are then coalesced (persisted and shown once per tick), never
     /// dropped; requests and responses are always handled at once.
     fn flooded(&self) -> bool {
-        let limit = self.settings.limits.inbound_messages_per_sec;
-        limit > 0 && self.rate.1 > limit
+        self.rate
+            .flooded(self.settings.limits.inbound_messages_per_sec)
     }
 
     /// Persists and shows what was coalesced during a flood.

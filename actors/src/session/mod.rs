@@ -8,6 +8,7 @@
 //! [`turns`] (prompts and steering), [`lifecycle`] (timers, stop, crash).
 
 mod agent_settings;
+mod flood;
 mod handshake;
 mod inbound;
 mod lifecycle;
@@ -593,7 +594,7 @@ pub struct SessionState {
     toolcalls: toolcalls::ToolCalls,
     plan_message: Option<i64>,
     /// Inbound frames in the current one-second window (flood detection).
-    rate: (Instant, u32),
+    rate: flood::FloodMeter,
     /// Tool calls changed while flooded, persisted on the next tick.
     dirty_tools: HashSet<String>,
     /// The latest plan while flooded, persisted on the next tick.
@@ -840,7 +841,7 @@ impl SessionState {
             tools: HashMap::new(),
             toolcalls: toolcalls::ToolCalls::default(),
             plan_message: None,
-            rate: (now, 0),
+            rate: flood::FloodMeter::new(now),
             dirty_tools: HashSet::new(),
             pending_plan: None,
             last_inbound: now,
