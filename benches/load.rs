@@ -1055,6 +1055,7 @@ async fn run(
         auth_method: None,
     };
     let settings = Arc::new(SessionSettings {
+        server_files: Default::default(),
         limits: limits(n),
         stall: StallPolicy {
             inactivity_secs: 0,

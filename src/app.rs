@@ -361,6 +361,7 @@ fn session_settings(config: &Config, rules: SharedRules) -> SessionSettings {
             .iter()
             .cloned()
             .collect::<HashSet<_>>(),
+        server_files: config.server_files(),
     }
 }
 

@@ -88,7 +88,7 @@ impl Drop for Server {
 fn permission_scenario() -> Value {
     json!({"turns": [[
         {"chunk": "working. "},
-        {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit"}},
+        {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit", "locations": ["notes.txt"]}},
         {"chunk": "done."}
     ]]})
 }

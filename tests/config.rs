@@ -129,7 +129,13 @@ fn example_config_parses_and_validates() {
     );
     assert_eq!(agent.protocol, Protocol::Acp);
     let ws = cfg.workspace("demo").unwrap();
-    assert_eq!(ws.path, repo);
+    assert_eq!(ws.path, repo.join("demo"));
+    // The shipped layout keeps the data directory and the config out of it.
+    assert!(
+        cfg.exposure_warnings().is_empty(),
+        "{:?}",
+        cfg.exposure_warnings()
+    );
     assert_eq!(ws.channel_id, "");
     assert_eq!(cfg.default_agent_for(Some(ws)).unwrap().id, "scripted");
     assert_eq!(cfg.default_agent.as_deref(), Some("scripted"));
@@ -219,6 +225,7 @@ fn commented_out_example_agents_are_valid_too() {
         kind: Some(kind.into()),
         paths: paths.iter().map(|p| p.to_string()).collect(),
         paths_inside: true,
+        server_file: false,
         command: command.map(str::to_owned),
         agent: agent.into(),
         workspace: "api".into(),

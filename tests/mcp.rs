@@ -9,7 +9,10 @@ use std::time::Duration;
 use intercom_actors::model::{RequestStatus, SessionStatus};
 use intercom_actors::ports::OperatorEvent;
 use intercom_actors::session::Choice;
-use mcp_common::{Harness, INITIALIZE, Timeouts, call, ok, raw_post, refused};
+use mcp_common::{
+    Harness, INITIALIZE, OPERATOR_TOKEN, Timeouts, WORKSPACE_TOKEN, call, ok, raw_post,
+    raw_post_with, refused,
+};
 use rmcp::ServiceError;
 use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ErrorCode};
 use rmcp::service::PeerRequestOptions;
@@ -570,21 +573,38 @@ async fn closing_the_mcp_session_ends_the_core_session() {
 #[tokio::test]
 async fn the_bridge_needs_a_valid_token_and_reaches_the_acp_session() {
     let h = Harness::new().await;
-    for query in ["?session_id=", "?session_id=bogus"] {
-        let status = raw_post(h.port, &format!("/mcp{query}"), "127.0.0.1", INITIALIZE).await;
-        assert_eq!(status, 401, "{query}");
+    for bad in ["Bearer ", "Bearer bogus"] {
+        let status = raw_post_with(
+            h.port,
+            "/mcp",
+            "127.0.0.1",
+            &[("Authorization", bad)],
+            INITIALIZE,
+        )
+        .await;
+        assert_eq!(status, 401, "{bad}");
     }
     let acp = h
         .start_acp(json!({"mcp_http": true, "turns": [[{"echo_mcp": true}]]}))
         .await;
-    let text = h.until_transcript(&acp.id, "session_id=").await;
+    let text = h.until_transcript(&acp.id, "Bearer ").await;
     let token = text
-        .split("session_id=")
+        .split("Bearer ")
         .nth(1)
         .and_then(|rest| rest.split('"').next())
         .expect("token")
         .to_owned();
-    let client = h.client(&format!("?session_id={token}")).await;
+    // In the URL the token is refused (URLs end up in logs).
+    let in_url = raw_post_with(
+        h.port,
+        &format!("/mcp?session_id={token}"),
+        "127.0.0.1",
+        &[],
+        INITIALIZE,
+    )
+    .await;
+    assert_eq!(in_url, 401);
+    let client = h.client_with("", &token).await;
     let r = ok(&client, "ping", json!({"status_message": "bridged hello"})).await;
     assert_eq!(r, json!({"queued_steering": []}));
     h.until_transcript(&acp.id, "bridged hello").await;
@@ -635,4 +655,66 @@ async fn a_reconnected_client_applies_what_its_earlier_session_got_approved() {
         panic!("unexpected {err:?}")
     };
     assert!(e.message.contains("another workspace"), "{}", e.message);
+}
+
+#[tokio::test]
+async fn mcp_needs_a_token_and_a_loopback_origin() {
+    let h = Harness::new().await;
+    let host = "127.0.0.1";
+    let none = raw_post_with(h.port, "/mcp?workspace_id=ws", host, &[], INITIALIZE).await;
+    assert_eq!(none, 401, "no credential");
+    let wrong = raw_post_with(
+        h.port,
+        "/mcp?workspace_id=ws",
+        host,
+        &[("Authorization", "Bearer not-the-token")],
+        INITIALIZE,
+    )
+    .await;
+    assert_eq!(wrong, 401, "wrong token");
+    let right = format!("Bearer {OPERATOR_TOKEN}");
+    let ok_status = raw_post_with(
+        h.port,
+        "/mcp?workspace_id=ws",
+        host,
+        &[("Authorization", &right)],
+        INITIALIZE,
+    )
+    .await;
+    assert_eq!(ok_status, 200, "the operator token");
+    // A web page in the operator's browser cannot use it, token or not.
+    let cross = raw_post_with(
+        h.port,
+        "/mcp?workspace_id=ws",
+        host,
+        &[
+            ("Authorization", &right),
+            ("Origin", "https://evil.example"),
+        ],
+        INITIALIZE,
+    )
+    .await;
+    assert_eq!(cross, 403, "foreign Origin");
+    // Nothing was attached by the refused requests.
+    assert!(h.mcp_sessions().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_workspace_token_is_confined_to_its_workspace() {
+    let h = Harness::new().await;
+    let scoped = format!("Bearer {WORKSPACE_TOKEN}");
+    let elsewhere = raw_post_with(
+        h.port,
+        "/mcp?workspace_id=other",
+        "127.0.0.1",
+        &[("Authorization", &scoped)],
+        INITIALIZE,
+    )
+    .await;
+    assert_eq!(elsewhere, 403);
+    // Without a workspace in the URL the token's workspace is used.
+    let client = h.client_with("", WORKSPACE_TOKEN).await;
+    ok(&client, "ping", json!({})).await;
+    let s = h.mcp_session().await;
+    assert_eq!(s.workspace, "ws");
 }

@@ -579,7 +579,14 @@ fn fs_escapes_are_refused_end_to_end() {
     );
     assert_eq!(r.status, 200, "{}", r.text);
     let t = api.until_transcript(&id, "\ndone");
-    assert_eq!(t.matches("outside the workspace").count(), 6, "{t}");
+    // Each refusal reaches the agent as an error and the operator as a notice.
+    assert_eq!(t.matches(": error path").count(), 6, "{t}");
+    assert_eq!(
+        t.matches("on a path it may not use and was refused")
+            .count(),
+        6,
+        "{t}"
+    );
     assert!(!t.contains("do not read"), "{t}");
     assert!(!t.contains("root:"), "{t}");
     assert_eq!(
@@ -596,5 +603,8 @@ fn fs_escapes_are_refused_end_to_end() {
         .iter()
         .filter(|(_, e)| e.action == "fs.refused")
         .count();
-    assert_eq!(refused, 3, "each refused write is audited: {audit:?}");
+    assert_eq!(
+        refused, 6,
+        "each refused read and write is audited: {audit:?}"
+    );
 }

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::model::Framing;
@@ -56,11 +56,29 @@ pub struct ChildSpec {
     pub max_frame: usize,
 }
 
+/// Frames read from the agent but not yet handled by the session. When the
+/// session falls behind, the reader stops reading, the pipe fills and the
+/// agent blocks on its own writes: nothing is dropped and memory stays
+/// bounded (at most this many frames of `max_line_bytes` each).
+pub const INBOUND_FRAMES_IN_FLIGHT: usize = 64;
+
+/// One unit of the reader's window: dropping it (when the frame has been
+/// handled) lets the reader take the next frame from the pipe.
+#[derive(Debug)]
+pub struct Credit(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl Credit {
+    /// A credit that bounds nothing (frames built by hand, tests).
+    pub fn none() -> Self {
+        Credit(None)
+    }
+}
+
 /// Something the child's pipes or the reaper observed.
 #[derive(Debug)]
 pub enum ChildEvent {
-    /// A frame from stdout.
-    Frame(Frame),
+    /// A frame from stdout, with the credit that bounds the reader.
+    Frame(Frame, Credit),
     /// stdout reached end of file.
     StdoutClosed,
     /// stdout failed (or framing was lost).
@@ -239,9 +257,14 @@ impl AgentChild {
         let events = on_event.clone();
         let reader = tokio::spawn(async move {
             let mut frames = FramedRead::new(stdout, codec);
+            let window = Arc::new(Semaphore::new(INBOUND_FRAMES_IN_FLIGHT));
             loop {
+                // Wait for the session to catch up before reading more.
+                let Ok(credit) = window.clone().acquire_owned().await else {
+                    break;
+                };
                 match frames.next().await {
-                    Some(Ok(frame)) => events(ChildEvent::Frame(frame)),
+                    Some(Ok(frame)) => events(ChildEvent::Frame(frame, Credit(Some(credit)))),
                     Some(Err(e)) => {
                         events(ChildEvent::ReadFailed(e.to_string()));
                         break;
@@ -457,7 +480,7 @@ mod tests {
         let mut exit = None;
         while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
             match ev {
-                ChildEvent::Frame(Frame::Message(b)) => saw_frame = &b[..] == b"{\"a\":1}",
+                ChildEvent::Frame(Frame::Message(b), _) => saw_frame = &b[..] == b"{\"a\":1}",
                 ChildEvent::Exited { code, .. } => {
                     exit = code;
                     break;
@@ -497,11 +520,55 @@ mod tests {
         .expect("spawn");
         let mut line = None;
         while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
-            if let ChildEvent::Frame(Frame::Message(b)) = ev {
+            if let ChildEvent::Frame(Frame::Message(b), _) = ev {
                 line = Some(String::from_utf8_lossy(&b).into_owned());
                 break;
             }
         }
         assert_eq!(line.as_deref(), Some("{\"t\":\"unset\"}"));
+    }
+
+    #[tokio::test]
+    async fn a_session_that_falls_behind_stops_the_reader_without_dropping_frames() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _child = AgentChild::spawn(
+            &spec(
+                "sh",
+                &[
+                    "-c",
+                    "i=0; while [ $i -lt 500 ]; do echo \"{\\\"n\\\":$i}\"; i=$((i+1)); done",
+                ],
+            ),
+            move |e| {
+                let _ = tx.send(e);
+            },
+        )
+        .expect("spawn");
+        // Hold every credit: the reader may hand out exactly one window.
+        let mut held = Vec::new();
+        while held.len() < INBOUND_FRAMES_IN_FLIGHT {
+            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+                Ok(Some(ChildEvent::Frame(Frame::Message(_), credit))) => held.push(credit),
+                other => panic!("expected a frame, got {other:?}"),
+            }
+        }
+        // While held, nothing more arrives (the agent is blocked on the pipe).
+        tokio::task::yield_now().await;
+        let more = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
+        assert!(more.is_err(), "the reader ran past its window: {more:?}");
+        // Handling them (dropping the credits) lets every remaining frame through, in order.
+        drop(held);
+        let mut seen = INBOUND_FRAMES_IN_FLIGHT;
+        while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            match ev {
+                ChildEvent::Frame(Frame::Message(b), _) => {
+                    assert_eq!(String::from_utf8_lossy(&b), format!("{{\"n\":{seen}}}"));
+                    seen += 1;
+                }
+                ChildEvent::Exited { .. } => break,
+                _ => {}
+            }
+        }
+        assert_eq!(seen, 500);
     }
 }

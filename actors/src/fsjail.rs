@@ -1,11 +1,12 @@
-//! Keeps agent file access inside the session's workspace.
+//! Classifies paths named in requests as inside or outside a workspace.
 //!
-//! ACP agents read and write files through the client (`fs/read_text_file`,
-//! `fs/write_text_file`). Every path they send is resolved here: relative
-//! paths join the workspace, `..` is resolved, symlinks are followed, and the
-//! result must still be inside the canonical workspace directory. A file that
-//! does not exist yet is checked through its nearest existing ancestor, so a
-//! symlinked parent cannot smuggle a new file out.
+//! Rules and modes need to know whether the paths a permission request names
+//! lie inside the workspace (and which workspace-relative path they are).
+//! This is a classification for decisions, not an access check: actual file
+//! access goes through [`crate::workspace_fs`], which resolves beneath a
+//! directory handle and cannot be raced. Relative paths join the workspace,
+//! `..` is resolved, symlinks are followed, and a file that does not exist
+//! yet is checked through its nearest existing ancestor.
 
 use std::path::{Component, Path, PathBuf};
 

@@ -939,6 +939,11 @@ impl GatewayState {
         if body.blocks.is_empty() {
             return;
         }
+        // `body.text` is escaped by the renderer; Slack's error is escaped here.
+        let error = error
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
         let text = format!(
             "{}\n_(shown as plain text: Slack refused the formatted message: {error})_",
             body.text

@@ -1,30 +1,69 @@
-//! Small random ids without a `rand` dependency.
+//! Unguessable ids and tokens, drawn from the operating system's CSPRNG.
 //!
-//! Session ids and per-session bridge tokens need to be unpredictable to
-//! someone who cannot read the server's memory, not cryptographically strong
-//! keys. `RandomState` is seeded from the OS once per process; mixing in a
-//! counter and the clock gives distinct values on every call.
+//! Session ids, ACP-MCP bridge tokens and the generated API token are
+//! credentials or close to it: whoever can guess one can act for a session.
+//! Every value here comes from `getrandom` (Linux `getrandom(2)`); there is no
+//! fallback to anything weaker. If the OS cannot give entropy the process
+//! aborts with a clear message instead of issuing a guessable id; `serve`
+//! calls [`self_test`] first so that failure shows at start, not mid-session.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+/// The OS could not provide random bytes.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the operating system's random number generator failed ({0}); agent-intercom will not issue guessable ids or tokens"
+)]
+pub struct EntropyError(String);
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A fresh pseudo-random 64-bit value.
-pub fn random_u64() -> u64 {
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
+/// Fills `buf` from the OS CSPRNG.
+pub fn fill(buf: &mut [u8]) -> Result<(), EntropyError> {
+    getrandom::fill(buf).map_err(|e| EntropyError(e.to_string()))
 }
 
-/// A 128-bit hex token (two independent draws).
+/// Checks once that the OS CSPRNG works (call at server start).
+pub fn self_test() -> Result<(), EntropyError> {
+    fill(&mut [0u8; 16])
+}
+
+/// A fresh random 64-bit value from the OS CSPRNG.
+pub fn random_u64() -> u64 {
+    let mut buf = [0u8; 8];
+    or_abort(fill(&mut buf));
+    u64::from_le_bytes(buf)
+}
+
+/// A 256-bit random token as 64 hex characters.
 pub fn random_token() -> String {
-    format!("{:016x}{:016x}", random_u64(), random_u64())
+    let mut buf = [0u8; 32];
+    or_abort(fill(&mut buf));
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Entropy is not optional: without it every id would be guessable.
+fn or_abort(result: Result<(), EntropyError>) {
+    if let Err(e) = result {
+        tracing::error!("{e}");
+        eprintln!("agent-intercom: {e}");
+        std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_256_bit_hex_and_distinct() {
+        let a = random_token();
+        let b = random_token();
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        assert!(self_test().is_ok());
+    }
+
+    #[test]
+    fn u64s_are_not_a_sequence() {
+        let draws: std::collections::HashSet<u64> = (0..1000).map(|_| random_u64()).collect();
+        assert_eq!(draws.len(), 1000);
+    }
 }

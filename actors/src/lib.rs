@@ -21,3 +21,4 @@ pub mod session;
 pub mod settings;
 pub mod slack_port;
 pub mod supervisor;
+pub mod workspace_fs;

@@ -167,6 +167,19 @@ impl SessionStore for MemoryStore {
             Ok(t.next_id)
         })
     }
+    async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError> {
+        self.with(|t| {
+            let m = t
+                .messages
+                .iter_mut()
+                .find(|(_, m)| m.id == message_id)
+                .ok_or_else(|| StoreError::NotFound {
+                    what: format!("message {message_id}"),
+                })?;
+            m.1.content.push_str(tail);
+            Ok(())
+        })
+    }
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
         self.with(|t| {
             let m = t

@@ -78,6 +78,9 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<i64, StoreError>;
     /// Replaces the content of an entry (aggregated agent text, tool call status, plan).
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError>;
+    /// Appends to the content of an entry (streamed agent text: only the new
+    /// part crosses to storage on every flush).
+    async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError>;
     /// The transcript of a session, oldest first.
     async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError>;
 

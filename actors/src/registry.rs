@@ -127,10 +127,10 @@ impl WorkspaceMap {
                 })?;
             let wanted = target.agent.as_deref().or(entry.default_agent.as_deref());
             let profile = self.pick_agent(wanted)?;
-            let cwd = entry
-                .path
-                .canonicalize()
-                .map_err(|_| ResolveError::PathNotFound(entry.path.display().to_string()))?;
+            // Checked again at every start: a workspace directory swapped
+            // for a symlink leading out of workspace_root since the config
+            // was loaded (or the repository was discovered) is refused.
+            let cwd = self.contain(&entry.path)?;
             return Ok(Resolved {
                 workspace: entry.id.clone(),
                 cwd,
@@ -256,6 +256,25 @@ mod tests {
             agents: vec![profile("a"), profile("b")],
             default_agent: Some("a".into()),
         }
+    }
+
+    #[test]
+    fn a_workspace_swapped_for_a_symlink_out_of_the_root_is_refused_at_start() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let outside = tempfile::tempdir().expect("tmp2");
+        let root = dir.path().canonicalize().expect("canon");
+        let m = map(&root);
+        let target = Target {
+            workspace: Some("api".into()),
+            ..Default::default()
+        };
+        assert!(m.resolve(&target).is_ok());
+        std::fs::remove_dir(root.join("api")).expect("rmdir");
+        std::os::unix::fs::symlink(outside.path(), root.join("api")).expect("swap");
+        assert!(matches!(
+            m.resolve(&target),
+            Err(ResolveError::OutsideRoot { .. })
+        ));
     }
 
     #[test]

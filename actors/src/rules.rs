@@ -210,6 +210,9 @@ pub struct RequestFacts {
     pub paths: Vec<String>,
     /// True when every path resolved inside the workspace.
     pub paths_inside: bool,
+    /// True when a path is one of the server's own files (database, data
+    /// directory, token, config, log): never decided by an allow rule or a mode.
+    pub server_file: bool,
     /// The command of an execute request.
     pub command: Option<String>,
     /// Agent profile id.
@@ -275,6 +278,13 @@ pub fn evaluate(rules: &[Rule], mode: ApprovalMode, facts: &RequestFacts) -> Ver
             why: format!("denied by rule {}", deny.id),
         };
     }
+    if facts.server_file {
+        return Verdict {
+            action: RuleAction::Ask,
+            rule: None,
+            why: "it names one of agent-intercom's own files, so a human decides".into(),
+        };
+    }
     let best = matching
         .iter()
         .max_by_key(|r| (r.scope.rank(), r.action == RuleAction::Ask));
@@ -290,23 +300,46 @@ pub fn evaluate(rules: &[Rule], mode: ApprovalMode, facts: &RequestFacts) -> Ver
             why: format!("{verb} by rule {}", rule.id),
         };
     }
-    let auto_edit_kind = matches!(facts.kind.as_deref(), Some("read" | "edit" | "search"));
+    mode_verdict(mode, facts)
+}
+
+/// Kinds whose requests are about files: without a path they are not
+/// automatically allowed (there is nothing to check them against).
+const FILE_KINDS: &[&str] = &["edit", "delete", "move"];
+
+/// What the session's mode says when no rule matched. Modes never leave
+/// their scope: a file-kind request naming no path, a path outside the
+/// workspace or a server file is always asked.
+fn mode_verdict(mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
+    let ask = |why: &str| Verdict {
+        action: RuleAction::Ask,
+        rule: None,
+        why: why.into(),
+    };
+    let kind = facts.kind.as_deref().unwrap_or("");
+    if mode != ApprovalMode::Ask {
+        if facts.server_file {
+            return ask("it names one of agent-intercom's own files");
+        }
+        if !facts.paths_inside {
+            return ask("a path lies outside the workspace");
+        }
+        if FILE_KINDS.contains(&kind) && facts.paths.is_empty() {
+            return ask("a file change that names no path");
+        }
+    }
     match mode {
         ApprovalMode::Auto => Verdict {
             action: RuleAction::Allow,
             rule: None,
             why: "allowed by mode auto".into(),
         },
-        ApprovalMode::AutoEdits if auto_edit_kind && facts.paths_inside => Verdict {
+        ApprovalMode::AutoEdits if matches!(kind, "read" | "edit" | "search") => Verdict {
             action: RuleAction::Allow,
             rule: None,
             why: "allowed by mode auto-edits".into(),
         },
-        _ => Verdict {
-            action: RuleAction::Ask,
-            rule: None,
-            why: "no rule matched".into(),
-        },
+        _ => ask("no rule matched"),
     }
 }
 
@@ -328,6 +361,7 @@ mod tests {
             kind: Some(kind.into()),
             paths: paths.iter().map(|p| p.to_string()).collect(),
             paths_inside: true,
+            server_file: false,
             command: command.map(str::to_owned),
             agent: "claude".into(),
             workspace: "api".into(),
@@ -601,5 +635,62 @@ mod tests {
         ] {
             assert_eq!(ApprovalMode::parse(m.as_str()), Some(m));
         }
+    }
+
+    #[test]
+    fn modes_never_allow_file_changes_without_paths_outside_or_on_server_files() {
+        let allow_all = rule(
+            "allow-all",
+            Scope::Global,
+            RuleMatch::default(),
+            RuleAction::Allow,
+        );
+        for mode in [ApprovalMode::AutoEdits, ApprovalMode::Auto] {
+            for k in ["edit", "delete", "move"] {
+                let v = evaluate(&[], mode, &facts(k, &[], None));
+                assert_eq!(v.action, RuleAction::Ask, "{mode:?} {k} without paths");
+            }
+            let mut outside = facts("edit", &["/etc/passwd"], None);
+            outside.paths_inside = false;
+            assert_eq!(evaluate(&[], mode, &outside).action, RuleAction::Ask);
+            let mut server = facts("edit", &["config.toml"], None);
+            server.server_file = true;
+            assert_eq!(evaluate(&[], mode, &server).action, RuleAction::Ask);
+            // Not even an allow-everything rule decides for a server file.
+            assert_eq!(
+                evaluate(std::slice::from_ref(&allow_all), mode, &server).action,
+                RuleAction::Ask
+            );
+        }
+        // What the modes are for still works.
+        assert_eq!(
+            evaluate(
+                &[],
+                ApprovalMode::AutoEdits,
+                &facts("edit", &["src/a.rs"], None)
+            )
+            .action,
+            RuleAction::Allow
+        );
+        assert_eq!(
+            evaluate(&[], ApprovalMode::Auto, &facts("execute", &[], Some("ls"))).action,
+            RuleAction::Allow
+        );
+    }
+
+    #[test]
+    fn a_deny_rule_still_denies_a_server_file() {
+        let deny = rule(
+            "deny-all",
+            Scope::Global,
+            RuleMatch::default(),
+            RuleAction::Deny,
+        );
+        let mut server = facts("read", &["data/api-token"], None);
+        server.server_file = true;
+        assert_eq!(
+            evaluate(&[deny], ApprovalMode::Auto, &server).action,
+            RuleAction::Deny
+        );
     }
 }

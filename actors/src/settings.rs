@@ -73,6 +73,12 @@ pub struct Limits {
     pub max_line_bytes: usize,
     /// Inbound agent messages per second per session before updates are coalesced.
     pub inbound_messages_per_sec: u32,
+    /// Largest `fs/read_text_file` result; past it the agent is told to use `line`/`limit`.
+    pub max_read_bytes: usize,
+    /// Agent text kept per turn; past it the rest is dropped with a visible note.
+    pub max_turn_text_bytes: usize,
+    /// Open requests per session; past it the agent gets an error.
+    pub max_pending_requests: usize,
 }
 
 impl Default for Limits {
@@ -85,6 +91,9 @@ impl Default for Limits {
             shutdown_grace_secs: 10,
             max_line_bytes: 1_048_576,
             inbound_messages_per_sec: 1000,
+            max_read_bytes: 1_048_576,
+            max_turn_text_bytes: 1_048_576,
+            max_pending_requests: 32,
         }
     }
 }

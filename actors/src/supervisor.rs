@@ -117,7 +117,7 @@ pub enum SupervisorMsg {
         /// The stored record.
         reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
     },
-    /// The session a bridge token (`/mcp?session_id=...`) belongs to.
+    /// The session a bridge token (`Authorization: Bearer ...` on `/mcp`) belongs to.
     ResolveBridgeToken {
         /// The token.
         token: String,
@@ -468,7 +468,8 @@ impl SupervisorState {
         };
         vec![McpHttpServer {
             name: "agent-intercom".into(),
-            url: format!("{base}?session_id={token}"),
+            url: base.clone(),
+            headers: vec![("Authorization".into(), format!("Bearer {token}"))],
         }]
     }
 

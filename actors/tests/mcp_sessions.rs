@@ -239,13 +239,16 @@ async fn the_bridge_is_offered_only_to_agents_that_speak_http_mcp() {
         )
         .await;
     let text = h.until_transcript(&with.id, "mcp ").await;
+    // The token travels in a header, never in the URL.
+    assert!(!text.contains("session_id="), "{text}");
+    assert!(text.contains(r#""url":"http://127.0.0.1:9/mcp""#), "{text}");
     let token = text
-        .split("session_id=")
+        .split("Bearer ")
         .nth(1)
         .and_then(|rest| rest.split('"').next())
-        .expect("token in url")
+        .expect("bearer token in headers")
         .to_owned();
-    assert!(token.len() >= 32, "{token}");
+    assert_eq!(token.len(), 64, "{token}");
     let resolved = ractor::call!(h.sup, |reply| SupervisorMsg::ResolveBridgeToken {
         token: token.clone(),
         reply

@@ -20,6 +20,7 @@
 
 mod agent_check;
 mod discover;
+mod exposure;
 mod paths;
 mod rules;
 mod validate;
@@ -152,6 +153,10 @@ pub struct McpSection {
     pub transmit_timeout_secs: u64,
     /// Host names (`name` or `name:port`) accepted besides loopback.
     pub allowed_hosts: Vec<String>,
+    /// Workspace id -> name of the environment variable holding that
+    /// workspace's MCP token (for clients that should not get the operator
+    /// API token; they are confined to the workspace).
+    pub workspace_token_env: BTreeMap<String, String>,
 }
 
 impl Default for McpSection {
@@ -160,6 +165,7 @@ impl Default for McpSection {
             approval_timeout_secs: 300,
             transmit_timeout_secs: 300,
             allowed_hosts: Vec::new(),
+            workspace_token_env: BTreeMap::new(),
         }
     }
 }
@@ -564,8 +570,11 @@ pub fn check_config(path: &Path) -> Result<String, ConfigError> {
 impl Config {
     /// What would fail later although the file is valid (agent commands
     /// that cannot be found), one sentence each.
+    /// Also: server files that lie inside a workspace.
     pub fn warnings(&self) -> Vec<String> {
-        agent_check::agent_command_warnings(&self.agents)
+        let mut all = agent_check::agent_command_warnings(&self.agents);
+        all.extend(self.exposure_warnings());
+        all
     }
 }
 

@@ -56,6 +56,20 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
             reason: "must be at least 1 second".into(),
         });
     }
+    for (ws, var) in &raw.mcp.workspace_token_env {
+        if !workspace_ids.contains(&ws.as_str()) {
+            return Err(ConfigError::invalid(
+                format!("mcp.workspace_token_env.{ws}"),
+                "names no configured or discovered workspace",
+            ));
+        }
+        if var.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                format!("mcp.workspace_token_env.{ws}"),
+                "must name an environment variable",
+            ));
+        }
+    }
     limits(&raw.limits)?;
     stall(&raw.stall)?;
     supervision(&raw.supervision)?;
@@ -430,6 +444,23 @@ fn limits(l: &super::Limits) -> Result<()> {
                 "must be at least {MIN_LINE_BYTES} (got {})",
                 l.max_line_bytes
             ),
+        ));
+    }
+    for (key, value) in [
+        ("limits.max_read_bytes", l.max_read_bytes),
+        ("limits.max_turn_text_bytes", l.max_turn_text_bytes),
+    ] {
+        if value < MIN_LINE_BYTES {
+            return Err(ConfigError::invalid(
+                key,
+                format!("must be at least {MIN_LINE_BYTES} (got {value})"),
+            ));
+        }
+    }
+    if l.max_pending_requests == 0 {
+        return Err(ConfigError::invalid(
+            "limits.max_pending_requests",
+            "must be at least 1 (the agent could never ask anything)",
         ));
     }
     Ok(())

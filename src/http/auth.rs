@@ -5,7 +5,7 @@
 //! random bytes as hex, file mode 0600). The comparison is constant-time and
 //! the token is never logged.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -118,17 +118,23 @@ pub fn load_or_create(
         warn_if_readable_by_others(path);
         return Ok((ApiToken::new(&existing), TokenSource::File(path.to_owned())));
     }
-    let token = generate();
+    let token = generate()?;
     match write_private(path, &token) {
         Ok(()) => Ok((
             ApiToken::new(&token),
             TokenSource::Generated(path.to_owned()),
         )),
-        // Someone else created it meanwhile: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let existing = read_token_file(path)?.unwrap_or_default();
-            Ok((ApiToken::new(&existing), TokenSource::File(path.to_owned())))
-        }
+        // Someone else created it meanwhile (complete: see write_private): use theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match read_token_file(path)? {
+            Some(existing) => Ok((ApiToken::new(&existing), TokenSource::File(path.to_owned()))),
+            None => Err(TokenError::Io {
+                action: "read",
+                path: path.to_owned(),
+                source: std::io::Error::other(
+                    "the token file is empty; delete it to generate a new token",
+                ),
+            }),
+        },
         Err(source) => Err(TokenError::Io {
             action: "create",
             path: path.to_owned(),
@@ -137,27 +143,31 @@ pub fn load_or_create(
     }
 }
 
-/// 32 random bytes as 64 hex digits, from the OS.
-fn generate() -> String {
+/// 32 random bytes from the OS CSPRNG as 64 hex digits (no weaker fallback).
+fn generate() -> Result<String, TokenError> {
     let mut bytes = [0u8; 32];
-    let from_os = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    match from_os {
-        Ok(()) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
-        Err(e) => {
-            tracing::warn!("/dev/urandom unavailable ({e}); using the process RNG");
-            format!(
-                "{}{}",
-                intercom_actors::ids::random_token(),
-                intercom_actors::ids::random_token()
-            )
-        }
-    }
+    intercom_actors::ids::fill(&mut bytes).map_err(|e| TokenError::Io {
+        action: "generate",
+        path: PathBuf::from(TOKEN_FILE_NAME),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Creates the token file atomically: the token is written (mode 0600,
+/// `O_EXCL`) to a temporary name and hard-linked into place, so the file
+/// appears complete or not at all (a concurrent reader never sees it empty),
+/// and an existing file is never replaced.
 fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{TOKEN_FILE_NAME}.{:016x}.tmp",
+        intercom_actors::ids::random_u64()
+    ));
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -165,9 +175,13 @@ fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         opts.mode(0o600);
     }
-    let mut file = opts.open(path)?;
-    file.write_all(format!("{token}\n").as_bytes())?;
-    file.sync_all()
+    let written = opts.open(&tmp).and_then(|mut file| {
+        file.write_all(format!("{token}\n").as_bytes())?;
+        file.sync_all()
+    });
+    let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    linked
 }
 
 fn warn_if_readable_by_others(path: &Path) {

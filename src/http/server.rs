@@ -48,6 +48,9 @@ pub enum ServeError {
     Http(std::io::Error),
     #[error(transparent)]
     Slack(#[from] crate::slack::SlackError),
+    /// The OS random number generator failed (ids and tokens need it).
+    #[error(transparent)]
+    Entropy(#[from] intercom_actors::ids::EntropyError),
 }
 
 /// Options of the `serve` subcommand.
@@ -59,7 +62,9 @@ pub struct ServeOptions {
 
 /// Runs the server until a signal stops it.
 pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
+    intercom_actors::ids::self_test()?;
     let config = load_config(&options)?;
+    warn_about_exposure(&config);
     let slack_tokens = crate::slack::SlackTokens::from_env()?;
     let store = SqliteStore::open(&config.database.path).await?;
     let token = load_token(&config)?;
@@ -104,7 +109,8 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
     );
     tracing::info!(addr = %config.server.bind, "listening on http://{}", config.server.bind);
     let mcp_shutdown = tokio_util::sync::CancellationToken::new();
-    let router = super::router(app.clone(), token).merge(mcp_router(&app, &config, &mcp_shutdown));
+    let mcp = mcp_router(&app, &config, &token, &mcp_shutdown);
+    let router = super::router(app.clone(), token).merge(mcp);
     let notify = slack.as_ref().map(|h| StaleNotice {
         gateway: h.gateway(),
         recipients: stale_recipients(&config),
@@ -183,6 +189,17 @@ async fn drain_slack(slack: crate::slack::SlackHandle) {
     slack.shutdown().await;
 }
 
+/// Says loudly when the API is reachable from other machines (server files
+/// inside a workspace are among `Config::warnings`, logged with the summary).
+fn warn_about_exposure(config: &Config) {
+    if !config.server.bind.ip().is_loopback() {
+        tracing::warn!(
+            bind = %config.server.bind,
+            "[server] bind is not a loopback address: the operator API, the console and /mcp are reachable from other machines over plain HTTP (the token travels unencrypted). Bind 127.0.0.1 unless an authenticating TLS proxy is in front."
+        );
+    }
+}
+
 fn load_token(config: &Config) -> Result<auth::ApiToken, TokenError> {
     let path = auth::token_path(&config.database.path);
     let env = std::env::var(auth::TOKEN_ENV).ok();
@@ -230,6 +247,7 @@ fn bridge_url(bind: SocketAddr) -> String {
 fn mcp_router(
     app: &App,
     config: &Config,
+    token: &auth::ApiToken,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> axum::Router {
     let mut deps = crate::mcp::McpDeps::new(
@@ -240,9 +258,36 @@ fn mcp_router(
     deps.approval_timeout = std::time::Duration::from_secs(config.mcp.approval_timeout_secs);
     deps.transmit_timeout = std::time::Duration::from_secs(config.mcp.transmit_timeout_secs);
     deps.allowed_hosts = config.mcp.allowed_hosts.clone();
+    deps.server_files = config.server_files();
+    deps.credentials = mcp_credentials(config, token);
     deps.shutdown = shutdown.clone();
     deps.rules = app.shared_rules();
     crate::mcp::router(deps)
+}
+
+/// The operator token plus the per-workspace MCP tokens found in the
+/// environment (a missing or empty variable disables that token, loudly).
+fn mcp_credentials(config: &Config, token: &auth::ApiToken) -> crate::mcp::McpCredentials {
+    let mut workspace_tokens = Vec::new();
+    for (ws, var) in &config.mcp.workspace_token_env {
+        match std::env::var(var) {
+            Ok(v) if v.trim().len() >= 16 => {
+                workspace_tokens.push((ws.clone(), auth::ApiToken::new(&v)));
+            }
+            Ok(_) => tracing::warn!(
+                workspace = %ws,
+                "MCP token variable {var} is shorter than 16 characters; that workspace token is disabled"
+            ),
+            Err(_) => tracing::warn!(
+                workspace = %ws,
+                "MCP token variable {var} is not set; that workspace token is disabled"
+            ),
+        }
+    }
+    crate::mcp::McpCredentials {
+        api_token: Some(token.clone()),
+        workspace_tokens,
+    }
 }
 
 /// Watches the config file; a valid edit is applied whole, a broken one is

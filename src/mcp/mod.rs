@@ -5,31 +5,33 @@
 //! attaches ONE core session (`SupervisorMsg::Attach`) on its first tool call
 //! and sends `McpCall::Disconnected` when the MCP session closes or expires.
 //! The query string says where the session belongs: `?workspace_id=` (the
-//! channel comes from the workspace map), the deprecated `?channel_id=`, or
-//! `?session_id=<bridge token>` for ACP agents that were handed this server
-//! (the ACP-MCP bridge): those calls go to the ACP session's actor and never
-//! create a session; a missing or unknown token is refused with 401 before
-//! rmcp sees the request.
+//! channel comes from the workspace map) or the deprecated `?channel_id=`.
 //!
-//! rmcp's DNS-rebinding guard stays on: only loopback `Host` headers (and
-//! the configured `allowed_hosts`) are served; others get 403.
+//! Every request is authenticated before rmcp sees it ([`auth`]):
+//! `Authorization: Bearer <token>` with the operator API token, a
+//! per-workspace MCP token (`[mcp] workspace_token_env`; the connection is
+//! then confined to that workspace), or an ACP session's bridge token (the
+//! ACP-MCP bridge: those calls go to the ACP session's actor and never
+//! create a session). Anything else is 401. A browser `Origin` that is not
+//! loopback (or a configured `allowed_hosts` entry) is 403, and rmcp's
+//! DNS-rebinding guard stays on for `Host`.
 //!
 //! Layout: `server.rs` (the handler and the tools), `tools.rs` (tool schemas
 //! and argument checking), `patch.rs` (diffs and atomic writes).
 
+mod auth;
 mod patch;
 mod server;
 mod tools;
 
-use std::collections::HashMap;
+pub use auth::McpCredentials;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Query, Request, State};
 use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use intercom_actors::model::SessionId;
 use intercom_actors::ports::SessionStore;
 use intercom_actors::registry::RegistryMsg;
@@ -76,6 +78,10 @@ pub struct McpDeps {
     pub shutdown: CancellationToken,
     /// The approval rules `auto_check` consults (the server's shared set).
     pub rules: intercom_actors::rules::SharedRules,
+    /// The server's own files: refused to MCP clients too.
+    pub server_files: intercom_actors::workspace_fs::ServerFiles,
+    /// Who may connect (besides bridged ACP agents).
+    pub credentials: McpCredentials,
 }
 
 impl McpDeps {
@@ -95,6 +101,8 @@ impl McpDeps {
             allowed_hosts: Vec::new(),
             shutdown: CancellationToken::new(),
             rules: Default::default(),
+            server_files: Default::default(),
+            credentials: McpCredentials::default(),
         }
     }
 
@@ -193,67 +201,26 @@ where
     );
     Router::new()
         .route_service(PATH, service)
-        .route_layer(axum::middleware::from_fn_with_state(shared, bridge_auth))
-}
-
-/// `?session_id=<token>` must name a live session's bridge token: 401
-/// otherwise. Requests without `session_id` pass on.
-async fn bridge_auth(
-    State(shared): State<Arc<server::Shared>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let method = req.method().clone();
-    let query: HashMap<String, String> = Query::try_from_uri(req.uri())
-        .map(|Query(q)| q)
-        .unwrap_or_default();
-    let Some(token) = query.get("session_id") else {
-        return session_deleted_is_no_content(next.run(req).await, &method);
-    };
-    if token.is_empty() {
-        return unauthorized("the session_id bridge token is empty");
-    }
-    let token = token.clone();
-    let resolved = ask(
-        &shared.deps.supervisor,
-        "supervisor (resolve bridge token)",
-        ACTOR_TIMEOUT,
-        |reply| SupervisorMsg::ResolveBridgeToken { token, reply },
-    )
-    .await;
-    match resolved {
-        Ok(Some(id)) => {
-            req.extensions_mut().insert(BridgedSession(id));
-            session_deleted_is_no_content(next.run(req).await, &method)
-        }
-        Ok(None) => unauthorized("unknown or expired session_id bridge token"),
-        Err(e) => {
-            tracing::error!("bridge token check failed: {e}");
-            (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
-        }
-    }
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared,
+            auth::authenticate,
+        ))
 }
 
 /// rmcp answers a session `DELETE` with 202; the official Python SDK
 /// expects 200 or 204 and logs a warning otherwise. The session is gone
 /// either way, so say 204.
-fn session_deleted_is_no_content(mut res: Response, method: &Method) -> Response {
+pub(crate) fn session_deleted_is_no_content(mut res: Response, method: &Method) -> Response {
     if *method == Method::DELETE && res.status() == StatusCode::ACCEPTED {
         *res.status_mut() = StatusCode::NO_CONTENT;
     }
     res
 }
 
-fn unauthorized(why: &'static str) -> Response {
-    tracing::warn!("MCP bridge request refused: {why}");
-    // No WWW-Authenticate: this is not OAuth, and MCP clients that see one
-    // start an authorization-server discovery that cannot succeed.
-    (StatusCode::UNAUTHORIZED, why).into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::response::IntoResponse;
 
     #[test]
     fn loopback_is_always_allowed_and_extra_hosts_are_added_once() {

@@ -5,18 +5,14 @@
 //! tells the two apart ([`Change::parse`]), applies hunks strictly (every
 //! context and removed line must match; a hunk may only move by an offset, as
 //! `patch` does, never with fuzz), hashes file content for the
-//! changed-since-approval check, and writes through a temporary file in the
-//! same directory followed by a rename so a reader never sees half a file.
+//! changed-since-approval check; the files are read and written through the
+//! workspace handle (`intercom_actors::workspace_fs`: beneath the workspace,
+//! temporary file plus rename, never a server file).
 //!
 //! A small applier instead of a crate: the rules we need (strict context,
 //! error messages that name the hunk, CRLF files keep their line endings,
 //! `\ No newline at end of file`, several files in one diff) are short to
 //! state and easy to test here, and it keeps the dependency tree small.
-
-use std::io::Write;
-use std::path::{Path, PathBuf};
-
-use sha2::{Digest, Sha256};
 
 /// Why a change could not be parsed or applied. Messages name the hunk.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -474,48 +470,6 @@ fn find_position(hunk: &Hunk, file: &[&str], cursor: usize, stated: usize) -> Op
     best
 }
 
-/// SHA-256 of a file's content; `None` when the file does not exist.
-pub fn hash_file(path: &Path) -> std::io::Result<Option<[u8; 32]>> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(Sha256::digest(&bytes).into())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Writes `content` to `path` atomically: a temporary file in the same
-/// directory, flushed to disk, then renamed over the target. An existing
-/// file's permissions are kept. Missing parent directories are created.
-pub fn write_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    std::fs::create_dir_all(&dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "file".into());
-    let tmp: PathBuf = dir.join(format!(
-        ".{name}.intercom-{:016x}.tmp",
-        intercom_actors::ids::random_u64()
-    ));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(content)?;
-        if let Ok(meta) = std::fs::metadata(path) {
-            f.set_permissions(meta.permissions())?;
-        }
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,25 +581,5 @@ mod tests {
             apply(ORIGINAL, &files[0].hunks),
             Err(PatchError::Overlap { hunk: 2, .. })
         ));
-    }
-
-    #[test]
-    fn atomic_writes_replace_and_create() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let target = dir.path().join("sub/file.txt");
-        write_atomic(&target, b"first").expect("create");
-        write_atomic(&target, b"second").expect("replace");
-        assert_eq!(std::fs::read_to_string(&target).expect("read"), "second");
-        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
-            .expect("ls")
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
-            .collect();
-        assert!(leftovers.is_empty());
-        assert_ne!(
-            hash_file(&target).expect("hash"),
-            hash_file(&dir.path().join("sub/none")).expect("hash")
-        );
-        assert_eq!(hash_file(&dir.path().join("nope")).expect("hash"), None);
     }
 }

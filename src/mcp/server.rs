@@ -25,7 +25,6 @@ use std::time::Duration;
 
 use axum::extract::Query;
 use axum::http::request::Parts;
-use intercom_actors::fsjail::resolve_inside;
 use intercom_actors::model::{
     AuditEntry, MessageKind, PendingRequest, RequestKind, RequestStatus, SessionId, now_ms,
 };
@@ -33,6 +32,7 @@ use intercom_actors::ports::NoticeLevel;
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::session::{Caller, McpAnswer, McpCall, SessionMsg};
 use intercom_actors::supervisor::{AttachRequest, SupervisorMsg};
+use intercom_actors::workspace_fs::{FsError, WorkspaceFs, on_blocking_pool};
 use ractor::ActorRef;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -80,6 +80,13 @@ impl Shared {
             applied: Mutex::new(HashSet::new()),
             progress: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The workspace at `root` as a directory handle, guarded like ACP agents'.
+    fn workspace(&self, root: &Path) -> Result<Arc<WorkspaceFs>, Fail> {
+        WorkspaceFs::open(root, self.deps.server_files.clone())
+            .map(Arc::new)
+            .map_err(|e| Fail::refused("no_workspace", e.to_string()))
     }
 
     fn forget_clearance(&self, request_id: &str) {
@@ -313,11 +320,19 @@ fn storage(e: impl std::fmt::Display) -> Fail {
     Fail::refused("storage", format!("storage failed: {e}"))
 }
 
+/// The connection's query string; a workspace-scoped token pins the workspace.
 fn query_of(parts: Option<&Parts>) -> HashMap<String, String> {
-    parts
+    let mut query: HashMap<String, String> = parts
         .and_then(|p| Query::<HashMap<String, String>>::try_from_uri(&p.uri).ok())
         .map(|Query(q)| q)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if let Some(super::auth::ScopedWorkspace(ws)) =
+        parts.and_then(|p| p.extensions.get::<super::auth::ScopedWorkspace>())
+    {
+        query.remove("channel_id");
+        query.insert("workspace_id".into(), ws.clone());
+    }
+    query
 }
 
 fn parts_of(ctx: &RequestContext<RoleServer>) -> Option<&Parts> {
@@ -345,6 +360,25 @@ fn targets<'a>(change: &'a Change, file_path: &str) -> Vec<(String, Option<&'a F
             .iter()
             .map(|f| (f.path.clone().unwrap_or_else(|| file_path.into()), Some(f)))
             .collect(),
+    }
+}
+
+/// Largest file a diff is applied to.
+const MAX_APPLY_BYTES: usize = 64 * 1024 * 1024;
+
+/// SHA-256 of a workspace file's content (`None`: it does not exist yet).
+fn snapshot(ws: &WorkspaceFs, rel: &str) -> Result<Option<[u8; 32]>, FsError> {
+    use sha2::{Digest, Sha256};
+    Ok(ws
+        .current(rel, MAX_APPLY_BYTES)?
+        .map(|content| Sha256::digest(content.as_bytes()).into()))
+}
+
+/// A refused path as the tool's error: the agent's argument, or I/O.
+fn fs_fail(e: &FsError, which: &str) -> Fail {
+    match e {
+        FsError::Io { .. } | FsError::TimedOut { .. } => Fail::refused("io", e.to_string()),
+        _ => Fail::Params(format!("argument `{which}`: {e}")),
     }
 }
 
@@ -432,10 +466,10 @@ impl IntercomMcp {
         };
         match entry {
             Some(e) => {
-                let cwd = match e.path.canonicalize() {
+                let cwd = match map.contain(&e.path) {
                     Ok(p) => Some(p),
                     Err(err) => {
-                        tracing::warn!(workspace = %e.id, "workspace directory {} is not accessible: {err}; files cannot be applied", e.path.display());
+                        tracing::warn!(workspace = %e.id, "workspace directory {} cannot be used: {err}; files cannot be applied", e.path.display());
                         None
                     }
                 };
@@ -551,23 +585,24 @@ impl IntercomMcp {
                 "argument `diff` looks like a unified diff but is not a valid one: {e}"
             ))
         })?;
-        // Prove the targets are inside the workspace and record their content.
+        // Prove the targets are writable inside the workspace (not a server
+        // file, not through a symlink) and record their content.
         let mut recorded: Recorded = Vec::new();
         if let Some(root) = &t.cwd {
+            let ws = self.shared.workspace(root)?;
             for (rel, _) in targets(&change, &file_path) {
                 let which = if rel == file_path {
                     "file_path"
                 } else {
                     "diff"
                 };
-                let abs = resolve_inside(root, Path::new(&rel))
-                    .map_err(|e| Fail::Params(format!("argument `{which}`: {e}")))?;
-                let hash = patch::hash_file(&abs).map_err(|e| {
-                    Fail::refused(
-                        "io",
-                        format!("cannot read {rel} to record its content: {e}"),
-                    )
-                })?;
+                let r = rel.clone();
+                let hash = on_blocking_pool(ws.clone(), "read", &rel, move |ws| {
+                    ws.check_write(&r)?;
+                    snapshot(ws, &r)
+                })
+                .await
+                .map_err(|e| fs_fail(&e, which))?;
                 recorded.push((rel, hash));
             }
         }
@@ -735,12 +770,13 @@ impl IntercomMcp {
                 format!("the approved diff cannot be parsed: {e}"),
             )
         })?;
+        let ws = self.shared.workspace(&root)?;
         let files = targets(&change, file_path);
-        let mut resolved = Vec::with_capacity(files.len());
-        for (rel, fp) in &files {
-            let abs = resolve_inside(&root, Path::new(rel))
+        for (rel, _) in &files {
+            let r = rel.clone();
+            on_blocking_pool(ws.clone(), "write", rel, move |ws| ws.check_write(&r))
+                .await
                 .map_err(|e| Fail::refused("outside_workspace", e.to_string()))?;
-            resolved.push((rel.clone(), abs, *fp));
         }
         if !force {
             let recorded = lock(&self.shared.clearances).get(&global).cloned();
@@ -752,8 +788,10 @@ impl IntercomMcp {
                     ),
                 ));
             };
-            for (rel, abs, _) in &resolved {
-                let now = patch::hash_file(abs)
+            for (rel, _) in &files {
+                let r = rel.clone();
+                let now = on_blocking_pool(ws.clone(), "read", rel, move |ws| snapshot(ws, &r))
+                    .await
                     .map_err(|e| Fail::refused("io", format!("cannot read {rel}: {e}")))?;
                 let then = recorded.iter().find(|(r, _)| r == rel).map(|(_, h)| *h);
                 if then != Some(now) {
@@ -768,13 +806,19 @@ impl IntercomMcp {
             }
         }
         // Compute every new content before writing anything.
-        let mut outputs = Vec::with_capacity(resolved.len());
-        for (rel, abs, fp) in resolved {
+        let mut outputs = Vec::with_capacity(files.len());
+        for (rel, fp) in files {
             let content = match (&change, fp) {
                 (Change::Whole(content), _) => content.clone(),
                 (Change::Diff(_), Some(fp)) => {
-                    let original = match std::fs::read_to_string(&abs) {
-                        Ok(s) if fp.creates => {
+                    let r = rel.clone();
+                    let current = on_blocking_pool(ws.clone(), "read", &rel, move |ws| {
+                        ws.current(&r, MAX_APPLY_BYTES)
+                    })
+                    .await
+                    .map_err(|e| Fail::refused("diff_does_not_apply", e.to_string()))?;
+                    let original = match current {
+                        Some(s) if fp.creates => {
                             return Err(Fail::refused(
                                 "diff_does_not_apply",
                                 format!(
@@ -783,14 +827,12 @@ impl IntercomMcp {
                                 ),
                             ));
                         }
-                        Ok(s) => s,
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && fp.creates => {
-                            String::new()
-                        }
-                        Err(e) => {
+                        Some(s) => s,
+                        None if fp.creates => String::new(),
+                        None => {
                             return Err(Fail::refused(
                                 "diff_does_not_apply",
-                                format!("cannot read {rel}: {e}"),
+                                format!("cannot read {rel}: it does not exist"),
                             ));
                         }
                     };
@@ -801,11 +843,14 @@ impl IntercomMcp {
                     return Err(Fail::refused("bad_diff", format!("no hunks for {rel}")));
                 }
             };
-            outputs.push((rel, abs, content));
+            outputs.push((rel, content));
         }
         let mut written: Vec<String> = Vec::new();
-        for (rel, abs, content) in outputs {
-            patch::write_atomic(&abs, content.as_bytes()).map_err(|e| {
+        for (rel, content) in outputs {
+            let r = rel.clone();
+            let result =
+                on_blocking_pool(ws.clone(), "write", &rel, move |ws| ws.write(&r, &content)).await;
+            result.map_err(|e| {
                 let done = if written.is_empty() {
                     String::from("nothing was written")
                 } else {
@@ -1014,7 +1059,7 @@ impl IntercomMcp {
             SessionMsg::Snapshot,
         )
         .await?;
-        let facts = auto_check_facts(&args, &t);
+        let facts = auto_check_facts(&args, &t, &self.deps().server_files);
         let verdict =
             intercom_actors::rules::evaluate(&self.deps().rules.current(), snap.mode, &facts);
         let matched = verdict.rule.clone().or_else(|| {
@@ -1176,7 +1221,11 @@ impl ServerHandler for IntercomMcp {
 /// ACP tool kinds and the older names (`terminal_command` = execute,
 /// `file_operation` = edit); `context` may carry `path`/`file_path`/`paths`
 /// and `command`.
-fn auto_check_facts(args: &Args, t: &Target) -> intercom_actors::rules::RequestFacts {
+fn auto_check_facts(
+    args: &Args,
+    t: &Target,
+    server_files: &intercom_actors::workspace_fs::ServerFiles,
+) -> intercom_actors::rules::RequestFacts {
     let tool = args.str_or("tool_name", "").trim().to_owned();
     let kind = match args.str("kind").map(str::trim) {
         Some("terminal_command" | "command" | "shell") => Some("execute".to_owned()),
@@ -1209,6 +1258,7 @@ fn auto_check_facts(args: &Args, t: &Target) -> intercom_actors::rules::RequestF
         .and_then(serde_json::Value::as_str)
         .map(str::to_owned)
         .or_else(|| (kind.as_deref() == Some("execute")).then(|| tool.clone()));
+    let mut server_file = false;
     let (relative, inside) = match &t.cwd {
         Some(cwd) => {
             let root = cwd.canonicalize().unwrap_or_else(|_| cwd.clone());
@@ -1217,10 +1267,12 @@ fn auto_check_facts(args: &Args, t: &Target) -> intercom_actors::rules::RequestF
                 .iter()
                 .map(|p| {
                     match intercom_actors::fsjail::resolve_inside(cwd, std::path::Path::new(p)) {
-                        Ok(real) => real
-                            .strip_prefix(&root)
-                            .map(|r| r.display().to_string())
-                            .unwrap_or_else(|_| p.clone()),
+                        Ok(real) => {
+                            server_file |= server_files.covers(&real);
+                            real.strip_prefix(&root)
+                                .map(|r| r.display().to_string())
+                                .unwrap_or_else(|_| p.clone())
+                        }
                         Err(_) => {
                             inside = false;
                             p.clone()
@@ -1236,6 +1288,7 @@ fn auto_check_facts(args: &Args, t: &Target) -> intercom_actors::rules::RequestF
         kind,
         paths: relative,
         paths_inside: inside,
+        server_file,
         command,
         agent: "mcp".to_owned(),
         workspace: t.workspace.clone(),

@@ -528,7 +528,7 @@ impl Render for BlockKit {
             section(&status),
         ];
         MessageBody {
-            text: format!("{}: {}", truncate(&s.title, 80), word),
+            text: format!("{}: {}", escape(&truncate(&s.title, 80)), word),
             blocks,
         }
     }
@@ -591,8 +591,10 @@ impl Render for BlockKit {
             blocks.push(json!({"type": "actions", "elements": chunk}));
         }
         let text = match r.kind {
-            RequestKind::ForwardedPrompt => format!("The agent asks: {}", truncate(&r.title, 200)),
-            _ => format!("Decision needed: {}", truncate(&r.title, 200)),
+            RequestKind::ForwardedPrompt => {
+                format!("The agent asks: {}", escape(&truncate(&r.title, 200)))
+            }
+            _ => format!("Decision needed: {}", escape(&truncate(&r.title, 200))),
         };
         (MessageBody { text, blocks }, snippet)
     }
@@ -657,7 +659,7 @@ impl Render for BlockKit {
             ]}));
         }
         MessageBody {
-            text: format!("{}: {}", truncate(&r.title, 200), status.as_str()),
+            text: format!("{}: {}", escape(&truncate(&r.title, 200)), status.as_str()),
             blocks,
         }
     }
@@ -697,7 +699,7 @@ impl Render for BlockKit {
             escape(status)
         );
         MessageBody {
-            text: format!("{} ({status})", truncate(title, 200)),
+            text: format!("{} ({})", escape(&truncate(title, 200)), escape(status)),
             blocks: vec![context(&line)],
         }
     }
@@ -740,7 +742,7 @@ impl Render for BlockKit {
             blocks.push(section(&format!("stderr:\n```{}```", escape(&tail))));
         }
         MessageBody {
-            text: truncate(text, 300),
+            text: escape(&truncate(text, 300)),
             blocks,
         }
     }
@@ -774,6 +776,9 @@ impl Render for BlockKit {
         }
     }
 }
+
+#[cfg(test)]
+mod hostile_text_tests;
 
 #[cfg(test)]
 mod tests {

@@ -488,6 +488,7 @@ mod tests {
             kind: Some(kind.into()),
             paths: paths.iter().map(|p| (*p).to_owned()).collect(),
             paths_inside: true,
+            server_file: false,
             command: command.map(str::to_owned),
             agent: "a".into(),
             workspace: "w".into(),

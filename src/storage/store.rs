@@ -262,6 +262,24 @@ impl SessionStore for SqliteStore {
         Ok(done.last_insert_rowid())
     }
 
+    async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError> {
+        let _gate = self.write_gate.lock().await;
+        let done =
+            sqlx::query("UPDATE messages SET content = content || ?, updated_at = ? WHERE id = ?")
+                .bind(tail)
+                .bind(now_ms())
+                .bind(message_id)
+                .execute(&self.pool)
+                .await
+                .map_err(backend("append to message"))?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound {
+                what: format!("message {message_id}"),
+            });
+        }
+        Ok(())
+    }
+
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
         let _gate = self.write_gate.lock().await;
         let done = sqlx::query("UPDATE messages SET content = ?, updated_at = ? WHERE id = ?")

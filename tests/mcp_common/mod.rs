@@ -87,6 +87,7 @@ impl Harness {
             .expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let settings = Arc::new(SessionSettings {
+            server_files: Default::default(),
             limits: Limits {
                 startup_timeout_secs: 20,
                 shutdown_grace_secs: 1,
@@ -131,6 +132,13 @@ impl Harness {
         deps.approval_timeout = timeouts.approval;
         deps.transmit_timeout = timeouts.transmit;
         deps.rules = timeouts.rules.clone();
+        deps.credentials = agent_intercom::mcp::McpCredentials {
+            api_token: Some(agent_intercom::http::auth::ApiToken::new(OPERATOR_TOKEN)),
+            workspace_tokens: vec![(
+                "ws".into(),
+                agent_intercom::http::auth::ApiToken::new(WORKSPACE_TOKEN),
+            )],
+        };
         let app = router(deps);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -151,9 +159,19 @@ impl Harness {
         format!("http://127.0.0.1:{}/mcp{query}", self.port)
     }
 
-    /// An rmcp client connected to `/mcp<query>`.
+    /// An rmcp client connected to `/mcp<query>` with the operator token.
     pub async fn client(&self, query: &str) -> Client {
-        let transport = StreamableHttpClientTransport::from_uri(self.url(query));
+        self.client_with(query, OPERATOR_TOKEN).await
+    }
+
+    /// An rmcp client connected to `/mcp<query>` presenting `token`.
+    pub async fn client_with(&self, query: &str, token: &str) -> Client {
+        let config =
+            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                self.url(query),
+            )
+            .auth_header(token);
+        let transport = StreamableHttpClientTransport::from_config(config);
         ().serve(transport).await.expect("client connects")
     }
 
@@ -416,13 +434,34 @@ pub fn structured(r: &CallToolResult) -> Value {
     serde_json::from_str(&text).expect("JSON text")
 }
 
-/// A raw HTTP/1.1 POST; returns the status code.
+/// The operator API token the harness accepts on `/mcp`.
+pub const OPERATOR_TOKEN: &str = "operator-token-for-tests-0123456789";
+/// The MCP token confined to workspace `ws`.
+pub const WORKSPACE_TOKEN: &str = "ws-token-for-tests-0123456789";
+
+/// A raw HTTP/1.1 POST with the operator token; returns the status code.
 pub async fn raw_post(port: u16, path: &str, host: &str, body: &str) -> u16 {
+    let auth = format!("Bearer {OPERATOR_TOKEN}");
+    raw_post_with(port, path, host, &[("Authorization", &auth)], body).await
+}
+
+/// A raw HTTP/1.1 POST with exactly these extra headers; returns the status code.
+pub async fn raw_post_with(
+    port: u16,
+    path: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> u16 {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.expect("write");

@@ -246,6 +246,7 @@ async fn spawn_supervisor(
         limits.idle_timeout_secs = options.idle_timeout_secs;
     }
     let settings = Arc::new(SessionSettings {
+        server_files: Default::default(),
         limits,
         stall: StallPolicy {
             inactivity_secs: 0,
@@ -463,7 +464,7 @@ impl Rig {
 pub fn permission_scenario() -> Value {
     serde_json::json!({"turns": [[
         {"tool_call": {"id": "t1", "title": "Write notes.txt", "kind": "edit", "status": "pending"}},
-        {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit"}},
+        {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit", "locations": ["notes.txt"]}},
         {"tool_update": {"id": "t1", "status": "completed"}},
         {"chunk": " Done."}
     ], []]})

@@ -116,15 +116,25 @@ pub fn authenticate_params(method_id: &str) -> Value {
 pub struct McpHttpServer {
     /// Display name.
     pub name: String,
-    /// Full URL including the per-session token.
+    /// The endpoint URL (no credentials in it: URLs end up in logs).
     pub url: String,
+    /// HTTP headers the agent sends with every request (the bridge token as
+    /// `Authorization: Bearer ...`).
+    pub headers: Vec<(String, String)>,
 }
 
 fn mcp_servers_json(servers: &[McpHttpServer]) -> Value {
     Value::Array(
         servers
             .iter()
-            .map(|s| json!({"type": "http", "name": s.name, "url": s.url, "headers": []}))
+            .map(|s| {
+                let headers: Vec<Value> = s
+                    .headers
+                    .iter()
+                    .map(|(name, value)| json!({"name": name, "value": value}))
+                    .collect();
+                json!({"type": "http", "name": s.name, "url": s.url, "headers": headers})
+            })
             .collect(),
     )
 }

@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 use super::toolcalls::{self, ToolCalls};
 use super::{Outgoing, Pending, Phase, SessionState};
 use crate::child::ChildEvent;
-use crate::fsjail;
 use crate::model::{
     MessageKind, OptionKind, PendingRequest, PermissionOption, RequestKind, RequestStatus, Role,
     SessionStatus, now_ms,
@@ -28,7 +27,7 @@ const LOG_RAW_BYTES: usize = 512;
 impl SessionState {
     pub(super) async fn on_child_event(&mut self, ev: ChildEvent) {
         match ev {
-            ChildEvent::Frame(frame) => {
+            ChildEvent::Frame(frame, _credit) => {
                 self.count_frame();
                 self.on_activity().await;
                 match frame {
@@ -127,10 +126,7 @@ impl SessionState {
                 Ok(ask) => self.permission_requested(id, ask).await,
                 Err(e) => self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
             },
-            methods::FS_READ => {
-                let result = self.fs_read(&params);
-                self.respond(id, result);
-            }
+            methods::FS_READ => self.fs_read_requested(id, &params).await,
             methods::FS_WRITE => self.fs_write_requested(id, &params).await,
             other => {
                 tracing::debug!(session = %self.record.id, method = other, "agent called an unknown method");
@@ -177,75 +173,6 @@ impl SessionState {
         }
     }
 
-    fn fs_read(&self, params: &Value) -> Result<Value, RpcError> {
-        let (path, line, limit) =
-            acp::parse_fs_read(params).map_err(|e| RpcError::new(codes::INVALID_PARAMS, e))?;
-        let real = fsjail::resolve_inside(Path::new(&self.record.cwd), &path)
-            .map_err(|e| RpcError::new(codes::INVALID_PARAMS, e.to_string()))?;
-        let content = std::fs::read_to_string(&real).map_err(|e| {
-            RpcError::new(
-                codes::INTERNAL_ERROR,
-                format!("cannot read {}: {e}", real.display()),
-            )
-        })?;
-        Ok(acp::fs_read_result(acp::slice_lines(&content, line, limit)))
-    }
-
-    async fn fs_write_requested(&mut self, id: RpcId, params: &Value) {
-        let (path, content) = match acp::parse_fs_write(params) {
-            Ok(v) => v,
-            Err(e) => return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
-        };
-        let real = match fsjail::resolve_inside(Path::new(&self.record.cwd), &path) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(session = %self.record.id, "refused fs/write_text_file: {e}");
-                self.audit(
-                    "system",
-                    "fs.refused",
-                    json!({"path": path, "reason": e.to_string()}),
-                )
-                .await;
-                return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e.to_string())));
-            }
-        };
-        self.flush_text(true).await;
-        let old = std::fs::read_to_string(&real).unwrap_or_default();
-        let root = PathBuf::from(&self.record.cwd);
-        let rel = toolcalls::relative(&root, &real);
-        if let Some(cover) = self.toolcalls.take_covering(&root, &path, &old, &content) {
-            return self.write_covered(id, real, content, &rel, cover).await;
-        }
-        let diff = acp::unified_diff(&rel, &old, &content);
-        let options = vec![
-            PermissionOption {
-                id: "write".into(),
-                name: "Write file".into(),
-                kind: OptionKind::AllowOnce,
-            },
-            PermissionOption {
-                id: "reject".into(),
-                name: "Reject".into(),
-                kind: OptionKind::RejectOnce,
-            },
-        ];
-        let title = format!("Write {rel}");
-        let opened = self
-            .open_request(
-                id,
-                RequestKind::FileWrite,
-                title,
-                Some(diff),
-                vec![rel],
-                options,
-                Some((real, content)),
-            )
-            .await;
-        if let Some(n) = opened {
-            self.apply_rules(n, Some("edit".into()), None).await;
-        }
-    }
-
     /// Stores a new pending request and shows it to the operator.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn open_request(
@@ -256,8 +183,13 @@ impl SessionState {
         diff: Option<String>,
         paths: Vec<String>,
         options: Vec<PermissionOption>,
-        write: Option<(std::path::PathBuf, String)>,
+        write: Option<(String, String)>,
     ) -> Option<u64> {
+        let cap = self.settings.limits.max_pending_requests;
+        if self.pending.len() >= cap {
+            self.refuse_request(wire, kind, cap).await;
+            return None;
+        }
         let n = self.next_request;
         self.next_request += 1;
         let request_id = format!("req-{n}");
@@ -302,6 +234,41 @@ impl SessionState {
         Some(n)
     }
 
+    /// Answers a request past `limits.max_pending_requests` with an error.
+    async fn refuse_request(&mut self, wire: RpcId, kind: RequestKind, cap: usize) {
+        let why = format!(
+            "{cap} requests are already waiting for the operator (limits.max_pending_requests); wait for them to be answered"
+        );
+        tracing::warn!(session = %self.record.id, "refused a new request: {why}");
+        match self.record.protocol {
+            crate::model::Protocol::Acp => self.respond(
+                wire,
+                Err(RpcError::new(codes::INVALID_REQUEST, why.clone())),
+            ),
+            crate::model::Protocol::Intercom => {
+                let id = match &wire {
+                    RpcId::Str(s) => s.clone(),
+                    RpcId::Num(n) => n.to_string(),
+                };
+                let bytes = if kind == RequestKind::ForwardedPrompt {
+                    self.dialect.prompt_response(&id, "stop", Some(&why))
+                } else {
+                    self.dialect.clearance_response(&id, false, Some(&why))
+                };
+                self.send_bytes(bytes);
+            }
+            crate::model::Protocol::Mcp => {}
+        }
+        if !self.over_request_cap_noted {
+            self.over_request_cap_noted = true;
+            self.emit_notice(
+                NoticeLevel::Warning,
+                &format!("The agent asked for more than {cap} things at once; the extra requests were refused."),
+            )
+            .await;
+        }
+    }
+
     async fn on_update(&mut self, params: &Value) {
         let (_, update) = match acp::parse_update(params) {
             Ok(u) => u,
@@ -320,15 +287,24 @@ impl SessionState {
                 if !self.thought.is_empty() {
                     self.flush_thought().await;
                 }
-                self.text.text.push_str(&t);
-                self.text.dirty = true;
+                self.push_agent_text(&t);
             }
             Update::Thought(t) => {
                 if !self.text.text.is_empty() {
                     // Keep the transcript in the order the agent spoke.
                     self.flush_text(true).await;
                 }
-                self.thought.push_str(&t);
+                // Thoughts share the per-turn cap's size: never unbounded.
+                let room = self
+                    .settings
+                    .limits
+                    .max_turn_text_bytes
+                    .saturating_sub(self.thought.len());
+                let mut take = t.len().min(room);
+                while !t.is_char_boundary(take) {
+                    take -= 1;
+                }
+                self.thought.push_str(&t[..take]);
             }
             Update::Usage(usage) => {
                 self.emit(OperatorEvent::Usage {
@@ -479,8 +455,32 @@ impl SessionState {
         });
     }
 
-    /// Persists aggregated agent text; `publish` also tells the operator and
-    /// starts a new block.
+    /// Adds agent text to the turn, up to `limits.max_turn_text_bytes`; past
+    /// the cap the rest of the turn's text is dropped with a visible note.
+    fn push_agent_text(&mut self, chunk: &str) {
+        if self.text.truncated {
+            return;
+        }
+        let cap = self.settings.limits.max_turn_text_bytes;
+        let room = cap.saturating_sub(self.text.turn_bytes);
+        let mut take = chunk.len().min(room);
+        while !chunk.is_char_boundary(take) {
+            take -= 1;
+        }
+        self.text.text.push_str(&chunk[..take]);
+        self.text.turn_bytes += take;
+        if take < chunk.len() {
+            self.text.truncated = true;
+            self.text.text.push_str(&format!(
+                "\n\n[agent-intercom: the rest of this turn's text was dropped; it passed limits.max_turn_text_bytes ({cap} bytes)]"
+            ));
+            tracing::warn!(session = %self.record.id, cap, "agent text over the per-turn cap; truncated");
+        }
+        self.text.dirty = true;
+    }
+
+    /// Persists aggregated agent text (appending only what is new); `publish`
+    /// also tells the operator and starts a new block.
     pub(super) async fn flush_text(&mut self, publish: bool) {
         if publish && !self.thought.is_empty() {
             self.flush_thought().await;
@@ -488,7 +488,10 @@ impl SessionState {
         if self.text.dirty {
             self.text.flushed_at = Instant::now();
             let stored = match self.text.message_id {
-                Some(id) => self.store.update_message(id, &self.text.text).await.is_ok(),
+                Some(id) => {
+                    let tail = &self.text.text[self.text.stored..];
+                    self.store.append_to_message(id, tail).await.is_ok()
+                }
                 None => match self
                     .store
                     .append_message(self.id(), Role::Agent, MessageKind::Text, &self.text.text)
@@ -501,6 +504,9 @@ impl SessionState {
                     Err(_) => false,
                 },
             };
+            if stored {
+                self.text.stored = self.text.text.len();
+            }
             // A failed write stays dirty and is retried on the next tick.
             self.text.dirty = !stored;
         }
@@ -513,6 +519,7 @@ impl SessionState {
             }
             let text = std::mem::take(&mut self.text.text);
             self.text.message_id = None;
+            self.text.stored = 0;
             self.emit(OperatorEvent::AgentText {
                 session_id: self.id().clone(),
                 text,

@@ -8,6 +8,7 @@
 //! [`turns`] (prompts and steering), [`lifecycle`] (timers, stop, crash).
 
 mod agent_settings;
+mod files;
 mod flood;
 mod handshake;
 mod inbound;
@@ -432,6 +433,8 @@ pub struct SessionSettings {
     pub operators: HashSet<String>,
     /// Approval rules (config + operator rules), shared and hot-swapped.
     pub rules: crate::rules::SharedRules,
+    /// The server's own files: refused to agents, never decided automatically.
+    pub server_files: crate::workspace_fs::ServerFiles,
 }
 
 /// Everything a SessionActor starts from.
@@ -486,8 +489,9 @@ struct Pending {
     record: PendingRequest,
     /// The JSON-RPC id to answer (ACP) or dialect id.
     wire: RpcId,
-    /// For gated writes: where and what.
-    write: Option<(PathBuf, String)>,
+    /// For gated writes: the path as the agent gave it (resolved again at
+    /// write time) and the content.
+    write: Option<(String, String)>,
     /// Rule facts (ACP tool kind, command) when approval rules govern it.
     governed: Option<(Option<String>, Option<String>)>,
     /// For permissions: the edits the tool call announced when we asked.
@@ -508,6 +512,12 @@ struct Turn {
 struct TextBuffer {
     text: String,
     message_id: Option<i64>,
+    /// Bytes of `text` already in the stored entry (flushes append the rest).
+    stored: usize,
+    /// Agent text received this turn (against `limits.max_turn_text_bytes`).
+    turn_bytes: usize,
+    /// The cap was hit this turn: further text is dropped.
+    truncated: bool,
     dirty: bool,
     flushed_at: Instant,
 }
@@ -517,6 +527,9 @@ impl Default for TextBuffer {
         TextBuffer {
             text: String::new(),
             message_id: None,
+            stored: 0,
+            turn_bytes: 0,
+            truncated: false,
             dirty: false,
             flushed_at: Instant::now(),
         }
@@ -543,6 +556,8 @@ pub struct SessionState {
     mcp_servers: Vec<McpHttpServer>,
     ready: Option<oneshot::Sender<Result<(), StartError>>>,
 
+    /// The workspace as a directory handle (or why it could not be opened).
+    workspace: Result<Arc<crate::workspace_fs::WorkspaceFs>, crate::workspace_fs::FsError>,
     child: Option<AgentChild>,
     exited: bool,
     phase: Phase,
@@ -607,6 +622,8 @@ pub struct SessionState {
     stall: Stall,
     stopping: Option<StopCause>,
     stream_closed_at: Option<Instant>,
+    /// The operator was told once that requests past the cap are refused.
+    over_request_cap_noted: bool,
 }
 
 /// The SessionActor handler (stateless; see [`SessionState`]).
@@ -794,6 +811,11 @@ impl Actor for SessionActor {
 impl SessionState {
     fn new(myself: ActorRef<SessionMsg>, args: SessionArgs) -> Self {
         let now = Instant::now();
+        let workspace = crate::workspace_fs::WorkspaceFs::open(
+            std::path::Path::new(&args.record.cwd),
+            args.settings.server_files.clone(),
+        )
+        .map(Arc::new);
         SessionState {
             myself,
             status: args.record.status,
@@ -806,6 +828,7 @@ impl SessionState {
             start: args.start,
             mcp_servers: args.mcp_servers,
             ready: args.ready,
+            workspace,
             child: None,
             exited: false,
             phase: Phase::Initializing,
@@ -850,6 +873,7 @@ impl SessionState {
             stall: Stall::default(),
             stopping: None,
             stream_closed_at: None,
+            over_request_cap_noted: false,
         }
     }
 

@@ -5,9 +5,7 @@
 //! cannot be stored is refused and the agent is not answered, so what the
 //! agent did is always what the record says.
 
-use std::path::{Path, PathBuf};
-
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::toolcalls::Cover;
 use super::{Caller, Choice, Pending, SessionError, SessionState};
@@ -109,7 +107,10 @@ impl SessionState {
         match (self.is_acp(), pending.record.kind) {
             (true, RequestKind::FileWrite) => {
                 let result = if decision.approved {
-                    self.perform_write(pending)
+                    match &pending.write {
+                        Some((path, content)) => self.perform_write(path, content).await,
+                        None => Err(RpcError::new(codes::INTERNAL_ERROR, "nothing to write")),
+                    }
                 } else {
                     let why = decision.reason.as_deref().unwrap_or("no reason given");
                     Err(RpcError::new(
@@ -141,24 +142,18 @@ impl SessionState {
         }
     }
 
-    fn perform_write(&self, pending: &Pending) -> Result<Value, RpcError> {
-        let Some((path, content)) = &pending.write else {
-            return Err(RpcError::new(codes::INTERNAL_ERROR, "nothing to write"));
-        };
-        write_file(path, content)
-    }
-
     /// Performs a write an earlier decision already covers (one human
-    /// decision per change) and records which decision covered it.
+    /// decision per change) and records which decision covered it. The path
+    /// is resolved beneath the workspace again, exactly like an approved write.
     pub(super) async fn write_covered(
         &mut self,
         wire: RpcId,
-        path: PathBuf,
+        path: String,
         content: String,
         rel: &str,
         cover: Cover,
     ) {
-        let result = write_file(&path, &content);
+        let result = self.perform_write(&path, &content).await;
         let ok = result.is_ok();
         self.respond(wire, result);
         self.audit(
@@ -176,21 +171,6 @@ impl SessionState {
         self.note(Role::System, MessageKind::Text, &text).await;
         self.last_any = std::time::Instant::now();
     }
-}
-
-/// Writes `content` to `path`, creating parent directories.
-fn write_file(path: &Path, content: &str) -> Result<Value, RpcError> {
-    let io = |e: std::io::Error| {
-        RpcError::new(
-            codes::INTERNAL_ERROR,
-            format!("cannot write {}: {e}", path.display()),
-        )
-    };
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io)?;
-    }
-    std::fs::write(path, content).map_err(io)?;
-    Ok(Value::Null)
 }
 
 impl SessionState {

@@ -25,15 +25,23 @@ impl SessionState {
         let root = Path::new(&self.record.cwd);
         let root_real = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         let mut inside = true;
+        let mut server_file = false;
         let mut relative = Vec::with_capacity(paths.len());
         for p in paths {
             match fsjail::resolve_inside(root, Path::new(p)) {
-                Ok(real) => relative.push(
-                    real.strip_prefix(&root_real)
-                        .map(|r| r.display().to_string())
-                        .unwrap_or_else(|_| p.clone()),
-                ),
+                Ok(real) => {
+                    server_file |= self.settings.server_files.covers(&real);
+                    relative.push(
+                        real.strip_prefix(&root_real)
+                            .map(|r| r.display().to_string())
+                            .unwrap_or_else(|_| p.clone()),
+                    )
+                }
                 Err(_) => {
+                    server_file |= self
+                        .settings
+                        .server_files
+                        .covers(&fsjail::normalize(&root.join(p)));
                     inside = false;
                     relative.push(p.clone());
                 }
@@ -43,6 +51,7 @@ impl SessionState {
             kind,
             paths: relative,
             paths_inside: inside,
+            server_file,
             command,
             agent: self.record.agent.clone(),
             workspace: self.record.workspace.clone(),

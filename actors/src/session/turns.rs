@@ -54,6 +54,9 @@ impl SessionState {
                 match self.request_tracked(methods::SESSION_PROMPT, params, Outgoing::Prompt, token)
                 {
                     Some(rpc_id) => {
+                        // A new turn gets a fresh text allowance.
+                        self.text.turn_bytes = 0;
+                        self.text.truncated = false;
                         self.turn = Some(Turn {
                             rpc_id,
                             prompt: text.clone(),

@@ -39,6 +39,9 @@ pub struct Knobs {
     pub policy: SupervisionPolicy,
     pub operators: Vec<String>,
     pub rules: intercom_actors::rules::SharedRules,
+    /// Workspace-relative files and directories to guard as server files.
+    pub protect_files: Vec<String>,
+    pub protect_dirs: Vec<String>,
 }
 
 impl Default for Knobs {
@@ -60,6 +63,8 @@ impl Default for Knobs {
             },
             operators: vec![],
             rules: Default::default(),
+            protect_files: vec![],
+            protect_dirs: vec![],
         }
     }
 }
@@ -95,6 +100,10 @@ impl Harness {
             stall: knobs.stall,
             operators: knobs.operators.into_iter().collect::<HashSet<_>>(),
             rules: knobs.rules.clone(),
+            server_files: intercom_actors::workspace_fs::ServerFiles::new(
+                knobs.protect_files.iter().map(|f| workspace.join(f)),
+                knobs.protect_dirs.iter().map(|d| workspace.join(d)),
+            ),
         });
         let args = SupervisorArgs {
             policy: knobs.policy,

@@ -28,6 +28,8 @@ from typing import Any
 
 import anyio
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 TOOLS = {
     "check_clearance",
@@ -108,7 +110,9 @@ def result_json(result: Any, tool: str) -> dict[str, Any]:
 async def run(url: str, operator: Operator, workspace: Path) -> None:
     target = workspace / "hello.txt"
     target.write_text("hello\nworld\n")
-    async with Client(url) as client:
+    # /mcp wants the same bearer token as the operator API.
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {operator.token}"})
+    async with Client(streamable_http_client(url, http_client=http)) as client:
         print(f"connected: protocol {client.protocol_version}")
         tools = await client.list_tools()
         names = {t.name for t in tools.tools}

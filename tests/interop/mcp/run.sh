@@ -109,24 +109,32 @@ while time.monotonic() < deadline:
 sys.exit(1)
 EOF
 
-# Is /mcp mounted? (An initialize without a session must not be a 404.)
-STATUS="$(py "$BASE/mcp" <<'EOF'
+# Is /mcp mounted, and does it want a credential? (Without one: 401; with
+# the operator token an initialize without a session must not be a 404.)
+probe() {
+    py "$BASE/mcp" "$1" <<'EOF'
 import sys, urllib.request, urllib.error
 body = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"probe","version":"0"}}}'
-req = urllib.request.Request(sys.argv[1], data=body, method="POST", headers={
-    "Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+if sys.argv[2]:
+    headers["Authorization"] = "Bearer " + sys.argv[2]
+req = urllib.request.Request(sys.argv[1], data=body, method="POST", headers=headers)
 try:
     with urllib.request.urlopen(req, timeout=5) as r:
         print(r.status)
 except urllib.error.HTTPError as e:
     print(e.code)
 EOF
-)"
+}
+STATUS="$(probe "")"
+[[ "$STATUS" == 401 ]] || fail "POST /mcp without a token answered HTTP $STATUS, expected 401"
+STATUS="$(probe "$TOKEN")"
 [[ "$STATUS" == 200 ]] || fail "POST /mcp answered HTTP $STATUS (is the MCP router mounted on the server?)"
+echo "ok: /mcp refuses a request without a token and serves one with it"
 
 # MCP Inspector CLI.
 inspector() {
-    "$MCP_INSPECTOR_BIN" --cli "$URL" --transport http "$@" 2>"$TMP/inspector.err" ||
+    "$MCP_INSPECTOR_BIN" --cli "$URL" --header "Authorization: Bearer $TOKEN" --transport http "$@" 2>"$TMP/inspector.err" ||
         fail "mcp-inspector $*: $(tail -n 20 "$TMP/inspector.err")"
 }
 LISTED="$(inspector --method tools/list)"

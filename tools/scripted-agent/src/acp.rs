@@ -335,7 +335,7 @@ pub fn run_step(agent: &mut Agent, step: &Step) -> Option<Flow> {
         }
         Step::Permission(perm) => return Some(permission(agent, perm)),
         Step::WriteFile(w) => write_file(agent, &w.path, &w.content),
-        Step::ReadFile(r) => read_file(agent, &r.path),
+        Step::ReadFile(r) => read_file(agent, r),
         Step::EchoMcp(true) => echo_mcp(agent),
         Step::EchoMcp(false) => {}
         _ => return None,
@@ -416,6 +416,10 @@ fn permission(agent: &mut Agent, perm: &Permission) -> Flow {
     let mut tool_call = json!({"toolCallId": perm.tool_call_id});
     insert_opt(&mut tool_call, "title", perm.title.as_deref());
     insert_opt(&mut tool_call, "kind", perm.kind.as_deref());
+    if !perm.locations.is_empty() {
+        let locations: Vec<Value> = perm.locations.iter().map(|p| json!({"path": p})).collect();
+        tool_call["locations"] = Value::Array(locations);
+    }
     let params = json!({"sessionId": agent.session_id, "toolCall": tool_call, "options": options});
     let started = std::time::Instant::now();
     let response = request(agent, "session/request_permission", params);
@@ -504,9 +508,15 @@ fn write_file(agent: &mut Agent, path: &str, content: &str) {
     steps::emit(agent, TextKind::Agent, &format!("write {path}: {outcome}"));
 }
 
-fn read_file(agent: &mut Agent, path: &str) {
-    let path = resolve(agent, path);
-    let params = json!({"sessionId": agent.session_id, "path": path});
+fn read_file(agent: &mut Agent, r: &crate::scenario::ReadFile) {
+    let path = resolve(agent, &r.path);
+    let mut params = json!({"sessionId": agent.session_id, "path": path});
+    if let Some(line) = r.line {
+        params["line"] = json!(line);
+    }
+    if let Some(limit) = r.limit {
+        params["limit"] = json!(limit);
+    }
     let outcome = match request(agent, "fs/read_text_file", params) {
         Some(resp) => match error_message(&resp) {
             Some(m) => format!("error {m}"),

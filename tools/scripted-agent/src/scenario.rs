@@ -162,6 +162,9 @@ pub struct Permission {
     pub title: Option<String>,
     pub kind: Option<String>,
     pub options: Option<Vec<Value>>,
+    /// Paths sent as the tool call's `locations`.
+    #[serde(default)]
+    pub locations: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -175,6 +178,12 @@ pub struct WriteFile {
 #[serde(deny_unknown_fields)]
 pub struct ReadFile {
     pub path: String,
+    /// ACP `line` (1-based), when given.
+    #[serde(default)]
+    pub line: Option<u32>,
+    /// ACP `limit` (lines), when given.
+    #[serde(default)]
+    pub limit: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -248,6 +257,7 @@ impl Scenario {
                 title: None,
                 kind: None,
                 options: None,
+                locations: vec!["hello.txt".to_owned()],
             }),
             Step::IfAllowed(IfAllowed {
                 then: vec![

@@ -1,0 +1,164 @@
+//! `fs/read_text_file` and `fs/write_text_file`: the agent's file access,
+//! served through the session's workspace handle ([`crate::workspace_fs`]).
+//!
+//! Reads are answered at once (inside the workspace, regular files only,
+//! bounded). Writes become `file_write` requests carrying the diff; the file
+//! is written only after approval, re-resolved at that moment. All file I/O
+//! runs on the blocking pool with a timeout, so a hung filesystem costs
+//! this session a few seconds, never an async worker. Attempts at what the
+//! agent must never have (outside the workspace, the server's own files,
+//! writing through a symlink) are audited and shown to the operator.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::SessionState;
+use crate::model::{OptionKind, PermissionOption, RequestKind};
+use crate::ports::NoticeLevel;
+use crate::protocol::acp;
+use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
+use crate::workspace_fs::{FsError, on_blocking_pool};
+
+/// Largest current file shown in a write's diff (bigger: diffed as new).
+const DIFF_BASE_MAX: usize = 8 * 1024 * 1024;
+
+fn rpc_error(e: &FsError) -> RpcError {
+    let code = match e {
+        FsError::Io { .. } | FsError::TimedOut { .. } => codes::INTERNAL_ERROR,
+        _ => codes::INVALID_PARAMS,
+    };
+    RpcError::new(code, e.to_string())
+}
+
+impl SessionState {
+    /// The workspace handle, or why there is none.
+    fn workspace(&self) -> Result<Arc<crate::workspace_fs::WorkspaceFs>, FsError> {
+        self.workspace.clone()
+    }
+
+    pub(super) async fn fs_read_requested(&mut self, id: RpcId, params: &Value) {
+        let (path, line, limit) = match acp::parse_fs_read(params) {
+            Ok(v) => v,
+            Err(e) => return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
+        };
+        let path = path.display().to_string();
+        let max = self.settings.limits.max_read_bytes;
+        let result = match self.workspace() {
+            Ok(ws) => {
+                let p = path.clone();
+                on_blocking_pool(ws, "read", &path, move |ws| ws.read(&p, line, limit, max)).await
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(content) => self.respond(id, Ok(acp::fs_read_result(content))),
+            Err(e) => {
+                self.refused("fs/read_text_file", &path, &e).await;
+                self.respond(id, Err(rpc_error(&e)));
+            }
+        }
+    }
+
+    pub(super) async fn fs_write_requested(&mut self, id: RpcId, params: &Value) {
+        let (path, content) = match acp::parse_fs_write(params) {
+            Ok(v) => v,
+            Err(e) => return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
+        };
+        let path = path.display().to_string();
+        let checked = match self.workspace() {
+            Ok(ws) => {
+                let p = path.clone();
+                on_blocking_pool(ws, "write", &path, move |ws| {
+                    let rel = ws.check_write(&p)?;
+                    let old = ws.current(&p, DIFF_BASE_MAX).unwrap_or(None);
+                    Ok((rel, old))
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let (rel, old) = match checked {
+            Ok(v) => v,
+            Err(e) => {
+                self.refused("fs/write_text_file", &path, &e).await;
+                return self.respond(id, Err(rpc_error(&e)));
+            }
+        };
+        self.flush_text(true).await;
+        let rel = rel.display().to_string();
+        let current = old.as_deref().unwrap_or("");
+        let root = std::path::PathBuf::from(&self.record.cwd);
+        let covering =
+            self.toolcalls
+                .take_covering(&root, std::path::Path::new(&path), current, &content);
+        if let Some(cover) = covering {
+            return self.write_covered(id, path, content, &rel, cover).await;
+        }
+        let diff = acp::unified_diff(&rel, current, &content);
+        let opened = self
+            .open_request(
+                id,
+                RequestKind::FileWrite,
+                format!("Write {rel}"),
+                Some(diff),
+                vec![rel],
+                write_options(),
+                Some((path, content)),
+            )
+            .await;
+        if let Some(n) = opened {
+            self.apply_rules(n, Some("edit".into()), None).await;
+        }
+    }
+
+    /// Writes an approved file, resolving its path again now.
+    pub(super) async fn perform_write(
+        &mut self,
+        path: &str,
+        content: &str,
+    ) -> Result<Value, RpcError> {
+        let ws = self.workspace().map_err(|e| rpc_error(&e))?;
+        let (p, c) = (path.to_owned(), content.to_owned());
+        match on_blocking_pool(ws, "write", path, move |ws| ws.write(&p, &c)).await {
+            Ok(()) => Ok(Value::Null),
+            Err(e) => {
+                self.refused("fs/write_text_file", path, &e).await;
+                Err(rpc_error(&e))
+            }
+        }
+    }
+
+    /// Logs a refused file operation; containment violations are also
+    /// audited and shown to the operator.
+    async fn refused(&mut self, method: &str, path: &str, e: &FsError) {
+        tracing::warn!(session = %self.record.id, %method, "refused: {e}");
+        if !e.is_containment() {
+            return;
+        }
+        self.audit(
+            "system",
+            "fs.refused",
+            json!({"method": method, "path": path, "reason": e.to_string()}),
+        )
+        .await;
+        let text =
+            format!("The agent tried {method} on a path it may not use and was refused: {e}");
+        self.emit_notice(NoticeLevel::Warning, &text).await;
+    }
+}
+
+fn write_options() -> Vec<PermissionOption> {
+    vec![
+        PermissionOption {
+            id: "write".into(),
+            name: "Write file".into(),
+            kind: OptionKind::AllowOnce,
+        },
+        PermissionOption {
+            id: "reject".into(),
+            name: "Reject".into(),
+            kind: OptionKind::RejectOnce,
+        },
+    ]
+}

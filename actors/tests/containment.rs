@@ -1,0 +1,316 @@
+//! The agent cannot get around the human: a real agent process (the scripted
+//! agent) tries, as a hostile agent would, to read and write the server's
+//! own files, write through symlinks, hang the server on a FIFO, pull a huge
+//! file, flood the session and slip file changes past the modes.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use intercom_actors::model::RequestStatus;
+use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
+use intercom_actors::rules::ApprovalMode;
+use intercom_actors::session::{Caller, Choice, SessionMsg};
+use serde_json::json;
+use support::{Harness, Knobs};
+
+fn owner() -> Caller {
+    Caller {
+        id: "U_OWNER".into(),
+        operator: false,
+    }
+}
+
+fn guarded() -> Knobs {
+    Knobs {
+        protect_files: vec!["config.toml".into(), "data/api-token".into()],
+        protect_dirs: vec!["data".into()],
+        ..Knobs::default()
+    }
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().expect("utf8")).expect("cstr");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+async fn pending(h: &Harness, id: &intercom_actors::model::SessionId) -> usize {
+    h.store
+        .list_requests(Some(id), true)
+        .await
+        .expect("requests")
+        .len()
+}
+
+#[tokio::test]
+async fn server_files_are_refused_audited_and_shown_even_in_auto_mode() {
+    let h = Harness::new(guarded()).await;
+    std::fs::create_dir_all(h.workspace.join("data")).expect("data");
+    std::fs::write(h.workspace.join("data/api-token"), "s3cret-token\n").expect("token");
+    std::fs::write(h.workspace.join("config.toml"), "max = 1\n").expect("config");
+    let scenario = json!({"turns": [[
+        {"read_file": {"path": "data/api-token"}},
+        {"read_file": {"path": "./data/../data/api-token"}},
+        {"read_file": {"path": "config.toml"}},
+        {"write_file": {"path": "config.toml", "content": "[[rule]]\naction = \"allow\"\n"}},
+        {"write_file": {"path": "data/new.db", "content": "x"}},
+        {"chunk": "\ndone"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "steal");
+    req.mode = Some(ApprovalMode::Auto);
+    let rec = h.start_req(req).await.expect("start");
+    let text = h.until_transcript(&rec.id, "\ndone").await;
+    assert!(!text.contains("s3cret"), "{text}");
+    assert_eq!(
+        text.matches("agent-intercom's own files").count(),
+        10,
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("config.toml")).expect("config"),
+        "max = 1\n"
+    );
+    assert!(!h.workspace.join("data/new.db").exists());
+    assert_eq!(pending(&h, &rec.id).await, 0, "refused, not asked");
+    let refused = h
+        .store
+        .audit_entries()
+        .into_iter()
+        .filter(|e| e.action == "fs.refused")
+        .count();
+    assert_eq!(refused, 5);
+    h.until("a warning notice", |e| {
+        matches!(e, OperatorEvent::Notice { level: NoticeLevel::Warning, text, .. } if text.contains("may not use"))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_permission_naming_a_server_file_is_always_asked() {
+    let h = Harness::new(guarded()).await;
+    let scenario = json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "title": "Edit config", "kind": "edit", "locations": ["config.toml"]}},
+        {"chunk": "\ndone"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::Auto);
+    let rec = h.start_req(req).await.expect("start");
+    h.until(
+        "the request",
+        |e| matches!(e, OperatorEvent::RequestOpened { request } if request.title == "Edit config"),
+    )
+    .await;
+    // Mode auto would allow anything else; this one waits for a human.
+    let text = h.transcript_text(&rec.id).await;
+    assert!(!text.contains("permission t1: selected"), "{text}");
+    assert_eq!(pending(&h, &rec.id).await, 1);
+}
+
+#[tokio::test]
+async fn symlinks_never_carry_a_write_out_of_the_workspace() {
+    let h = Harness::new(Knobs::default()).await;
+    let outside = tempfile::tempdir().expect("outside");
+    let planted = outside.path().join("planted.txt");
+    std::os::unix::fs::symlink(&planted, h.workspace.join("link.txt")).expect("dangling");
+    std::os::unix::fs::symlink(outside.path(), h.workspace.join("out")).expect("dir link");
+    let scenario = json!({"turns": [[
+        {"write_file": {"path": "link.txt", "content": "pwned"}},
+        {"write_file": {"path": "out/x.txt", "content": "pwned"}},
+        {"chunk": "\ndone"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::AutoEdits);
+    let rec = h.start_req(req).await.expect("start");
+    let text = h.until_transcript(&rec.id, "\ndone").await;
+    assert!(text.contains("symbolic link"), "{text}");
+    assert!(text.contains("outside the workspace"), "{text}");
+    assert!(!planted.exists(), "a file appeared outside the workspace");
+    assert!(!outside.path().join("x.txt").exists());
+}
+
+#[tokio::test]
+async fn a_write_is_resolved_again_after_approval() {
+    let h = Harness::new(Knobs::default()).await;
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::create_dir(h.workspace.join("sub")).expect("sub");
+    let scenario = json!({"turns": [[
+        {"write_file": {"path": "sub/a.txt", "content": "data"}},
+        {"chunk": "\ndone"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("the write request", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    // While the operator looks, the agent swaps the directory for a link out.
+    std::fs::rename(h.workspace.join("sub"), h.workspace.join("sub-old")).expect("mv");
+    std::os::unix::fs::symlink(outside.path(), h.workspace.join("sub")).expect("swap");
+    let actor = h.actor(&rec.id).await;
+    let decided = ractor::call!(actor, |reply| SessionMsg::Decide {
+        request_id: "req-1".into(),
+        choice: Choice::Approve,
+        reason: None,
+        caller: owner(),
+        reply
+    })
+    .expect("call");
+    assert!(decided.is_ok(), "{decided:?}");
+    let text = h.until_transcript(&rec.id, "\ndone").await;
+    assert!(text.contains("outside the workspace"), "{text}");
+    assert!(!outside.path().join("a.txt").exists());
+    assert!(!h.workspace.join("sub-old/a.txt").exists());
+}
+
+#[tokio::test]
+async fn fifos_are_refused_at_once_and_never_hang_the_server() {
+    let h = Harness::new(Knobs::default()).await;
+    mkfifo(&h.workspace.join("pipe"));
+    let scenario = json!({"turns": [[
+        {"read_file": {"path": "pipe"}},
+        {"write_file": {"path": "pipe", "content": "x"}},
+        {"chunk": "\ndone"}
+    ]]});
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(h.start(scenario.clone(), "read the pipe").await.id);
+    }
+    for id in &ids {
+        let text = h.until_transcript(id, "\ndone").await;
+        assert!(text.contains("FIFO"), "{text}");
+        assert!(text.contains("not a regular file"), "{text}");
+    }
+    // The supervisor still answers.
+    assert_eq!(h.live_count().await, 3);
+}
+
+#[tokio::test]
+async fn huge_files_are_read_by_range_or_refused() {
+    let h = Harness::new(Knobs::default()).await;
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(h.workspace.join("big.log")).expect("big"),
+        );
+        for i in 0..2_000_000u32 {
+            writeln!(f, "line {i:08} of a big log file").expect("write");
+        }
+    }
+    std::fs::write(h.workspace.join("one-line.txt"), "x".repeat(3 << 20)).expect("one line");
+    let scenario = json!({"turns": [[
+        {"read_file": {"path": "big.log", "line": 3, "limit": 2}},
+        {"read_file": {"path": "big.log"}},
+        {"read_file": {"path": "one-line.txt", "limit": 1}},
+        {"chunk": "\ndone"}
+    ]]});
+    let rec = h.start(scenario, "read").await;
+    let text = h.until_transcript(&rec.id, "\ndone").await;
+    assert!(
+        text.contains("line 00000002 of a big log file\nline 00000003 of a big log file\n"),
+        "{}",
+        &text[..text.len().min(2000)]
+    );
+    assert_eq!(
+        text.matches("limits.max_read_bytes").count(),
+        2,
+        "whole file and one huge line"
+    );
+    assert!(text.len() < 64 * 1024, "a refused read sent content anyway");
+}
+
+#[tokio::test]
+async fn an_edit_that_names_no_path_is_asked_even_in_auto_edits() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "title": "Edit something", "kind": "edit"}},
+        {"permission": {"tool_call_id": "t2", "title": "Edit a.rs", "kind": "edit", "locations": ["a.rs"]}},
+        {"chunk": "\ndone"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::AutoEdits);
+    let rec = h.start_req(req).await.expect("start");
+    h.until("the pathless edit", |e| {
+        matches!(e, OperatorEvent::RequestOpened { request } if request.title == "Edit something")
+    })
+    .await;
+    assert_eq!(pending(&h, &rec.id).await, 1);
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Decide {
+        request_id: "req-1".into(),
+        choice: Choice::Approve,
+        reason: None,
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("decided");
+    // The edit that names its path is allowed by the mode on its own.
+    let text = h.until_transcript(&rec.id, "\ndone").await;
+    assert!(
+        text.contains("permission t2: selected allow-once"),
+        "{text}"
+    );
+    let requests = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list");
+    assert!(requests.iter().all(|r| r.status == RequestStatus::Decided));
+}
+
+#[tokio::test]
+async fn a_flood_loses_nothing_and_turn_text_is_capped() {
+    let mut knobs = Knobs::default();
+    knobs.limits.max_turn_text_bytes = 4096;
+    let h = Harness::new(knobs).await;
+    let scenario = json!({"turns": [[{"flood": 20000}, {"chunk": "\ndone"}], [{"flood": 3000}, {"chunk": "|end"}]]});
+    let rec = h.start(scenario, "flood").await;
+    let text = h
+        .until_transcript(&rec.id, "limits.max_turn_text_bytes (4096 bytes)")
+        .await;
+    assert!(!text.contains("\ndone"), "text past the cap was kept");
+    // A new turn gets a fresh allowance, and every frame of it arrives.
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: "again".into(),
+        interrupt: false,
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("steer");
+    let text = h.until_transcript(&rec.id, "|end").await;
+    let last = text.rsplit("[agent:text] ").next().unwrap_or_default();
+    let flood = "x".repeat(3000);
+    assert!(last.ends_with(&format!("{flood}|end")), "{last}");
+}
+
+#[tokio::test]
+async fn requests_past_the_cap_get_an_error_not_a_slot() {
+    let mut knobs = Knobs::default();
+    knobs.limits.max_pending_requests = 2;
+    let h = Harness::new(knobs).await;
+    let ask = |n: u32| {
+        json!({"raw": format!(
+            r#"{{"jsonrpc":"2.0","id":"p{n}","method":"session/request_permission","params":{{"sessionId":"x","toolCall":{{"toolCallId":"t{n}","title":"Ask {n}"}},"options":[{{"optionId":"ok","name":"OK","kind":"allow_once"}}]}}}}"#
+        )})
+    };
+    let scenario = json!({"turns": [[ask(1), ask(2), ask(3), ask(4), {"hang": true}]]});
+    let rec = h.start(scenario, "ask a lot").await;
+    h.until(
+        "the cap notice",
+        |e| matches!(e, OperatorEvent::Notice { text, .. } if text.contains("more than 2")),
+    )
+    .await;
+    assert_eq!(pending(&h, &rec.id).await, 2);
+    // The server stays responsive to the operator.
+    let actor = h.actor(&rec.id).await;
+    let snap = actor
+        .call(SessionMsg::Snapshot, Some(Duration::from_secs(5)))
+        .await;
+    assert!(
+        matches!(snap, Ok(ractor::rpc::CallResult::Success(_))),
+        "{snap:?}"
+    );
+}

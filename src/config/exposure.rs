@@ -1,0 +1,136 @@
+//! The server's own files, and where the configuration exposes them.
+//!
+//! Agents work inside workspaces; the database, the data directory (with the
+//! API token), the config file and the log file must never be reachable by
+//! them. [`Config::server_files`] lists them for the session's file guard
+//! (`intercom_actors::workspace_fs`), which refuses them wherever they are;
+//! [`Config::exposure_warnings`] tells the operator (at `check-config` and
+//! `serve`) when the layout puts any of them inside a workspace anyway, so
+//! the defence does not rest on one check.
+
+use std::path::{Path, PathBuf};
+
+use intercom_actors::workspace_fs::ServerFiles;
+
+use super::Config;
+
+/// SQLite's companions to a database file.
+const DB_SUFFIXES: &[&str] = &["", "-wal", "-shm", "-journal"];
+
+impl Config {
+    /// The data directory: the database's directory (the API token lives there).
+    pub fn data_dir(&self) -> PathBuf {
+        self.database
+            .path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+    }
+
+    /// Every file and directory of the server's that agents must never touch.
+    pub fn server_files(&self) -> ServerFiles {
+        let db = self.database.path.display().to_string();
+        let mut files: Vec<PathBuf> = DB_SUFFIXES
+            .iter()
+            .map(|s| PathBuf::from(format!("{db}{s}")))
+            .collect();
+        files.extend(self.source.clone());
+        files.extend(log_file());
+        ServerFiles::new(files, [self.data_dir()])
+    }
+
+    /// Warnings about server files that lie inside a workspace.
+    pub fn exposure_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let data = canonical(&self.data_dir());
+        let config = self.source.as_deref().map(canonical);
+        for ws in self.workspaces.iter().chain(self.discovered.iter()) {
+            let root = canonical(&ws.path);
+            if data.starts_with(&root) {
+                out.push(format!(
+                    "the data directory {} (database and API token) lies inside workspace `{}` ({}); agent file access refuses it, but move [database] path outside every workspace",
+                    data.display(),
+                    ws.id,
+                    root.display()
+                ));
+            }
+            if let Some(cfg) = &config
+                && cfg.starts_with(&root)
+            {
+                out.push(format!(
+                    "the config file {} lies inside workspace `{}` ({}); agent file access refuses it, but keep the config outside every workspace",
+                    cfg.display(),
+                    ws.id,
+                    root.display()
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The file stderr is redirected to, when it is a regular file (the log).
+fn log_file() -> Option<PathBuf> {
+    let target = std::fs::read_link("/proc/self/fd/2").ok()?;
+    std::fs::metadata(&target)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|_| target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_or_config_inside_a_workspace_is_warned_about() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(dir.path().join("ws")).expect("ws");
+        let config_path = dir.path().join("config.toml");
+        let text = r#"
+[database]
+path = "data/x.db"
+[[workspace]]
+id = "all"
+path = "."
+[[workspace]]
+id = "sub"
+path = "ws"
+"#;
+        std::fs::write(&config_path, text).expect("write");
+        let cfg = Config::load(&config_path).expect("load");
+        let warnings = cfg.exposure_warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("data directory") && warnings[0].contains("`all`"));
+        assert!(warnings[1].contains("config file") && warnings[1].contains("`all`"));
+
+        let files = cfg.server_files();
+        for p in [
+            "data/x.db",
+            "data/x.db-wal",
+            "data/api-token",
+            "config.toml",
+        ] {
+            assert!(files.covers(&dir.path().join(p)), "{p} is not guarded");
+        }
+        assert!(!files.covers(&dir.path().join("ws/src.rs")));
+    }
+
+    #[test]
+    fn a_layout_with_data_outside_workspaces_is_quiet() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(dir.path().join("ws")).expect("ws");
+        let config_path = dir.path().join("config.toml");
+        std::fs::write(
+            &config_path,
+            "[database]\npath = \"data/x.db\"\n[[workspace]]\nid = \"sub\"\npath = \"ws\"\n",
+        )
+        .expect("write");
+        let cfg = Config::load(&config_path).expect("load");
+        assert!(cfg.exposure_warnings().is_empty());
+    }
+}

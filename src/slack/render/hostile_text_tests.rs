@@ -1,0 +1,100 @@
+//! Agent text that tries to ping a channel or disguise a link must reach
+//! Slack inert everywhere: blocks, the fallback `text`, and the plain-text
+//! re-post the gateway makes when Slack refuses the blocks (which sends the
+//! fallback `text` alone).
+
+use intercom_actors::model::{
+    OptionKind, PendingRequest, PermissionOption, Protocol, RequestKind, RequestStatus, SessionId,
+    SessionRecord, SessionStatus,
+};
+use intercom_actors::ports::NoticeLevel;
+use intercom_actors::slack_port::{MessageBody, Render, StatusLine};
+
+use super::BlockKit;
+
+const HOSTILE: &str = "<!channel> look <https://evil.example|docs.rs> & <@U0ADMIN>";
+
+/// No Slack control sequence survives: every `<` and `>` is an entity.
+fn inert(what: &str, body: &MessageBody) {
+    let blocks = serde_json::to_string(&body.blocks).unwrap_or_default();
+    for (part, text) in [("text", body.text.as_str()), ("blocks", blocks.as_str())] {
+        assert!(!text.contains("<!"), "{what} {part} pings: {text}");
+        assert!(!text.contains("<http"), "{what} {part} links: {text}");
+        assert!(!text.contains("<@"), "{what} {part} mentions: {text}");
+    }
+}
+
+fn session() -> SessionRecord {
+    SessionRecord {
+        id: SessionId::from("s-1"),
+        workspace: "ws".into(),
+        cwd: "/w".into(),
+        agent: "a".into(),
+        protocol: Protocol::Acp,
+        status: SessionStatus::Active,
+        status_reason: None,
+        title: HOSTILE.into(),
+        owner: "U1".into(),
+        acp_session_id: None,
+        channel_id: Some("C1".into()),
+        thread_ts: None,
+        restart_count: 0,
+        created_at: 0,
+        updated_at: 0,
+        last_activity_at: 0,
+    }
+}
+
+fn request(kind: RequestKind) -> PendingRequest {
+    PendingRequest {
+        id: "s-1:req-1".into(),
+        session_id: SessionId::from("s-1"),
+        request_id: "req-1".into(),
+        kind,
+        title: HOSTILE.into(),
+        diff: Some(format!("+{HOSTILE}\n")),
+        paths: vec![HOSTILE.into()],
+        options: vec![PermissionOption {
+            id: "allow".into(),
+            // Button labels are plain_text: Slack never parses them.
+            name: "Allow".into(),
+            kind: OptionKind::AllowOnce,
+        }],
+        status: RequestStatus::Pending,
+        wire_id: None,
+        created_at: 0,
+    }
+}
+
+#[test]
+fn agent_text_is_inert_in_every_message_and_its_fallback() {
+    let r = BlockKit;
+    let line = StatusLine {
+        status: SessionStatus::Active,
+        activity: "working".into(),
+        reason: Some(HOSTILE.into()),
+        usage: None,
+    };
+    inert("root", &r.root(&session(), &line));
+    for kind in [
+        RequestKind::Permission,
+        RequestKind::FileWrite,
+        RequestKind::ForwardedPrompt,
+    ] {
+        let (body, _) = r.request(&request(kind));
+        inert("request", &body);
+        let closed = r.request_closed(&request(kind), RequestStatus::Cancelled, None);
+        inert("request closed", &closed);
+    }
+    for body in r.agent_text(HOSTILE) {
+        inert("agent text", &body);
+    }
+    inert("tool call", &r.tool_call(HOSTILE, HOSTILE));
+    inert("plan", &r.plan(&[(HOSTILE.into(), "pending".into())]));
+    inert("notice", &r.notice(NoticeLevel::Warning, HOSTILE));
+    inert(
+        "stalled",
+        &r.stalled(&SessionId::from("s-1"), Some(HOSTILE)),
+    );
+    inert("ended", &r.ended(SessionStatus::Completed, Some(HOSTILE)));
+}
