@@ -314,3 +314,35 @@ async fn requests_past_the_cap_get_an_error_not_a_slot() {
         "{snap:?}"
     );
 }
+
+/// Resident memory of this process, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_300_mib_one_line_file_costs_bounded_memory() {
+    let h = Harness::new(Knobs::default()).await;
+    // Sparse: 300 MiB of NUL bytes, no newline anywhere (one huge line).
+    let f = std::fs::File::create(h.workspace.join("huge.bin")).expect("create");
+    f.set_len(300 << 20).expect("set_len");
+    let scenario = json!({"turns": [[
+        {"read_file": {"path": "huge.bin"}},
+        {"read_file": {"path": "huge.bin", "line": 1, "limit": 5}},
+        {"chunk": "\ndone"}
+    ]]});
+    let before = rss_kib();
+    let rec = h.start(scenario, "read it all").await;
+    let text = h.until_transcript(&rec.id, "\ndone").await;
+    let grown = rss_kib().saturating_sub(before);
+    eprintln!("RSS grew by {grown} KiB around two reads of a 300 MiB one-line file");
+    assert_eq!(text.matches("limits.max_read_bytes").count(), 2, "{text}");
+    // Generous: the whole file would be 300 MiB (and 3.6 GB was seen before).
+    assert!(grown < 64 * 1024, "RSS grew by {grown} KiB");
+}

@@ -504,7 +504,13 @@ async fn fs_path_escapes_are_refused_and_inside_writes_are_gated() {
     .await
     .expect("approve");
     let text = h.until_transcript(&rec.id, "inside.txt: ok").await;
-    assert_eq!(text.matches("outside the workspace").count(), 4, "{text}");
+    // Each refusal: an error to the agent and a notice to the operator.
+    assert_eq!(text.matches(": error path").count(), 4, "{text}");
+    assert_eq!(
+        text.matches("may not use and was refused").count(),
+        4,
+        "{text}"
+    );
     assert_eq!(
         std::fs::read_to_string(h.workspace.join("inside.txt")).expect("written"),
         "hello\n"
