@@ -13,6 +13,9 @@ use std::path::PathBuf;
 
 use crate::model::{OptionKind, PermissionOption};
 
+/// How long computing one diff may take before it falls back to a coarser one.
+const DIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Method names used on the wire.
 pub mod methods {
     /// Handshake.
@@ -468,7 +471,11 @@ pub fn slice_lines(content: &str, line: Option<u32>, limit: Option<u32>) -> Stri
 /// A workspace-relative path gets git's `a/` and `b/` prefixes; an absolute
 /// one (outside the workspace) is shown as it is.
 pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
-    let diff = similar::TextDiff::from_lines(old, new);
+    // Texts come from the agent: bound the work (the diff degrades to a
+    // coarser but correct one past the deadline).
+    let diff = similar::TextDiff::configure()
+        .timeout(DIFF_TIMEOUT)
+        .diff_lines(old, new);
     let (a, b) = if path.starts_with('/') {
         (path.to_owned(), path.to_owned())
     } else {

@@ -373,7 +373,13 @@ impl SessionState {
             && let Some((message_id, doc)) = self.tools.get_mut(&view.id)
             && *message_id != 0
         {
-            tool_doc(doc, &root, &merged, &view);
+            // No diff rendering (file reads) while flooded; the merged state
+            // keeps every edit for the permission that may follow.
+            let light = acp::ToolCallView {
+                edits: None,
+                ..view.clone()
+            };
+            tool_doc(doc, &root, &merged, &light);
             self.dirty_tools.insert(view.id);
             return;
         }

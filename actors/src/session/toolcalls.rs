@@ -25,7 +25,7 @@ const MAX_CALLS: usize = 1024;
 /// Allowed-but-unused edit sets remembered per session.
 const MAX_GRANTS: usize = 256;
 /// Files larger than this are not read to show a diff in context.
-const MAX_PREVIEW_BYTES: u64 = 4 << 20;
+const MAX_PREVIEW_BYTES: u64 = 1 << 20;
 
 /// What the agent said about one tool call so far.
 #[derive(Debug, Clone, Default, PartialEq)]
