@@ -319,6 +319,8 @@ struct Inner {
     supervisor: ActorRef<SupervisorMsg>,
     registry: ActorRef<RegistryMsg>,
     events: Arc<LocalEvents>,
+    /// Every operator event, stored with an id (`GET /api/events`).
+    journal: Arc<crate::journal::EventJournal>,
     profiles: Vec<AgentProfile>,
     slack: AtomicU8,
     /// Config rules + operator rules, as sessions see them.
@@ -381,7 +383,8 @@ impl App {
         let rules = SharedRules::new(config.rules.iter().cloned().chain(operator_rules).collect());
         let store = Arc::new(store);
         let events = Arc::new(LocalEvents::new());
-        let mut sinks: Vec<Arc<dyn OperatorSink>> = vec![events.clone()];
+        let journal = crate::journal::EventJournal::start(store.clone());
+        let mut sinks: Vec<Arc<dyn OperatorSink>> = vec![events.clone(), journal.clone()];
         sinks.extend(options.extra_sinks);
         let (registry, _) = Actor::spawn(None, WorkspaceRegistry, config.workspace_map())
             .await
@@ -407,6 +410,7 @@ impl App {
             supervisor,
             registry,
             events,
+            journal,
             profiles: config.agents.clone(),
             slack: AtomicU8::new(SlackState::Disabled.to_u8()),
             rules,
@@ -436,6 +440,30 @@ impl App {
     /// The local event feed.
     pub fn subscribe(&self) -> broadcast::Receiver<OperatorEvent> {
         self.inner.events.subscribe()
+    }
+
+    /// The stored event journal behind `GET /api/events`.
+    pub fn journal(&self) -> &Arc<crate::journal::EventJournal> {
+        &self.inner.journal
+    }
+
+    /// The audit log, oldest first (optionally one session's).
+    pub async fn audit_log(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<(i64, intercom_actors::model::AuditEntry)>, AppError> {
+        Ok(self.inner.store.audit_log(session).await?)
+    }
+
+    /// Nudges a live session's agent now.
+    pub async fn nudge(&self, id: &SessionId, caller: Caller) -> Result<(), AppError> {
+        let record = self.session(id).await?;
+        let Some(actor) = self.actor(id).await? else {
+            return Err(AppError::ended(record.status));
+        };
+        ractor::call!(actor, |reply| SessionMsg::Nudge { caller, reply })
+            .map_err(|e| AppError::actor("session", e))??;
+        Ok(())
     }
 
     /// Slack's state for `/healthz`.
@@ -957,11 +985,14 @@ impl App {
         }
         self.inner.supervisor.stop_and_wait(None, None).await.ok();
         self.inner.registry.stop_and_wait(None, None).await.ok();
+        // Open event streams would keep a graceful HTTP shutdown waiting.
+        self.inner.journal.end_streams();
     }
 
     /// Closes the store when this is the last reference (after
     /// [`App::shutdown`]); otherwise the store closes when the last user drops it.
     pub async fn close(self) {
+        self.inner.journal.close().await;
         let Ok(inner) = Arc::try_unwrap(self.inner) else {
             tracing::debug!("app still shared; the store closes when dropped");
             return;

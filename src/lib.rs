@@ -4,12 +4,14 @@
 //! ([`storage`]), the application wiring over the core's actors ([`app`]),
 //! the operator HTTP API and the `serve` command ([`http`]), its terminal
 //! client ([`ctl`]), log setup ([`logging`]), the Slack edge ([`slack`]) and
-//! the MCP endpoint ([`mcp`]).
+//! the MCP endpoint ([`mcp`]), the stored operator event journal ([`journal`])
+//! and the web console ([`web`]).
 
 pub mod app;
 pub mod config;
 pub mod ctl;
 pub mod http;
+pub mod journal;
 pub mod logging;
 pub mod mcp;
 pub mod slack;

@@ -119,6 +119,35 @@ impl Client {
         self.finish(request.call())
     }
 
+    /// `GET path` as a stream (Server-Sent Events): answers once the
+    /// headers arrived, with the body to read line by line. No overall
+    /// timeout: the server keeps the stream open and sends keep-alives.
+    pub fn stream(
+        &self,
+        path: &str,
+        last_event_id: Option<i64>,
+    ) -> Result<impl std::io::BufRead + use<>, CtlError> {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .build();
+        let agent: ureq::Agent = config.into();
+        let mut request = agent
+            .get(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id.to_string());
+        }
+        let response = request.call().map_err(|e| self.transport(e))?;
+        if !response.status().is_success() {
+            return Err(self.finish(Ok(response)).err().unwrap_or_else(|| {
+                CtlError::Protocol("the event stream answered without events".into())
+            }));
+        }
+        Ok(std::io::BufReader::new(response.into_body().into_reader()))
+    }
+
     /// `POST path` with a JSON body, the raw JSON text.
     pub fn post(&self, path: &str, body: &Value) -> Result<String, CtlError> {
         let request = self

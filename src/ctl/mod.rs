@@ -10,12 +10,12 @@
 
 pub mod client;
 pub mod render;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -26,9 +26,6 @@ use crate::http::views::{
     ApprovalView, MessageView, PromptAccepted, SessionDetailView, SessionView,
 };
 use client::{Client, CtlError, segment};
-
-/// How often `log --follow` polls.
-const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 
 /// `ctl` options and subcommand.
 #[derive(Debug, clap::Args)]
@@ -81,9 +78,14 @@ pub enum CtlCommand {
     Log {
         /// Session id
         id: String,
-        /// Keep printing new entries until the session ends
+        /// Keep printing what happens (from the event stream) until the session ends
         #[arg(long, short)]
         follow: bool,
+    },
+    /// Print events live as they happen (every session's, or one's)
+    Watch {
+        /// Only this session
+        id: Option<String>,
     },
     /// Send a prompt (steering) to a session
     Prompt {
@@ -245,6 +247,15 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             emit(json, &raw, || render::session_detail(&detail));
         }
         CtlCommand::Log { id, follow } => log(client, json, id, *follow)?,
+        CtlCommand::Watch { id } => watch::follow(
+            client,
+            id.as_deref(),
+            || Ok(true),
+            |e| {
+                print_event(e, json, id.is_none());
+                true
+            },
+        )?,
         CtlCommand::Prompt {
             id,
             text,
@@ -355,24 +366,35 @@ fn log(client: &Client, json: bool, id: &str, follow: bool) -> Result<(), CtlErr
         emit(json, &raw, || list.iter().map(render::message).collect());
         return Ok(());
     }
-    let mut seen: HashMap<i64, String> = HashMap::new();
-    loop {
-        // Read the status first: entries written before the end are then
-        // all in the transcript fetched next.
+    // The stream is open before the transcript is read, so nothing falls
+    // between the two; it ends with the session.
+    let print_transcript = || {
         let (_, session) = client.get_as::<SessionView>(&session_url)?;
         let (_, list) = client.get_as::<Vec<MessageView>>(&messages_url)?;
-        print_new(&list, &mut seen, json);
-        if !session.status.is_live() {
+        print_new(&list, &mut HashMap::new(), json);
+        if session.status.is_live() {
+            return Ok(true);
+        }
+        if !json {
             let reason = session
                 .status_reason
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default();
-            if !json {
-                write_out(&format!("-- session {}{reason}\n", session.status));
-            }
-            return Ok(());
+            write_out(&format!("-- session {}{reason}\n", session.status));
         }
-        std::thread::sleep(FOLLOW_EVERY);
+        Ok(false)
+    };
+    watch::follow(client, Some(id), print_transcript, |e| {
+        print_event(e, json, false);
+        e["event"] != "session_ended"
+    })
+}
+
+fn print_event(e: &Value, json: bool, with_session: bool) {
+    if json {
+        write_out(&format!("{e}\n"));
+    } else {
+        write_out(&watch::event_line(e, with_session));
     }
 }
 

@@ -6,7 +6,9 @@
 //! around both. The routes are documented in `docs/api.md`.
 
 pub mod auth;
+pub mod control;
 pub mod error;
+pub mod events;
 pub mod routes;
 pub mod rules;
 pub mod server;
@@ -40,6 +42,11 @@ pub fn router(app: App, token: ApiToken) -> Router {
         .route("/sessions/{id}/restart", post(routes::restart))
         .route("/sessions/{id}/mode", post(rules::set_mode))
         .route("/sessions/{id}/agent-mode", post(rules::set_agent_option))
+        .route("/sessions/{id}/pause", post(control::pause))
+        .route("/sessions/{id}/resume", post(control::resume))
+        .route("/sessions/{id}/nudge", post(control::nudge))
+        .route("/events", get(events::events))
+        .route("/audit", get(control::audit))
         .route("/rules", get(rules::list).post(rules::create))
         .route("/rules/{id}", axum::routing::delete(rules::delete))
         .route("/approvals", get(routes::list_approvals))

@@ -9,6 +9,8 @@
 //! Layout: [`SqliteStore`] and opening live here; the trait implementation is
 //! in `store.rs`, row decoding in `rows.rs`, the instance lock in `lock.rs`.
 
+pub mod console;
+pub mod events;
 mod lock;
 mod outbox;
 mod rows;

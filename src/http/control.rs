@@ -1,0 +1,104 @@
+//! Session controls and the audit log over HTTP:
+//! `POST /api/sessions/{id}/pause|resume|nudge` and `GET /api/audit`.
+//!
+//! Why this exists: the web console offers every control Slack has, and it
+//! acts only through the API, so these are API routes like the others (the
+//! same token, the same [`App`] operations, the same errors).
+
+use axum::Json;
+use axum::extract::{Path, State};
+use intercom_actors::model::SessionId;
+use intercom_actors::session::Caller;
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, ApiQuery};
+use crate::app::App;
+
+/// The answer of a control: what was done to which session.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ControlDone {
+    /// The session.
+    pub session_id: String,
+    /// `paused`, `resumed` or `nudged`.
+    pub done: String,
+}
+
+fn done(id: String, what: &str) -> Json<ControlDone> {
+    Json(ControlDone {
+        session_id: id,
+        done: what.to_owned(),
+    })
+}
+
+/// `POST /api/sessions/{id}/pause`.
+pub async fn pause(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Json<ControlDone>, ApiError> {
+    app.pause(&SessionId(id.clone()), true, Caller::local())
+        .await?;
+    Ok(done(id, "paused"))
+}
+
+/// `POST /api/sessions/{id}/resume`.
+pub async fn resume(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Json<ControlDone>, ApiError> {
+    app.pause(&SessionId(id.clone()), false, Caller::local())
+        .await?;
+    Ok(done(id, "resumed"))
+}
+
+/// `POST /api/sessions/{id}/nudge`.
+pub async fn nudge(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Json<ControlDone>, ApiError> {
+    app.nudge(&SessionId(id.clone()), Caller::local()).await?;
+    Ok(done(id, "nudged"))
+}
+
+/// `GET /api/audit` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    session: Option<String>,
+}
+
+/// One audit entry.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct AuditView {
+    /// Unix ms.
+    pub at: i64,
+    /// The session concerned, if any.
+    pub session_id: Option<String>,
+    /// Who (`local`, a Slack user id, `rule:<id>`, `mode:<mode>`, `system`).
+    pub actor: String,
+    /// What, e.g. `permission.decided`.
+    pub action: String,
+    /// Details.
+    pub detail: serde_json::Value,
+}
+
+/// `GET /api/audit[?session=ID]`: newest first.
+pub async fn audit(
+    State(app): State<App>,
+    ApiQuery(query): ApiQuery<AuditQuery>,
+) -> Result<Json<Vec<AuditView>>, ApiError> {
+    let session = query.session.filter(|s| !s.is_empty()).map(SessionId);
+    let entries = app.audit_log(session.as_ref()).await?;
+    Ok(Json(
+        entries
+            .into_iter()
+            .rev()
+            .map(|(at, e)| AuditView {
+                at,
+                session_id: e.session_id.map(|s| s.0),
+                actor: e.actor,
+                action: e.action,
+                detail: e.detail,
+            })
+            .collect(),
+    ))
+}

@@ -1,0 +1,215 @@
+//! `GET /api/events`: the operator event journal as Server-Sent Events.
+//!
+//! Each event is one SSE message whose `id:` is the journal id and whose
+//! `data:` is the event as JSON (`{"event_id", "emitted_at", "session_id",
+//! "event", ...}`; the event's own fields, such as a request's `id`, stay).
+//! A client that reconnects with `Last-Event-ID` (browsers do it on their own)
+//! or `?after=N` gets every stored event after that id, then the live ones,
+//! with no gap and no duplicate: the stream subscribes to the live feed
+//! before it reads the table and drops what it has already sent by id.
+//! Without either it starts with the events emitted from now on.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde::Deserialize;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::error::{ApiError, ApiQuery};
+use crate::app::App;
+use crate::journal::EventJournal;
+use crate::storage::events::StoredEvent;
+
+/// Rows read from the table per page while catching up.
+const PAGE: u32 = 500;
+/// How soon a browser reconnects after the stream dropped.
+const RECONNECT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `GET /api/events` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only this session's events.
+    session: Option<String>,
+    /// Resume after this id (when no `Last-Event-ID` header is sent).
+    after: Option<i64>,
+}
+
+/// `GET /api/events[?session=ID][&after=N]`.
+pub async fn events(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let journal = app.journal().clone();
+    let live = journal.subscribe();
+    let resume = match last_event_id(&headers)? {
+        Some(id) => Some(id),
+        None => query.after,
+    };
+    let (last, catch_up) = match resume {
+        Some(id) => (id.max(0), true),
+        None => (
+            journal
+                .last_id()
+                .await
+                .map_err(crate::app::AppError::from)?,
+            false,
+        ),
+    };
+    let cursor = Cursor {
+        end: journal.streams_end(),
+        journal,
+        live,
+        last,
+        session: query.session.filter(|s| !s.is_empty()),
+        backlog: VecDeque::new(),
+        catch_up,
+        started: false,
+    };
+    let stream = futures::stream::unfold(cursor, Cursor::next);
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse::<i64>().map(Some).map_err(|_| {
+        ApiError::bad_request(format!(
+            "Last-Event-ID must be an event id (an integer), not {text:?}"
+        ))
+    })
+}
+
+/// Where one stream is: the last id sent, what is read but not sent yet,
+/// and whether the table must be read before the live feed.
+struct Cursor {
+    journal: Arc<EventJournal>,
+    live: broadcast::Receiver<Arc<StoredEvent>>,
+    end: CancellationToken,
+    last: i64,
+    session: Option<String>,
+    backlog: VecDeque<StoredEvent>,
+    catch_up: bool,
+    started: bool,
+}
+
+impl Cursor {
+    async fn next(mut self) -> Option<(Result<Event, Infallible>, Cursor)> {
+        if !self.started {
+            // A position marker: no data, so nothing is dispatched, but a
+            // client that reconnects before any event resumes from here.
+            self.started = true;
+            let marker = Event::default().id(self.last.to_string()).retry(RECONNECT);
+            return Some((Ok(marker), self));
+        }
+        loop {
+            if let Some(e) = self.backlog.pop_front() {
+                if e.id <= self.last {
+                    continue;
+                }
+                self.last = e.id;
+                return Some((Ok(render(&e)), self));
+            }
+            if self.catch_up {
+                let page = self
+                    .journal
+                    .after(self.last, self.session.as_deref(), PAGE)
+                    .await;
+                match page {
+                    Ok(page) => {
+                        self.catch_up = page.len() == PAGE as usize;
+                        self.backlog.extend(page);
+                        continue;
+                    }
+                    Err(e) => {
+                        // The client reconnects with its Last-Event-ID.
+                        tracing::warn!("event stream cannot read the journal: {e}");
+                        return None;
+                    }
+                }
+            }
+            let received = tokio::select! {
+                r = self.live.recv() => r,
+                () = self.end.cancelled() => return None,
+            };
+            match received {
+                Ok(e) if e.id > self.last && self.wants(&e) => {
+                    self.last = e.id;
+                    return Some((Ok(render(&e)), self));
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up = true,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    fn wants(&self, e: &StoredEvent) -> bool {
+        self.session.as_deref().is_none_or(|s| s == e.session_id)
+    }
+}
+
+/// The SSE message: `id:` the journal id, `data:` the event with its
+/// journal id (`event_id`), time (`emitted_at`) and session added.
+pub fn render(e: &StoredEvent) -> Event {
+    Event::default().id(e.id.to_string()).data(data(e))
+}
+
+/// The JSON `data:` of a stored event.
+pub fn data(e: &StoredEvent) -> String {
+    let mut value: serde_json::Value =
+        serde_json::from_str(&e.payload).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(map) = value.as_object_mut() {
+        map.insert("event_id".into(), e.id.into());
+        map.insert("emitted_at".into(), e.at.into());
+        map.entry("session_id")
+            .or_insert_with(|| e.session_id.clone().into());
+        map.entry("event").or_insert_with(|| e.kind.clone().into());
+    }
+    value.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_carries_id_time_session_and_kind() {
+        let e = StoredEvent {
+            id: 7,
+            at: 1000,
+            session_id: "s-1".into(),
+            kind: "notice".into(),
+            payload: r#"{"event":"notice","id":"s-1:req-1","text":"<b>hi</b>"}"#.into(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&data(&e)).expect("json");
+        assert_eq!(v["event_id"], 7);
+        assert_eq!(v["emitted_at"], 1000);
+        assert_eq!(v["id"], "s-1:req-1", "the event's own fields stay");
+        assert_eq!(v["session_id"], "s-1");
+        assert_eq!(v["event"], "notice");
+        assert_eq!(v["text"], "<b>hi</b>");
+    }
+
+    #[test]
+    fn last_event_id_must_be_a_number() {
+        let mut h = HeaderMap::new();
+        assert!(matches!(last_event_id(&h), Ok(None)));
+        h.insert("last-event-id", "42".parse().expect("header"));
+        assert!(matches!(last_event_id(&h), Ok(Some(42))));
+        h.insert("last-event-id", "x".parse().expect("header"));
+        assert!(last_event_id(&h).is_err());
+    }
+}

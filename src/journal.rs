@@ -1,0 +1,264 @@
+//! The operator event journal: every [`OperatorEvent`] stored with an
+//! increasing id, then published to live streams.
+//!
+//! Why this exists: `GET /api/events` (and the web console, `ctl watch`)
+//! must be able to resume after a reconnect, or a server restart, without a
+//! gap. So the journal is an [`OperatorSink`] like the Slack gateway: `emit`
+//! only queues (it must not block an actor), and one writer task, the only
+//! owner of the queue, appends what arrived to SQLite in one transaction per
+//! batch and only then broadcasts the stored events with their ids. A
+//! stream subscribes to the broadcast first and reads the table second, so
+//! every event is in one or the other (duplicates are dropped by id).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use intercom_actors::model::now_ms;
+use intercom_actors::ports::{OperatorEvent, OperatorSink, StoreError};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::storage::SqliteStore;
+use crate::storage::events::{NewEvent, StoredEvent};
+
+/// At most this many queued events go into one transaction.
+const BATCH: usize = 256;
+/// Live events buffered per stream before it must catch up from the table.
+const LIVE_BUFFER: usize = 1024;
+/// Events kept in the table; older ones are pruned.
+const KEEP: i64 = 100_000;
+/// Prune after this many appended events.
+const PRUNE_EVERY: u64 = 1_000;
+/// How often a failed append is retried before the batch is given up.
+const RETRIES: u32 = 5;
+
+enum JournalMsg {
+    Event(Box<OperatorEvent>),
+    /// Write what is queued, answer, and stop.
+    Close(oneshot::Sender<()>),
+}
+
+/// The journal: a sink for operator events and a source of stored ones.
+#[derive(Debug)]
+pub struct EventJournal {
+    queue: mpsc::UnboundedSender<JournalMsg>,
+    live: broadcast::Sender<Arc<StoredEvent>>,
+    store: Arc<SqliteStore>,
+    streams_end: CancellationToken,
+}
+
+impl std::fmt::Debug for JournalMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JournalMsg::Event(_) => f.write_str("Event"),
+            JournalMsg::Close(_) => f.write_str("Close"),
+        }
+    }
+}
+
+impl EventJournal {
+    /// Starts the writer task over `store`.
+    pub fn start(store: Arc<SqliteStore>) -> Arc<EventJournal> {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let (live, _) = broadcast::channel(LIVE_BUFFER);
+        tokio::spawn(write_loop(store.clone(), rx, live.clone()));
+        Arc::new(EventJournal {
+            queue,
+            live,
+            store,
+            streams_end: CancellationToken::new(),
+        })
+    }
+
+    /// Stored events from now on, as they are committed.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
+        self.live.subscribe()
+    }
+
+    /// Up to `limit` stored events after id `after` (optionally one session's).
+    pub async fn after(
+        &self,
+        after: i64,
+        session: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.store.events_after(after, session, limit).await
+    }
+
+    /// The newest stored id.
+    pub async fn last_id(&self) -> Result<i64, StoreError> {
+        self.store.last_event_id().await
+    }
+
+    /// Cancelled when the server shuts down: open streams end then, so a
+    /// graceful shutdown does not wait for clients that never hang up.
+    pub fn streams_end(&self) -> CancellationToken {
+        self.streams_end.clone()
+    }
+
+    /// Ends every open stream (clients reconnect with `Last-Event-ID`).
+    pub fn end_streams(&self) {
+        self.streams_end.cancel();
+    }
+
+    /// Writes what is still queued and stops the writer (so the store can
+    /// close). Events emitted afterwards are dropped.
+    pub async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.queue.send(JournalMsg::Close(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+impl OperatorSink for EventJournal {
+    fn emit(&self, event: OperatorEvent) {
+        if self.queue.send(JournalMsg::Event(Box::new(event))).is_err() {
+            tracing::debug!("event journal closed; event not recorded");
+        }
+    }
+}
+
+/// Encodes an event for the table: (session, kind, JSON).
+pub fn encode(event: &OperatorEvent) -> Result<NewEvent, serde_json::Error> {
+    let value = serde_json::to_value(event)?;
+    let kind = value
+        .get("event")
+        .and_then(|k| k.as_str())
+        .unwrap_or("unknown")
+        .to_owned();
+    Ok(NewEvent {
+        at: now_ms(),
+        session_id: event.session_id().0.clone(),
+        kind,
+        payload: value.to_string(),
+    })
+}
+
+async fn write_loop(
+    store: Arc<SqliteStore>,
+    mut rx: mpsc::UnboundedReceiver<JournalMsg>,
+    live: broadcast::Sender<Arc<StoredEvent>>,
+) {
+    let mut appended: u64 = 0;
+    while let Some(first) = rx.recv().await {
+        let mut batch = Vec::new();
+        let mut closing = None;
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                JournalMsg::Event(event) => match encode(&event) {
+                    Ok(e) => batch.push(e),
+                    Err(e) => tracing::error!("cannot encode operator event: {e}"),
+                },
+                JournalMsg::Close(reply) => {
+                    closing = Some(reply);
+                    break;
+                }
+            }
+            if batch.len() < BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !batch.is_empty() {
+            for stored in append_with_retry(&store, &batch).await {
+                let _ = live.send(Arc::new(stored));
+            }
+            appended += batch.len() as u64;
+            if appended >= PRUNE_EVERY {
+                appended = 0;
+                if let Err(e) = store.prune_events(KEEP).await {
+                    tracing::warn!("cannot prune the event journal: {e}");
+                }
+            }
+        }
+        if let Some(reply) = closing {
+            let _ = reply.send(());
+            return;
+        }
+    }
+}
+
+/// Appends a batch, retrying a storage failure with backoff; a batch that
+/// still fails is logged and dropped (the sessions' own records keep the
+/// state; only the stream misses those events).
+async fn append_with_retry(store: &SqliteStore, batch: &[NewEvent]) -> Vec<StoredEvent> {
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=RETRIES {
+        match store.append_events(batch).await {
+            Ok(stored) => return stored,
+            Err(e) if attempt < RETRIES => {
+                tracing::warn!(attempt, "cannot record operator events, retrying: {e}");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => {
+                tracing::error!(
+                    events = batch.len(),
+                    "cannot record operator events; the event stream misses them: {e}"
+                );
+            }
+        }
+    }
+    Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use intercom_actors::model::{SessionId, SessionStatus};
+    use intercom_actors::ports::NoticeLevel;
+
+    fn notice(session: &str, text: &str) -> OperatorEvent {
+        OperatorEvent::Notice {
+            session_id: SessionId(session.into()),
+            level: NoticeLevel::Info,
+            text: text.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn events_are_stored_before_they_are_published() {
+        let store = Arc::new(SqliteStore::open_in_memory().await.expect("store"));
+        let journal = EventJournal::start(store.clone());
+        let mut live = journal.subscribe();
+        journal.emit(notice("s-1", "one"));
+        journal.emit(OperatorEvent::SessionEnded {
+            session_id: SessionId("s-2".into()),
+            status: SessionStatus::Completed,
+            reason: None,
+        });
+        let first = live.recv().await.expect("first");
+        let second = live.recv().await.expect("second");
+        assert!(first.id < second.id);
+        assert_eq!(
+            (first.kind.as_str(), second.kind.as_str()),
+            ("notice", "session_ended")
+        );
+        let stored = journal.after(0, None, 10).await.expect("read");
+        assert_eq!(stored, vec![(*first).clone(), (*second).clone()]);
+        let payload: serde_json::Value = serde_json::from_str(&first.payload).expect("json");
+        assert_eq!(payload["text"], "one");
+        assert_eq!(first.session_id, "s-1");
+    }
+
+    #[tokio::test]
+    async fn close_writes_what_is_queued_then_drops_later_events() {
+        let store = Arc::new(SqliteStore::open_in_memory().await.expect("store"));
+        let journal = EventJournal::start(store.clone());
+        for i in 0..600 {
+            journal.emit(notice("s-1", &format!("n{i}")));
+        }
+        journal.close().await;
+        assert_eq!(
+            store.events_after(0, None, 1000).await.expect("read").len(),
+            600
+        );
+        journal.emit(notice("s-1", "late"));
+        journal.close().await;
+        assert_eq!(
+            store.events_after(0, None, 1000).await.expect("read").len(),
+            600
+        );
+    }
+}
