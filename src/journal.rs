@@ -5,7 +5,7 @@
 //! must be able to resume after a reconnect, or a server restart, without a
 //! gap. So the journal is an [`OperatorSink`] like the Slack gateway: `emit`
 //! only queues (it must not block an actor), and one writer task, the only
-//! owner of the queue, appends what arrived to SQLite in one transaction per
+//! owner of the queue, appends what arrived to SQLite in one INSERT statement per
 //! batch and only then broadcasts the stored events with their ids. A
 //! stream subscribes to the broadcast first and reads the table second, so
 //! every event is in one or the other (duplicates are dropped by id).

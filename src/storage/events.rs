@@ -5,7 +5,7 @@
 //! with `Last-Event-ID` gets exactly the events it missed, also across a
 //! server restart, so every operator event is stored with an increasing id
 //! before it is streamed. One task (`src/journal.rs`) appends in batches (one
-//! transaction each, under the store's write gate); streams read pages after
+//! multi-row INSERT each, under the store's write gate); streams read pages after
 //! an id. Old rows are pruned so the table stays bounded.
 
 use intercom_actors::ports::StoreError;
@@ -42,33 +42,40 @@ pub struct StoredEvent {
 }
 
 impl SqliteStore {
-    /// Appends events in one transaction; returns them with their ids, in order.
+    /// Appends events as one statement (atomic, autocommitted: a failure
+    /// leaves no transaction open); returns them with their ids, in order.
     pub async fn append_events(&self, events: &[NewEvent]) -> Result<Vec<StoredEvent>, StoreError> {
-        const OP: &str = "append events";
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut insert =
+            sqlx::QueryBuilder::new("INSERT INTO events (at, session_id, kind, payload) ");
+        insert.push_values(events, |mut row, e| {
+            row.push_bind(e.at)
+                .push_bind(&e.session_id)
+                .push_bind(&e.kind)
+                .push_bind(&e.payload);
+        });
+        insert.push(" RETURNING id");
         let _gate = self.write_gate.lock().await;
-        let mut tx = self.pool.begin().await.map_err(backend(OP))?;
-        let mut stored = Vec::with_capacity(events.len());
-        for e in events {
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO events (at, session_id, kind, payload) VALUES (?, ?, ?, ?) RETURNING id",
-            )
-            .bind(e.at)
-            .bind(&e.session_id)
-            .bind(&e.kind)
-            .bind(&e.payload)
-            .fetch_one(&mut *tx)
+        let mut ids: Vec<i64> = insert
+            .build_query_scalar()
+            .fetch_all(&self.pool)
             .await
-            .map_err(backend(OP))?;
-            stored.push(StoredEvent {
+            .map_err(backend("append events"))?;
+        // Rows get increasing ids in VALUES order; RETURNING's order is unspecified.
+        ids.sort_unstable();
+        Ok(ids
+            .into_iter()
+            .zip(events)
+            .map(|(id, e)| StoredEvent {
                 id,
                 at: e.at,
                 session_id: e.session_id.clone(),
                 kind: e.kind.clone(),
                 payload: e.payload.clone(),
-            });
-        }
-        tx.commit().await.map_err(backend(OP))?;
-        Ok(stored)
+            })
+            .collect())
     }
 
     /// Up to `limit` events with an id above `after`, oldest first;
