@@ -41,6 +41,23 @@ fn poisoned() -> StoreError {
     }
 }
 
+/// Changes the content of transcript entry `message_id` in place.
+fn edit_message(
+    t: &mut Tables,
+    message_id: i64,
+    edit: impl FnOnce(&mut String),
+) -> Result<(), StoreError> {
+    let m = t
+        .messages
+        .iter_mut()
+        .find(|(_, m)| m.id == message_id)
+        .ok_or_else(|| StoreError::NotFound {
+            what: format!("message {message_id}"),
+        })?;
+    edit(&mut m.1.content);
+    Ok(())
+}
+
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
@@ -168,30 +185,10 @@ impl SessionStore for MemoryStore {
         })
     }
     async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError> {
-        self.with(|t| {
-            let m = t
-                .messages
-                .iter_mut()
-                .find(|(_, m)| m.id == message_id)
-                .ok_or_else(|| StoreError::NotFound {
-                    what: format!("message {message_id}"),
-                })?;
-            m.1.content.push_str(tail);
-            Ok(())
-        })
+        self.with(|t| edit_message(t, message_id, |c| c.push_str(tail)))
     }
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
-        self.with(|t| {
-            let m = t
-                .messages
-                .iter_mut()
-                .find(|(_, m)| m.id == message_id)
-                .ok_or_else(|| StoreError::NotFound {
-                    what: format!("message {message_id}"),
-                })?;
-            m.1.content = content.to_owned();
-            Ok(())
-        })
+        self.with(|t| edit_message(t, message_id, |c| *c = content.to_owned()))
     }
     async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError> {
         self.with(|t| {

@@ -230,20 +230,7 @@ fn canonical_or_lexical(path: &Path) -> PathBuf {
     normalize(path)
 }
 
-/// Lexically removes `.` and resolves `..` (without touching the disk).
-pub fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
-}
+pub use crate::fsjail::normalize;
 
 /// A workspace opened as a directory handle.
 #[derive(Debug)]
