@@ -3,11 +3,14 @@
 //! Why this exists: sessions, transcripts, pending requests and their
 //! decisions, queued steering and the audit log must survive a restart of the
 //! server. This module opens (and migrates) one SQLite file, makes sure only
-//! one agent-intercom instance uses it, and funnels every write through a
-//! single gate so concurrent actors never fight over SQLite's write lock.
+//! one agent-intercom instance uses it, and funnels every write through one
+//! writer task that commits whatever is waiting as one transaction (group
+//! commit), so concurrent actors never fight over SQLite's write lock and a
+//! busy server pays one commit for many writes.
 //!
 //! Layout: [`SqliteStore`] and opening live here; the trait implementation is
-//! in `store.rs`, row decoding in `rows.rs`, the instance lock in `lock.rs`.
+//! in `store.rs`, the writer in `writer.rs`, row decoding in `rows.rs`, the
+//! instance lock in `lock.rs`.
 
 pub mod console;
 pub mod events;
@@ -16,9 +19,11 @@ mod outbox;
 mod rows;
 pub mod rules;
 mod store;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use intercom_actors::model::{AuditEntry, SessionId};
@@ -30,12 +35,13 @@ use sqlx::sqlite::{
 
 use lock::{InstanceLock, LockFailure};
 use rows::AuditRow;
+use writer::{WriteFn, Writer};
 
 /// The schema, embedded at build time from `migrations/`.
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// How many connections a file-backed store keeps (reads run in parallel;
-/// writes are serialised by the write gate anyway).
+/// writes all go through the one writer).
 const MAX_CONNECTIONS: u32 = 4;
 
 /// How long SQLite waits for a lock held by someone else before failing.
@@ -86,17 +92,21 @@ pub enum StorageOpenError {
 
 /// The SQLite-backed [`SessionStore`](intercom_actors::ports::SessionStore).
 ///
-/// Cheap to share behind an `Arc`. Reads use a small pool; every write holds
-/// `write_gate`, so at most one write statement or transaction is in flight
-/// and each one is committed (WAL, `synchronous = NORMAL`: durable across a
-/// process crash, the last commits may be lost on power loss) before its method
-/// returns.
+/// Cheap to share behind an `Arc`. Reads use a small pool; every write is
+/// queued to the one writer, which batches what is waiting into one
+/// transaction and answers each write once that transaction committed (WAL,
+/// `synchronous = NORMAL`: durable across a process crash, the last commits
+/// may be lost on power loss).
 #[derive(Debug)]
 pub struct SqliteStore {
     /// Connections to the database.
     pool: SqlitePool,
-    /// Serialises writes: one writer path, no SQLITE_BUSY between our own actors.
-    write_gate: tokio::sync::Mutex<()>,
+    /// Held by the writer while its transaction is open; a write that cannot
+    /// go through the writer (migrations) takes it too, so there is still
+    /// one writer at a time and no SQLITE_BUSY between our own actors.
+    write_gate: Arc<tokio::sync::Mutex<()>>,
+    /// The one writer task.
+    writer: Writer,
     /// Held for the life of the store (None for in-memory stores).
     instance_lock: Option<InstanceLock>,
 }
@@ -147,11 +157,7 @@ impl SqliteStore {
                 source,
             })?;
 
-        let store = SqliteStore {
-            pool,
-            write_gate: tokio::sync::Mutex::new(()),
-            instance_lock: Some(instance_lock),
-        };
+        let store = SqliteStore::with_pool(pool, Some(instance_lock));
         store.migrate(path).await?;
         tracing::debug!(
             db = %path.display(),
@@ -182,19 +188,51 @@ impl SqliteStore {
                 path: memory.to_owned(),
                 source,
             })?;
-        let store = SqliteStore {
-            pool,
-            write_gate: tokio::sync::Mutex::new(()),
-            instance_lock: None,
-        };
+        let store = SqliteStore::with_pool(pool, None);
         store.migrate(memory).await?;
         Ok(store)
     }
 
-    /// Closes every connection (checkpointing the WAL), then releases the
-    /// instance lock. Dropping the store also releases everything, but
-    /// without waiting for the connections to finish closing.
+    /// The store over an open pool, with its writer started.
+    fn with_pool(pool: SqlitePool, instance_lock: Option<InstanceLock>) -> SqliteStore {
+        let write_gate = Arc::new(tokio::sync::Mutex::new(()));
+        let writer = Writer::start(pool.clone(), Arc::clone(&write_gate));
+        SqliteStore {
+            pool,
+            write_gate,
+            writer,
+            instance_lock,
+        }
+    }
+
+    /// Queues one write to the writer and waits until the transaction that
+    /// holds it committed. `f` runs inside its own savepoint: if it fails,
+    /// only its own changes are undone.
+    pub(crate) async fn write<D, T>(&self, data: D, f: WriteFn<D, T>) -> Result<T, StoreError>
+    where
+        D: Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        self.writer.write(data, f).await
+    }
+
+    /// How many write transactions have committed since the store opened
+    /// (each holds one or more writes).
+    pub fn commit_count(&self) -> u64 {
+        self.writer.commits()
+    }
+
+    /// How many writes have committed since the store opened.
+    pub fn write_count(&self) -> u64 {
+        self.writer.writes()
+    }
+
+    /// Answers the queued writes, closes every connection (checkpointing the
+    /// WAL), then releases the instance lock. Dropping the store also
+    /// releases everything, but without waiting for the writer or the
+    /// connections to finish.
     pub async fn close(self) {
+        self.writer.close().await;
         self.pool.close().await;
         if let Some(lock) = &self.instance_lock {
             tracing::debug!(lock = %lock.path().display(), "storage closed");
@@ -256,19 +294,29 @@ impl SqliteStore {
 
     /// Sets a session's approval mode (stored verbatim; the caller validates).
     pub async fn set_approval_mode(&self, id: &SessionId, mode: &str) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        let done =
-            sqlx::query("UPDATE sessions SET approval_mode = ?, updated_at = ? WHERE id = ?")
+        let data = (
+            id.clone(),
+            mode.to_owned(),
+            intercom_actors::model::now_ms(),
+        );
+        self.write(data, |(id, mode, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE sessions SET approval_mode = ?, updated_at = ? WHERE id = ?",
+                )
                 .bind(mode)
-                .bind(intercom_actors::model::now_ms())
+                .bind(now)
                 .bind(&id.0)
-                .execute(&self.pool)
+                .execute(conn)
                 .await
                 .map_err(backend("set approval mode"))?;
-        if done.rows_affected() == 0 {
-            return Err(session_not_found(id));
-        }
-        Ok(())
+                if done.rows_affected() == 0 {
+                    return Err(session_not_found(id));
+                }
+                Ok(())
+            })
+        })
+        .await
     }
 
     /// A session's approval mode (`ask` unless set).

@@ -4,8 +4,9 @@
 //! before it tries Slack and deletes it only once Slack accepted it, so a
 //! Slack outage or a server restart loses nothing. Operations are stored as
 //! JSON (`OutboundOp`); `slack_messages` keeps the `ts` of keyed messages so
-//! in-place updates work across restarts. Writes take the store's write gate
-//! like every other write.
+//! in-place updates work across restarts. Writes go through the store's one
+//! writer like every other write, so an outbox row commits in the same
+//! transaction as the decision or text it carries when both are waiting.
 
 use async_trait::async_trait;
 use intercom_actors::model::now_ms;
@@ -21,15 +22,24 @@ impl Outbox for SqliteStore {
             op: "push outbox",
             message: format!("cannot encode JSON: {e}"),
         })?;
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query("INSERT INTO slack_outbox (lane, op, created_at) VALUES (?, ?, ?)")
-            .bind(lane)
-            .bind(json)
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await
-            .map_err(backend("push outbox"))?;
-        Ok(done.last_insert_rowid())
+        self.write(
+            (lane.to_owned(), json, now_ms()),
+            |(lane, json, now), conn| {
+                Box::pin(async move {
+                    let done = sqlx::query(
+                        "INSERT INTO slack_outbox (lane, op, created_at) VALUES (?, ?, ?)",
+                    )
+                    .bind(lane)
+                    .bind(json)
+                    .bind(now)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("push outbox"))?;
+                    Ok(done.last_insert_rowid())
+                })
+            },
+        )
+        .await
     }
 
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -54,40 +64,53 @@ impl Outbox for SqliteStore {
     }
 
     async fn delete(&self, id: i64) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        sqlx::query("DELETE FROM slack_outbox WHERE id = ?")
-            .bind(id)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("delete outbox row"))?;
-        Ok(())
+        self.write(id, |id, conn| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM slack_outbox WHERE id = ?")
+                    .bind(id)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("delete outbox row"))?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        sqlx::query("UPDATE slack_outbox SET status = 'failed', error = ? WHERE id = ?")
-            .bind(error)
-            .bind(id)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("fail outbox row"))?;
-        Ok(())
+        self.write((id, error.to_owned()), |(id, error), conn| {
+            Box::pin(async move {
+                sqlx::query("UPDATE slack_outbox SET status = 'failed', error = ? WHERE id = ?")
+                    .bind(error)
+                    .bind(id)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("fail outbox row"))?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        sqlx::query(
-            "INSERT INTO slack_messages (lane, key, ts, created_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (lane, key) DO UPDATE SET ts = excluded.ts",
-        )
-        .bind(lane)
-        .bind(key)
-        .bind(ts)
-        .bind(now_ms())
-        .execute(&self.pool)
+        let data = (lane.to_owned(), key.to_owned(), ts.to_owned(), now_ms());
+        self.write(data, |(lane, key, ts, now), conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO slack_messages (lane, key, ts, created_at) VALUES (?, ?, ?, ?) \
+                     ON CONFLICT (lane, key) DO UPDATE SET ts = excluded.ts",
+                )
+                .bind(lane)
+                .bind(key)
+                .bind(ts)
+                .bind(now)
+                .execute(conn)
+                .await
+                .map_err(backend("remember slack message"))?;
+                Ok(())
+            })
+        })
         .await
-        .map_err(backend("remember slack message"))?;
-        Ok(())
     }
 
     async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError> {

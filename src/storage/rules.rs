@@ -112,33 +112,53 @@ impl SqliteStore {
             op: OP,
             message: format!("cannot encode JSON: {e}"),
         })?;
-        let _gate = self.write_gate.lock().await;
-        sqlx::query(
-            "INSERT INTO rules (id, scope, scope_id, \"match\", action, created_by, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+        let data = (
+            rule.id.clone(),
+            scope,
+            scope_id.map(str::to_owned),
+            matcher,
+            action_name(rule.action),
+            created_by.to_owned(),
+            now_ms(),
+        );
+        self.write(
+            data,
+            |(id, scope, scope_id, matcher, action, by, now), conn| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "INSERT INTO rules (id, scope, scope_id, \"match\", action, created_by, \
+                     created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(id)
+                    .bind(*scope)
+                    .bind(scope_id)
+                    .bind(matcher)
+                    .bind(*action)
+                    .bind(by)
+                    .bind(now)
+                    .execute(conn)
+                    .await
+                    .map_err(backend(OP))?;
+                    Ok(())
+                })
+            },
         )
-        .bind(&rule.id)
-        .bind(scope)
-        .bind(scope_id)
-        .bind(matcher)
-        .bind(action_name(rule.action))
-        .bind(created_by)
-        .bind(now_ms())
-        .execute(&self.pool)
         .await
-        .map_err(backend(OP))?;
-        Ok(())
     }
 
     /// Deletes the operator rule `id`; `false` when there was none.
     pub async fn delete_rule(&self, id: &str) -> Result<bool, StoreError> {
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query("DELETE FROM rules WHERE id = ?")
-            .bind(id)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("delete rule"))?;
-        Ok(done.rows_affected() > 0)
+        self.write(id.to_owned(), |id, conn| {
+            Box::pin(async move {
+                let done = sqlx::query("DELETE FROM rules WHERE id = ?")
+                    .bind(id)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("delete rule"))?;
+                Ok(done.rows_affected() > 0)
+            })
+        })
+        .await
     }
 
     /// Every operator rule, oldest first.

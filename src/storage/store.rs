@@ -1,9 +1,11 @@
 //! `SessionStore` for [`SqliteStore`]: the queries behind the core's port.
 //!
 //! Why this exists: it is the only place that turns the port's operations into
-//! SQL. Every write takes the store's write gate and runs as one autocommitted
-//! statement, so it is durable when the method returns; reads go straight to
-//! the pool. Runtime-checked queries only, so building needs no database.
+//! SQL. Every write is queued to the store's one writer (`writer.rs`), which
+//! runs it inside a savepoint of the transaction it is batching and answers
+//! once that transaction committed, so a write is durable when its method
+//! returns; reads go straight to the pool. Runtime-checked queries only, so
+//! building needs no database.
 
 use async_trait::async_trait;
 use intercom_actors::model::{
@@ -11,6 +13,7 @@ use intercom_actors::model::{
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
 use intercom_actors::ports::{SessionStore, StoreError};
+use sqlx::sqlite::SqliteQueryResult;
 
 use super::rows::{
     MessageRow, RequestRow, SessionRow, SteeringRow, request_columns, session_columns,
@@ -35,80 +38,81 @@ fn insert_for_session<'a>(
 }
 
 /// Encodes a value as JSON text for a column.
-fn to_json<T: serde::Serialize>(op: &'static str, value: &T) -> Result<String, StoreError> {
+pub(super) fn to_json<T: serde::Serialize>(
+    op: &'static str,
+    value: &T,
+) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|e| StoreError::Backend {
         op,
         message: format!("cannot encode JSON: {e}"),
     })
 }
 
-impl SqliteStore {
-    /// Runs a one-row session `UPDATE` under the write gate; NotFound when no
-    /// session has that id.
-    async fn update_session(
-        &self,
-        op: &'static str,
-        id: &SessionId,
-        query: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
-    ) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        let done = query.execute(&self.pool).await.map_err(backend(op))?;
-        if done.rows_affected() == 0 {
-            return Err(session_not_found(id));
-        }
-        Ok(())
+/// NotFound for session `id` when an `UPDATE` of it touched no row.
+fn one_session(done: SqliteQueryResult, id: &SessionId) -> Result<(), StoreError> {
+    if done.rows_affected() == 0 {
+        return Err(session_not_found(id));
     }
+    Ok(())
+}
 
-    /// Whether a session row exists.
-    async fn session_exists(&self, op: &'static str, id: &SessionId) -> Result<bool, StoreError> {
-        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ?")
-            .bind(&id.0)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend(op))?;
-        Ok(found.is_some())
+/// NotFound for message `id` when an `UPDATE` of it touched no row.
+fn one_message(done: SqliteQueryResult, id: i64) -> Result<(), StoreError> {
+    if done.rows_affected() == 0 {
+        return Err(StoreError::NotFound {
+            what: format!("message {id}"),
+        });
     }
+    Ok(())
 }
 
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create_session(&self, rec: &SessionRecord) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        sqlx::query(concat!(
-            "INSERT INTO sessions (",
-            session_columns!(),
-            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        ))
-        .bind(&rec.id.0)
-        .bind(&rec.workspace)
-        .bind(&rec.cwd)
-        .bind(&rec.agent)
-        .bind(rec.protocol.as_str())
-        .bind(rec.status.as_str())
-        .bind(&rec.status_reason)
-        .bind(&rec.title)
-        .bind(&rec.owner)
-        .bind(&rec.acp_session_id)
-        .bind(&rec.channel_id)
-        .bind(&rec.thread_ts)
-        .bind(i64::from(rec.restart_count))
-        .bind(rec.created_at)
-        .bind(rec.updated_at)
-        .bind(rec.last_activity_at)
-        .execute(&self.pool)
+        self.write(rec.clone(), |rec, conn| {
+            Box::pin(async move {
+                sqlx::query(concat!(
+                    "INSERT INTO sessions (",
+                    session_columns!(),
+                    ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                ))
+                .bind(&rec.id.0)
+                .bind(&rec.workspace)
+                .bind(&rec.cwd)
+                .bind(&rec.agent)
+                .bind(rec.protocol.as_str())
+                .bind(rec.status.as_str())
+                .bind(&rec.status_reason)
+                .bind(&rec.title)
+                .bind(&rec.owner)
+                .bind(&rec.acp_session_id)
+                .bind(&rec.channel_id)
+                .bind(&rec.thread_ts)
+                .bind(i64::from(rec.restart_count))
+                .bind(rec.created_at)
+                .bind(rec.updated_at)
+                .bind(rec.last_activity_at)
+                .execute(conn)
+                .await
+                .map_err(backend("insert session"))?;
+                Ok(())
+            })
+        })
         .await
-        .map_err(backend("insert session"))?;
-        Ok(())
     }
 
     async fn delete_session(&self, id: &SessionId) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        sqlx::query("DELETE FROM sessions WHERE id = ?")
-            .bind(&id.0)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("delete session"))?;
-        Ok(())
+        self.write(id.clone(), |id, conn| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM sessions WHERE id = ?")
+                    .bind(&id.0)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("delete session"))?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn get_session(&self, id: &SessionId) -> Result<Option<SessionRecord>, StoreError> {
@@ -152,54 +156,96 @@ impl SessionStore for SqliteStore {
         status: SessionStatus,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
-        let q = sqlx::query(
-            "UPDATE sessions SET status = ?, status_reason = ?, updated_at = ? WHERE id = ?",
-        )
-        .bind(status.as_str())
-        .bind(reason)
-        .bind(now_ms())
-        .bind(&id.0);
-        self.update_session("set session status", id, q).await
+        let data = (id.clone(), status, reason.map(str::to_owned), now_ms());
+        self.write(data, |(id, status, reason, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE sessions SET status = ?, status_reason = ?, updated_at = ? WHERE id = ?",
+                )
+                .bind(status.as_str())
+                .bind(reason)
+                .bind(now)
+                .bind(&id.0)
+                .execute(conn)
+                .await
+                .map_err(backend("set session status"))?;
+                one_session(done, id)
+            })
+        })
+        .await
     }
 
     async fn set_acp_session_id(&self, id: &SessionId, acp_id: &str) -> Result<(), StoreError> {
-        let q = sqlx::query("UPDATE sessions SET acp_session_id = ?, updated_at = ? WHERE id = ?")
-            .bind(acp_id)
-            .bind(now_ms())
-            .bind(&id.0);
-        self.update_session("set acp session id", id, q).await
+        let data = (id.clone(), acp_id.to_owned(), now_ms());
+        self.write(data, |(id, acp_id, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE sessions SET acp_session_id = ?, updated_at = ? WHERE id = ?",
+                )
+                .bind(acp_id)
+                .bind(now)
+                .bind(&id.0)
+                .execute(conn)
+                .await
+                .map_err(backend("set acp session id"))?;
+                one_session(done, id)
+            })
+        })
+        .await
     }
 
     async fn set_thread(&self, id: &SessionId, channel: &str, ts: &str) -> Result<(), StoreError> {
         const OP: &str = "set session thread";
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query(
-            "UPDATE sessions SET channel_id = ?, thread_ts = ?, updated_at = ? \
-             WHERE id = ? AND thread_ts IS NULL",
-        )
-        .bind(channel)
-        .bind(ts)
-        .bind(now_ms())
-        .bind(&id.0)
-        .execute(&self.pool)
+        let data = (id.clone(), channel.to_owned(), ts.to_owned(), now_ms());
+        self.write(data, |(id, channel, ts, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE sessions SET channel_id = ?, thread_ts = ?, updated_at = ? \
+                     WHERE id = ? AND thread_ts IS NULL",
+                )
+                .bind(channel)
+                .bind(ts)
+                .bind(now)
+                .bind(&id.0)
+                .execute(&mut *conn)
+                .await
+                .map_err(backend(OP))?;
+                if done.rows_affected() == 0 {
+                    // Either the thread is already set (immutable: ignore) or no such session.
+                    let found: Option<i64> =
+                        sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ?")
+                            .bind(&id.0)
+                            .fetch_optional(conn)
+                            .await
+                            .map_err(backend(OP))?;
+                    if found.is_none() {
+                        return Err(session_not_found(id));
+                    }
+                    tracing::debug!(session = %id, "thread already set; keeping the first one");
+                }
+                Ok(())
+            })
+        })
         .await
-        .map_err(backend(OP))?;
-        if done.rows_affected() == 0 {
-            // Either the thread is already set (immutable: ignore) or no such session.
-            if !self.session_exists(OP, id).await? {
-                return Err(session_not_found(id));
-            }
-            tracing::debug!(session = %id, "thread already set; keeping the first one");
-        }
-        Ok(())
     }
 
     async fn set_restart_count(&self, id: &SessionId, count: u32) -> Result<(), StoreError> {
-        let q = sqlx::query("UPDATE sessions SET restart_count = ?, updated_at = ? WHERE id = ?")
-            .bind(i64::from(count))
-            .bind(now_ms())
-            .bind(&id.0);
-        self.update_session("set restart count", id, q).await
+        let data = (id.clone(), count, now_ms());
+        self.write(data, |(id, count, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE sessions SET restart_count = ?, updated_at = ? WHERE id = ?",
+                )
+                .bind(i64::from(*count))
+                .bind(now)
+                .bind(&id.0)
+                .execute(conn)
+                .await
+                .map_err(backend("set restart count"))?;
+                one_session(done, id)
+            })
+        })
+        .await
     }
 
     async fn set_agent_process(
@@ -207,11 +253,20 @@ impl SessionStore for SqliteStore {
         id: &SessionId,
         process: Option<(i32, u64)>,
     ) -> Result<(), StoreError> {
-        let q = sqlx::query("UPDATE sessions SET agent_pid = ?, agent_start = ? WHERE id = ?")
-            .bind(process.map(|p| i64::from(p.0)))
-            .bind(process.map(|p| p.1 as i64))
-            .bind(&id.0);
-        self.update_session("record agent process", id, q).await
+        self.write((id.clone(), process), |(id, process), conn| {
+            Box::pin(async move {
+                let done =
+                    sqlx::query("UPDATE sessions SET agent_pid = ?, agent_start = ? WHERE id = ?")
+                        .bind(process.map(|p| i64::from(p.0)))
+                        .bind(process.map(|p| p.1 as i64))
+                        .bind(&id.0)
+                        .execute(conn)
+                        .await
+                        .map_err(backend("record agent process"))?;
+                one_session(done, id)
+            })
+        })
+        .await
     }
 
     async fn agent_process(&self, id: &SessionId) -> Result<Option<(i32, u64)>, StoreError> {
@@ -231,10 +286,18 @@ impl SessionStore for SqliteStore {
     }
 
     async fn touch(&self, id: &SessionId) -> Result<(), StoreError> {
-        let q = sqlx::query("UPDATE sessions SET last_activity_at = ? WHERE id = ?")
-            .bind(now_ms())
-            .bind(&id.0);
-        self.update_session("touch session", id, q).await
+        self.write((id.clone(), now_ms()), |(id, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query("UPDATE sessions SET last_activity_at = ? WHERE id = ?")
+                    .bind(now)
+                    .bind(&id.0)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("touch session"))?;
+                one_session(done, id)
+            })
+        })
+        .await
     }
 
     async fn append_message(
@@ -244,22 +307,26 @@ impl SessionStore for SqliteStore {
         kind: MessageKind,
         content: &str,
     ) -> Result<i64, StoreError> {
-        let now = now_ms();
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query(
-            "INSERT INTO messages (session_id, role, kind, content, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&id.0)
-        .bind(role.as_str())
-        .bind(kind.as_str())
-        .bind(content)
-        .bind(now)
-        .bind(now)
-        .execute(&self.pool)
+        let data = (id.clone(), role, kind, content.to_owned(), now_ms());
+        self.write(data, |(id, role, kind, content, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "INSERT INTO messages (session_id, role, kind, content, created_at, updated_at) \
+                     VALUES (?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&id.0)
+                .bind(role.as_str())
+                .bind(kind.as_str())
+                .bind(content)
+                .bind(now)
+                .bind(now)
+                .execute(conn)
+                .await
+                .map_err(insert_for_session("append message", id))?;
+                Ok(done.last_insert_rowid())
+            })
+        })
         .await
-        .map_err(insert_for_session("append message", id))?;
-        Ok(done.last_insert_rowid())
     }
 
     async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError> {
@@ -281,20 +348,21 @@ impl SessionStore for SqliteStore {
     }
 
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query("UPDATE messages SET content = ?, updated_at = ? WHERE id = ?")
-            .bind(content)
-            .bind(now_ms())
-            .bind(message_id)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("update message"))?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound {
-                what: format!("message {message_id}"),
-            });
-        }
-        Ok(())
+        let data = (message_id, content.to_owned(), now_ms());
+        self.write(data, |(message_id, content, now), conn| {
+            Box::pin(async move {
+                let done =
+                    sqlx::query("UPDATE messages SET content = ?, updated_at = ? WHERE id = ?")
+                        .bind(content)
+                        .bind(now)
+                        .bind(message_id)
+                        .execute(conn)
+                        .await
+                        .map_err(backend("update message"))?;
+                one_message(done, *message_id)
+            })
+        })
+        .await
     }
 
     async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError> {
@@ -313,63 +381,72 @@ impl SessionStore for SqliteStore {
         const OP: &str = "insert request";
         let paths = to_json(OP, &req.paths)?;
         let options = to_json(OP, &req.options)?;
-        let _gate = self.write_gate.lock().await;
-        sqlx::query(
-            "INSERT INTO requests (id, session_id, request_id, kind, title, diff, paths, \
-             options, status, wire_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&req.id)
-        .bind(&req.session_id.0)
-        .bind(&req.request_id)
-        .bind(req.kind.as_str())
-        .bind(&req.title)
-        .bind(&req.diff)
-        .bind(paths)
-        .bind(options)
-        .bind(req.status.as_str())
-        .bind(&req.wire_id)
-        .bind(req.created_at)
-        .execute(&self.pool)
+        self.write((req.clone(), paths, options), |(req, paths, options), conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO requests (id, session_id, request_id, kind, title, diff, paths, \
+                     options, status, wire_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&req.id)
+                .bind(&req.session_id.0)
+                .bind(&req.request_id)
+                .bind(req.kind.as_str())
+                .bind(&req.title)
+                .bind(&req.diff)
+                .bind(paths)
+                .bind(options)
+                .bind(req.status.as_str())
+                .bind(&req.wire_id)
+                .bind(req.created_at)
+                .execute(conn)
+                .await
+                .map_err(insert_for_session(OP, &req.session_id))?;
+                Ok(())
+            })
+        })
         .await
-        .map_err(insert_for_session(OP, &req.session_id))?;
-        Ok(())
     }
 
     async fn decide_request(&self, id: &str, decision: &Decision) -> Result<(), StoreError> {
         const OP: &str = "decide request";
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query(
-            "UPDATE requests SET status = 'decided', option_id = ?, approved = ?, reason = ?, \
-             decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
-        )
-        .bind(&decision.option_id)
-        .bind(decision.approved)
-        .bind(&decision.reason)
-        .bind(&decision.decided_by)
-        .bind(decision.decided_at)
-        .bind(id)
-        .execute(&self.pool)
+        self.write((id.to_owned(), decision.clone()), |(id, decision), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE requests SET status = 'decided', option_id = ?, approved = ?, \
+                     reason = ?, decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
+                )
+                .bind(&decision.option_id)
+                .bind(decision.approved)
+                .bind(&decision.reason)
+                .bind(&decision.decided_by)
+                .bind(decision.decided_at)
+                .bind(id)
+                .execute(&mut *conn)
+                .await
+                .map_err(backend(OP))?;
+                if done.rows_affected() == 1 {
+                    return Ok(());
+                }
+                // Same transaction, so the status read here is the one that
+                // made the update miss.
+                let status: Option<String> =
+                    sqlx::query_scalar("SELECT status FROM requests WHERE id = ?")
+                        .bind(id)
+                        .fetch_optional(conn)
+                        .await
+                        .map_err(backend(OP))?;
+                match status {
+                    None => Err(StoreError::NotFound {
+                        what: format!("request {id}"),
+                    }),
+                    Some(status) => Err(StoreError::AlreadyResolved {
+                        id: id.clone(),
+                        status,
+                    }),
+                }
+            })
+        })
         .await
-        .map_err(backend(OP))?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        // Still under the gate, so the status read here is the one that
-        // made the update miss.
-        let status: Option<String> = sqlx::query_scalar("SELECT status FROM requests WHERE id = ?")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend(OP))?;
-        match status {
-            None => Err(StoreError::NotFound {
-                what: format!("request {id}"),
-            }),
-            Some(status) => Err(StoreError::AlreadyResolved {
-                id: id.to_owned(),
-                status,
-            }),
-        }
     }
 
     async fn close_request(&self, id: &str, status: RequestStatus) -> Result<(), StoreError> {
@@ -380,27 +457,33 @@ impl SessionStore for SqliteStore {
                 message: format!("request {id} cannot be closed as pending"),
             });
         }
-        let _gate = self.write_gate.lock().await;
-        let done =
-            sqlx::query("UPDATE requests SET status = ? WHERE id = ? AND status = 'pending'")
+        self.write((id.to_owned(), status), |(id, status), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE requests SET status = ? WHERE id = ? AND status = 'pending'",
+                )
                 .bind(status.as_str())
                 .bind(id)
-                .execute(&self.pool)
+                .execute(&mut *conn)
                 .await
                 .map_err(backend(OP))?;
-        if done.rows_affected() == 0 {
-            let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM requests WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(backend(OP))?;
-            if exists.is_none() {
-                return Err(StoreError::NotFound {
-                    what: format!("request {id}"),
-                });
-            }
-        }
-        Ok(())
+                if done.rows_affected() == 0 {
+                    let exists: Option<i64> =
+                        sqlx::query_scalar("SELECT 1 FROM requests WHERE id = ?")
+                            .bind(id)
+                            .fetch_optional(conn)
+                            .await
+                            .map_err(backend(OP))?;
+                    if exists.is_none() {
+                        return Err(StoreError::NotFound {
+                            what: format!("request {id}"),
+                        });
+                    }
+                }
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn get_request(
@@ -448,25 +531,33 @@ impl SessionStore for SqliteStore {
         text: &str,
         author: &str,
     ) -> Result<Steering, StoreError> {
-        let created_at = now_ms();
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query(
-            "INSERT INTO steering (session_id, text, author, created_at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(&id.0)
-        .bind(text)
-        .bind(author)
-        .bind(created_at)
-        .execute(&self.pool)
-        .await
-        .map_err(insert_for_session("enqueue steering", id))?;
-        Ok(Steering {
-            id: done.last_insert_rowid(),
+        let steering = Steering {
+            id: 0,
             session_id: id.clone(),
             text: text.to_owned(),
             author: author.to_owned(),
-            created_at,
+            created_at: now_ms(),
+        };
+        self.write(steering, |steering, conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "INSERT INTO steering (session_id, text, author, created_at) \
+                     VALUES (?, ?, ?, ?)",
+                )
+                .bind(&steering.session_id.0)
+                .bind(&steering.text)
+                .bind(&steering.author)
+                .bind(steering.created_at)
+                .execute(conn)
+                .await
+                .map_err(insert_for_session("enqueue steering", &steering.session_id))?;
+                Ok(Steering {
+                    id: done.last_insert_rowid(),
+                    ..steering.clone()
+                })
+            })
         })
+        .await
     }
 
     async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
@@ -482,23 +573,26 @@ impl SessionStore for SqliteStore {
     }
 
     async fn mark_steering_delivered(&self, steering_id: i64) -> Result<(), StoreError> {
-        const OP: &str = "mark steering delivered";
-        let _gate = self.write_gate.lock().await;
-        // COALESCE keeps the first delivery time if this is called twice.
-        let done = sqlx::query(
-            "UPDATE steering SET delivered_at = COALESCE(delivered_at, ?) WHERE id = ?",
-        )
-        .bind(now_ms())
-        .bind(steering_id)
-        .execute(&self.pool)
+        self.write((steering_id, now_ms()), |(steering_id, now), conn| {
+            Box::pin(async move {
+                // COALESCE keeps the first delivery time if this is called twice.
+                let done = sqlx::query(
+                    "UPDATE steering SET delivered_at = COALESCE(delivered_at, ?) WHERE id = ?",
+                )
+                .bind(now)
+                .bind(steering_id)
+                .execute(conn)
+                .await
+                .map_err(backend("mark steering delivered"))?;
+                if done.rows_affected() == 0 {
+                    return Err(StoreError::NotFound {
+                        what: format!("steering {steering_id}"),
+                    });
+                }
+                Ok(())
+            })
+        })
         .await
-        .map_err(backend(OP))?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound {
-                what: format!("steering {steering_id}"),
-            });
-        }
-        Ok(())
     }
 
     async fn approval_mode(
@@ -520,18 +614,30 @@ impl SessionStore for SqliteStore {
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
         const OP: &str = "append audit entry";
         let detail = to_json(OP, &entry.detail)?;
-        let _gate = self.write_gate.lock().await;
-        sqlx::query(
-            "INSERT INTO audit (at, session_id, actor, action, detail) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(now_ms())
-        .bind(entry.session_id.as_ref().map(|s| s.0.as_str()))
-        .bind(&entry.actor)
-        .bind(&entry.action)
-        .bind(detail)
-        .execute(&self.pool)
+        let data = (
+            entry.session_id.clone(),
+            entry.actor.clone(),
+            entry.action.clone(),
+            detail,
+            now_ms(),
+        );
+        self.write(data, |(session_id, actor, action, detail, now), conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO audit (at, session_id, actor, action, detail) \
+                     VALUES (?, ?, ?, ?, ?)",
+                )
+                .bind(now)
+                .bind(session_id.as_ref().map(|s| s.0.as_str()))
+                .bind(actor)
+                .bind(action)
+                .bind(detail)
+                .execute(conn)
+                .await
+                .map_err(backend(OP))?;
+                Ok(())
+            })
+        })
         .await
-        .map_err(backend(OP))?;
-        Ok(())
     }
 }
