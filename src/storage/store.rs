@@ -330,21 +330,22 @@ impl SessionStore for SqliteStore {
     }
 
     async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        let done =
-            sqlx::query("UPDATE messages SET content = content || ?, updated_at = ? WHERE id = ?")
+        let data = (message_id, tail.to_owned(), now_ms());
+        self.write(data, |(message_id, tail, now), conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE messages SET content = content || ?, updated_at = ? WHERE id = ?",
+                )
                 .bind(tail)
-                .bind(now_ms())
+                .bind(now)
                 .bind(message_id)
-                .execute(&self.pool)
+                .execute(conn)
                 .await
                 .map_err(backend("append to message"))?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound {
-                what: format!("message {message_id}"),
-            });
-        }
-        Ok(())
+                one_message(done, *message_id)
+            })
+        })
+        .await
     }
 
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
