@@ -53,6 +53,16 @@
 //! a separate runtime whose threads are named `bench-side` so their CPU can
 //! be told apart. Rows are printed as a Markdown table, notes below it (load
 //! average, CPU seconds per thread group, RSS before/after, problems).
+//!
+//! The floor: just before each run, in the same process, the bench measures
+//! a pipe round trip to a trivial child (`cat`) and one store commit (a
+//! one-row update through `SqliteStore` with nothing else in flight), p50 and
+//! p99; floor = pipe + commit at that percentile, the least a durable
+//! approval can cost here. Every rtt figure is also printed as a multiple of
+//! the floor, so runs on a noisy machine and on other machines compare. Also
+//! per run: store commits and writes per approval (everything the server
+//! committed from the first start to the last idle session, divided by the
+//! round trips), which shows how well the writer batches.
 //! BENCHMARKS.md has the figures and how to read them.
 
 #[path = "../tests/emulator/mod.rs"]
@@ -99,6 +109,10 @@ const TOKEN: &str = "bench-token-0123456789abcdef";
 const OWNER: &str = "UOWNER";
 /// The workspace's Slack channel.
 const CHANNEL: &str = "C1";
+/// Round trips through `cat` for the floor.
+const FLOOR_PIPE_ROUNDS: usize = 2000;
+/// Single commits through the store for the floor.
+const FLOOR_COMMITS: usize = 500;
 /// Name of the threads that are not the server (emulator, proxy, operator, client).
 const BENCH_THREAD: &str = "bench-side";
 
@@ -398,6 +412,92 @@ fn read_rtts(path: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// The floor: what one durable approval cannot go below on this machine,
+/// measured in the same run as the load. A pipe round trip to a trivial
+/// child (`cat`: one line out, the same line back) and one store commit
+/// (a one-row update through `SqliteStore`, nothing else in flight).
+struct Floor {
+    pipe_us: Vec<u64>,
+    commit_us: Vec<u64>,
+}
+
+impl Floor {
+    /// The floor at percentile `p`: pipe round trip + one commit.
+    fn at(&self, p: f64) -> u64 {
+        pct(&self.pipe_us, p) + pct(&self.commit_us, p)
+    }
+
+    /// `us` as a multiple of the floor at percentile `p`.
+    fn times(&self, us: u64, p: f64) -> String {
+        format!("{:.1}", us as f64 / self.at(p).max(1) as f64)
+    }
+}
+
+/// Round trips of one short line through `cat` over pipes.
+fn measure_pipe(rounds: usize) -> Vec<u64> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = std::process::Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn cat");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut out = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let t = Instant::now();
+        writeln!(stdin, "{{\"jsonrpc\":\"2.0\",\"id\":{i}}}").expect("write");
+        stdin.flush().expect("flush");
+        line.clear();
+        stdout.read_line(&mut line).expect("read");
+        out.push(t.elapsed().as_micros() as u64);
+    }
+    drop(stdin);
+    let _ = child.wait();
+    out.sort_unstable();
+    out
+}
+
+/// One commit at a time (nothing to batch with) through the real store on
+/// a file in `dir`.
+async fn measure_commit(dir: &Path, rounds: usize) -> Vec<u64> {
+    let store = SqliteStore::open(&dir.join("floor.db"))
+        .await
+        .expect("floor store");
+    let id = SessionId::from("floor");
+    store
+        .create_session(&intercom_actors::model::SessionRecord {
+            id: id.clone(),
+            workspace: "ws".into(),
+            cwd: dir.display().to_string(),
+            agent: "none".into(),
+            protocol: Protocol::Acp,
+            status: SessionStatus::Active,
+            status_reason: None,
+            title: "floor".into(),
+            owner: OWNER.into(),
+            acp_session_id: None,
+            channel_id: None,
+            thread_ts: None,
+            restart_count: 0,
+            created_at: 0,
+            updated_at: 0,
+            last_activity_at: 0,
+        })
+        .await
+        .expect("floor session");
+    let mut out = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        store.touch(&id).await.expect("touch");
+        out.push(t.elapsed().as_micros() as u64);
+    }
+    store.close().await;
+    out.sort_unstable();
+    out
+}
+
 struct Figures {
     mode: Mode,
     n: usize,
@@ -415,6 +515,9 @@ struct Figures {
     idle_kib_per_session: f64,
     start_ms: Vec<u64>,
     errors: usize,
+    /// Store commits and writes during the run.
+    commits: u64,
+    writes: u64,
     notes: Vec<String>,
     /// 1-minute load average before the run and at its end.
     load: (f64, f64),
@@ -900,6 +1003,15 @@ impl Rig {
         }
     }
 
+    /// The store's (commits, writes) so far.
+    fn store_counts(&self) -> (u64, u64) {
+        let store: &SqliteStore = match self {
+            Rig::Core { store, .. } | Rig::Slack { store, .. } => store,
+            Rig::Api { app, .. } => app.store(),
+        };
+        (store.commit_count(), store.write_count())
+    }
+
     async fn live_count(&self) -> usize {
         let list = match self {
             Rig::Core { store, .. } | Rig::Slack { store, .. } => store.list_sessions(true).await,
@@ -1085,6 +1197,7 @@ async fn run(
     let rss0 = status_kb("VmRSS:");
     let cpu0 = cpu_now();
     let threads0 = cpu_by_thread();
+    let counts0 = rig.store_counts();
     let t0 = Instant::now();
     let mut starts = Vec::new();
     for i in 0..n {
@@ -1156,6 +1269,7 @@ async fn run(
         .max(Duration::from_millis(1));
     let cpu1 = cpu_now();
     let threads1 = cpu_by_thread();
+    let counts1 = rig.store_counts();
     let wall = t0.elapsed().as_secs_f64();
     let backlog = rig.drain().await;
     if backlog > 0 {
@@ -1259,6 +1373,8 @@ async fn run(
         idle_kib_per_session: rss_idle.saturating_sub(rss0) as f64 / n as f64,
         start_ms,
         errors,
+        commits: counts1.0 - counts0.0,
+        writes: counts1.1 - counts0.1,
         notes,
         load: (load0, loadavg()),
     }
@@ -1354,10 +1470,10 @@ fn main() {
     );
     println!();
     println!(
-        "| operator | N | pace ms | ramp ms | requests | rtt p50 µs | rtt p99 µs | rtt max µs | rtt p99 2nd half µs | notify p50 µs | notify p99 µs | op p50 µs | op p99 µs | rtt−op p50 µs | req/s | cpu % | bench-side cpu % | machine cpu % | peak RSS MiB | KiB/idle session | start p50 ms | start p99 ms | start max ms | errors |"
+        "| operator | N | pace ms | ramp ms | requests | rtt p50 µs | rtt p99 µs | rtt max µs | rtt p99 2nd half µs | floor p50 µs | floor p99 µs | rtt p50 ×floor | rtt p99 ×floor | rtt p99 2nd half ×floor | commits/approval | writes/approval | notify p50 µs | notify p99 µs | op p50 µs | op p99 µs | rtt−op p50 µs | req/s | cpu % | bench-side cpu % | machine cpu % | peak RSS MiB | KiB/idle session | start p50 ms | start p99 ms | start max ms | errors |"
     );
     println!(
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let mut notes = Vec::new();
     for mode in &modes {
@@ -1372,19 +1488,33 @@ fn main() {
                     ));
                 }
             }
+            let floor_dir = tempfile::tempdir_in(dir.path()).expect("floor dir");
+            let floor = Floor {
+                pipe_us: measure_pipe(FLOOR_PIPE_ROUNDS),
+                commit_us: server.block_on(measure_commit(floor_dir.path(), FLOOR_COMMITS)),
+            };
             let f = server.block_on(run(*mode, n, m, (pace_ms, ramp_ms), dir.path(), &handle));
             let (r50, o50) = (pct(&f.rtt_us, 0.5), pct(&f.op_us, 0.5));
+            let (r99, later99) = (pct(&f.rtt_us, 0.99), pct(&f.rtt_later, 0.99));
+            let approvals = f.rtt_us.len().max(1) as f64;
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {} | {} | {} |",
                 f.mode.name(),
                 f.n,
                 f.pace_ms,
                 f.ramp_ms,
                 f.rtt_us.len(),
                 r50,
-                pct(&f.rtt_us, 0.99),
+                r99,
                 f.rtt_us.last().copied().unwrap_or(0),
-                pct(&f.rtt_later, 0.99),
+                later99,
+                floor.at(0.5),
+                floor.at(0.99),
+                floor.times(r50, 0.5),
+                floor.times(r99, 0.99),
+                floor.times(later99, 0.99),
+                f.commits as f64 / approvals,
+                f.writes as f64 / approvals,
                 pct(&f.notify_us, 0.5),
                 pct(&f.notify_us, 0.99),
                 o50,
@@ -1407,6 +1537,16 @@ fn main() {
                 f.load.0,
                 f.load.1,
                 f.machine_pct - f.cpu_pct
+            ));
+            notes.push(format!(
+                "{} N={n}: floor measured just before the run: pipe round trip to cat p50 {} µs p99 {} µs ({FLOOR_PIPE_ROUNDS} rounds), one store commit p50 {} µs p99 {} µs ({FLOOR_COMMITS} commits); {} commits for {} writes during the run",
+                f.mode.name(),
+                pct(&floor.pipe_us, 0.5),
+                pct(&floor.pipe_us, 0.99),
+                pct(&floor.commit_us, 0.5),
+                pct(&floor.commit_us, 0.99),
+                f.commits,
+                f.writes
             ));
             for note in f.notes {
                 notes.push(format!("{} N={n}: {note}", f.mode.name()));

@@ -28,24 +28,34 @@ impl SqliteStore {
         csrf: &str,
         expires_at: i64,
     ) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        let now = now_ms();
-        sqlx::query("DELETE FROM console_logins WHERE expires_at < ?")
-            .bind(now)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("drop expired console logins"))?;
-        sqlx::query(
-            "INSERT INTO console_logins (cookie_hash, csrf, created_at, expires_at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(cookie_hash)
-        .bind(csrf)
-        .bind(now)
-        .bind(expires_at)
-        .execute(&self.pool)
+        let data = (
+            cookie_hash.to_owned(),
+            csrf.to_owned(),
+            expires_at,
+            now_ms(),
+        );
+        self.write(data, |(cookie_hash, csrf, expires_at, now), conn| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM console_logins WHERE expires_at < ?")
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(backend("drop expired console logins"))?;
+                sqlx::query(
+                    "INSERT INTO console_logins (cookie_hash, csrf, created_at, expires_at) \
+                     VALUES (?, ?, ?, ?)",
+                )
+                .bind(cookie_hash)
+                .bind(csrf)
+                .bind(now)
+                .bind(expires_at)
+                .execute(conn)
+                .await
+                .map_err(backend("insert console login"))?;
+                Ok(())
+            })
+        })
         .await
-        .map_err(backend("insert console login"))?;
-        Ok(())
     }
 
     /// The login for a cookie hash, when it exists and has not expired.
@@ -65,13 +75,17 @@ impl SqliteStore {
 
     /// Ends a login (logout); unknown hashes are fine.
     pub async fn delete_console_login(&self, cookie_hash: &str) -> Result<(), StoreError> {
-        let _gate = self.write_gate.lock().await;
-        sqlx::query("DELETE FROM console_logins WHERE cookie_hash = ?")
-            .bind(cookie_hash)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("delete console login"))?;
-        Ok(())
+        self.write(cookie_hash.to_owned(), |cookie_hash, conn| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM console_logins WHERE cookie_hash = ?")
+                    .bind(cookie_hash)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("delete console login"))?;
+                Ok(())
+            })
+        })
+        .await
     }
 }
 

@@ -5,7 +5,8 @@
 //! with `Last-Event-ID` gets exactly the events it missed, also across a
 //! server restart, so every operator event is stored with an increasing id
 //! before it is streamed. One task (`src/journal.rs`) appends in batches (one
-//! multi-row INSERT each, under the store's write gate); streams read pages after
+//! multi-row INSERT each, through the store's one writer, so it shares
+//! transactions with the other writes); streams read pages after
 //! an id. Old rows are pruned so the table stays bounded.
 
 use intercom_actors::ports::StoreError;
@@ -42,40 +43,45 @@ pub struct StoredEvent {
 }
 
 impl SqliteStore {
-    /// Appends events as one statement (atomic, autocommitted: a failure
-    /// leaves no transaction open); returns them with their ids, in order.
+    /// Appends events as one statement through the store's one writer (in
+    /// the transaction it is batching; a failure undoes only this insert);
+    /// returns them with their ids, in order, once committed.
     pub async fn append_events(&self, events: &[NewEvent]) -> Result<Vec<StoredEvent>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let mut insert =
-            sqlx::QueryBuilder::new("INSERT INTO events (at, session_id, kind, payload) ");
-        insert.push_values(events, |mut row, e| {
-            row.push_bind(e.at)
-                .push_bind(&e.session_id)
-                .push_bind(&e.kind)
-                .push_bind(&e.payload);
-        });
-        insert.push(" RETURNING id");
-        let _gate = self.write_gate.lock().await;
-        let mut ids: Vec<i64> = insert
-            .build_query_scalar()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(backend("append events"))?;
-        // Rows get increasing ids in VALUES order; RETURNING's order is unspecified.
-        ids.sort_unstable();
-        Ok(ids
-            .into_iter()
-            .zip(events)
-            .map(|(id, e)| StoredEvent {
-                id,
-                at: e.at,
-                session_id: e.session_id.clone(),
-                kind: e.kind.clone(),
-                payload: e.payload.clone(),
+        self.write(events.to_vec(), |events, conn| {
+            Box::pin(async move {
+                let mut insert =
+                    sqlx::QueryBuilder::new("INSERT INTO events (at, session_id, kind, payload) ");
+                insert.push_values(events, |mut row, e| {
+                    row.push_bind(e.at)
+                        .push_bind(&e.session_id)
+                        .push_bind(&e.kind)
+                        .push_bind(&e.payload);
+                });
+                insert.push(" RETURNING id");
+                let mut ids: Vec<i64> = insert
+                    .build_query_scalar()
+                    .fetch_all(conn)
+                    .await
+                    .map_err(backend("append events"))?;
+                // Rows get increasing ids in VALUES order; RETURNING's order is unspecified.
+                ids.sort_unstable();
+                Ok(ids
+                    .into_iter()
+                    .zip(events)
+                    .map(|(id, e)| StoredEvent {
+                        id,
+                        at: e.at,
+                        session_id: e.session_id.clone(),
+                        kind: e.kind.clone(),
+                        payload: e.payload.clone(),
+                    })
+                    .collect())
             })
-            .collect())
+        })
+        .await
     }
 
     /// Up to `limit` events with an id above `after`, oldest first;
@@ -123,13 +129,18 @@ impl SqliteStore {
 
     /// Deletes all but the newest `keep` events; returns how many went.
     pub async fn prune_events(&self, keep: i64) -> Result<u64, StoreError> {
-        let _gate = self.write_gate.lock().await;
-        let done = sqlx::query("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?")
-            .bind(keep)
-            .execute(&self.pool)
-            .await
-            .map_err(backend("prune events"))?;
-        Ok(done.rows_affected())
+        self.write(keep, |keep, conn| {
+            Box::pin(async move {
+                let done =
+                    sqlx::query("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?")
+                        .bind(keep)
+                        .execute(conn)
+                        .await
+                        .map_err(backend("prune events"))?;
+                Ok(done.rows_affected())
+            })
+        })
+        .await
     }
 }
 
