@@ -230,3 +230,22 @@ async fn auto_edits_does_not_allow_an_edit_announced_outside_the_workspace() {
     assert!(diff.contains("-root") && diff.contains("+toor"), "{diff}");
     assert!(diff.contains("+++ /etc/passwd"), "{diff}");
 }
+
+#[tokio::test]
+async fn a_diff_in_context_never_reads_through_a_symlink_out_of_the_workspace() {
+    let h = Harness::new(Knobs::default()).await;
+    let secret = h.dir.path().join("secret.txt");
+    std::fs::write(&secret, "TOKEN line\npassword=hunter2\n").expect("secret");
+    std::os::unix::fs::symlink(&secret, h.workspace.join("leak.txt")).expect("symlink");
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Edit leak.txt", "kind": "edit",
+                       "diffs": [{"path": "leak.txt", "old_text": "TOKEN", "new_text": "x"}]}},
+        {"permission": {"tool_call_id": "t1"}},
+        {"chunk": "turn over"}
+    ]]});
+    h.start(scenario, "go").await;
+    let asked = opened(&h, 1).await;
+    let diff = asked.diff.expect("the agent's own texts are shown");
+    assert!(!diff.contains("hunter2"), "{diff}");
+    assert!(diff.contains("-TOKEN") && diff.contains("+x"), "{diff}");
+}

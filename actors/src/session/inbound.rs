@@ -141,6 +141,16 @@ impl SessionState {
         }
     }
 
+    /// A file the agent named, read beneath the workspace handle for a diff
+    /// in context (refused like a read: outside, server files, symlinks out).
+    fn preview(&self, path: &Path) -> Option<String> {
+        let ws = self.workspace.as_ref().ok()?;
+        let named = path.display().to_string();
+        ws.current(&named, toolcalls::MAX_PREVIEW_BYTES)
+            .ok()
+            .flatten()
+    }
+
     /// A permission request, merged with the tool call it references: the
     /// operator, the rules and the mode see everything the agent announced.
     async fn permission_requested(&mut self, id: RpcId, ask: acp::PermissionAsk) {
@@ -148,7 +158,7 @@ impl SessionState {
         let root = PathBuf::from(&self.record.cwd);
         let tool_id = ask.tool.id.clone();
         let merged = self.toolcalls.update(&ask.tool).clone();
-        let shown = toolcalls::show(&root, &merged);
+        let shown = toolcalls::show(&root, &merged, &|p| self.preview(p));
         let title = shown
             .title
             .clone()
@@ -379,7 +389,7 @@ impl SessionState {
                 edits: None,
                 ..view.clone()
             };
-            tool_doc(doc, &root, &merged, &light);
+            tool_doc(doc, &root, &merged, &light, &|_| None);
             self.dirty_tools.insert(view.id);
             return;
         }
@@ -388,7 +398,7 @@ impl SessionState {
             json!({"id": view.id, "title": "", "kind": "other", "status": "pending"}),
         ));
         let old_status = doc["status"].clone();
-        tool_doc(&mut doc, &root, &merged, &view);
+        tool_doc(&mut doc, &root, &merged, &view, &|p| self.preview(p));
         self.dirty_tools.remove(&view.id);
         let content = doc.to_string();
         let message_id = if message_id == 0 {
@@ -660,7 +670,13 @@ impl SessionState {
 /// Writes a tool call's merged state into its transcript document, paths
 /// relative to the workspace; diffs are rendered again only when the update
 /// carried content (rendering reads the files).
-fn tool_doc(doc: &mut Value, root: &Path, merged: &toolcalls::ToolCall, view: &acp::ToolCallView) {
+fn tool_doc(
+    doc: &mut Value,
+    root: &Path,
+    merged: &toolcalls::ToolCall,
+    view: &acp::ToolCallView,
+    preview: toolcalls::Preview<'_>,
+) {
     if let Some(t) = &merged.title {
         doc["title"] = json!(toolcalls::relative_title(root, t));
     }
@@ -675,6 +691,6 @@ fn tool_doc(doc: &mut Value, root: &Path, merged: &toolcalls::ToolCall, view: &a
         doc["paths"] = json!(paths);
     }
     if view.edits.is_some() {
-        doc["diffs"] = json!(toolcalls::show(root, merged).diffs);
+        doc["diffs"] = json!(toolcalls::show(root, merged, preview).diffs);
     }
 }

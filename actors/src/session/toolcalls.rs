@@ -17,7 +17,6 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::fsjail;
 use crate::protocol::acp::{self, AnnouncedEdit, ToolCallView};
 
 /// Tool calls remembered per session; the oldest are forgotten first.
@@ -25,7 +24,12 @@ const MAX_CALLS: usize = 1024;
 /// Allowed-but-unused edit sets remembered per session.
 const MAX_GRANTS: usize = 256;
 /// Files larger than this are not read to show a diff in context.
-const MAX_PREVIEW_BYTES: u64 = 1 << 20;
+pub const MAX_PREVIEW_BYTES: usize = 1 << 20;
+
+/// Reads a file the agent named, for a diff in context: `None` when it does
+/// not exist, is refused (outside the workspace, a server file, a symlink
+/// out) or is too large. The session passes its workspace handle's reader.
+pub type Preview<'a> = &'a dyn Fn(&Path) -> Option<String>;
 
 /// What the agent said about one tool call so far.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -233,7 +237,7 @@ pub fn paths(root: &Path, call: &ToolCall) -> Vec<String> {
 }
 
 /// Renders a merged call for the operator, relative to workspace `root`.
-pub fn show(root: &Path, call: &ToolCall) -> Shown {
+pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
     let mut files: Vec<PathBuf> = Vec::new();
     for e in &call.edits {
         let n = normalize(root, &e.path);
@@ -250,11 +254,11 @@ pub fn show(root: &Path, call: &ToolCall) -> Shown {
                 .filter(|e| &normalize(root, &e.path) == file)
                 .collect();
             render_diff(
-                root,
                 file,
                 &relative(root, file),
                 &edits,
                 call.replace_all(),
+                preview,
             )
         })
         .collect();
@@ -271,13 +275,13 @@ pub fn show(root: &Path, call: &ToolCall) -> Shown {
 /// the workspace (fragments shown in context, a "new" file that exists shown
 /// as the overwrite it is), otherwise from the agent's own texts.
 fn render_diff(
-    root: &Path,
     file: &Path,
     rel: &str,
     edits: &[&AnnouncedEdit],
     replace_all: bool,
+    preview: Preview<'_>,
 ) -> String {
-    let current = read_inside(root, file);
+    let current = preview(file);
     if let Some(current) = &current
         && let Some(after) = apply_edits(current, edits, replace_all)
     {
@@ -288,16 +292,6 @@ fn render_diff(
         .map(|e| acp::unified_diff(rel, e.old_text.as_deref().unwrap_or(""), &e.new_text))
         .collect::<Vec<_>>()
         .join("")
-}
-
-/// The file's content when it exists inside the workspace and is small.
-fn read_inside(root: &Path, file: &Path) -> Option<String> {
-    let real = fsjail::resolve_inside(root, file).ok()?;
-    let meta = std::fs::metadata(&real).ok()?;
-    if !meta.is_file() || meta.len() > MAX_PREVIEW_BYTES {
-        return None;
-    }
-    std::fs::read_to_string(&real).ok()
 }
 
 /// The file's content after the edits, or `None` when a replaced text is not
@@ -397,7 +391,7 @@ mod tests {
                 ..view("t1")
             })
             .clone();
-        let shown = show(Path::new("/w"), &merged);
+        let shown = show(Path::new("/w"), &merged, &|_| None);
         assert_eq!(shown.kind.as_deref(), Some("edit"));
         assert_eq!(shown.title.as_deref(), Some("Write hello.txt"));
         assert_eq!(shown.paths, vec!["hello.txt".to_owned()]);
