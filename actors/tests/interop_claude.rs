@@ -193,6 +193,16 @@ async fn one_approval_with_the_diff_writes_the_models_exact_content() {
     h.until_transcript(&id, "done").await;
     let all = h.store.list_requests(Some(&id), false).await.expect("list");
     assert_eq!(all.len(), 1, "one approval for one write: {all:?}");
+    // The model's thinking reached the operator, whole, before its text.
+    let entries = h.transcript(&id).await;
+    let thought = entries
+        .iter()
+        .position(|m| m.kind == intercom_actors::model::MessageKind::Thought)
+        .unwrap_or_else(|| panic!("no thought stored: {entries:?}"));
+    assert!(
+        entries[thought].content.contains("I should call it"),
+        "{entries:?}"
+    );
     assert!(
         h.store
             .audit_entries()

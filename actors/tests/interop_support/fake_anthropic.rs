@@ -20,6 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 /// One content block of a scripted model answer.
 #[derive(Debug, Clone)]
 pub enum Block {
+    /// Extended thinking (streamed as `thinking_delta` + `signature_delta`).
+    Thinking(String),
     /// Assistant text.
     Text(String),
     /// A tool use with its whole input (streamed as `input_json_delta`s).
@@ -49,10 +51,11 @@ impl Reply {
         }
     }
 
-    /// Some text, then one tool use.
+    /// A thought, some text, then one tool use.
     pub fn tool(text: &str, name: &str, input: Value) -> Reply {
         Reply {
             blocks: vec![
+                Block::Thinking(format!("The user wants {name}; I should call it.")),
                 Block::Text(text.to_owned()),
                 Block::ToolUse {
                     name: name.to_owned(),
@@ -233,6 +236,13 @@ fn sse_events(model: &str, n: u64, reply: &Reply) -> Vec<(&'static str, String)>
     )];
     for (index, block) in reply.blocks.iter().enumerate() {
         let (start, deltas) = match block {
+            Block::Thinking(text) => (
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                vec![
+                    json!({"type": "thinking_delta", "thinking": text}),
+                    json!({"type": "signature_delta", "signature": "fake-signature"}),
+                ],
+            ),
             Block::Text(text) => (
                 json!({"type": "text", "text": ""}),
                 vec![json!({"type": "text_delta", "text": text})],
@@ -285,6 +295,9 @@ fn whole_message(model: &str, n: u64, reply: &Reply) -> Value {
         .iter()
         .enumerate()
         .map(|(index, b)| match b {
+            Block::Thinking(text) => {
+                json!({"type": "thinking", "thinking": text, "signature": "fake-signature"})
+            }
             Block::Text(text) => json!({"type": "text", "text": text}),
             Block::ToolUse { name, input } => {
                 json!({"type": "tool_use", "id": format!("toolu_fake_{n}_{index}"), "name": name, "input": input})
