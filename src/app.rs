@@ -52,6 +52,21 @@ const AGENT_OPTION_TIMEOUT_MS: u64 = 15_000;
 /// How long a snapshot of a live session may take.
 const SNAPSHOT_TIMEOUT_MS: u64 = 2000;
 
+/// Every call to an actor is timed: a stuck actor is an error the caller
+/// can report, never a request that hangs. This is the default bound.
+const CALL_TIMEOUT_MS: u64 = 10_000;
+
+/// `/healthz` answers 503 within a second when the supervisor is stuck.
+const HEALTH_TIMEOUT_MS: u64 = 800;
+
+/// Recovery respawns every stored live session (not waiting for their
+/// handshakes), one after the other.
+const RECOVER_TIMEOUT_MS: u64 = 300_000;
+
+/// A start or revive answers after the agent's handshake: the startup
+/// timeout plus this margin.
+const START_MARGIN_MS: u64 = 10_000;
+
 /// Why an operation was refused. The variant decides the HTTP status; the
 /// message is shown to the operator as is.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -334,6 +349,10 @@ struct Inner {
     /// How long `cancel` waits for a session to end: the shutdown grace,
     /// SIGTERM -> SIGKILL, and a second for the exit to be recorded.
     cancel_wait: Duration,
+    /// How long a start or revive may wait for the agent's handshake.
+    start_wait_ms: u64,
+    /// How long the supervisor's graceful shutdown may take.
+    shutdown_wait_ms: u64,
 }
 
 /// What `cancel` found when it stopped waiting.
@@ -420,6 +439,17 @@ impl App {
             cancel_wait: config.limits.shutdown_grace()
                 + intercom_actors::session::TERM_TO_KILL
                 + CANCEL_MARGIN,
+            start_wait_ms: config
+                .limits
+                .startup_timeout_secs
+                .saturating_mul(1000)
+                .saturating_add(START_MARGIN_MS),
+            shutdown_wait_ms: (config.limits.shutdown_grace()
+                + intercom_actors::session::TERM_TO_KILL)
+                .as_millis()
+                .try_into()
+                .unwrap_or(u64::MAX)
+                .saturating_add(START_MARGIN_MS),
         };
         Ok(App {
             inner: Arc::new(inner),
@@ -430,10 +460,11 @@ impl App {
     /// live. Returns (resumed, interrupted).
     pub async fn recover(&self) -> Result<(usize, usize), AppError> {
         let profiles = self.inner.profiles.clone();
-        ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Recover {
-            profiles,
-            reply
-        })
+        ractor::call_t!(
+            self.inner.supervisor,
+            |reply| SupervisorMsg::Recover { profiles, reply },
+            RECOVER_TIMEOUT_MS
+        )
         .map_err(|e| AppError::actor("recovery", e))
     }
 
@@ -508,8 +539,12 @@ impl App {
 
     /// Live sessions, including ones waiting to restart.
     pub async fn live_count(&self) -> Result<usize, AppError> {
-        ractor::call!(self.inner.supervisor, SupervisorMsg::LiveCount)
-            .map_err(|e| AppError::actor("supervisor", e))
+        ractor::call_t!(
+            self.inner.supervisor,
+            SupervisorMsg::LiveCount,
+            HEALTH_TIMEOUT_MS
+        )
+        .map_err(|e| AppError::actor("supervisor", e))
     }
 
     /// Resolves `target` and starts a session; answers once the agent's
@@ -536,8 +571,13 @@ impl App {
         if intercom_actors::model::is_blank_prompt(prompt) {
             return Err(AppError::BadRequest("the prompt is empty".into()));
         }
-        let resolved = ractor::call!(self.inner.registry, RegistryMsg::Resolve, target)
-            .map_err(|e| AppError::actor("workspace registry", e))??;
+        let resolved = ractor::call_t!(
+            self.inner.registry,
+            RegistryMsg::Resolve,
+            CALL_TIMEOUT_MS,
+            target
+        )
+        .map_err(|e| AppError::actor("workspace registry", e))??;
         let workspace_id = resolved.workspace.clone();
         let req = StartRequest {
             workspace: resolved.workspace,
@@ -548,10 +588,11 @@ impl App {
             owner: owner.to_owned(),
             mode: mode.or_else(|| self.workspace_mode(&workspace_id)),
         };
-        let record = ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Start {
-            req,
-            reply
-        })
+        let record = ractor::call_t!(
+            self.inner.supervisor,
+            |reply| SupervisorMsg::Start { req, reply },
+            self.inner.start_wait_ms
+        )
         .map_err(|e| AppError::actor("supervisor", e))??;
         tracing::info!(session = %record.id, workspace = %record.workspace, agent = %record.agent, owner, "session started");
         Ok(record)
@@ -595,10 +636,14 @@ impl App {
     }
 
     async fn actor(&self, id: &SessionId) -> Result<Option<ActorRef<SessionMsg>>, AppError> {
-        ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Lookup {
-            id: id.clone(),
-            reply
-        })
+        ractor::call_t!(
+            self.inner.supervisor,
+            |reply| SupervisorMsg::Lookup {
+                id: id.clone(),
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
         .map_err(|e| AppError::actor("supervisor", e))
     }
 
@@ -699,13 +744,17 @@ impl App {
                 status: None,
             })?;
         let request_id = req.request_id.clone();
-        let decision = ractor::call!(actor, |reply| SessionMsg::Decide {
-            request_id,
-            choice,
-            reason,
-            caller,
-            reply
-        })
+        let decision = ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Decide {
+                request_id,
+                choice,
+                reason,
+                caller,
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
         .map_err(|e| AppError::actor("session", e))??;
         let (req, _) = self.approval(global_id).await?;
         tracing::info!(request = global_id, option = %decision.option_id, approved = decision.approved, by = %decision.decided_by, "request decided");
@@ -726,19 +775,27 @@ impl App {
         let Some(actor) = self.actor(id).await? else {
             // Between crash restarts: the supervisor ends it.
             let id2 = id.clone();
-            ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Stop {
-                id: id2,
-                caller,
-                reply
-            })
+            ractor::call_t!(
+                self.inner.supervisor,
+                |reply| SupervisorMsg::Stop {
+                    id: id2,
+                    caller,
+                    reply
+                },
+                CALL_TIMEOUT_MS
+            )
             .map_err(|e| AppError::actor("supervisor", e))??;
             return self.cancel_outcome(id).await;
         };
-        let stop = ractor::call!(actor, |reply| SessionMsg::Stop {
-            cause: StopCause::Operator,
-            caller,
-            reply: Some(reply)
-        });
+        let stop = ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Stop {
+                cause: StopCause::Operator,
+                caller,
+                reply: Some(reply)
+            },
+            CALL_TIMEOUT_MS
+        );
         match stop {
             Ok(result) => result?,
             // The actor ended between the lookup and the call: already stopping.
@@ -893,12 +950,16 @@ impl App {
                 ))
             })?;
         let id2 = id.clone();
-        let revived = ractor::call!(self.inner.supervisor, |reply| SupervisorMsg::Revive {
-            id: id2,
-            profile,
-            caller,
-            reply
-        })
+        let revived = ractor::call_t!(
+            self.inner.supervisor,
+            |reply| SupervisorMsg::Revive {
+                id: id2,
+                profile,
+                caller,
+                reply
+            },
+            self.inner.start_wait_ms
+        )
         .map_err(|e| AppError::actor("supervisor", e))??;
         Ok(revived)
     }
@@ -910,9 +971,17 @@ impl App {
             return Err(AppError::ended(record.status));
         };
         let outcome = if pause {
-            ractor::call!(actor, |reply| SessionMsg::Pause { caller, reply })
+            ractor::call_t!(
+                actor,
+                |reply| SessionMsg::Pause { caller, reply },
+                CALL_TIMEOUT_MS
+            )
         } else {
-            ractor::call!(actor, |reply| SessionMsg::Resume { caller, reply })
+            ractor::call_t!(
+                actor,
+                |reply| SessionMsg::Resume { caller, reply },
+                CALL_TIMEOUT_MS
+            )
         };
         outcome.map_err(|e| AppError::actor("session", e))??;
         Ok(())
@@ -956,11 +1025,15 @@ impl App {
         let Some(actor) = self.actor(id).await? else {
             return Err(AppError::ended(record.status));
         };
-        ractor::call!(actor, |reply| SessionMsg::SetMode {
-            mode,
-            caller,
-            reply
-        })
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::SetMode {
+                mode,
+                caller,
+                reply
+            },
+            CALL_TIMEOUT_MS
+        )
         .map_err(|e| AppError::actor("session", e))??;
         Ok(())
     }
@@ -980,7 +1053,11 @@ impl App {
     /// Graceful shutdown: cancels every session (the supervisor waits its
     /// grace period, then kills), then stops the actors.
     pub async fn shutdown(&self) {
-        if let Err(e) = ractor::call!(self.inner.supervisor, SupervisorMsg::Shutdown) {
+        if let Err(e) = ractor::call_t!(
+            self.inner.supervisor,
+            SupervisorMsg::Shutdown,
+            self.inner.shutdown_wait_ms
+        ) {
             tracing::warn!("supervisor shutdown call failed: {e}");
         }
         self.inner.supervisor.stop_and_wait(None, None).await.ok();

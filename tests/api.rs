@@ -730,3 +730,32 @@ fn a_prompt_of_only_quotes_is_empty() {
     );
     assert_eq!(server.http.get("/api/sessions").body, json!([]));
 }
+
+#[tokio::test]
+async fn healthz_answers_503_when_the_supervisor_is_stuck() {
+    use axum::extract::State;
+    use intercom_actors::supervisor::SupervisorMsg;
+    let layout = Layout::new(&Setup::default());
+    let config = Config::load(&layout.config).expect("config loads");
+    let store = SqliteStore::open(&config.database.path)
+        .await
+        .expect("store");
+    let app = App::start(&config, store, AppOptions::default())
+        .await
+        .expect("app");
+    let healthy = agent_intercom::http::routes::healthz(State(app.clone())).await;
+    assert_eq!(healthy.status(), 200);
+    app.supervisor()
+        .send_message(SupervisorMsg::StallForTest(std::time::Duration::from_secs(
+            30,
+        )))
+        .expect("stall the supervisor");
+    // Bounded only so a regression fails instead of hanging the suite.
+    let stuck = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        agent_intercom::http::routes::healthz(State(app.clone())),
+    )
+    .await
+    .expect("healthz answers while the supervisor is stuck");
+    assert_eq!(stuck.status(), 503);
+}

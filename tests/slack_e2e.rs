@@ -928,3 +928,33 @@ async fn a_reply_during_a_restart_is_stored_then_delivered_and_restart_is_a_comm
         .slash(STRANGER, CHANNEL, &format!("restart {}", id.0));
     rig.until_ephemeral(STRANGER, "may not").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_click_is_answered_while_another_sessions_agent_hangs_in_initialize() {
+    let slow = json!({"handshake_delay_ms": 120_000});
+    let rig = Rig::start(&[("perm", permission_scenario()), ("slow", slow)]).await;
+    let (id, root) = rig.start_session("perm", "write the notes").await;
+    let ask = rig
+        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
+        .await;
+    rig.emu
+        .slash(OWNER, CHANNEL, "start --agent slow hang in initialize");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let live = rig.store.list_sessions(true).await.expect("list");
+        if live.iter().any(|s| s.agent == "slow") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slow session never started: {live:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The other session's agent sits in `initialize`; the click is answered.
+    let allow = ask.button("allow-once").expect("allow-once button");
+    let env = rig.emu.click(OWNER, &ask, &allow);
+    rig.until_transcript(&id, "permission t1: selected allow-once")
+        .await;
+    assert!(rig.emu.acked(&env));
+}

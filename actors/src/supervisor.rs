@@ -31,6 +31,11 @@ use crate::settings::{AgentProfile, SupervisionPolicy};
 mod operator;
 pub use operator::{NoAnswer, OPERATOR_CALL, steer_session};
 
+/// MCP sessions (IDE clients, no process) live at once. They do not count
+/// toward `limits.max_sessions`; this only bounds what clients that never
+/// close their MCP session can pile up.
+pub const MAX_MCP_SESSIONS: usize = 256;
+
 /// What a new session needs, already resolved by the workspace registry.
 #[derive(Debug, Clone)]
 pub struct StartRequest {
@@ -220,6 +225,9 @@ pub enum SupervisorMsg {
     Shutdown(RpcReplyPort<()>),
     /// The shutdown deadline passed.
     ShutdownDeadline,
+    /// Tests: keep the supervisor busy (stuck) for this long.
+    #[cfg(feature = "test-hooks")]
+    StallForTest(Duration),
 }
 
 /// Supervisor configuration.
@@ -352,6 +360,8 @@ impl Actor for SessionSupervisor {
                 let _ = reply.send(counts);
             }
             SupervisorMsg::Shutdown(reply) => state.begin_shutdown(reply).await,
+            #[cfg(feature = "test-hooks")]
+            SupervisorMsg::StallForTest(d) => tokio::time::sleep(d).await,
             SupervisorMsg::ShutdownDeadline => {
                 if let Some(reply) = state.shutdown.take() {
                     tracing::warn!(left = state.sessions.len(), "shutdown deadline passed");
@@ -388,6 +398,14 @@ impl Actor for SessionSupervisor {
 }
 
 impl SupervisorState {
+    /// Live sessions that run an agent (what `limits.max_sessions` bounds).
+    fn agent_sessions(&self) -> usize {
+        self.sessions
+            .values()
+            .filter(|e| e.profile.protocol != Protocol::Mcp)
+            .count()
+    }
+
     fn session_of(&self, cell: &ActorCell) -> Option<SessionId> {
         self.sessions
             .iter()
@@ -482,9 +500,13 @@ impl SupervisorState {
             let _ = reply.send(Err(SupervisorError::ShuttingDown));
             return;
         }
-        let max = self.args.settings.limits.max_sessions;
-        if self.sessions.len() >= max {
-            let _ = reply.send(Err(SupervisorError::LimitReached { max }));
+        // An MCP session runs no process: it takes no agent slot, only one
+        // of a fixed number of client slots.
+        let clients = self.sessions.len() - self.agent_sessions();
+        if clients >= MAX_MCP_SESSIONS {
+            let _ = reply.send(Err(SupervisorError::LimitReached {
+                max: MAX_MCP_SESSIONS,
+            }));
             return;
         }
         let record = new_record(
@@ -552,7 +574,7 @@ impl SupervisorState {
             return;
         }
         let max = self.args.settings.limits.max_sessions;
-        if self.sessions.len() >= max {
+        if self.agent_sessions() >= max {
             tracing::warn!(max, "session limit reached");
             let _ = reply.send(Err(SupervisorError::LimitReached { max }));
             return;
@@ -1053,7 +1075,7 @@ impl SupervisorState {
             return;
         }
         let max = self.args.settings.limits.max_sessions;
-        if self.sessions.len() >= max {
+        if self.agent_sessions() >= max {
             let _ = reply.send(Err(SupervisorError::LimitReached { max }));
             return;
         }

@@ -420,3 +420,34 @@ async fn a_stop_during_start_leaves_a_cancelled_record() {
         .await;
     assert_eq!(rec.status_reason.as_deref(), Some("stopped by operator"));
 }
+
+#[tokio::test]
+async fn mcp_clients_do_not_take_agent_slots() {
+    let mut knobs = Knobs::default();
+    knobs.limits.max_sessions = 2;
+    let h = Harness::new(knobs).await;
+    for n in 0..3 {
+        let req = intercom_actors::supervisor::AttachRequest {
+            workspace: "ws".into(),
+            cwd: h.workspace.clone(),
+            channel_id: None,
+            title: format!("IDE {n}"),
+            owner: "U_OWNER".into(),
+        };
+        ractor::call!(h.sup, |reply| SupervisorMsg::Attach { req, reply })
+            .expect("attach call")
+            .expect("an MCP client attaches whatever max_sessions is");
+    }
+    h.start(json!({"protocol": "intercom"}), "one").await;
+    h.start(json!({"protocol": "intercom"}), "two").await;
+    let third = h
+        .start_req(h.request(h.profile(json!({"protocol": "intercom"})), "three"))
+        .await;
+    assert!(
+        matches!(
+            third,
+            Err(intercom_actors::supervisor::SupervisorError::LimitReached { max: 2 })
+        ),
+        "{third:?}"
+    );
+}

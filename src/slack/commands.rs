@@ -24,6 +24,11 @@ use intercom_actors::slack_port::MessageBody;
 
 /// How long an RPC to an actor may take before the operator is told.
 pub const CALL_TIMEOUT_MS: u64 = 10_000;
+
+/// A start or revive answers after the agent's handshake, which the session
+/// bounds by `limits.startup_timeout_secs`; this only guards against a
+/// supervisor that never answers.
+pub const START_TIMEOUT_MS: u64 = 600_000;
 /// Sessions stored as live but without an agent for this long are cleaned up.
 const CLEANUP_AGE: Duration = Duration::from_secs(600);
 
@@ -604,7 +609,11 @@ async fn start(
         owner: reply.user.clone(),
         mode,
     };
-    let outcome = ractor::call!(ctx.supervisor, |r| SupervisorMsg::Start { req, reply: r });
+    let outcome = ractor::call_t!(
+        ctx.supervisor,
+        |r| SupervisorMsg::Start { req, reply: r },
+        START_TIMEOUT_MS
+    );
     let body = match outcome {
         Ok(Ok(rec)) => {
             let place = match channel {

@@ -798,12 +798,16 @@ async fn revive_session(
     }
     let caller = ctx.caller(user);
     let id = rec.id.clone();
-    let outcome = ractor::call!(ctx.supervisor, |reply| SupervisorMsg::Revive {
-        id,
-        profile,
-        caller,
-        reply
-    })
+    let outcome = ractor::call_t!(
+        ctx.supervisor,
+        |reply| SupervisorMsg::Revive {
+            id,
+            profile,
+            caller,
+            reply
+        },
+        super::commands::START_TIMEOUT_MS
+    )
     .map_err(|e| format!("the supervisor did not answer: {e}."))?;
     outcome.map_err(|e| match e {
         SupervisorError::Unauthorized { owner, .. } => format!(

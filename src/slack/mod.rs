@@ -240,7 +240,7 @@ impl SlackHandle {
 
     /// How many outbound operations wait for Slack.
     pub async fn backlog(&self) -> usize {
-        ractor::call!(self.gateway, GatewayMsg::Backlog).unwrap_or(0)
+        ractor::call_t!(self.gateway, GatewayMsg::Backlog, commands::CALL_TIMEOUT_MS).unwrap_or(0)
     }
 
     /// Stops listening and stops the gateway; undelivered messages stay in
