@@ -492,8 +492,12 @@ impl App {
         let Some(actor) = self.actor(id).await? else {
             return Err(AppError::ended(record.status));
         };
-        ractor::call!(actor, |reply| SessionMsg::Nudge { caller, reply })
-            .map_err(|e| AppError::actor("session", e))??;
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Nudge { caller, reply },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| AppError::actor("session", e))??;
         Ok(())
     }
 
