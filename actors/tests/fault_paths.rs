@@ -451,3 +451,19 @@ async fn mcp_clients_do_not_take_agent_slots() {
         "{third:?}"
     );
 }
+
+#[tokio::test]
+async fn an_agent_killed_for_a_framing_error_is_told_why() {
+    let h = Harness::new(knobs_with_backoff(0)).await;
+    let scenario = json!({"framing": "lsp", "turns": [[
+        {"unframed": "Content-Type: text/plain\r\n\r\n"},
+        {"hang": true}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("the crash notice", |e| {
+        matches!(e, OperatorEvent::Notice { session_id, text, .. }
+            if session_id == &rec.id
+                && text.contains("(signal 9: agent-intercom killed it because reading its output failed"))
+    })
+    .await;
+}

@@ -91,6 +91,8 @@ pub enum Step {
     WriteFile(WriteFile),
     ReadFile(ReadFile),
     Raw(String),
+    /// Bytes written to stdout with no framing (a broken LSP header, say).
+    Unframed(String),
     BigLine(usize),
     /// Writes this many one-character agent chunks as fast as possible.
     Flood(usize),

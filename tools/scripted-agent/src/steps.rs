@@ -65,6 +65,7 @@ fn run_step(agent: &mut Agent, step: &Step) -> Flow {
         Step::UserChunk(text) => emit(agent, TextKind::User, text),
         Step::Thought(text) => emit(agent, TextKind::Thought, text),
         Step::Raw(text) => agent.out.frame(text.as_bytes()),
+        Step::Unframed(text) => agent.out.unframed(text.as_bytes()),
         Step::BigLine(len) => big_line(agent, *len),
         Step::Flood(n) => {
             for _ in 0..*n {

@@ -220,6 +220,13 @@ impl Writer {
         self.frame(message.to_string().as_bytes());
     }
 
+    /// Writes `bytes` with no framing at all (to break the framing).
+    pub fn unframed(&mut self, bytes: &[u8]) {
+        if let Err(e) = self.out.write_all(bytes).and_then(|()| self.out.flush()) {
+            write_failed(&e);
+        }
+    }
+
     /// Sends `body` verbatim as one frame (line + `\n`, or LSP frame).
     pub fn frame(&mut self, body: &[u8]) {
         let mut buf = Vec::with_capacity(body.len() + 32);
