@@ -688,7 +688,7 @@ async fn cleanup(ctx: &Ctx, reply: Reply) {
             reason: Some(reason.into()),
         });
         for e in events {
-            let _ = ctx.gateway.send_message(GatewayMsg::Event(e));
+            super::dropped::send(&ctx.gateway, GatewayMsg::Event(e), "an operator event");
         }
         let _ = ctx
             .store

@@ -95,12 +95,16 @@ pub struct Reply {
 impl Reply {
     /// Sends an ephemeral message to the user.
     pub fn send(&self, ctx: &Ctx, body: MessageBody) {
-        let _ = ctx.gateway.send_message(GatewayMsg::Ephemeral {
-            channel: self.channel.clone(),
-            user: self.user.clone(),
-            thread_ts: self.thread_ts.clone(),
-            body,
-        });
+        super::dropped::send(
+            &ctx.gateway,
+            GatewayMsg::Ephemeral {
+                channel: self.channel.clone(),
+                user: self.user.clone(),
+                thread_ts: self.thread_ts.clone(),
+                body,
+            },
+            "an ephemeral answer",
+        );
     }
 }
 
@@ -498,11 +502,15 @@ async fn open_feedback(
         thread_ts: reply.thread_ts.clone(),
     };
     let meta = serde_json::to_string(&meta).map_err(|e| e.to_string())?;
-    let _ = ctx.gateway.send_message(GatewayMsg::OpenView {
-        trigger_id: trigger_id.to_owned(),
-        view: render::feedback_modal(&request, &meta),
-        reply: None,
-    });
+    super::dropped::send(
+        &ctx.gateway,
+        GatewayMsg::OpenView {
+            trigger_id: trigger_id.to_owned(),
+            view: render::feedback_modal(&request, &meta),
+            reply: None,
+        },
+        "a feedback modal",
+    );
     Ok(())
 }
 
@@ -617,13 +625,17 @@ async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
     }
     match ctx.steer(&session, text.trim(), &user).await {
         Ok(o) => {
-            let _ = ctx.gateway.send_message(GatewayMsg::SteeringAck {
-                session_id: session,
-                steering_id: o.steering_id,
-                channel,
-                ts,
-                queued: o.queued,
-            });
+            super::dropped::send(
+                &ctx.gateway,
+                GatewayMsg::SteeringAck {
+                    session_id: session,
+                    steering_id: o.steering_id,
+                    channel,
+                    ts,
+                    queued: o.queued,
+                },
+                "a steering acknowledgement",
+            );
         }
         Err(e) => reply.send(ctx, render::problem(&e)),
     }
@@ -838,13 +850,17 @@ async fn deliver_held(ctx: &Ctx, id: &SessionId, key: &(String, String)) {
         for h in batch {
             match ctx.steer(id, &h.text, &h.user).await {
                 Ok(o) => {
-                    let _ = ctx.gateway.send_message(GatewayMsg::SteeringAck {
-                        session_id: id.clone(),
-                        steering_id: o.steering_id,
-                        channel: key.0.clone(),
-                        ts: h.ts,
-                        queued: o.queued,
-                    });
+                    super::dropped::send(
+                        &ctx.gateway,
+                        GatewayMsg::SteeringAck {
+                            session_id: id.clone(),
+                            steering_id: o.steering_id,
+                            channel: key.0.clone(),
+                            ts: h.ts,
+                            queued: o.queued,
+                        },
+                        "a steering acknowledgement",
+                    );
                 }
                 Err(e) => {
                     let reply = Reply {

@@ -31,6 +31,7 @@
 pub mod agent_mode;
 pub mod api;
 pub mod commands;
+pub mod dropped;
 pub mod inbound;
 pub mod render;
 pub mod rules;
@@ -177,7 +178,9 @@ struct ChannelSink(mpsc::UnboundedSender<OperatorEvent>);
 impl OperatorSink for ChannelSink {
     fn emit(&self, event: OperatorEvent) {
         // A closed channel means Slack was shut down; the store has it all.
-        let _ = self.0.send(event);
+        if let Err(e) = self.0.send(event) {
+            dropped::note("an operator event", &e);
+        }
     }
 }
 
@@ -306,8 +309,9 @@ pub async fn spawn_slack_with_rules(
     let SlackEvents(mut rx) = events;
     tasks.push(tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
-            if forward_to.send_message(GatewayMsg::Event(event)).is_err() {
-                break;
+            if let Err(e) = forward_to.send_message(GatewayMsg::Event(event)) {
+                // Keep draining: every later event is counted too.
+                dropped::note("an operator event", &e);
             }
         }
     }));

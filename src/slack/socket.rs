@@ -146,10 +146,14 @@ impl SocketLoop {
         channels.sort();
         channels.dedup();
         for channel in channels {
-            let _ = self.ctx.gateway.send_message(GatewayMsg::ChannelPost {
-                channel,
-                body: render::connection_notice(up),
-            });
+            super::dropped::send(
+                &self.ctx.gateway,
+                GatewayMsg::ChannelPost {
+                    channel,
+                    body: render::connection_notice(up),
+                },
+                "a connection notice",
+            );
         }
     }
 
