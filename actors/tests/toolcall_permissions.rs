@@ -249,3 +249,70 @@ async fn a_diff_in_context_never_reads_through_a_symlink_out_of_the_workspace() 
     assert!(!diff.contains("hunter2"), "{diff}");
     assert!(diff.contains("-TOKEN") && diff.contains("+x"), "{diff}");
 }
+
+#[tokio::test]
+async fn rules_match_the_merged_paths_and_command() {
+    use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope, SharedRules};
+    let rules = SharedRules::new(vec![
+        Rule {
+            id: "r-src".into(),
+            scope: Scope::Global,
+            matcher: RuleMatch {
+                kind: Some("edit".into()),
+                paths: vec!["src/**".into()],
+                ..Default::default()
+            },
+            action: RuleAction::Allow,
+        },
+        Rule {
+            id: "r-no-rm".into(),
+            scope: Scope::Global,
+            matcher: RuleMatch {
+                command_prefix: Some("rm ".into()),
+                ..Default::default()
+            },
+            action: RuleAction::Deny,
+        },
+    ]);
+    let h = Harness::new(Knobs {
+        rules,
+        ..Knobs::default()
+    })
+    .await;
+    // Both permissions name only their tool call: kind, paths and the
+    // command come from what the tool calls announced.
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Edit", "kind": "edit",
+                       "diffs": [{"path": "src/x.rs", "old_text": null, "new_text": "fn main() {}\n"}]}},
+        {"permission": {"tool_call_id": "t1"}},
+        {"tool_call": {"id": "t2", "title": "Run", "kind": "execute", "raw_input": {"command": "rm -rf /"}}},
+        {"permission": {"tool_call_id": "t2"}},
+        {"chunk": "turn over"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "turn over").await;
+    let text = h.transcript_text(&rec.id).await;
+    assert!(
+        text.contains("permission t1: selected allow-once"),
+        "{text}"
+    );
+    assert!(
+        text.contains("permission t2: selected reject-once"),
+        "{text}"
+    );
+    let mut deciders = Vec::new();
+    for r in h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list")
+    {
+        let (_, d) = h.store.get_request(&r.id).await.expect("get").expect("row");
+        deciders.push(d.expect("decided").decided_by);
+    }
+    deciders.sort();
+    assert_eq!(
+        deciders,
+        vec!["rule:r-no-rm".to_owned(), "rule:r-src".to_owned()]
+    );
+}
