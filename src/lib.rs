@@ -16,3 +16,4 @@ pub mod logging;
 pub mod mcp;
 pub mod slack;
 pub mod storage;
+pub mod web;

@@ -26,10 +26,19 @@ use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
 use crate::app::App;
+use crate::web::Console;
 use auth::ApiToken;
 
-/// The whole HTTP surface.
+/// The whole HTTP surface, with a web console whose one-time login link
+/// nobody was shown (tests; `serve` uses [`router_with_console`]).
 pub fn router(app: App, token: ApiToken) -> Router {
+    let console = Console::new(app.clone(), token.clone());
+    router_with_console(app, token, console)
+}
+
+/// The whole HTTP surface: `/healthz`, `/api` (bearer token, or the
+/// console's cookie with its CSRF token) and the web console at `/`.
+pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Router {
     let api = Router::new()
         .route(
             "/sessions",
@@ -59,12 +68,17 @@ pub fn router(app: App, token: ApiToken) -> Router {
         .layer(middleware::from_fn_with_state(
             Arc::new(token),
             auth::require_token,
+        ))
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            crate::web::login::api_cookie_auth,
         ));
     Router::new()
         .route("/healthz", get(routes::healthz))
         .nest("/api", api)
-        .layer(middleware::from_fn(log_request))
         .with_state(app)
+        .merge(crate::web::router(console))
+        .layer(middleware::from_fn(log_request))
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then stops

@@ -110,7 +110,13 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
     tracing::info!(addr = %config.server.bind, "listening on http://{}", config.server.bind);
     let mcp_shutdown = tokio_util::sync::CancellationToken::new();
     let mcp = mcp_router(&app, &config, &token, &mcp_shutdown);
-    let router = super::router(app.clone(), token).merge(mcp);
+    let console = crate::web::Console::new(app.clone(), token.clone());
+    // On stdout, never through the log: the code logs a browser in (once).
+    println!(
+        "Web console: open {} (a one-time login link; afterwards log in with the API token)",
+        crate::web::login_url(config.server.bind, &console)
+    );
+    let router = super::router_with_console(app.clone(), token, console).merge(mcp);
     let notify = slack.as_ref().map(|h| StaleNotice {
         gateway: h.gateway(),
         recipients: stale_recipients(&config),

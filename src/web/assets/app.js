@@ -1,0 +1,520 @@
+// agent-intercom web console.
+//
+// A small vanilla front end over the HTTP API (/api/...) and the event
+// stream (/api/events). Every piece of agent-supplied text is put into the
+// page as text (textContent / text nodes), never as markup; the only HTML
+// inserted is diff2html's output, which escapes the diff's content. Every
+// state-changing request carries the CSRF token from the page's meta tag.
+'use strict';
+
+(() => {
+  const CSRF = document.querySelector('meta[name="csrf-token"]').content;
+  const view = document.getElementById('view');
+  const state = {
+    activity: {}, // session id -> last activity word from the stream
+    steering: {}, // session id -> Map(steering id -> {text, delivered})
+    notified: new Set(), // request ids already notified
+    lastId: null,
+    current: null, // the view object in the page
+  };
+
+  // ---- DOM: elements from text, never from markup ----
+  function h(tag, attrs, ...kids) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === 'class') el.className = v;
+      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      el.append(kid instanceof Node ? kid : String(kid));
+    }
+    return el;
+  }
+
+  function clear(el) {
+    while (el.firstChild) el.removeChild(el.firstChild);
+    return el;
+  }
+
+  function toast(text, bad) {
+    const t = document.getElementById('toast');
+    t.textContent = text;
+    t.className = bad ? 'toast bad' : 'toast';
+    t.hidden = false;
+    clearTimeout(toast.timer);
+    toast.timer = setTimeout(() => { t.hidden = true; }, 5000);
+  }
+
+  function ago(ms) {
+    const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+    if (s < 60) return s + 's';
+    if (s < 3600) return Math.floor(s / 60) + 'm ' + (s % 60) + 's';
+    if (s < 86400) return Math.floor(s / 3600) + 'h ' + Math.floor((s % 3600) / 60) + 'm';
+    return Math.floor(s / 86400) + 'd';
+  }
+
+  function when(ms) {
+    return new Date(ms).toLocaleString();
+  }
+
+  // ---- the API ----
+  async function api(method, path, body) {
+    const opts = { method, headers: { 'X-CSRF-Token': CSRF }, credentials: 'same-origin' };
+    if (body !== undefined) {
+      opts.headers['Content-Type'] = 'application/json';
+      opts.body = JSON.stringify(body);
+    }
+    const r = await fetch(path, opts);
+    if (r.status === 401) {
+      location.href = '/login';
+      throw new Error('logged out');
+    }
+    const text = await r.text();
+    let data = null;
+    try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+    if (!r.ok) throw new Error((data && data.error) || ('HTTP ' + r.status));
+    return data;
+  }
+
+  function act(label, method, path, body, after) {
+    return async () => {
+      try {
+        const answer = await api(method, path, body && body());
+        toast(label + ': done');
+        if (after) after(answer);
+      } catch (e) {
+        toast(label + ': ' + e.message, true);
+      }
+      refreshSoon();
+    };
+  }
+
+  // ---- the event stream ----
+  let source = null;
+  function setConn(text, live) {
+    const c = document.getElementById('conn');
+    c.textContent = text;
+    c.className = live ? 'conn live' : 'conn';
+  }
+
+  function connect() {
+    const url = state.lastId === null ? '/api/events' : '/api/events?after=' + state.lastId;
+    source = new EventSource(url);
+    source.onopen = () => { setConn('live', true); refreshSoon(); };
+    source.onmessage = (m) => {
+      if (m.lastEventId) state.lastId = Number(m.lastEventId);
+      let e;
+      try { e = JSON.parse(m.data); } catch (_) { return; }
+      onEvent(e);
+    };
+    source.onerror = () => {
+      setConn('reconnecting…', false);
+      if (source.readyState === EventSource.CLOSED) {
+        source.close();
+        setTimeout(connect, 2000);
+      }
+    };
+  }
+
+  function steeringOf(id) {
+    if (!state.steering[id]) state.steering[id] = new Map();
+    return state.steering[id];
+  }
+
+  function onEvent(e) {
+    const sid = e.session_id;
+    switch (e.event) {
+      case 'status_changed':
+        state.activity[sid] = e.activity;
+        break;
+      case 'request_opened':
+        notify(e.request);
+        break;
+      case 'steering_queued':
+        steeringOf(sid).set(e.steering.id, { text: e.steering.text, delivered: false });
+        break;
+      case 'steering_delivered': {
+        const s = steeringOf(sid).get(e.steering_id);
+        if (s) s.delivered = true;
+        break;
+      }
+      default:
+        break;
+    }
+    if (state.current && state.current.wants(e)) refreshSoon();
+  }
+
+  function notify(request) {
+    if (!('Notification' in window) || Notification.permission !== 'granted') return;
+    if (state.notified.has(request.id)) return;
+    state.notified.add(request.id);
+    const n = new Notification('Needs input: ' + request.title, {
+      body: 'Session ' + request.session_id + ' is waiting for a decision.',
+      tag: request.id,
+    });
+    n.onclick = () => { window.focus(); location.hash = '#/s/' + encodeURIComponent(request.session_id); };
+  }
+
+  let refreshTimer = null;
+  function refreshSoon() {
+    clearTimeout(refreshTimer);
+    refreshTimer = setTimeout(() => {
+      if (state.current) state.current.refresh().catch((e) => toast(e.message, true));
+    }, 120);
+  }
+
+  // ---- sessions ----
+  const RANK = {
+    'needs input': 0, working: 1, starting: 1, active: 2, idle: 2, paused: 3,
+    stalled: 4, crashed: 5, error: 5, interrupted: 5, completed: 6, cancelled: 6,
+  };
+
+  function stateOf(s, waiting) {
+    if (waiting) return 'needs input';
+    const live = ['starting', 'active', 'stalled', 'paused'].includes(s.status);
+    if (!live) return s.status;
+    if (s.status !== 'active') return s.status;
+    const a = state.activity[s.id];
+    return a && a !== 'needs input' ? a : 'active';
+  }
+
+  function sessionsView() {
+    const body = h('tbody');
+    const root = h('section', {},
+      h('h2', {}, 'Sessions'),
+      h('table', { class: 'list', id: 'sessions' },
+        h('thead', {}, h('tr', {}, ['State', 'Title', 'Workspace', 'Agent', 'Owner', 'Restarts', 'Last activity'].map((c) => h('th', {}, c)))),
+        body));
+    let rows = [];
+    async function refresh() {
+      const [sessions, pending] = await Promise.all([
+        api('GET', '/api/sessions?all=true'),
+        api('GET', '/api/approvals?status=pending'),
+      ]);
+      const waiting = {};
+      for (const p of pending) {
+        if (!waiting[p.session_id] || p.created_at < waiting[p.session_id]) waiting[p.session_id] = p.created_at;
+      }
+      rows = sessions.map((s) => ({ s, since: waiting[s.id], st: stateOf(s, waiting[s.id]) }));
+      rows.sort((a, b) => (RANK[a.st] ?? 9) - (RANK[b.st] ?? 9)
+        || (a.since ?? 0) - (b.since ?? 0) || b.s.last_activity_at - a.s.last_activity_at);
+      draw();
+    }
+    function draw() {
+      clear(body);
+      if (rows.length === 0) body.append(h('tr', {}, h('td', { colspan: 7, class: 'empty' }, 'No sessions yet. Start one.')));
+      for (const { s, since, st } of rows) {
+        const label = since ? 'needs input · waiting ' + ago(since) : st;
+        body.append(h('tr', { class: 'row state-' + st.replace(/\s/g, '-'), 'data-session': s.id, onclick: () => { location.hash = '#/s/' + encodeURIComponent(s.id); } },
+          h('td', {}, h('span', { class: 'badge state-' + st.replace(/\s/g, '-') }, label)),
+          h('td', {}, h('a', { href: '#/s/' + encodeURIComponent(s.id), class: 'title' }, s.title || s.id)),
+          h('td', {}, s.workspace), h('td', {}, s.agent), h('td', {}, s.owner),
+          h('td', {}, String(s.restart_count)), h('td', {}, ago(s.last_activity_at) + ' ago')));
+      }
+    }
+    const tick = setInterval(draw, 1000);
+    return { root, refresh, wants: () => true, stop: () => clearInterval(tick) };
+  }
+
+  // ---- one session ----
+  function renderDiff(diff) {
+    const box = h('div', { class: 'diff' });
+    if (window.Diff2Html) {
+      // diff2html escapes the diff's text; its output is trusted markup.
+      box.innerHTML = window.Diff2Html.html(diff, { drawFileList: false, matching: 'lines', outputFormat: 'line-by-line' });
+    } else {
+      box.append(h('pre', {}, diff));
+    }
+    return box;
+  }
+
+  function parse(text) {
+    try { return JSON.parse(text); } catch (_) { return null; }
+  }
+
+  function requestCard(req) {
+    const feedback = h('textarea', { class: 'feedback', rows: 2, placeholder: 'Feedback for the agent (optional)' });
+    const decide = (body, label) => act(label, 'POST', '/api/approvals/' + encodeURIComponent(req.id), () => body);
+    const buttons = req.options.map((o) => h('button', {
+      type: 'button', class: 'opt ' + o.kind, 'data-option': o.id,
+      onclick: decide({ option_id: o.id }, o.name),
+    }, o.name));
+    return h('div', { class: 'request', 'data-request': req.id },
+      h('div', { class: 'request-head' },
+        h('span', { class: 'badge state-needs-input' }, req.kind.replace('_', ' ')),
+        h('strong', { class: 'request-title' }, req.title),
+        h('span', { class: 'muted' }, ' waiting ' + ago(req.created_at))),
+      req.paths && req.paths.length ? h('div', { class: 'paths' }, req.paths.join(', ')) : null,
+      req.diff ? renderDiff(req.diff) : null,
+      h('div', { class: 'options' }, buttons),
+      h('div', { class: 'reject-feedback' }, feedback,
+        h('button', {
+          type: 'button', class: 'reject-with-feedback',
+          onclick: () => act('Rejected', 'POST', '/api/approvals/' + encodeURIComponent(req.id),
+            () => ({ decision: 'reject', reason: feedback.value }))(),
+        }, 'Reject with feedback')));
+  }
+
+  function entryView(m) {
+    const time = h('span', { class: 'time' }, new Date(m.created_at).toLocaleTimeString());
+    if (m.kind === 'tool') {
+      const t = parse(m.content) || {};
+      return h('div', { class: 'entry tool' }, time,
+        h('span', { class: 'badge tool-' + (t.status || 'pending') }, t.status || 'pending'), ' ',
+        h('strong', {}, t.title || t.id || 'tool call'),
+        t.kind ? h('span', { class: 'muted' }, ' (' + t.kind + ')') : null,
+        t.paths && t.paths.length ? h('div', { class: 'paths' }, t.paths.join(', ')) : null,
+        (t.diffs || []).map((d) => h('details', { class: 'tool-diff' }, h('summary', {}, 'diff'), renderDiff(d))));
+    }
+    if (m.kind === 'plan') {
+      return h('div', { class: 'entry plan-note muted' }, time, 'plan updated');
+    }
+    if (m.kind === 'thought' || m.kind === 'thinking') {
+      return h('details', { class: 'entry thought' }, h('summary', {}, time, 'thought'), h('div', { class: 'text' }, m.content));
+    }
+    if (m.kind === 'text' || m.kind === 'error') {
+      return h('div', { class: 'entry ' + m.role + ' ' + m.kind }, time,
+        h('span', { class: 'role' }, m.role), h('div', { class: 'text' }, m.content));
+    }
+    return h('details', { class: 'entry other' }, h('summary', {}, time, m.role + ' · ' + m.kind), h('div', { class: 'text' }, m.content));
+  }
+
+  function planView(messages) {
+    const plans = messages.filter((m) => m.kind === 'plan');
+    if (plans.length === 0) return null;
+    const entries = parse(plans[plans.length - 1].content) || [];
+    return h('ul', { class: 'plan' }, entries.map((e) => h('li', { class: 'plan-' + e.status },
+      h('input', { type: 'checkbox', disabled: true, checked: e.status === 'completed' }), ' ', e.content,
+      h('span', { class: 'muted' }, ' ' + e.status))));
+  }
+
+  function sessionView(id) {
+    const enc = encodeURIComponent(id);
+    const head = h('div', { class: 'session-head' });
+    const pendingBox = h('div', { class: 'pending' });
+    const planBox = h('div', { class: 'plan-box' });
+    const transcript = h('div', { class: 'transcript', id: 'transcript' });
+    const steerList = h('ul', { class: 'steering-list' });
+    const steerText = h('textarea', { id: 'steer-text', rows: 3, placeholder: 'Steer the agent: delivered now when it is idle, queued behind a running turn' });
+    const interrupt = h('input', { type: 'checkbox', id: 'steer-interrupt' });
+    const steerResult = h('span', { class: 'steer-result', id: 'steer-result' });
+    const mode = h('select', { id: 'mode' }, ['ask', 'auto-edits', 'auto'].map((m) => h('option', { value: m }, m)));
+    const control = (label, path) => h('button', { type: 'button', class: 'control', 'data-control': path,
+      onclick: act(label, 'POST', '/api/sessions/' + enc + '/' + path, () => ({})) }, label);
+    const root = h('section', { class: 'session' },
+      head,
+      h('div', { class: 'controls' },
+        control('Stop', 'cancel'), control('Pause', 'pause'), control('Resume', 'resume'), control('Nudge', 'nudge'),
+        control('Restart', 'restart'),
+        h('label', {}, ' approval mode ', mode),
+        h('button', { type: 'button', onclick: act('Mode', 'POST', '/api/sessions/' + enc + '/mode', () => ({ mode: mode.value })) }, 'Set')),
+      h('h3', {}, 'Waiting for you'), pendingBox,
+      h('h3', {}, 'Plan'), planBox,
+      h('h3', {}, 'Transcript'), transcript,
+      h('h3', {}, 'Steer'),
+      h('div', { class: 'steer' }, steerText,
+        h('div', {}, h('label', {}, interrupt, ' interrupt the running turn'), ' ',
+          h('button', { type: 'button', id: 'steer-send', onclick: steer }, 'Send'), ' ', steerResult),
+        steerList));
+    const cards = new Map();
+
+    async function steer() {
+      const text = steerText.value;
+      if (!text.trim()) return;
+      try {
+        const r = await api('POST', '/api/sessions/' + enc + '/prompt', { text, interrupt: interrupt.checked });
+        steerText.value = '';
+        steerResult.textContent = r.queued ? 'queued: delivered when the running turn ends' : 'delivered';
+      } catch (e) {
+        steerResult.textContent = e.message;
+      }
+      refreshSoon();
+    }
+
+    function drawHead(d) {
+      const st = stateOf(d, d.pending.length ? d.pending[0].created_at : null);
+      clear(head).append(
+        h('h2', { class: 'session-title' }, d.title || d.id),
+        h('div', { class: 'facts' },
+          h('span', { class: 'badge state-' + st.replace(/\s/g, '-'), id: 'session-state' }, st),
+          h('span', {}, 'status ' + d.status + (d.status_reason ? ' (' + d.status_reason + ')' : '')),
+          h('span', {}, 'workspace ' + d.workspace), h('span', {}, 'agent ' + d.agent),
+          h('span', {}, 'owner ' + d.owner), h('span', {}, 'restarts ' + d.restart_count),
+          d.live ? h('span', {}, d.live.turn_running ? 'turn running' : 'idle') : null,
+          d.live && d.live.queued_prompts ? h('span', {}, d.live.queued_prompts + ' queued') : null,
+          h('span', { class: 'muted' }, id)));
+    }
+
+    function drawPending(pending) {
+      const ids = new Set(pending.map((p) => p.id));
+      for (const [rid, el] of cards) {
+        if (!ids.has(rid)) { el.remove(); cards.delete(rid); }
+      }
+      for (const p of pending) {
+        if (!cards.has(p.id)) {
+          const card = requestCard(p);
+          cards.set(p.id, card);
+          pendingBox.append(card);
+        }
+      }
+      const none = pendingBox.querySelector('.none');
+      if (pending.length === 0 && !none) pendingBox.append(h('p', { class: 'none muted' }, 'Nothing is waiting.'));
+      if (pending.length > 0 && none) none.remove();
+    }
+
+    function drawSteering() {
+      clear(steerList);
+      for (const [sid, s] of steeringOf(id)) {
+        steerList.append(h('li', { 'data-steering': sid, class: s.delivered ? 'delivered' : 'queued' },
+          h('span', { class: 'badge' }, s.delivered ? 'delivered' : 'queued'), ' ', s.text));
+      }
+    }
+
+    async function refresh() {
+      const [d, messages] = await Promise.all([
+        api('GET', '/api/sessions/' + enc),
+        api('GET', '/api/sessions/' + enc + '/messages'),
+      ]);
+      drawHead(d);
+      drawPending(d.pending);
+      clear(planBox).append(planView(messages) || h('p', { class: 'muted' }, 'No plan yet.'));
+      const atBottom = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 20;
+      clear(transcript).append(...messages.map(entryView));
+      if (atBottom) transcript.scrollTop = transcript.scrollHeight;
+      drawSteering();
+    }
+    return { root, refresh, wants: (e) => e.session_id === id, stop: () => {} };
+  }
+
+  // ---- rules ----
+  function rulesView() {
+    const body = h('tbody');
+    const scope = h('select', { id: 'rule-scope' }, ['global', 'workspace', 'session'].map((s) => h('option', { value: s }, s)));
+    const scopeId = h('input', { id: 'rule-scope-id', placeholder: 'workspace or session id' });
+    const kind = h('input', { id: 'rule-kind', placeholder: 'kind: edit, execute, read, ... (optional)' });
+    const paths = h('input', { id: 'rule-paths', placeholder: 'paths (globs, comma-separated, optional)' });
+    const prefix = h('input', { id: 'rule-prefix', placeholder: 'command prefix (optional)' });
+    const action = h('select', { id: 'rule-action' }, ['allow', 'ask', 'deny'].map((s) => h('option', { value: s }, s)));
+    const ruleBody = () => {
+      const match = {};
+      if (kind.value.trim()) match.kind = kind.value.trim();
+      const p = paths.value.split(',').map((x) => x.trim()).filter(Boolean);
+      if (p.length) match.paths = p;
+      if (prefix.value.trim()) match.command_prefix = prefix.value.trim();
+      const b = { scope: scope.value, match, action: action.value };
+      if (scope.value !== 'global') b.scope_id = scopeId.value.trim();
+      return b;
+    };
+    const root = h('section', {},
+      h('h2', {}, 'Rules in force'),
+      h('table', { class: 'list', id: 'rules' },
+        h('thead', {}, h('tr', {}, ['Id', 'Scope', 'Match', 'Action', 'Source', ''].map((c) => h('th', {}, c)))), body),
+      h('h3', {}, 'Add a rule'),
+      h('div', { class: 'form' }, scope, scopeId, kind, paths, prefix, action,
+        h('button', { type: 'button', id: 'rule-add', onclick: act('Rule added', 'POST', '/api/rules', ruleBody) }, 'Add')),
+      h('p', { class: 'muted' }, 'Order: any matching deny wins; else the most specific scope (session, workspace, global); ask before allow.'));
+    async function refresh() {
+      const rules = await api('GET', '/api/rules');
+      clear(body);
+      for (const r of rules) {
+        const scopeText = r.scope && typeof r.scope === 'object' ? JSON.stringify(r.scope) : String(r.scope) + (r.scope_id ? ' ' + r.scope_id : '');
+        body.append(h('tr', { 'data-rule': r.id },
+          h('td', {}, r.id), h('td', {}, scopeText), h('td', {}, JSON.stringify(r.match || {})),
+          h('td', {}, r.action), h('td', {}, r.source),
+          h('td', {}, r.source === 'config' ? h('span', { class: 'muted' }, 'edit the config file')
+            : h('button', { type: 'button', onclick: act('Rule removed', 'DELETE', '/api/rules/' + encodeURIComponent(r.id)) }, 'Remove'))));
+      }
+    }
+    return { root, refresh, wants: () => false, stop: () => {} };
+  }
+
+  // ---- audit ----
+  function auditView() {
+    const body = h('tbody');
+    const filter = h('input', { id: 'audit-session', placeholder: 'session id (all when empty)' });
+    const root = h('section', {},
+      h('h2', {}, 'Audit'),
+      h('div', { class: 'form' }, filter, h('button', { type: 'button', onclick: () => refreshSoon() }, 'Filter')),
+      h('table', { class: 'list', id: 'audit' },
+        h('thead', {}, h('tr', {}, ['When', 'Session', 'Who', 'What', 'Detail'].map((c) => h('th', {}, c)))), body));
+    async function refresh() {
+      const q = filter.value.trim() ? '?session=' + encodeURIComponent(filter.value.trim()) : '';
+      const entries = await api('GET', '/api/audit' + q);
+      clear(body);
+      for (const a of entries.slice(0, 500)) {
+        body.append(h('tr', {}, h('td', {}, when(a.at)), h('td', {}, a.session_id || ''), h('td', {}, a.actor),
+          h('td', {}, a.action), h('td', { class: 'detail' }, JSON.stringify(a.detail))));
+      }
+    }
+    return { root, refresh, wants: (e) => e.event === 'request_closed', stop: () => {} };
+  }
+
+  // ---- start a session ----
+  function newView() {
+    const target = h('input', { id: 'new-workspace', placeholder: 'workspace id (e.g. demo), or a directory under workspace_root', value: 'demo' });
+    const isPath = h('input', { type: 'checkbox', id: 'new-is-path' });
+    const agent = h('input', { id: 'new-agent', placeholder: "agent profile (default: the workspace's)" });
+    const mode = h('select', { id: 'new-mode' }, h('option', { value: '' }, "workspace's mode"), ['ask', 'auto-edits', 'auto'].map((m) => h('option', { value: m }, m)));
+    const prompt = h('textarea', { id: 'new-prompt', rows: 4, placeholder: 'What should the agent do?' });
+    const status = h('span', { class: 'muted', id: 'new-status' });
+    async function start() {
+      const body = { prompt: prompt.value };
+      body[isPath.checked ? 'path' : 'workspace'] = target.value.trim();
+      if (agent.value.trim()) body.agent = agent.value.trim();
+      if (mode.value) body.mode = mode.value;
+      status.textContent = 'starting the agent…';
+      try {
+        const s = await api('POST', '/api/sessions', body);
+        location.hash = '#/s/' + encodeURIComponent(s.id);
+      } catch (e) {
+        status.textContent = e.message;
+      }
+    }
+    const root = h('section', {},
+      h('h2', {}, 'Start a session'),
+      h('div', { class: 'form column' },
+        h('label', {}, 'Workspace ', target), h('label', {}, isPath, ' it is a directory under workspace_root'),
+        h('label', {}, 'Agent ', agent), h('label', {}, 'Approval mode ', mode),
+        h('label', {}, 'Prompt', prompt),
+        h('div', {}, h('button', { type: 'button', id: 'new-start', onclick: start }, 'Start'), ' ', status)));
+    return { root, refresh: async () => {}, wants: () => false, stop: () => {} };
+  }
+
+  // ---- routing ----
+  function route() {
+    if (state.current) state.current.stop();
+    const hash = location.hash || '#/';
+    let v;
+    let nav = 'sessions';
+    if (hash.startsWith('#/s/')) v = sessionView(decodeURIComponent(hash.slice(4)));
+    else if (hash === '#/rules') { v = rulesView(); nav = 'rules'; }
+    else if (hash === '#/audit') { v = auditView(); nav = 'audit'; }
+    else if (hash === '#/new') { v = newView(); nav = 'new'; }
+    else v = sessionsView();
+    for (const a of document.querySelectorAll('[data-nav]')) a.classList.toggle('active', a.dataset.nav === nav);
+    state.current = v;
+    clear(view).append(v.root);
+    v.refresh().catch((e) => toast(e.message, true));
+  }
+
+  function setupChrome() {
+    const n = document.getElementById('notify');
+    if (!('Notification' in window) || Notification.permission !== 'default') n.hidden = true;
+    n.addEventListener('click', async () => {
+      await Notification.requestPermission();
+      n.hidden = Notification.permission !== 'default';
+    });
+    document.getElementById('logout').addEventListener('click', async () => {
+      await fetch('/logout', { method: 'POST', headers: { 'X-CSRF-Token': CSRF }, credentials: 'same-origin' });
+      location.href = '/login';
+    });
+  }
+
+  window.addEventListener('hashchange', route);
+  setupChrome();
+  route();
+  connect();
+})();

@@ -1,0 +1,312 @@
+//! Console logins: the one-time link, the token form, the session cookie,
+//! CSRF tokens, and the cookie check in front of `/api`.
+//!
+//! Why this exists: a browser cannot keep a bearer token safely, and an
+//! `EventSource` cannot send one. A login exchanges the one-time code
+//! printed by `serve` (or the API token typed into the form, sent in a POST
+//! body, never in a URL) for a random cookie (`HttpOnly`, `SameSite=Strict`)
+//! whose SHA-256 is stored in SQLite with a CSRF token, so a login survives a
+//! server restart and a logout ends it. Requests under `/api` carrying that
+//! cookie are checked here (host, origin, CSRF token on state-changing
+//! methods) and then handed to the API as if they carried the bearer token:
+//! the console has no operations of its own.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Form;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use intercom_actors::model::now_ms;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::Console;
+use super::guard;
+use crate::app::AppError;
+use crate::http::auth::ct_eq;
+use crate::http::error::ApiError;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "intercom_console";
+/// The header carrying the CSRF token.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// How long a login lasts.
+const LOGIN_TTL_MS: i64 = 12 * 60 * 60 * 1000;
+/// How long the printed login link can be used (once).
+const LINK_TTL_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// The one-time login link of this server run.
+#[derive(Debug)]
+pub struct LoginLink {
+    code: String,
+    used: AtomicBool,
+    expires_at: i64,
+}
+
+impl LoginLink {
+    /// A fresh random code, valid once within 24 hours.
+    pub fn new() -> Self {
+        LoginLink {
+            code: random_hex(),
+            used: AtomicBool::new(false),
+            expires_at: now_ms() + LINK_TTL_MS,
+        }
+    }
+
+    /// The code (for the printed link).
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// True the first time the right code is presented in time.
+    fn redeem(&self, presented: &str) -> bool {
+        ct_eq(self.code.as_bytes(), presented.as_bytes())
+            && now_ms() < self.expires_at
+            && !self.used.swap(true, Ordering::SeqCst)
+    }
+}
+
+impl Default for LoginLink {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// 32 random bytes from the OS as hex (the process RNG when unavailable).
+pub fn random_hex() -> String {
+    let mut bytes = [0u8; 32];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {
+        Ok(()) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
+        Err(_) => format!(
+            "{}{}",
+            intercom_actors::ids::random_token(),
+            intercom_actors::ids::random_token()
+        ),
+    }
+}
+
+fn hash(cookie: &str) -> String {
+    Sha256::digest(cookie.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The session cookie's value, when the request has one.
+pub fn cookie_value(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.trim())
+}
+
+/// The CSRF token of the request's login, when it has a live one.
+pub async fn login_csrf(console: &Console, headers: &HeaderMap) -> Option<String> {
+    let cookie = cookie_value(headers)?;
+    match console.app().store().console_login(&hash(cookie)).await {
+        Ok(login) => login.map(|l| l.csrf),
+        Err(e) => {
+            tracing::warn!("cannot read console logins: {e}");
+            None
+        }
+    }
+}
+
+/// Creates a login and answers with its cookie and a redirect to `/`.
+async fn start_login(console: &Console) -> Response {
+    let cookie = random_hex();
+    let csrf = random_hex();
+    let stored = console
+        .app()
+        .store()
+        .insert_console_login(&hash(&cookie), &csrf, now_ms() + LOGIN_TTL_MS)
+        .await;
+    if let Err(e) = stored {
+        tracing::error!("cannot store a console login: {e}");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage unavailable; try again",
+        )
+            .into_response();
+    }
+    tracing::info!("console login");
+    let set = format!(
+        "{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        LOGIN_TTL_MS / 1000
+    );
+    let mut response = Redirect::to("/").into_response();
+    if let Ok(value) = HeaderValue::from_str(&set) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// `GET /login[?code=...]` query.
+#[derive(Debug, Deserialize)]
+pub struct LinkQuery {
+    code: Option<String>,
+}
+
+/// `GET /login`: redeems a one-time code, else shows the token form.
+pub async fn login_page(State(console): State<Console>, Query(q): Query<LinkQuery>) -> Response {
+    match q.code {
+        Some(code) if console.link().redeem(&code) => start_login(&console).await,
+        Some(_) => form_page(
+            StatusCode::UNAUTHORIZED,
+            "This login link was already used or is wrong. Log in with the API token \
+             (data/api-token), or restart the server for a new link.",
+        ),
+        None => form_page(StatusCode::OK, ""),
+    }
+}
+
+/// `POST /login` form.
+#[derive(Debug, Deserialize)]
+pub struct TokenForm {
+    token: String,
+}
+
+/// `POST /login`: the API token from the form, for a cookie.
+pub async fn login_form(State(console): State<Console>, Form(form): Form<TokenForm>) -> Response {
+    if console.token().matches(form.token.trim()) {
+        start_login(&console).await
+    } else {
+        form_page(StatusCode::UNAUTHORIZED, "Wrong API token.")
+    }
+}
+
+/// `POST /logout` (needs the CSRF header): ends the login.
+pub async fn logout(State(console): State<Console>, headers: HeaderMap) -> Response {
+    let Some(csrf) = login_csrf(&console, &headers).await else {
+        return Redirect::to("/login").into_response();
+    };
+    if !csrf_matches(&headers, &csrf) {
+        return guard::refused("missing or wrong CSRF token");
+    }
+    if let Some(cookie) = cookie_value(&headers)
+        && let Err(e) = console
+            .app()
+            .store()
+            .delete_console_login(&hash(cookie))
+            .await
+    {
+        tracing::error!("cannot end a console login: {e}");
+    }
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    let clear = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    if let Ok(value) = HeaderValue::from_str(&clear) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+fn csrf_matches(headers: &HeaderMap, csrf: &str) -> bool {
+    headers
+        .get(CSRF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|presented| ct_eq(presented.as_bytes(), csrf.as_bytes()))
+}
+
+fn form_page(status: StatusCode, message: &str) -> Response {
+    let page = super::assets::LOGIN_HTML.replace("{{message}}", &escape(message));
+    (status, Html(page)).into_response()
+}
+
+/// Escapes text for HTML (the login page's server-side message).
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Middleware in front of `/api`: a request with the console cookie (and
+/// no bearer token) is checked (host, origin, CSRF on state-changing
+/// methods) and then carries the API token inward. Anything else passes
+/// unchanged to the bearer check.
+pub async fn api_cookie_auth(
+    State(console): State<Console>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    if headers.contains_key(header::AUTHORIZATION) || cookie_value(headers).is_none() {
+        return next.run(request).await;
+    }
+    let Some(csrf) = login_csrf(&console, headers).await else {
+        return next.run(request).await;
+    };
+    if !guard::request_host_ok(headers) {
+        return forbidden("the console answers only at an IP address or localhost");
+    }
+    if guard::changes_state(request.method()) {
+        if !guard::origin_ok(headers) {
+            return forbidden("cross-origin request refused");
+        }
+        if !csrf_matches(headers, &csrf) {
+            return forbidden("missing or wrong CSRF token (X-CSRF-Token)");
+        }
+    }
+    let bearer = format!("Bearer {}", console.token().expose());
+    match HeaderValue::from_str(&bearer) {
+        Ok(mut value) => {
+            value.set_sensitive(true);
+            request.headers_mut().insert(header::AUTHORIZATION, value);
+            next.run(request).await
+        }
+        Err(_) => forbidden("the API token cannot be sent as a header"),
+    }
+}
+
+fn forbidden(why: &str) -> Response {
+    ApiError::App(AppError::Forbidden(why.to_owned())).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_link_works_once() {
+        let link = LoginLink::new();
+        assert_eq!(link.code().len(), 64);
+        assert!(!link.redeem("wrong"));
+        let code = link.code().to_owned();
+        assert!(link.redeem(&code));
+        assert!(!link.redeem(&code), "a second use is refused");
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; intercom_console=abc ; b=2"),
+        );
+        assert_eq!(cookie_value(&h), Some("abc"));
+        assert_eq!(cookie_value(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn escaping_covers_markup() {
+        assert_eq!(
+            escape("<script>\"x\"&'y'</script>"),
+            "&lt;script&gt;&quot;x&quot;&amp;&#39;y&#39;&lt;/script&gt;"
+        );
+    }
+}

@@ -1,0 +1,359 @@
+#!/usr/bin/env python3
+"""The web console in a real browser: Debian's headless Chromium driven by
+Playwright (never `playwright install`: the system Chromium is used).
+
+Runs the real `agent-intercom serve` with the scripted agent and walks the
+operator's demo: log in with the printed one-time link, see a new session
+appear as "needs input" without reloading, open it, see the diff, steer while
+the turn runs (queued, then delivered), approve, see the transcript grow,
+reject with feedback, check that a `<script>` title stays text and that a
+POST without the CSRF token is refused, restart the server and see the page
+recover (the stream resumes, the session's end arrives). Saves screenshots
+of the main views into docs/screenshots/ when SCREENSHOTS=1.
+
+Usage: tests/browser/console_test.py [path/to/agent-intercom [path/to/scripted-agent]]
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from playwright.sync_api import expect, sync_playwright
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+SERVER = sys.argv[1] if len(sys.argv) > 1 else os.path.join(TARGET, "debug", "agent-intercom")
+AGENT = sys.argv[2] if len(sys.argv) > 2 else os.path.join(TARGET, "debug", "scripted-agent")
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SHOTS = os.path.join(ROOT, "docs", "screenshots")
+WAIT_MS = 30_000
+
+XSS_TITLE = "<script>window.__xss = 1</script> Write notes.txt"
+DIFF_TEXT = "<script>window.__xss = 2</script>\nnotes for the demo\n"
+
+SCENARIO = {
+    "turns": [
+        [
+            {"chunk": "Looking at the workspace…"},
+            {"plan": [
+                {"content": "Inspect the workspace", "status": "completed", "priority": "high"},
+                {"content": "Write notes.txt", "status": "in_progress", "priority": "medium"},
+            ]},
+            {"thought": "The operator wants notes; a new file is safest."},
+            {"tool_call": {"id": "t1", "title": "Write notes.txt", "kind": "edit", "status": "pending",
+                           "diffs": [{"path": "notes.txt", "new_text": DIFF_TEXT}]}},
+            {"permission": {"tool_call_id": "t1"}},
+            {"if_allowed": {
+                "then": [{"write_file": {"path": "notes.txt", "content": DIFF_TEXT}},
+                         {"tool_update": {"id": "t1", "status": "completed"}}],
+                "else": [{"tool_update": {"id": "t1", "status": "failed"}}],
+            }},
+            {"chunk": " Notes written."},
+            {"stop_reason": "end_turn"},
+        ],
+        [
+            {"chunk": "Running the tests next."},
+            {"tool_call": {"id": "t2", "title": "Run cargo test", "kind": "execute", "status": "pending",
+                           "raw_input": {"command": "cargo test"}}},
+            {"permission": {"tool_call_id": "t2"}},
+            {"if_allowed": {"then": [{"tool_update": {"id": "t2", "status": "completed"}}],
+                            "else": [{"tool_update": {"id": "t2", "status": "failed"}}]}},
+            {"chunk": " Fine."},
+            {"stop_reason": "end_turn"},
+        ],
+    ]
+}
+
+# Makes browser notifications observable: the console constructs them when a
+# session starts waiting (init scripts run before the page, outside its CSP).
+NOTIFICATION_SPY = """
+window.__notes = [];
+window.Notification = class {
+  constructor(title, opts) { window.__notes.push(title); this.onclick = null; }
+  static get permission() { return 'granted'; }
+  static requestPermission() { return Promise.resolve('granted'); }
+};
+"""
+
+FAILED = []
+PASSED = []
+
+
+def check(name, fn):
+    """Runs one step; a failure is recorded and stops the walk (later steps
+    depend on earlier ones)."""
+    try:
+        fn()
+        PASSED.append(name)
+        print(f"ok    {name}", flush=True)
+    except Exception as e:  # noqa: BLE001 - report and stop
+        FAILED.append(name)
+        print(f"FAIL  {name}: {e}", flush=True)
+        raise
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`agent-intercom serve` on a temp layout; restartable."""
+
+    def __init__(self, work, port):
+        self.work = work
+        self.port = port
+        self.proc = None
+        self.login_url = None
+        self.base = f"http://127.0.0.1:{port}"
+        ws = os.path.join(work, "ws")
+        os.makedirs(ws, exist_ok=True)
+        scenario = os.path.join(work, "scenario.json")
+        with open(scenario, "w") as f:
+            json.dump(SCENARIO, f)
+        self.config = os.path.join(work, "config.toml")
+        with open(self.config, "w") as f:
+            f.write(f'''workspace_root = "{work}"
+default_agent = "scripted"
+
+[server]
+bind = "127.0.0.1:{port}"
+
+[database]
+path = "{work}/data/agent-intercom.db"
+
+[[agent]]
+id = "scripted"
+command = "{AGENT}"
+args = ["--scenario", "{scenario}"]
+
+[[workspace]]
+id = "demo"
+path = "{ws}"
+
+[limits]
+shutdown_grace_secs = 1
+
+[stall]
+inactivity_secs = 0
+''')
+
+    def start(self):
+        env = dict(os.environ, AGENT_INTERCOM_TOKEN="browser-test-token-0123456789")
+        self.out = open(os.path.join(self.work, "serve.out"), "a+")
+        self.proc = subprocess.Popen([SERVER, "serve", "--config", self.config],
+                                     stdout=subprocess.PIPE, stderr=self.out, text=True, env=env)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("serve exited before printing the login link; see serve.out")
+            m = re.search(r"(http://\S+/login\?code=[0-9a-f]+)", line)
+            if m:
+                self.login_url = m.group(1)
+                break
+        else:
+            raise RuntimeError("no login link printed")
+        self.wait_healthy()
+
+    def wait_healthy(self):
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("server not healthy")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+    def api(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers={
+            "Authorization": "Bearer browser-test-token-0123456789",
+            "Content-Type": "application/json",
+        })
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read() or b"null")
+
+
+def shot(page, name):
+    if os.environ.get("SCREENSHOTS") == "1":
+        os.makedirs(SHOTS, exist_ok=True)
+        page.screenshot(path=os.path.join(SHOTS, name), full_page=True)
+
+
+def walk(server, page):
+    state = {}
+
+    def login():
+        page.goto(server.login_url)
+        expect(page).to_have_url(re.compile(r"/#?/?$"), timeout=WAIT_MS)
+        expect(page.locator("#sessions")).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#conn")).to_have_text("live", timeout=WAIT_MS)
+        assert server.login_url not in page.url
+
+    def appears_as_needs_input():
+        session = server.api("POST", "/api/sessions", {"workspace": "demo", "prompt": XSS_TITLE})
+        state["id"] = session["id"]
+        row = page.locator(f'tr[data-session="{state["id"]}"]')
+        expect(row).to_be_visible(timeout=WAIT_MS)
+        expect(row.locator(".badge")).to_contain_text("needs input", timeout=WAIT_MS)
+        page.wait_for_function("window.__notes.length > 0", timeout=WAIT_MS)
+        shot(page, "sessions.png")
+
+    def title_stays_text():
+        row = page.locator(f'tr[data-session="{state["id"]}"] a.title')
+        expect(row).to_have_text(XSS_TITLE)
+        assert page.evaluate("window.__xss === undefined"), "agent text ran as script"
+        assert page.locator("#view script").count() == 0
+
+    def open_and_see_the_diff():
+        page.locator(f'tr[data-session="{state["id"]}"]').click()
+        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+        card = page.locator(".request").first
+        expect(card).to_be_visible(timeout=WAIT_MS)
+        expect(card.locator(".d2h-file-wrapper")).to_be_visible(timeout=WAIT_MS)
+        expect(card.locator(".d2h-file-wrapper")).to_contain_text("<script>window.__xss = 2</script>")
+        expect(card.locator(".d2h-file-wrapper")).to_contain_text("notes for the demo")
+        assert page.evaluate("window.__xss === undefined"), "diff text ran as script"
+        expect(page.locator(".plan li")).to_have_count(2, timeout=WAIT_MS)
+        assert page.locator("details.thought[open]").count() == 0, "thoughts start collapsed"
+        shot(page, "session.png")
+
+    def steer_while_the_turn_runs():
+        page.fill("#steer-text", "then run the tests")
+        page.click("#steer-send")
+        expect(page.locator("#steer-result")).to_contain_text("queued", timeout=WAIT_MS)
+        expect(page.locator(".steering-list li.queued")).to_have_count(1, timeout=WAIT_MS)
+
+    def approve():
+        card = page.locator(".request").first
+        card.locator('button[data-option="allow-once"]').click()
+        expect(page.locator(".transcript")).to_contain_text("selected allow-once", timeout=WAIT_MS)
+        # A write that differs from what was approved would ask again.
+        write = page.locator(".request", has_text="notes.txt")
+        deadline = time.time() + 3
+        while time.time() < deadline and write.count() == 0:
+            if page.locator(".transcript").filter(has_text="Notes written").count():
+                break
+            time.sleep(0.1)
+        if write.count():
+            write.first.locator("button.opt.allow_once").first.click()
+        expect(page.locator(".steering-list li.delivered")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator(".transcript")).to_contain_text("then run the tests", timeout=WAIT_MS)
+
+    def reject_with_feedback():
+        card = page.locator(".request", has_text="Run cargo test")
+        expect(card).to_be_visible(timeout=WAIT_MS)
+        card.locator("textarea.feedback").fill("not on CI, please")
+        card.locator("button.reject-with-feedback").click()
+        expect(card).to_have_count(0, timeout=WAIT_MS)
+        expect(page.locator(".transcript")).to_contain_text("selected reject-once", timeout=WAIT_MS)
+        decided = [a for a in server.api("GET", "/api/approvals?status=decided")
+                   if a["session_id"] == state["id"] and "Run cargo test" in a["title"]]
+        assert decided, "the rejected request is recorded"
+        one = server.api("GET", "/api/approvals/" + decided[0]["id"])
+        assert one["decision"]["reason"] == "not on CI, please", one
+        assert one["decision"]["approved"] is False, one
+
+    def post_without_csrf_is_refused():
+        status = page.evaluate("""async () => {
+            const r = await fetch('/api/sessions', {method: 'POST', credentials: 'same-origin',
+              headers: {'Content-Type': 'application/json'},
+              body: JSON.stringify({workspace: 'demo', prompt: 'no csrf'})});
+            return r.status; }""")
+        assert status == 403, status
+        sessions = server.api("GET", "/api/sessions?all=true")
+        assert not any(s["title"] == "no csrf" for s in sessions), sessions
+
+    def other_views():
+        page.goto(server.base + "/#/rules")
+        page.fill("#rule-kind", "read")
+        page.click("#rule-add")
+        expect(page.locator("#rules tbody tr")).to_have_count(1, timeout=WAIT_MS)
+        shot(page, "rules.png")
+        page.goto(server.base + "/#/audit")
+        expect(page.locator("#audit tbody tr").first).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#audit")).to_contain_text("not on CI, please", timeout=WAIT_MS)
+        shot(page, "audit.png")
+        page.goto(server.base + "/#/new")
+        expect(page.locator("#new-prompt")).to_be_visible()
+        shot(page, "start.png")
+        page.goto(server.base + "/#/s/" + state["id"])
+        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+
+    def recovers_after_restart():
+        expect(page.locator("#conn")).to_have_text("live", timeout=WAIT_MS)
+        server.stop()
+        expect(page.locator("#conn")).to_have_text("reconnecting…", timeout=WAIT_MS)
+        server.start()
+        expect(page.locator("#conn")).to_have_text("live", timeout=WAIT_MS)
+        # The graceful stop ended the session; the page learns it without a reload.
+        expect(page.locator(".session-head")).to_contain_text("cancelled", timeout=WAIT_MS)
+        expect(page.locator(".transcript")).to_contain_text("selected reject-once")
+
+    for name, fn in [
+        ("log in with the printed one-time link", login),
+        ("a new session appears as needs input without reloading (and notifies)", appears_as_needs_input),
+        ("a <script> title stays text", title_stays_text),
+        ("open it and see the diff of the pending write", open_and_see_the_diff),
+        ("steer while the turn runs: queued", steer_while_the_turn_runs),
+        ("approve; the transcript grows; the steering is delivered", approve),
+        ("reject with feedback", reject_with_feedback),
+        ("a POST without the CSRF token is refused", post_without_csrf_is_refused),
+        ("rules, audit and start views", other_views),
+        ("the page recovers after the server restarts", recovers_after_restart),
+    ]:
+        check(name, fn)
+
+
+def main():
+    for path in (SERVER, AGENT, CHROMIUM):
+        if not os.path.exists(path):
+            print(f"missing {path}", file=sys.stderr)
+            return 2
+    work = tempfile.mkdtemp(prefix="intercom-browser-")
+    server = Server(work, free_port())
+    server.start()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run",
+            ])
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context.add_init_script(NOTIFICATION_SPY)
+            page = context.new_page()
+            errors = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            try:
+                walk(server, page)
+            except Exception:  # noqa: BLE001 - already reported by check()
+                shot(page, "failure.png") if os.environ.get("SCREENSHOTS") == "1" else None
+            csp = [e for e in errors if "Content Security Policy" in e]
+            if csp:
+                FAILED.append("no CSP violations")
+                print("FAIL  CSP violations: " + "; ".join(csp))
+            browser.close()
+    finally:
+        server.stop()
+    print(f"{len(PASSED)} passed, {len(FAILED)} failed")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+//! The web console's security end to end, without a browser: the login
+//! link works once, the cookie is HttpOnly and SameSite=Strict, the page
+//! carries a strict CSP, `/api` accepts the cookie only with the CSRF token
+//! on state-changing requests, and hostile `Host` / `Origin` headers are
+//! refused. (`tests/browser/` drives the same console in Chromium.)
+
+mod common;
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use agent_intercom::app::{App, AppOptions};
+use agent_intercom::config::Config;
+use agent_intercom::http::auth::ApiToken;
+use agent_intercom::http::{router_with_console, serve_on};
+use agent_intercom::storage::SqliteStore;
+use agent_intercom::web::Console;
+use common::{Layout, Setup, TOKEN};
+use serde_json::json;
+
+struct Server {
+    base: String,
+    login_path: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    _layout: Layout,
+}
+
+impl Server {
+    fn start() -> Server {
+        let layout = Layout::new(&Setup::default());
+        let config = Config::load(&layout.config).expect("config loads");
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let store = SqliteStore::open(&config.database.path)
+                    .await
+                    .expect("store");
+                let app = App::start(&config, store, AppOptions::default())
+                    .await
+                    .expect("app");
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let console = Console::new(app.clone(), ApiToken::new(TOKEN));
+                let addr = listener.local_addr().expect("addr");
+                ready_tx
+                    .send((addr, console.login_path()))
+                    .expect("send addr");
+                let routes = router_with_console(app.clone(), ApiToken::new(TOKEN), console);
+                let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+                let server = tokio::spawn(serve_on(listener, routes, async {
+                    let _ = stopped_rx.await;
+                }));
+                let _ = stop_rx.await;
+                let _ = stopped_tx.send(());
+                app.shutdown().await;
+                let _ = server.await;
+                app.close().await;
+            });
+        });
+        let (addr, login_path) = ready_rx.recv().expect("server address");
+        Server {
+            base: format!("http://{addr}"),
+            login_path,
+            stop: Some(stop),
+            thread: Some(thread),
+            _layout: layout,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One answer: status, headers we look at, body.
+struct Answer {
+    status: u16,
+    location: Option<String>,
+    set_cookie: Option<String>,
+    csp: Option<String>,
+    content_type: Option<String>,
+    body: String,
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+fn answer(result: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
+    let mut r = result.expect("HTTP call");
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (location, set_cookie, csp, content_type) = (
+        header("location"),
+        header("set-cookie"),
+        header("content-security-policy"),
+        header("content-type"),
+    );
+    Answer {
+        status: r.status().as_u16(),
+        location,
+        set_cookie,
+        csp,
+        content_type,
+        body: r.body_mut().read_to_string().unwrap_or_default(),
+    }
+}
+
+/// `GET` with optional cookie and extra headers.
+fn get(base: &str, path: &str, cookie: Option<&str>, extra: &[(&str, &str)]) -> Answer {
+    let mut req = agent().get(format!("{base}{path}"));
+    if let Some(c) = cookie {
+        req = req.header("Cookie", c);
+    }
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    answer(req.call())
+}
+
+/// `POST` JSON with optional cookie and extra headers.
+fn post(
+    base: &str,
+    path: &str,
+    cookie: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let mut req = agent()
+        .post(format!("{base}{path}"))
+        .header("Content-Type", "application/json");
+    if let Some(c) = cookie {
+        req = req.header("Cookie", c);
+    }
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    answer(req.send(body))
+}
+
+/// Logs in with the one-time link; returns the `name=value` cookie.
+fn log_in(server: &Server) -> String {
+    let r = get(&server.base, &server.login_path, None, &[]);
+    assert_eq!((r.status, r.location.as_deref()), (303, Some("/")));
+    let set = r.set_cookie.expect("a cookie");
+    assert!(set.contains("HttpOnly"), "{set}");
+    assert!(set.contains("SameSite=Strict"), "{set}");
+    set.split(';').next().expect("name=value").to_owned()
+}
+
+fn csrf_of(page: &str) -> String {
+    let marker = "name=\"csrf-token\" content=\"";
+    let start = page.find(marker).expect("csrf meta") + marker.len();
+    page[start..].split('"').next().expect("csrf").to_owned()
+}
+
+#[test]
+fn the_login_link_works_once_and_the_page_is_locked_down() {
+    let server = Server::start();
+    let r = get(&server.base, "/", None, &[]);
+    assert_eq!((r.status, r.location.as_deref()), (303, Some("/login")));
+    let wrong = get(&server.base, "/login?code=nope", None, &[]);
+    assert_eq!(wrong.status, 401);
+    let cookie = log_in(&server);
+    let again = get(&server.base, &server.login_path, None, &[]);
+    assert_eq!(again.status, 401, "the link works once");
+    assert!(again.set_cookie.is_none());
+
+    let page = get(&server.base, "/", Some(&cookie), &[]);
+    assert_eq!(page.status, 200);
+    let csp = page.csp.expect("CSP");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    assert!(
+        !page.body.contains(TOKEN),
+        "the API token never reaches the page"
+    );
+    assert!(!page.body.contains("<script>"), "no inline script");
+    assert_eq!(csrf_of(&page.body).len(), 64);
+
+    let js = get(&server.base, "/assets/app.js", None, &[]);
+    assert_eq!(js.status, 200);
+    assert!(
+        js.content_type
+            .unwrap_or_default()
+            .starts_with("text/javascript")
+    );
+    assert_eq!(
+        js.body.matches("innerHTML").count(),
+        1,
+        "markup is inserted in one place only: diff2html's escaped output"
+    );
+    let diff = get(
+        &server.base,
+        "/assets/vendor/diff2html/diff2html.min.js",
+        None,
+        &[],
+    );
+    assert_eq!(diff.status, 200);
+    assert_eq!(
+        get(&server.base, "/assets/../Cargo.toml", None, &[]).status,
+        404
+    );
+}
+
+#[test]
+fn the_api_takes_the_cookie_only_with_the_csrf_token_and_a_local_host() {
+    let server = Server::start();
+    let cookie = log_in(&server);
+    let page = get(&server.base, "/", Some(&cookie), &[]);
+    let csrf = csrf_of(&page.body);
+    let c = Some(cookie.as_str());
+
+    assert_eq!(get(&server.base, "/api/sessions", c, &[]).status, 200);
+    assert_eq!(get(&server.base, "/api/sessions", None, &[]).status, 401);
+    assert_eq!(
+        get(
+            &server.base,
+            "/api/sessions",
+            Some("intercom_console=forged"),
+            &[]
+        )
+        .status,
+        401
+    );
+
+    let start = json!({"workspace": "demo", "prompt": "hello"}).to_string();
+    let no_csrf = post(&server.base, "/api/sessions", c, &[], &start);
+    assert_eq!(no_csrf.status, 403, "{}", no_csrf.body);
+    assert!(no_csrf.body.contains("CSRF"), "{}", no_csrf.body);
+    let bad_csrf = post(
+        &server.base,
+        "/api/sessions",
+        c,
+        &[("X-CSRF-Token", "0000")],
+        &start,
+    );
+    assert_eq!(bad_csrf.status, 403);
+    let cross = post(
+        &server.base,
+        "/api/sessions",
+        c,
+        &[("X-CSRF-Token", &csrf), ("Origin", "http://evil.example")],
+        &start,
+    );
+    assert_eq!(cross.status, 403, "{}", cross.body);
+    let rebound = get(
+        &server.base,
+        "/api/sessions",
+        c,
+        &[("Host", "evil.example:3000")],
+    );
+    assert_eq!(rebound.status, 403, "{}", rebound.body);
+    assert_eq!(
+        get(&server.base, "/", c, &[("Host", "evil.example:3000")]).status,
+        403
+    );
+
+    let own_origin = server.base.clone();
+    let ok = post(
+        &server.base,
+        "/api/sessions",
+        c,
+        &[("X-CSRF-Token", &csrf), ("Origin", &own_origin)],
+        &start,
+    );
+    assert_eq!(ok.status, 201, "{}", ok.body);
+
+    let out = post(&server.base, "/logout", c, &[("X-CSRF-Token", &csrf)], "");
+    assert_eq!(out.status, 204);
+    assert_eq!(
+        get(&server.base, "/api/sessions", c, &[]).status,
+        401,
+        "logged out"
+    );
+}
+
+#[test]
+fn the_token_form_logs_in_and_a_wrong_token_does_not() {
+    let server = Server::start();
+    let form = |token: &str| {
+        answer(
+            agent()
+                .post(format!("{}/login", server.base))
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .send(format!("token={token}")),
+        )
+    };
+    let wrong = form("nope");
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.set_cookie.is_none());
+    assert!(wrong.body.contains("Wrong API token"));
+    let right = form(TOKEN);
+    assert_eq!(right.status, 303);
+    let cookie = right.set_cookie.expect("cookie");
+    let cookie = cookie.split(';').next().expect("pair");
+    assert_eq!(
+        get(&server.base, "/api/sessions", Some(cookie), &[]).status,
+        200
+    );
+    let cross = answer(
+        agent()
+            .post(format!("{}/login", server.base))
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .header("Origin", "http://evil.example")
+            .send(format!("token={TOKEN}")),
+    );
+    assert_eq!(cross.status, 403, "a cross-site login post is refused");
+}
