@@ -53,8 +53,10 @@ const AGENT_OPTION_TIMEOUT_MS: u64 = 15_000;
 const SNAPSHOT_TIMEOUT_MS: u64 = 2000;
 
 /// Every call to an actor is timed: a stuck actor is an error the caller
-/// can report, never a request that hangs. This is the default bound.
-const CALL_TIMEOUT_MS: u64 = 10_000;
+/// can report, never a request that hangs. This is the default bound,
+/// generous because a decision waits for its commit (a storage outage
+/// that just ended, a loaded machine).
+const CALL_TIMEOUT_MS: u64 = 30_000;
 
 /// `/healthz` answers 503 within a second when the supervisor is stuck.
 const HEALTH_TIMEOUT_MS: u64 = 800;
