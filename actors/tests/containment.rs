@@ -199,6 +199,7 @@ async fn huge_files_are_read_by_range_or_refused() {
     }
     std::fs::write(h.workspace.join("one-line.txt"), "x".repeat(3 << 20)).expect("one line");
     let scenario = json!({"turns": [[
+        {"read_file": {"path": "missing.txt"}},
         {"read_file": {"path": "big.log", "line": 3, "limit": 2}},
         {"read_file": {"path": "big.log"}},
         {"read_file": {"path": "one-line.txt", "limit": 1}},
@@ -215,6 +216,10 @@ async fn huge_files_are_read_by_range_or_refused() {
         text.matches("limits.max_read_bytes").count(),
         2,
         "whole file and one huge line"
+    );
+    assert!(
+        text.contains("error ENOENT: no such file or directory"),
+        "a missing file reads as Node's ENOENT"
     );
     assert!(text.len() < 64 * 1024, "a refused read sent content anyway");
 }

@@ -27,6 +27,8 @@ pub mod codes {
     pub const AUTH_REQUIRED: i64 = -32000;
     /// ACP: the request was cancelled (a cancelled write, for instance).
     pub const REQUEST_CANCELLED: i64 = -32800;
+    /// ACP: a resource (a file to read) does not exist.
+    pub const RESOURCE_NOT_FOUND: i64 = -32002;
 }
 
 /// A request id: a number or a string, kept verbatim.

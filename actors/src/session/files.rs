@@ -26,6 +26,15 @@ const DIFF_BASE_MAX: usize = 8 * 1024 * 1024;
 fn rpc_error(e: &FsError) -> RpcError {
     let code = match e {
         FsError::Io { .. } | FsError::TimedOut { .. } => codes::INTERNAL_ERROR,
+        // ACP's "resource not found", worded as Node reports it: agents that
+        // read a file to learn whether it exists (Gemini CLI before a write)
+        // recognise either.
+        FsError::NotFound { path } => {
+            return RpcError::new(
+                codes::RESOURCE_NOT_FOUND,
+                format!("ENOENT: no such file or directory, open '{path}'"),
+            );
+        }
         _ => codes::INVALID_PARAMS,
     };
     RpcError::new(code, e.to_string())
