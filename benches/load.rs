@@ -20,7 +20,8 @@
 //! Operators (`--operator`, a comma list or `all`; default `core`):
 //!
 //! * `core`: the operator is an `OperatorSink` in the supervisor's fan-out;
-//!   on `RequestOpened` it looks the session actor up and sends
+//!   on `RequestOpened` it looks the session actor up in the named registry
+//!   (`supervisor::directory`, as the API, Slack and MCP edges do) and sends
 //!   `SessionMsg::Decide` directly. Operator delay = event seen -> `Decide`
 //!   sent.
 //! * `api`: the real `App` and HTTP router served on 127.0.0.1:0; sessions
@@ -97,7 +98,9 @@ use intercom_actors::settings::{
     AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
 };
 use intercom_actors::slack_port::Outbox;
-use intercom_actors::supervisor::{SessionSupervisor, StartRequest, SupervisorArgs, SupervisorMsg};
+use intercom_actors::supervisor::{
+    SessionSupervisor, StartRequest, SupervisorArgs, SupervisorMsg, directory,
+};
 use ractor::{Actor, ActorRef};
 use serde_json::{Value, json};
 use tokio::runtime::Handle;
@@ -238,10 +241,7 @@ impl OperatorSink for BenchSink {
                 };
                 let me = self.obs.clone();
                 tokio::spawn(async move {
-                    let Ok(Some(actor)) = ractor::call!(sup, |reply| SupervisorMsg::Lookup {
-                        id: request.session_id.clone(),
-                        reply
-                    }) else {
+                    let Some(actor) = directory::find(&sup, &request.session_id) else {
                         me.error(format!("no actor for {}", request.id));
                         return;
                     };

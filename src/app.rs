@@ -26,7 +26,7 @@ use intercom_actors::session::{
 use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
     OPERATOR_CALL, SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
-    steer_session,
+    directory, steer_session,
 };
 use ractor::{Actor, ActorRef};
 use tokio::sync::broadcast;
@@ -641,16 +641,10 @@ impl App {
         Ok(self.inner.store.transcript(id).await?)
     }
 
+    /// The running actor of a session, from the named registry (never
+    /// waits behind starts in the supervisor's mailbox).
     async fn actor(&self, id: &SessionId) -> Result<Option<ActorRef<SessionMsg>>, AppError> {
-        ractor::call_t!(
-            self.inner.supervisor,
-            |reply| SupervisorMsg::Lookup {
-                id: id.clone(),
-                reply
-            },
-            CALL_TIMEOUT_MS
-        )
-        .map_err(|e| AppError::actor("supervisor", e))
+        Ok(directory::find(&self.inner.supervisor, id))
     }
 
     /// Sends steering to a session: delivered now when the agent is idle,

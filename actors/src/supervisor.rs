@@ -28,6 +28,7 @@ use crate::session::{
 };
 use crate::settings::{AgentProfile, SupervisionPolicy};
 
+pub mod directory;
 mod operator;
 pub use operator::{NoAnswer, OPERATOR_CALL, steer_session};
 
@@ -456,7 +457,10 @@ impl SupervisorState {
             ready,
             supervisor: Some(self.myself.clone()),
         };
-        match Actor::spawn_linked(None, SessionActor, args, self.myself.get_cell()).await {
+        // Named, so lookups find the actor without this mailbox (directory.rs).
+        let name = directory::actor_name(&self.myself, &args.record.id);
+        directory::wait_previous_gone(&self.myself, &args.record.id).await;
+        match Actor::spawn_linked(Some(name), SessionActor, args, self.myself.get_cell()).await {
             Ok((actor, _)) => Ok(actor),
             Err(e) => Err(match e {
                 ractor::SpawnErr::StartupFailed(inner) => {

@@ -31,7 +31,7 @@ use intercom_actors::model::{
 use intercom_actors::ports::NoticeLevel;
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::session::{Caller, McpAnswer, McpCall, SessionMsg};
-use intercom_actors::supervisor::{AttachRequest, SupervisorMsg};
+use intercom_actors::supervisor::{AttachRequest, SupervisorMsg, directory};
 use intercom_actors::workspace_fs::{FsError, WorkspaceFs, on_blocking_pool};
 use ractor::ActorRef;
 use rmcp::model::{
@@ -415,14 +415,9 @@ impl IntercomMcp {
     }
 
     async fn lookup(&self, id: &SessionId) -> Result<Option<ActorRef<SessionMsg>>, Fail> {
-        let id = id.clone();
-        Ok(ask(
-            &self.deps().supervisor,
-            "supervisor (lookup)",
-            ACTOR_TIMEOUT,
-            |reply| SupervisorMsg::Lookup { id, reply },
-        )
-        .await?)
+        // The named registry, not the supervisor's mailbox (no waiting
+        // behind session starts).
+        Ok(directory::find(&self.deps().supervisor, id))
     }
 
     /// Where a new session belongs, from the connection's query string.

@@ -24,7 +24,7 @@ use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::ApprovalMode;
 use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome, StopCause};
 use intercom_actors::slack_port::MessageBody;
-use intercom_actors::supervisor::{SupervisorError, SupervisorMsg, steer_session};
+use intercom_actors::supervisor::{SupervisorError, SupervisorMsg, directory, steer_session};
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use slack_morphism::prelude::*;
@@ -167,16 +167,9 @@ impl Ctx {
 
     /// The actor of a live session.
     pub async fn actor(&self, id: &SessionId) -> Option<ActorRef<SessionMsg>> {
-        ractor::call_t!(
-            self.supervisor,
-            |reply| SupervisorMsg::Lookup {
-                id: id.clone(),
-                reply
-            },
-            CALL_TIMEOUT_MS
-        )
-        .ok()
-        .flatten()
+        // The named registry, not the supervisor's mailbox: a click never
+        // waits behind session starts.
+        directory::find(&self.supervisor, id)
     }
 
     /// Whether the stored session is live (running, or between restarts).

@@ -37,6 +37,27 @@ pub async fn steer_session(
     interrupt: bool,
     caller: &Caller,
 ) -> Result<Result<SteerOutcome, SessionError>, NoAnswer> {
+    // Fast path: the running actor, found in the named registry, so a
+    // steer never waits behind session starts in the supervisor's mailbox.
+    // If it is gone (or going), the supervisor decides (stores it for the
+    // restart, or says the session ended).
+    if let Some(actor) = super::directory::find(sup, id) {
+        let direct = ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Steer {
+                text: text.to_owned(),
+                interrupt,
+                caller: caller.clone(),
+                reply,
+            },
+            OPERATOR_CALL.as_millis() as u64
+        );
+        match direct {
+            Ok(r) => return Ok(r),
+            Err(RactorErr::Messaging(_)) => {}
+            Err(e) => return Err(NoAnswer(e.to_string())),
+        }
+    }
     let mut retried = false;
     loop {
         let outcome = ractor::call_t!(
