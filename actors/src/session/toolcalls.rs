@@ -13,7 +13,7 @@
 //! plain data owned by the session actor.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -322,17 +322,7 @@ pub fn normalize(root: &Path, path: &Path) -> PathBuf {
     } else {
         root.join(path)
     };
-    let mut out = PathBuf::new();
-    for c in joined.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
+    crate::fsjail::normalize(&joined)
 }
 
 /// The path as the operator thinks of it: relative to the workspace when
