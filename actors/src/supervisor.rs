@@ -255,6 +255,19 @@ struct RestartPlan {
     require_resume: bool,
 }
 
+impl RestartPlan {
+    /// How to bring back an agent that went away (crash or operator restart):
+    /// resume its ACP session when it had one, else re-send the cut turn.
+    fn after_exit(acp_session: Option<String>, prompt: Option<String>, mid_turn: bool) -> Self {
+        RestartPlan {
+            resume: acp_session,
+            reprompt: prompt,
+            mid_turn,
+            require_resume: false,
+        }
+    }
+}
+
 struct Entry {
     actor: Option<ActorRef<SessionMsg>>,
     profile: AgentProfile,
@@ -700,12 +713,10 @@ impl SupervisorState {
                     .await;
             }
             SessionExit::StartFailed(err) => {
-                let plan = entry.plan.clone().unwrap_or(RestartPlan {
-                    resume: None,
-                    reprompt: None,
-                    mid_turn: false,
-                    require_resume: false,
-                });
+                let plan = entry
+                    .plan
+                    .clone()
+                    .unwrap_or(RestartPlan::after_exit(None, None, false));
                 self.maybe_restart(id, err.to_string(), plan).await;
             }
             SessionExit::RestartRequested {
@@ -715,12 +726,7 @@ impl SupervisorState {
                 mid_turn,
             } => {
                 entry.first_start = false;
-                let plan = RestartPlan {
-                    resume: acp_session,
-                    reprompt: interrupted_prompt,
-                    mid_turn,
-                    require_resume: false,
-                };
+                let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.restart_on_request(id, by, plan).await;
             }
             SessionExit::Crashed {
@@ -730,12 +736,7 @@ impl SupervisorState {
                 mid_turn,
             } => {
                 entry.first_start = false;
-                let plan = RestartPlan {
-                    resume: acp_session,
-                    reprompt: interrupted_prompt,
-                    mid_turn,
-                    require_resume: false,
-                };
+                let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.maybe_restart(id, reason, plan).await;
             }
         }

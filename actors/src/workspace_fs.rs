@@ -413,6 +413,24 @@ impl WorkspaceFs {
         self.read(requested, None, None, max_bytes).map(Some)
     }
 
+    /// What a write would replace, resolved once: the workspace-relative
+    /// path and, for the diff shown with the approval, the current content
+    /// (`None` for a new file, or one too large or unreadable to show).
+    /// Refuses what `write` would refuse.
+    pub fn write_preview(
+        &self,
+        requested: &str,
+        max_bytes: usize,
+    ) -> Result<(PathBuf, Option<String>), FsError> {
+        let target = self.write_target(requested)?;
+        let old = if target.exists {
+            self.read(requested, None, None, max_bytes).ok()
+        } else {
+            None
+        };
+        Ok((target.parent.join(target.name), old))
+    }
+
     /// The workspace-relative path a write would replace (resolved now).
     pub fn check_write(&self, requested: &str) -> Result<PathBuf, FsError> {
         self.write_target(requested).map(|t| t.parent.join(t.name))

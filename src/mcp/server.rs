@@ -592,12 +592,11 @@ impl IntercomMcp {
                     "diff"
                 };
                 let r = rel.clone();
-                let hash = on_blocking_pool(ws.clone(), "read", &rel, move |ws| {
-                    ws.check_write(&r)?;
-                    snapshot(ws, &r)
-                })
-                .await
-                .map_err(|e| fs_fail(&e, which))?;
+                // `snapshot` reads through `current`, which refuses
+                // whatever a write to the target would refuse.
+                let hash = on_blocking_pool(ws.clone(), "read", &rel, move |ws| snapshot(ws, &r))
+                    .await
+                    .map_err(|e| fs_fail(&e, which))?;
                 recorded.push((rel, hash));
             }
         }

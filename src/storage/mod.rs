@@ -387,12 +387,13 @@ fn precreate_private_file(path: &Path) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use intercom_actors::model::{MessageKind, Protocol, Role, SessionRecord, SessionStatus};
     use intercom_actors::ports::SessionStore;
 
-    fn rec(id: &str) -> SessionRecord {
+    /// A minimal active session row (also used by the writer's tests).
+    pub(crate) fn rec(id: &str) -> SessionRecord {
         SessionRecord {
             id: SessionId::from(id),
             workspace: "w".into(),

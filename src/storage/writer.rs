@@ -273,36 +273,14 @@ mod tests {
     use std::path::Path;
     use std::time::{Duration, Instant};
 
-    use intercom_actors::model::{
-        AuditEntry, MessageKind, Protocol, Role, SessionId, SessionRecord, SessionStatus,
-    };
+    use intercom_actors::model::{AuditEntry, MessageKind, Role, SessionId};
     use intercom_actors::ports::SessionStore;
     use sqlx::Connection;
     use sqlx::sqlite::SqliteConnectOptions;
 
     use super::*;
     use crate::storage::SqliteStore;
-
-    fn rec(id: &str) -> SessionRecord {
-        SessionRecord {
-            id: SessionId::from(id),
-            workspace: "w".into(),
-            cwd: "/".into(),
-            agent: "a".into(),
-            protocol: Protocol::Acp,
-            status: SessionStatus::Active,
-            status_reason: None,
-            title: "t".into(),
-            owner: "u".into(),
-            acp_session_id: None,
-            channel_id: None,
-            thread_ts: None,
-            restart_count: 0,
-            created_at: 1,
-            updated_at: 1,
-            last_activity_at: 1,
-        }
-    }
+    use crate::storage::tests::rec;
 
     /// Polls `cond` until it holds; panics after a generous deadline.
     async fn until(what: &str, cond: impl Fn() -> bool) {

@@ -79,9 +79,7 @@ impl SessionState {
             Ok(ws) => {
                 let p = path.clone();
                 on_blocking_pool(ws, "write", &path, move |ws| {
-                    let rel = ws.check_write(&p)?;
-                    let old = ws.current(&p, DIFF_BASE_MAX).unwrap_or(None);
-                    Ok((rel, old))
+                    ws.write_preview(&p, DIFF_BASE_MAX)
                 })
                 .await
             }
