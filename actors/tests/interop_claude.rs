@@ -20,11 +20,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use intercom_actors::model::{PendingRequest, RequestKind, RequestStatus, SessionId};
-use intercom_actors::ports::{OperatorEvent, SessionStore};
+use intercom_actors::ports::SessionStore;
 use intercom_actors::rules::ApprovalMode;
-use intercom_actors::session::{Caller, Choice, SessionMsg, StopCause};
+use intercom_actors::session::Choice;
 use intercom_actors::settings::Limits;
 use interop_support::fake_anthropic::{self, FakeAnthropic, Reply};
+use interop_support::turns::{
+    decide, pid, request_opened, steer, stop, until_file, until_turn_ended,
+};
 use interop_support::{bin, fresh_home, profile, set_env};
 use serde_json::json;
 use support::{Harness, Knobs, until_group_gone};
@@ -90,79 +93,6 @@ async fn start(h: &Harness, mode: Option<ApprovalMode>) -> SessionId {
     let mut req = h.request(p, "create hello.txt");
     req.mode = mode;
     h.start_req(req).await.expect("claude-code-acp starts").id
-}
-
-async fn request_opened(h: &Harness, n: usize) -> PendingRequest {
-    let want = format!("req-{n}");
-    match h
-        .until(
-            &want,
-            |e| matches!(e, OperatorEvent::RequestOpened { request } if request.request_id == want),
-        )
-        .await
-    {
-        OperatorEvent::RequestOpened { request } => request,
-        _ => unreachable!("matched above"),
-    }
-}
-
-async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
-    let actor = h.actor(id).await;
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: request.into(),
-        choice,
-        reason: None,
-        caller: Caller::local(),
-        reply
-    })
-    .expect("decide call")
-    .expect("decided");
-}
-
-async fn pid(h: &Harness, id: &SessionId) -> i32 {
-    let actor = h.actor(id).await;
-    let snap = ractor::call!(actor, SessionMsg::Snapshot).expect("snapshot");
-    snap.pid.expect("agent pid")
-}
-
-async fn stop(h: &Harness, id: &SessionId) {
-    let pid = pid(h, id).await;
-    let actor = h.actor(id).await;
-    ractor::call!(actor, |reply| SessionMsg::Stop {
-        cause: StopCause::Operator,
-        caller: Caller::local(),
-        reply: Some(reply)
-    })
-    .expect("stop")
-    .expect("ok");
-    until_group_gone(pid).await;
-}
-
-async fn steer(h: &Harness, id: &SessionId, text: &str) {
-    let actor = h.actor(id).await;
-    ractor::call!(actor, |reply| SessionMsg::Steer {
-        text: text.into(),
-        interrupt: false,
-        caller: Caller::local(),
-        reply
-    })
-    .expect("steer")
-    .expect("steered");
-}
-
-async fn until_file(path: &Path) -> String {
-    let deadline = tokio::time::Instant::now() + support::WAIT;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            return text;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }
 
 /// The write permission as the operator sees it: one approval, the diff,
@@ -238,18 +168,7 @@ async fn a_rejected_write_leaves_no_file_and_the_turn_ends() {
     assert_shows_the_write(&req, &h.workspace);
     decide(&h, &id, &req.request_id, Choice::Reject).await;
     // Claude Code ends the turn on a rejection (the model is not called again).
-    let actor = h.actor(&id).await;
-    let deadline = tokio::time::Instant::now() + support::WAIT;
-    while ractor::call!(actor, SessionMsg::Snapshot)
-        .expect("snapshot")
-        .turn_running
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the turn never ended"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    until_turn_ended(&h, &id).await;
     assert!(!h.workspace.join("hello.txt").exists());
     let all = h.store.list_requests(Some(&id), false).await.expect("list");
     assert_eq!(all.len(), 1, "{all:?}");

@@ -2,8 +2,8 @@
 //! (through claude-code-acp, `ANTHROPIC_BASE_URL` pointed here) runs whole
 //! turns offline: real tool calls, real permissions, real writes.
 //!
-//! It speaks just enough HTTP/1.1 (one request per connection, `Connection:
-//! close`) for the Anthropic TypeScript SDK: `POST /v1/messages` answered
+//! It speaks just enough HTTP/1.1 (`loopback_http`) for the Anthropic
+//! TypeScript SDK: `POST /v1/messages` answered
 //! with the streaming SSE sequence (`message_start`, `content_block_start` /
 //! `content_block_delta` with `text_delta` and `input_json_delta`,
 //! `content_block_stop`, `message_delta` with `stop_reason`, `message_stop`)
@@ -14,8 +14,10 @@
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+
+use super::loopback_http::{read_request, respond, start_sse};
 
 /// One content block of a scripted model answer.
 #[derive(Debug, Clone)]
@@ -157,8 +159,7 @@ async fn serve(
         Reply::text("ok")
     };
     if parsed["stream"].as_bool().unwrap_or(false) {
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
-        stream.write_all(head.as_bytes()).await?;
+        start_sse(&mut stream).await?;
         for (event, data) in sse_events(&model, n, &reply) {
             let frame = format!("event: {event}\ndata: {data}\n\n");
             stream.write_all(frame.as_bytes()).await?;
@@ -168,57 +169,6 @@ async fn serve(
     }
     let body = whole_message(&model, n, &reply).to_string();
     respond(&mut stream, "200 OK", "application/json", &body).await
-}
-
-/// Reads one request: (method, path, body). `None` when the peer closed.
-async fn read_request(
-    stream: &mut TcpStream,
-) -> std::io::Result<Option<(String, String, Vec<u8>)>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let read = stream.read(&mut chunk).await?;
-        if read == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&chunk[..read]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let mut lines = head.lines();
-    let mut first = lines.next().unwrap_or("").split_whitespace();
-    let method = first.next().unwrap_or("").to_owned();
-    let path = first.next().unwrap_or("").to_owned();
-    let length = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    let mut body = buf[head_end..].to_vec();
-    while body.len() < length {
-        let read = stream.read(&mut chunk).await?;
-        if read == 0 {
-            break;
-        }
-        body.extend_from_slice(&chunk[..read]);
-    }
-    Ok(Some((method, path, body)))
-}
-
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    kind: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    let text = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(text.as_bytes()).await?;
-    stream.shutdown().await
 }
 
 fn usage() -> Value {

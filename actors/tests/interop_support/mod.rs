@@ -1,10 +1,13 @@
 //! What the real-agent interop tests share: where the pinned agents are
-//! installed, their process environment, the fake Anthropic API, and a
+//! installed, their process environment, the fake model APIs, and a
 //! `/proc` scan for leftover processes.
 
 #![allow(dead_code)]
 
 pub mod fake_anthropic;
+pub mod fake_gemini;
+pub mod loopback_http;
+pub mod turns;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,124 @@
+//! What the whole-turn interop tests (Claude Code, Gemini CLI) do to a
+//! running session: wait for the next approval, decide it, steer a second
+//! prompt, stop, wait for a file or the end of a turn.
+
+use std::path::Path;
+
+use intercom_actors::model::{PendingRequest, SessionId};
+use intercom_actors::ports::OperatorEvent;
+use intercom_actors::session::{Caller, Choice, SessionMsg, StopCause};
+
+use crate::support::{self, Harness, until_group_gone};
+
+/// Waits for the `n`th approval request of the harness.
+pub async fn request_opened(h: &Harness, n: usize) -> PendingRequest {
+    let want = format!("req-{n}");
+    match h
+        .until(
+            &want,
+            |e| matches!(e, OperatorEvent::RequestOpened { request } if request.request_id == want),
+        )
+        .await
+    {
+        OperatorEvent::RequestOpened { request } => request,
+        _ => unreachable!("matched above"),
+    }
+}
+
+/// Decides an approval as the local operator.
+pub async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Decide {
+        request_id: request.into(),
+        choice,
+        reason: None,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("decide call")
+    .expect("decided");
+}
+
+/// The agent's process id (its process group leader).
+pub async fn pid(h: &Harness, id: &SessionId) -> i32 {
+    let actor = h.actor(id).await;
+    let snap = ractor::call!(actor, SessionMsg::Snapshot).expect("snapshot");
+    snap.pid.expect("agent pid")
+}
+
+/// Stops the session as the operator and waits for its process group to go.
+pub async fn stop(h: &Harness, id: &SessionId) {
+    let pid = pid(h, id).await;
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: StopCause::Operator,
+        caller: Caller::local(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("ok");
+    until_group_gone(pid).await;
+}
+
+/// Sends operator text (a new prompt when no turn runs).
+pub async fn steer(h: &Harness, id: &SessionId, text: &str) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: text.into(),
+        interrupt: false,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("steer")
+    .expect("steered");
+}
+
+/// Waits for a file to exist and returns its content.
+pub async fn until_file(path: &Path) -> String {
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the session's turn is over.
+pub async fn until_turn_ended(h: &Harness, id: &SessionId) {
+    let actor = h.actor(id).await;
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while ractor::call!(actor, SessionMsg::Snapshot)
+        .expect("snapshot")
+        .turn_running
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn never ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until a file holds exactly `want` (it may exist with other content
+/// before).
+pub async fn until_content(path: &Path, want: &str) {
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        let now = std::fs::read_to_string(path).ok();
+        if now.as_deref() == Some(want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} holds {now:?}, not {want:?}",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
