@@ -546,6 +546,46 @@ fn cancel_is_idempotent_and_an_ended_session_refuses_prompts() {
     assert_eq!(http.get("/api/sessions?all=true").body[0]["id"], id);
 }
 
+/// Kills the escaped descendant of a hostile agent when the test ends.
+struct Escaped(i32);
+
+impl Drop for Escaped {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the `sleep` this test's agent started.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
+#[test]
+fn cancel_answers_202_stopping_while_a_hostile_agent_outlives_the_wait() {
+    // The agent ignores session/cancel, stdin EOF and SIGTERM, and leaves a
+    // descendant in a group of its own holding its stdout: the SIGKILL comes
+    // at grace + 2 s and its end is seen only when the pipes drain (bounded
+    // at 2 s), after the API's wait (grace + 2 s + 1 s).
+    let pids = tempfile::tempdir().expect("tempdir");
+    let pid_file = pids.path().join("escaped.pid");
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[
+            {"ignore_sigterm": true},
+            {"escape_group": {"pid_file": pid_file, "secs": 120}},
+            {"hang": true}
+        ]]}),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("hold on"));
+    let escaped = Escaped(until("the escaped descendant", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    }));
+    let r = http.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
+    assert_eq!(r.status, 202, "{}", r.text);
+    assert_eq!(r.body["status"], "stopping", "{}", r.text);
+    assert_eq!(r.body["id"], id.as_str(), "{}", r.text);
+    let ended = http.until_status(&id, "cancelled");
+    assert_eq!(ended["status_reason"], "stopped by operator", "{ended}");
+    drop(escaped);
+}
+
 #[test]
 fn rules_answer_matching_requests_and_can_be_removed() {
     let server = Server::start(with_permission());

@@ -106,6 +106,12 @@ pub enum Step {
     CloseStdinOnce(String),
     /// Like `hang`, but only the first time (no marker file yet).
     HangOnce(String),
+    /// Ignore SIGTERM from now on (only SIGKILL ends the agent).
+    IgnoreSigterm(bool),
+    /// Start a `sleep <secs>` in a process group of its own that inherits
+    /// stdout and stderr (a descendant escaping the agent's group and
+    /// holding its pipes open); its pid is written to `pid_file`.
+    EscapeGroup(EscapeGroup),
     /// Exit with this code right after the turn's answer was sent (an
     /// agent that finished its work; ACP).
     ExitAfterTurn(i32),
@@ -121,6 +127,14 @@ pub enum Step {
     Status(String),
     Heartbeat(Vec<Value>),
     ForwardPrompt(ForwardPrompt),
+}
+
+/// See [`Step::EscapeGroup`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscapeGroup {
+    pub pid_file: String,
+    pub secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::agent::{Agent, Phase, Wake, hang, note};
-use crate::scenario::{ExitOnce, Protocol, Step};
+use crate::scenario::{EscapeGroup, ExitOnce, Protocol, Step};
 use crate::{acp, intercom};
 
 /// The kind of text a step emits (maps onto ACP `sessionUpdate` values).
@@ -83,6 +83,8 @@ fn run_step(agent: &mut Agent, step: &Step) -> Flow {
             }
         }
         Step::ExitAfterTurn(code) => agent.exit_after_turn = Some(*code),
+        Step::IgnoreSigterm(true) => ignore_sigterm(),
+        Step::EscapeGroup(spec) => escape_group(spec),
         Step::Stderr(text) => eprintln!("{text}"),
         Step::EchoEnv(names) => echo_env(agent, names),
         Step::EchoCwd(true) => echo_cwd(agent),
@@ -96,7 +98,10 @@ fn run_step(agent: &mut Agent, step: &Step) -> Flow {
             };
             return run(agent, steps).map_or(Flow::Continue, Flow::End);
         }
-        Step::Hang(false) | Step::EchoCwd(false) | Step::WaitCancel(false) => {}
+        Step::Hang(false)
+        | Step::EchoCwd(false)
+        | Step::WaitCancel(false)
+        | Step::IgnoreSigterm(false) => {}
         _ => return dialect_step(agent, step),
     }
     Flow::Continue
@@ -219,4 +224,40 @@ fn echo_cwd(agent: &mut Agent) {
         Err(e) => format!("cwd error {e}"),
     };
     emit(agent, TextKind::Agent, &line);
+}
+
+fn ignore_sigterm() {
+    // SAFETY: installs SIG_IGN for SIGTERM; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+    }
+    note("ignoring SIGTERM");
+}
+
+fn escape_group(spec: &EscapeGroup) {
+    use std::os::unix::process::CommandExt;
+    let child = std::process::Command::new("sleep")
+        .arg(spec.secs.to_string())
+        .stdin(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
+    match child {
+        Ok(child) => {
+            if let Err(e) = std::fs::write(&spec.pid_file, child.id().to_string()) {
+                note(&format!(
+                    "escape_group: cannot write {}: {e}",
+                    spec.pid_file
+                ));
+                std::process::exit(2);
+            }
+            note(&format!(
+                "escape_group: pid {} in its own group",
+                child.id()
+            ));
+        }
+        Err(e) => {
+            note(&format!("escape_group: cannot spawn sleep: {e}"));
+            std::process::exit(2);
+        }
+    }
 }
