@@ -1,7 +1,8 @@
 //! The running server's wiring: one [`App`] per process.
 //!
-//! It owns the opened store, the WorkspaceRegistry and the SessionSupervisor
-//! actors and a local event feed, and offers the operations every entry point
+//! It owns the opened store, the Root actor (which supervises the
+//! WorkspaceRegistry, the SessionSupervisor and, with Slack, the
+//! SlackGateway: [`crate::root`]) and a local event feed, and offers the operations every entry point
 //! needs (the HTTP API now, Slack and MCP later): start a session, look one
 //! up, steer, decide on an approval by its global id, cancel, list. Each
 //! operation returns an [`AppError`] whose [`AppError::code`] is the stable
@@ -18,20 +19,21 @@ use intercom_actors::model::{
     TranscriptEntry,
 };
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore, StoreError};
-use intercom_actors::registry::{RegistryMsg, ResolveError, Target, WorkspaceRegistry};
+use intercom_actors::registry::{RegistryMsg, ResolveError, Target};
 use intercom_actors::session::{
     Caller, Choice, SessionError, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
     StopCause,
 };
 use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
-    OPERATOR_CALL, SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
-    directory, steer_session,
+    OPERATOR_CALL, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg, directory,
+    steer_session,
 };
 use ractor::{Actor, ActorRef};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use crate::config::{Config, ConfigStatus};
+use crate::root::{Current, RestartBudget, Root, RootArgs, RootMsg, TreeFailure};
 use crate::storage::SqliteStore;
 use intercom_actors::rules::{ApprovalMode, Rule, SharedRules};
 use std::collections::BTreeMap;
@@ -334,7 +336,12 @@ pub struct AppOptions {
 struct Inner {
     store: Arc<SqliteStore>,
     supervisor: ActorRef<SupervisorMsg>,
-    registry: ActorRef<RegistryMsg>,
+    /// The workspace registry's current incarnation (Root restarts it).
+    registry: Current<RegistryMsg>,
+    /// The top of the actor tree.
+    root: ActorRef<RootMsg>,
+    /// Set by Root when the server must stop (a child it does not restart).
+    failure: watch::Receiver<Option<TreeFailure>>,
     events: Arc<LocalEvents>,
     /// Every operator event, stored with an id (`GET /api/events`).
     journal: Arc<crate::journal::EventJournal>,
@@ -389,7 +396,7 @@ fn session_settings(config: &Config, rules: SharedRules) -> SessionSettings {
 }
 
 impl App {
-    /// Spawns the registry and the supervisor over an opened store, with
+    /// Spawns Root (and under it the registry and the supervisor) over an opened store, with
     /// what `options` plugs in. Does not recover sessions: call
     /// [`App::recover`] once the server can take requests.
     pub async fn start(
@@ -407,29 +414,37 @@ impl App {
         let journal = crate::journal::EventJournal::start(store.clone());
         let mut sinks: Vec<Arc<dyn OperatorSink>> = vec![events.clone(), journal.clone()];
         sinks.extend(options.extra_sinks);
-        let (registry, _) = Actor::spawn(None, WorkspaceRegistry, config.workspace_map())
-            .await
-            .map_err(|e| AppStartError::Spawn {
-                actor: "workspace registry",
-                message: e.to_string(),
-            })?;
-        let args = SupervisorArgs {
+        let supervisor = SupervisorArgs {
             policy: config.supervision.clone(),
             settings: Arc::new(session_settings(config, rules.clone())),
             store: store.clone(),
             sink: Arc::new(FanOut(sinks)),
             bridge_url: options.bridge_url,
         };
-        let (supervisor, _) = Actor::spawn(None, SessionSupervisor, args)
-            .await
-            .map_err(|e| AppStartError::Spawn {
-                actor: "session supervisor",
+        let root_args = RootArgs {
+            map: config.workspace_map(),
+            supervisor,
+            budget: RestartBudget::default(),
+        };
+        let (root, _) =
+            Actor::spawn(None, Root, root_args)
+                .await
+                .map_err(|e| AppStartError::Spawn {
+                    actor: "root",
+                    message: e.to_string(),
+                })?;
+        let children = ractor::call_t!(root, RootMsg::Children, CALL_TIMEOUT_MS).map_err(|e| {
+            AppStartError::Spawn {
+                actor: "root",
                 message: e.to_string(),
-            })?;
+            }
+        })?;
         let inner = Inner {
             store,
-            supervisor,
-            registry,
+            supervisor: children.supervisor,
+            registry: children.registry,
+            root,
+            failure: children.failure,
             events,
             journal,
             profiles: config.agents.clone(),
@@ -518,9 +533,29 @@ impl App {
         &self.inner.supervisor
     }
 
-    /// The workspace registry (config reload sends `RegistryMsg::Reload`).
-    pub fn registry(&self) -> &ActorRef<RegistryMsg> {
+    /// The workspace registry, following Root's restarts.
+    pub fn registry(&self) -> &Current<RegistryMsg> {
         &self.inner.registry
+    }
+
+    /// The top of the actor tree (Slack starts its gateway under it).
+    pub fn root(&self) -> &ActorRef<RootMsg> {
+        &self.inner.root
+    }
+
+    /// The failure that stops the server, if one happened.
+    pub fn failure(&self) -> Option<TreeFailure> {
+        self.inner.failure.borrow().clone()
+    }
+
+    /// Resolves once the actor tree failed in a way Root does not restart
+    /// (`serve` then shuts down and exits non-zero).
+    pub async fn failed(&self) -> TreeFailure {
+        let mut failure = self.inner.failure.clone();
+        match failure.wait_for(Option::is_some).await {
+            Ok(f) => f.clone().unwrap_or_else(root_gone),
+            Err(_) => root_gone(),
+        }
     }
 
     /// The store (read access for edges that need more than the helpers).
@@ -578,7 +613,7 @@ impl App {
             return Err(AppError::BadRequest("the prompt is empty".into()));
         }
         let resolved = ractor::call_t!(
-            self.inner.registry,
+            self.inner.registry.get(),
             RegistryMsg::Resolve,
             CALL_TIMEOUT_MS,
             target
@@ -828,7 +863,7 @@ impl App {
     /// requests are re-evaluated against the new rules.
     pub async fn apply_config(&self, config: &Config) {
         let map = Box::new(config.workspace_map());
-        if let Err(e) = self.inner.registry.send_message(RegistryMsg::Reload(map)) {
+        if let Err(e) = self.inner.root.send_message(RootMsg::ConfigReloaded(map)) {
             tracing::error!("cannot reload the workspace registry: {e}");
             return;
         }
@@ -874,10 +909,13 @@ impl App {
         self.inner
             .rules
             .set(config.into_iter().chain(operator).collect());
-        let _ = self
+        if let Err(e) = self
             .inner
             .supervisor
-            .send_message(SupervisorMsg::RulesChanged);
+            .send_message(SupervisorMsg::RulesChanged)
+        {
+            tracing::error!("live sessions were not told about the changed rules: {e}");
+        }
     }
 
     /// Every rule in force, with where it comes from (`config` or the creator).
@@ -1053,6 +1091,9 @@ impl App {
     /// Graceful shutdown: cancels every session (the supervisor waits its
     /// grace period, then kills), then stops the actors.
     pub async fn shutdown(&self) {
+        if let Err(e) = ractor::call_t!(self.inner.root, RootMsg::ShuttingDown, CALL_TIMEOUT_MS) {
+            tracing::debug!("root gone before shutdown: {e}");
+        }
         if let Err(e) = ractor::call_t!(
             self.inner.supervisor,
             SupervisorMsg::Shutdown,
@@ -1061,7 +1102,12 @@ impl App {
             tracing::warn!("supervisor shutdown call failed: {e}");
         }
         self.inner.supervisor.stop_and_wait(None, None).await.ok();
-        self.inner.registry.stop_and_wait(None, None).await.ok();
+        self.inner
+            .registry
+            .get()
+            .stop_and_wait(None, None)
+            .await
+            .ok();
         // Open event streams would keep a graceful HTTP shutdown waiting.
         self.inner.journal.end_streams();
     }
@@ -1069,6 +1115,7 @@ impl App {
     /// Closes the store when this is the last reference (after
     /// [`App::shutdown`]); otherwise the store closes when the last user drops it.
     pub async fn close(self) {
+        self.inner.root.stop_and_wait(None, None).await.ok();
         self.inner.journal.close().await;
         let Ok(inner) = Arc::try_unwrap(self.inner) else {
             tracing::debug!("app still shared; the store closes when dropped");
@@ -1142,6 +1189,13 @@ pub fn choose_config(explicit: Option<&Path>) -> ConfigChoice {
     ConfigChoice {
         path: default,
         fallback: false,
+    }
+}
+
+fn root_gone() -> TreeFailure {
+    TreeFailure {
+        actor: "root",
+        reason: "the root actor stopped".into(),
     }
 }
 

@@ -4,7 +4,7 @@
 //! ([`storage`]), the application wiring over the core's actors ([`app`]),
 //! the operator HTTP API and the `serve` command ([`http`]), its terminal
 //! client ([`ctl`]), log setup ([`logging`]), the Slack edge ([`slack`]) and
-//! the MCP endpoint ([`mcp`]), the stored operator event journal ([`journal`])
+//! the MCP endpoint ([`mcp`]), the top of the actor tree ([`root`]), the stored operator event journal ([`journal`])
 //! and the web console ([`web`]).
 
 pub mod app;
@@ -14,6 +14,7 @@ pub mod http;
 pub mod journal;
 pub mod logging;
 pub mod mcp;
+pub mod root;
 pub mod slack;
 pub mod storage;
 pub mod web;

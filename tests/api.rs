@@ -112,7 +112,7 @@ fn health_needs_no_token_but_the_api_does() {
     assert_eq!(health.status, 200);
     assert_eq!(
         health.body,
-        json!({"status": "ok", "sessions": 0, "slack": "disabled", "config": "ok"})
+        json!({"status": "ok", "sessions": 0, "slack": "disabled", "config": "ok", "slack_dropped": 0})
     );
 
     let missing = anonymous.get("/api/sessions");
@@ -785,6 +785,11 @@ async fn healthz_answers_503_when_the_supervisor_is_stuck() {
         .expect("app");
     let healthy = agent_intercom::http::routes::healthz(State(app.clone())).await;
     assert_eq!(healthy.status(), 200);
+    let body = axum::body::to_bytes(healthy.into_body(), 1 << 16)
+        .await
+        .expect("body");
+    let body: Value = serde_json::from_slice(&body).expect("json");
+    assert!(body["slack_dropped"].is_u64(), "{body}");
     app.supervisor()
         .send_message(SupervisorMsg::StallForTest(std::time::Duration::from_secs(
             30,

@@ -129,9 +129,13 @@ pub enum GatewayMsg {
     },
     /// A backoff or pause elapsed (internal).
     Wake,
+    /// Panics inside the handler (supervision tests only).
+    #[cfg(feature = "test-hooks")]
+    PanicForTest,
 }
 
-/// What the gateway is built from.
+/// What the gateway is built from (cloned when Root restarts it).
+#[derive(Clone)]
 pub struct GatewayArgs {
     /// The Slack Web API.
     pub api: Arc<dyn SlackApi>,
@@ -160,11 +164,14 @@ impl OperatorSink for GatewaySink {
 
 impl ThreadIndex for ActorRef<SupervisorMsg> {
     fn thread_posted(&self, session: &SessionId, channel: &str, ts: &str) {
-        let _ = self.send_message(SupervisorMsg::ThreadPosted {
+        if let Err(e) = self.send_message(SupervisorMsg::ThreadPosted {
             id: session.clone(),
             channel: channel.to_owned(),
             ts: ts.to_owned(),
-        });
+        }) {
+            // The thread is stored on the session row too (recovery reads it).
+            tracing::error!(session = %session, "the supervisor did not get the session's thread ({e}); replies route after a restart");
+        }
     }
 }
 
@@ -389,6 +396,8 @@ impl Actor for SlackGateway {
             GatewayMsg::Wake => {
                 state.wake_at = None;
             }
+            #[cfg(feature = "test-hooks")]
+            GatewayMsg::PanicForTest => panic!("Slack gateway panicked on request (test hook)"),
         }
         state.pump().await;
         Ok(())

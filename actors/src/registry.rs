@@ -182,6 +182,9 @@ pub enum RegistryMsg {
     Reload(Box<WorkspaceMap>),
     /// The current map.
     Get(RpcReplyPort<WorkspaceMap>),
+    /// Panics inside the handler (supervision tests only).
+    #[cfg(feature = "test-hooks")]
+    PanicForTest,
 }
 
 /// The WorkspaceRegistry handler.
@@ -220,6 +223,10 @@ impl Actor for WorkspaceRegistry {
             }
             RegistryMsg::Get(reply) => {
                 let _ = reply.send(map.clone());
+            }
+            #[cfg(feature = "test-hooks")]
+            RegistryMsg::PanicForTest => {
+                panic!("workspace registry panicked on request (test hook)")
             }
         }
         Ok(())

@@ -229,6 +229,9 @@ pub enum SupervisorMsg {
     /// Tests: keep the supervisor busy (stuck) for this long.
     #[cfg(feature = "test-hooks")]
     StallForTest(Duration),
+    /// Tests: panic inside the handler (Root's policy for a failed supervisor).
+    #[cfg(feature = "test-hooks")]
+    PanicForTest,
 }
 
 /// Supervisor configuration.
@@ -376,6 +379,10 @@ impl Actor for SessionSupervisor {
             SupervisorMsg::Shutdown(reply) => state.begin_shutdown(reply).await,
             #[cfg(feature = "test-hooks")]
             SupervisorMsg::StallForTest(d) => tokio::time::sleep(d).await,
+            #[cfg(feature = "test-hooks")]
+            SupervisorMsg::PanicForTest => {
+                panic!("session supervisor panicked on request (test hook)")
+            }
             SupervisorMsg::ShutdownDeadline => {
                 if let Some(reply) = state.shutdown.take() {
                     tracing::warn!(left = state.sessions.len(), "shutdown deadline passed");

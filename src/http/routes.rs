@@ -39,6 +39,7 @@ pub async fn healthz(State(app): State<App>) -> Response {
                 }
                 .into(),
                 config_error,
+                slack_dropped: crate::slack::dropped::dropped_total(),
             })
             .into_response()
         }
@@ -50,6 +51,7 @@ pub async fn healthz(State(app): State<App>) -> Response {
                 slack,
                 config: "ok".into(),
                 config_error: app.config_error(),
+                slack_dropped: crate::slack::dropped::dropped_total(),
             };
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }

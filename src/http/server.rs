@@ -48,6 +48,9 @@ pub enum ServeError {
     Http(std::io::Error),
     #[error(transparent)]
     Slack(#[from] crate::slack::SlackError),
+    /// An actor Root does not restart failed (or one failed too often).
+    #[error(transparent)]
+    ActorTree(#[from] crate::root::TreeFailure),
     /// The OS random number generator failed (ids and tokens need it).
     #[error(transparent)]
     Entropy(#[from] intercom_actors::ids::EntropyError),
@@ -160,6 +163,7 @@ async fn start_slack(
         operators: crate::slack::operators(&config.slack.operators),
         supervisor: app.supervisor().clone(),
         registry: app.registry().clone(),
+        root: Some(app.root().clone()),
         store: app.store_port(),
         outbox: app.outbox_port(),
         tuning: crate::slack::SlackTuning::default(),
@@ -301,7 +305,7 @@ fn mcp_credentials(config: &Config, token: &auth::ApiToken) -> crate::mcp::McpCr
 /// Who hears about a broken config edit in Slack: the operators (a direct
 /// message each), or every configured channel when there are none.
 struct StaleNotice {
-    gateway: ractor::ActorRef<intercom_actors::gateway::GatewayMsg>,
+    gateway: crate::root::Current<intercom_actors::gateway::GatewayMsg>,
     recipients: Vec<String>,
 }
 
@@ -327,12 +331,14 @@ impl StaleNotice {
             ":warning: agent-intercom kept its previous configuration: the edit to the config file is invalid.\n{error}\nFix the file; it reloads on save."
         );
         for to in &self.recipients {
-            let _ = self
-                .gateway
-                .send_message(intercom_actors::gateway::GatewayMsg::ChannelPost {
+            crate::slack::dropped::send(
+                &self.gateway,
+                intercom_actors::gateway::GatewayMsg::ChannelPost {
                     channel: to.clone(),
                     body: intercom_actors::slack_port::MessageBody::text(text.clone()),
-                });
+                },
+                "a stale-config notice",
+            );
         }
     }
 }
@@ -373,12 +379,13 @@ async fn run_until_signal(
     mcp_shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), ServeError> {
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    tokio::spawn(watch_signals(stop_tx));
+    tokio::spawn(watch_signals(stop_tx.clone()));
     let mut server_stop = stop_rx.clone();
     let server = super::serve_on(listener, router, async move {
         let _ = server_stop.wait_for(|stop| *stop).await;
     });
     tokio::pin!(server);
+    let mut failure = None;
     tokio::select! {
         served = &mut server => {
             tracing::error!("HTTP server ended unexpectedly; stopping every session");
@@ -386,11 +393,18 @@ async fn run_until_signal(
             return served.map_err(ServeError::Http);
         }
         _ = stop_rx.wait_for(|stop| *stop) => {}
+        failed = app.failed() => failure = Some(failed),
     }
     tracing::info!("shutting down: stopping every session");
     mcp_shutdown.cancel();
+    if failure.is_some() {
+        let _ = stop_tx.send(true);
+    }
     let (served, ()) = tokio::join!(server, app.shutdown());
-    served.map_err(ServeError::Http)
+    match failure {
+        Some(f) => Err(ServeError::ActorTree(f)),
+        None => served.map_err(ServeError::Http),
+    }
 }
 
 /// First SIGINT/SIGTERM: graceful stop. Second: exit immediately.

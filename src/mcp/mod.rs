@@ -35,6 +35,8 @@ use axum::response::Response;
 use intercom_actors::model::SessionId;
 use intercom_actors::ports::SessionStore;
 use intercom_actors::registry::RegistryMsg;
+
+use crate::root::Current;
 use intercom_actors::supervisor::SupervisorMsg;
 use ractor::ActorRef;
 use ractor::rpc::CallResult;
@@ -61,8 +63,9 @@ const ACTOR_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct McpDeps {
     /// Creates sessions, resolves bridge tokens, finds session actors.
     pub supervisor: ActorRef<SupervisorMsg>,
-    /// The workspace map (workspace id / channel -> directory and channel).
-    pub registry: ActorRef<RegistryMsg>,
+    /// The workspace map (workspace id / channel -> directory and channel),
+    /// following Root's restarts.
+    pub registry: Current<RegistryMsg>,
     /// Requests, transcripts, steering.
     pub store: Arc<dyn SessionStore>,
     /// How long `check_clearance` (and a `standby` without
@@ -89,12 +92,12 @@ impl McpDeps {
     /// shutdown token.
     pub fn new(
         supervisor: ActorRef<SupervisorMsg>,
-        registry: ActorRef<RegistryMsg>,
+        registry: impl Into<Current<RegistryMsg>>,
         store: Arc<dyn SessionStore>,
     ) -> Self {
         McpDeps {
             supervisor,
-            registry,
+            registry: registry.into(),
             store,
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             transmit_timeout: DEFAULT_TRANSMIT_TIMEOUT,

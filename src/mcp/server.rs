@@ -441,7 +441,7 @@ impl IntercomMcp {
         // profile, which an MCP session does not have (a config without
         // agents must still serve MCP clients).
         let map = match ask(
-            &self.deps().registry,
+            &self.deps().registry.get(),
             "workspace registry",
             ACTOR_TIMEOUT,
             RegistryMsg::Get,

@@ -540,7 +540,7 @@ async fn start(
         );
         return;
     }
-    let map = match ractor::call_t!(ctx.registry, RegistryMsg::Get, CALL_TIMEOUT_MS) {
+    let map = match ractor::call_t!(ctx.registry.get(), RegistryMsg::Get, CALL_TIMEOUT_MS) {
         Ok(m) => m,
         Err(e) => {
             reply.send(
@@ -583,21 +583,25 @@ async fn start(
         path: None,
         agent,
     };
-    let resolved =
-        match ractor::call_t!(ctx.registry, RegistryMsg::Resolve, CALL_TIMEOUT_MS, target) {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                reply.send(ctx, render::problem(&format!("{e}.")));
-                return;
-            }
-            Err(e) => {
-                reply.send(
-                    ctx,
-                    render::problem(&format!("The workspace registry did not answer: {e}")),
-                );
-                return;
-            }
-        };
+    let resolved = match ractor::call_t!(
+        ctx.registry.get(),
+        RegistryMsg::Resolve,
+        CALL_TIMEOUT_MS,
+        target
+    ) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            reply.send(ctx, render::problem(&format!("{e}.")));
+            return;
+        }
+        Err(e) => {
+            reply.send(
+                ctx,
+                render::problem(&format!("The workspace registry did not answer: {e}")),
+            );
+            return;
+        }
+    };
     let channel = resolved.channel_id.clone();
     let mode = mode.or_else(|| ctx.rules.workspace_mode(&resolved.workspace));
     let req = StartRequest {

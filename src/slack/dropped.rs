@@ -3,14 +3,15 @@
 //! The gateway is the only writer to Slack; when its mailbox is gone (it
 //! stopped or failed) a send fails. That must never be silent: every such
 //! loss is logged with what was lost and counted (the running total is in
-//! the log line and in [`dropped_total`]). What the operator sees in Slack
+//! the log line, in [`dropped_total`] and in `/healthz` as `slack_dropped`). What the operator sees in Slack
 //! is also in SQLite (transcript, requests, audit), so nothing is lost from
 //! the record, only from the Slack view.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use intercom_actors::gateway::GatewayMsg;
-use ractor::ActorRef;
+
+use crate::root::Current;
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
@@ -28,9 +29,10 @@ pub fn note(what: &str, error: &dyn std::fmt::Display) {
     );
 }
 
-/// Sends `msg` to the gateway; a failure is logged and counted.
-pub fn send(gateway: &ActorRef<GatewayMsg>, msg: GatewayMsg, what: &str) {
-    if let Err(e) = gateway.send_message(msg) {
+/// Sends `msg` to the gateway's current incarnation; a failure is logged
+/// and counted.
+pub fn send(gateway: &Current<GatewayMsg>, msg: GatewayMsg, what: &str) {
+    if let Err(e) = gateway.get().send_message(msg) {
         note(what, &e);
     }
 }

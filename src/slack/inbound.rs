@@ -34,6 +34,7 @@ use super::api::BotIdentity;
 use super::commands::{self, CALL_TIMEOUT_MS};
 use super::render;
 use super::rules::{self, RememberScope, RulesAdmin};
+use crate::root::Current;
 
 /// How long a revive waits for the ended session's actor to be gone.
 const REVIVE_SETTLE: Duration = Duration::from_secs(5);
@@ -53,12 +54,12 @@ pub enum Inbound {
 pub struct Ctx {
     /// The session supervisor.
     pub supervisor: ActorRef<SupervisorMsg>,
-    /// The workspace registry.
-    pub registry: ActorRef<RegistryMsg>,
+    /// The workspace registry (following Root's restarts).
+    pub registry: Current<RegistryMsg>,
     /// Session storage (reads, audit).
     pub store: Arc<dyn SessionStore>,
-    /// The only writer to Slack.
-    pub gateway: ActorRef<GatewayMsg>,
+    /// The only writer to Slack (following Root's restarts).
+    pub gateway: Current<GatewayMsg>,
     /// Operator user ids.
     pub operators: HashSet<String>,
     /// Who the bot is (to ignore its own messages); set once known.
@@ -751,13 +752,15 @@ async fn revive(ctx: &Ctx, rec: SessionRecord, key: (String, String)) {
             let text = format!(
                 "Could not revive this session: {e} Start a new one with `/intercom start <prompt>`."
             );
-            let _ = ctx
-                .gateway
-                .send_message(GatewayMsg::Event(OperatorEvent::Notice {
+            super::dropped::send(
+                &ctx.gateway,
+                GatewayMsg::Event(OperatorEvent::Notice {
                     session_id: id.clone(),
                     level: NoticeLevel::Warning,
                     text,
-                }));
+                }),
+                "a revive failure notice",
+            );
             let held = ctx
                 .reviving
                 .lock()
@@ -788,7 +791,7 @@ async fn revive_session(
     rec: &SessionRecord,
     user: &str,
 ) -> Result<SessionRecord, String> {
-    let map = ractor::call_t!(ctx.registry, RegistryMsg::Get, CALL_TIMEOUT_MS)
+    let map = ractor::call_t!(ctx.registry.get(), RegistryMsg::Get, CALL_TIMEOUT_MS)
         .map_err(|e| format!("the workspace registry did not answer: {e}."))?;
     let profile = map
         .agents

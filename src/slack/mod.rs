@@ -19,7 +19,9 @@
 //! let opts = SlackOptions {
 //!     tokens, api_url: config.slack.api_url.clone(),
 //!     operators: slack::operators(&config.slack.operators),   // + SLACK_MEMBER_IDS
-//!     supervisor, registry, store: store.clone(), outbox: store.clone(),
+//!     supervisor, registry: app.registry().clone(),
+//!     root: Some(app.root().clone()),      // the gateway is spawned under Root
+//!     store: store.clone(), outbox: store.clone(),
 //!     tuning: SlackTuning::default(),
 //! };
 //! // rules: the App (rules in SQLite + config, refreshed for every session)
@@ -44,6 +46,8 @@ use std::time::Duration;
 use intercom_actors::gateway::{GatewayArgs, GatewayMsg, RetryPolicy, SlackGateway};
 use intercom_actors::ports::{OperatorEvent, OperatorSink, SessionStore};
 use intercom_actors::registry::RegistryMsg;
+
+use crate::root::{Current, RootMsg};
 use intercom_actors::slack_port::{Outbox, SlackApiError};
 use intercom_actors::supervisor::SupervisorMsg;
 use ractor::{Actor, ActorRef};
@@ -160,8 +164,11 @@ pub struct SlackOptions {
     pub operators: Vec<String>,
     /// The session supervisor.
     pub supervisor: ActorRef<SupervisorMsg>,
-    /// The workspace registry.
-    pub registry: ActorRef<RegistryMsg>,
+    /// The workspace registry (following Root's restarts).
+    pub registry: Current<RegistryMsg>,
+    /// The Root actor the gateway is spawned under (restarted by it when it
+    /// fails); `None` spawns an unsupervised gateway (tools, benches).
+    pub root: Option<ActorRef<RootMsg>>,
     /// Session storage.
     pub store: Arc<dyn SessionStore>,
     /// The durable outbox (the same SQLite store).
@@ -225,7 +232,7 @@ impl SlackStatus {
 /// A running Slack integration.
 pub struct SlackHandle {
     status: SlackStatus,
-    gateway: ActorRef<GatewayMsg>,
+    gateway: Current<GatewayMsg>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -236,14 +243,19 @@ impl SlackHandle {
         self.status.clone()
     }
 
-    /// The gateway actor (the only writer to Slack).
-    pub fn gateway(&self) -> ActorRef<GatewayMsg> {
+    /// The gateway actor (the only writer to Slack), following Root's restarts.
+    pub fn gateway(&self) -> Current<GatewayMsg> {
         self.gateway.clone()
     }
 
     /// How many outbound operations wait for Slack.
     pub async fn backlog(&self) -> usize {
-        ractor::call_t!(self.gateway, GatewayMsg::Backlog, commands::CALL_TIMEOUT_MS).unwrap_or(0)
+        ractor::call_t!(
+            self.gateway.get(),
+            GatewayMsg::Backlog,
+            commands::CALL_TIMEOUT_MS
+        )
+        .unwrap_or(0)
     }
 
     /// Stops listening and stops the gateway; undelivered messages stay in
@@ -254,7 +266,7 @@ impl SlackHandle {
             t.abort();
             let _ = t.await;
         }
-        self.gateway.stop(Some("shutdown".into()));
+        self.gateway.get().stop(Some("shutdown".into()));
     }
 }
 
@@ -300,21 +312,8 @@ pub async fn spawn_slack_with_rules(
         threads: Some(threads),
         retry: opts.tuning.retry,
     };
-    let (gateway, _) = Actor::spawn(None, SlackGateway, args)
-        .await
-        .map_err(|e| SlackError::Spawn(e.to_string()))?;
-
-    let mut tasks = Vec::new();
-    let forward_to = gateway.clone();
-    let SlackEvents(mut rx) = events;
-    tasks.push(tokio::spawn(async move {
-        while let Some(event) = rx.recv().await {
-            if let Err(e) = forward_to.send_message(GatewayMsg::Event(event)) {
-                // Keep draining: every later event is counted too.
-                dropped::note("an operator event", &e);
-            }
-        }
-    }));
+    let gateway = start_gateway(opts.root.as_ref(), args).await?;
+    let mut tasks = vec![tokio::spawn(forward_events(events, gateway.clone()))];
 
     let ctx = Arc::new(inbound::Ctx {
         supervisor: opts.supervisor.clone(),
@@ -346,6 +345,53 @@ pub async fn spawn_slack_with_rules(
         stop: stop_tx,
         tasks,
     })
+}
+
+/// How long the forwarder waits for Root to restart a failed gateway
+/// before it counts an event as dropped.
+const GATEWAY_RESTART_WAIT: Duration = Duration::from_secs(5);
+
+/// Spawns the gateway under Root (restarted when it fails), or alone.
+async fn start_gateway(
+    root: Option<&ActorRef<RootMsg>>,
+    args: GatewayArgs,
+) -> Result<Current<GatewayMsg>, SlackError> {
+    let Some(root) = root else {
+        let (gateway, _) = Actor::spawn(None, SlackGateway, args)
+            .await
+            .map_err(|e| SlackError::Spawn(e.to_string()))?;
+        return Ok(Current::fixed(gateway));
+    };
+    ractor::call_t!(
+        root,
+        |reply| RootMsg::StartGateway(Box::new(args), reply),
+        commands::CALL_TIMEOUT_MS
+    )
+    .map_err(|e| SlackError::Spawn(e.to_string()))?
+    .map_err(SlackError::Spawn)
+}
+
+/// Hands operator events to the gateway; when it is gone, waits for Root's
+/// restart and hands the event to the new one. Only an event no gateway
+/// took is dropped (logged and counted).
+async fn forward_events(events: SlackEvents, gateway: Current<GatewayMsg>) {
+    let SlackEvents(mut rx) = events;
+    while let Some(event) = rx.recv().await {
+        let to = gateway.get();
+        let Err(e) = to.send_message(GatewayMsg::Event(event)) else {
+            continue;
+        };
+        let retried = match (e, gateway.replacement(&to, GATEWAY_RESTART_WAIT).await) {
+            (ractor::MessagingErr::SendErr(GatewayMsg::Event(event)), Some(new)) => new
+                .send_message(GatewayMsg::Event(event))
+                .map_err(|e| e.to_string()),
+            (e, _) => Err(e.to_string()),
+        };
+        if let Err(e) = retried {
+            // Keep draining: every later event is counted too.
+            dropped::note("an operator event", &e);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -448,13 +448,15 @@ pub async fn remember(
 
 /// A notice in a session's thread (through the gateway, in order).
 pub fn notice(ctx: &Ctx, session: &SessionId, text: &str) {
-    let _ = ctx
-        .gateway
-        .send_message(GatewayMsg::Event(OperatorEvent::Notice {
+    super::dropped::send(
+        &ctx.gateway,
+        GatewayMsg::Event(OperatorEvent::Notice {
             session_id: session.clone(),
             level: NoticeLevel::Info,
             text: text.to_owned(),
-        }));
+        }),
+        "a notice",
+    );
 }
 
 #[cfg(test)]
