@@ -281,6 +281,8 @@ pub struct SessionDetail {
     pub pending: Vec<PendingRequest>,
     /// The actor's view, when an agent is attached.
     pub live: Option<SessionSnapshot>,
+    /// The approval mode: the live actor's, else the stored one.
+    pub mode: ApprovalMode,
 }
 
 /// Whether Slack is connected, for `/healthz`.
@@ -663,10 +665,17 @@ impl App {
         };
         let record = self.session(id).await?;
         let pending = self.inner.store.list_requests(Some(id), true).await?;
+        let mode = match &live {
+            Some(snapshot) => snapshot.mode,
+            None => {
+                ApprovalMode::parse(&self.inner.store.approval_mode(id).await?).unwrap_or_default()
+            }
+        };
         Ok(SessionDetail {
             record,
             pending,
             live,
+            mode,
         })
     }
 

@@ -466,6 +466,26 @@ fn prompts_queue_behind_a_blocked_turn_and_arrive_in_order() {
     }
     let detail = http.get(&format!("/api/sessions/{id}"));
     assert_eq!(detail.body["live"]["queued_prompts"], 2, "{}", detail.text);
+    // The stored steering, queued (no delivery time yet), oldest first.
+    let steering = format!("/api/sessions/{id}/steering");
+    let listed = http.get(&steering);
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let texts = |body: &Value| -> Vec<(String, bool)> {
+        body.as_array()
+            .expect("list")
+            .iter()
+            .map(|s| {
+                (
+                    s["text"].as_str().unwrap_or("").to_owned(),
+                    s["delivered_at"].is_i64(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        texts(&listed.body),
+        vec![("second".to_owned(), false), ("third".to_owned(), false)]
+    );
 
     let approve = |req: &str| {
         let r = http.post(
@@ -477,6 +497,13 @@ fn prompts_queue_behind_a_blocked_turn_and_arrive_in_order() {
     approve("req-1");
     http.until_pending(&id, "req-2");
     let text = http.until_transcript(&id, "prompt: second");
+    let listed = http.get(&steering);
+    assert_eq!(
+        texts(&listed.body),
+        vec![("second".to_owned(), true), ("third".to_owned(), false)],
+        "{}",
+        listed.text
+    );
     assert!(
         !text.contains("prompt: third"),
         "third arrived early: {text}"
@@ -638,6 +665,77 @@ fn rules_answer_matching_requests_and_can_be_removed() {
 }
 
 #[test]
+fn an_always_decision_is_remembered_as_a_rule_once() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let id = sid(&http.start("first"));
+    http.until_pending(&id, "req-1");
+    let remember = format!("/api/approvals/{id}:req-1/remember");
+    let scope = json!({"scope": "session"});
+    let early = http.post(&remember, &scope);
+    assert_eq!(early.status, 400, "a pending request: {}", early.text);
+    assert!(early.text.contains("not decided"), "{}", early.text);
+    let r = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"option_id": "allow-always"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+    let made = http.post(&remember, &scope);
+    assert_eq!(made.status, 201, "{}", made.text);
+    assert_eq!(made.body["created"], true);
+    let rule = &made.body["rule"];
+    assert_eq!(
+        (&rule["scope"], &rule["scope_id"]),
+        (&json!("session"), &json!(id)),
+        "{rule}"
+    );
+    assert_eq!(rule["match"]["kind"], "edit", "{rule}");
+    assert_eq!(rule["match"]["paths"], json!(["notes.txt"]), "{rule}");
+    assert_eq!(rule["action"], "allow");
+    let again = http.post(&remember, &scope);
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.body["created"], false);
+    assert_eq!(again.body["rule"]["id"], rule["id"]);
+    let listed = http.get("/api/rules");
+    assert_eq!(
+        listed.body.as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        listed.text
+    );
+    // The next matching request in the session is answered by the rule.
+    http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "again"}),
+    );
+    http.until_transcript(&id, "prompt: again");
+    let second = until("req-2 decided", || {
+        let r = http.get(&format!("/api/approvals/{id}:req-2"));
+        (r.body["status"] == "decided").then_some(r.body)
+    });
+    let by_rule = format!("rule:{}", rule["id"].as_str().unwrap_or(""));
+    assert_eq!(
+        second["decision"]["decided_by"],
+        by_rule.as_str(),
+        "{second}"
+    );
+    // Only "always" decisions, only known scopes and requests.
+    let once = sid(&http.start("once"));
+    http.until_pending(&once, "req-1");
+    http.post(
+        &format!("/api/approvals/{once}:req-1"),
+        &json!({"decision": "approve"}),
+    );
+    let r = http.post(&format!("/api/approvals/{once}:req-1/remember"), &scope);
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.text.contains("always"), "{}", r.text);
+    let r = http.post(&remember, &json!({"scope": "everywhere"}));
+    assert_eq!(r.status, 400, "{}", r.text);
+    let r = http.post("/api/approvals/s-0000000000000000:req-1/remember", &scope);
+    assert_eq!(r.status, 404, "{}", r.text);
+}
+
+#[test]
 fn approval_modes_apply_at_start_and_later() {
     let server = Server::start(with_permission());
     let http = &server.http;
@@ -646,15 +744,20 @@ fn approval_modes_apply_at_start_and_later() {
         &json!({"workspace": "demo", "prompt": "auto", "mode": "auto"}),
     );
     assert_eq!(auto.status, 201, "{}", auto.text);
-    http.until_transcript(&sid(&auto.body), "permission t1: selected allow-once");
+    let auto_id = sid(&auto.body);
+    http.until_transcript(&auto_id, "permission t1: selected allow-once");
+    let shown = |id: &str| http.get(&format!("/api/sessions/{id}")).body["approval_mode"].clone();
+    assert_eq!(shown(&auto_id), "auto");
     let asked = sid(&http.start("ask first"));
     http.until_pending(&asked, "req-1");
+    assert_eq!(shown(&asked), "ask");
     let set = http.post(
         &format!("/api/sessions/{asked}/mode"),
         &json!({"mode": "auto-edits"}),
     );
     assert_eq!(set.status, 200, "{}", set.text);
     http.until_transcript(&asked, "permission t1: selected allow-once");
+    assert_eq!(shown(&asked), "auto-edits");
     let bad = http.post(
         &format!("/api/sessions/{asked}/mode"),
         &json!({"mode": "yolo"}),

@@ -173,6 +173,31 @@ fn log_in(server: &Server) -> String {
     set.split(';').next().expect("name=value").to_owned()
 }
 
+fn cookie_name(pair: &str) -> &str {
+    pair.split('=').next().expect("name")
+}
+
+fn port_of(base: &str) -> &str {
+    base.rsplit(':').next().expect("port")
+}
+
+#[test]
+fn two_servers_on_one_host_keep_their_own_cookies() {
+    let (a, b) = (Server::start(), Server::start());
+    let (ca, cb) = (log_in(&a), log_in(&b));
+    assert_eq!(
+        cookie_name(&ca),
+        format!("intercom_console_{}", port_of(&a.base))
+    );
+    assert_ne!(cookie_name(&ca), cookie_name(&cb));
+    // A browser sends both to either server (cookies are per host, not per
+    // port): each finds its own.
+    let both = format!("{ca}; {cb}");
+    assert_eq!(get(&a.base, "/api/sessions", Some(&both), &[]).status, 200);
+    assert_eq!(get(&b.base, "/api/sessions", Some(&both), &[]).status, 200);
+    assert_eq!(get(&b.base, "/api/sessions", Some(&ca), &[]).status, 401);
+}
+
 fn csrf_of(page: &str) -> String {
     let marker = "name=\"csrf-token\" content=\"";
     let start = page.find(marker).expect("csrf meta") + marker.len();
@@ -244,7 +269,7 @@ fn the_api_takes_the_cookie_only_with_the_csrf_token_and_a_local_host() {
         get(
             &server.base,
             "/api/sessions",
-            Some("intercom_console=forged"),
+            Some(&format!("{}=forged", cookie_name(&cookie))),
             &[]
         )
         .status,
@@ -271,17 +296,12 @@ fn the_api_takes_the_cookie_only_with_the_csrf_token_and_a_local_host() {
         &start,
     );
     assert_eq!(cross.status, 403, "{}", cross.body);
-    let rebound = get(
-        &server.base,
-        "/api/sessions",
-        c,
-        &[("Host", "evil.example:3000")],
-    );
+    // A rebinding name for this very server (same port, so the browser
+    // would send the cookie).
+    let evil = format!("evil.example:{}", port_of(&server.base));
+    let rebound = get(&server.base, "/api/sessions", c, &[("Host", &evil)]);
     assert_eq!(rebound.status, 403, "{}", rebound.body);
-    assert_eq!(
-        get(&server.base, "/", c, &[("Host", "evil.example:3000")]).status,
-        403
-    );
+    assert_eq!(get(&server.base, "/", c, &[("Host", &evil)]).status, 403);
 
     let own_origin = server.base.clone();
     let ok = post(

@@ -12,6 +12,7 @@ pub mod events;
 pub mod routes;
 pub mod rules;
 pub mod server;
+pub mod steering;
 pub mod views;
 
 use std::future::Future;
@@ -54,6 +55,7 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
         .route("/sessions/{id}/pause", post(control::pause))
         .route("/sessions/{id}/resume", post(control::resume))
         .route("/sessions/{id}/nudge", post(control::nudge))
+        .route("/sessions/{id}/steering", get(steering::list))
         .route("/events", get(events::events))
         .route("/audit", get(control::audit))
         .route("/rules", get(rules::list).post(rules::create))
@@ -63,6 +65,7 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
             "/approvals/{id}",
             get(routes::get_approval).post(routes::decide),
         )
+        .route("/approvals/{id}/remember", post(rules::remember))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(

@@ -1,5 +1,7 @@
 //! Approval rules and per-session approval modes over HTTP:
-//! `GET/POST /api/rules`, `DELETE /api/rules/{id}`, `POST /api/sessions/{id}/mode`.
+//! `GET/POST /api/rules`, `DELETE /api/rules/{id}`,
+//! `POST /api/approvals/{id}/remember` (an "always" decision kept as a rule,
+//! as Slack's "Remember" buttons do), `POST /api/sessions/{id}/mode`.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -12,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, ApiJson};
 use crate::app::{App, LOCAL_OWNER};
+use crate::slack::rules::{RememberScope, remember_decision};
 
 /// A rule as listed: the rule plus where it came from.
 #[derive(Debug, Serialize)]
@@ -97,6 +100,48 @@ pub async fn delete(
 ) -> Result<StatusCode, ApiError> {
     app.delete_rule(&id, LOCAL_OWNER).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/approvals/{id}/remember` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RememberBody {
+    /// `session` (only the request's session) or `workspace` (every
+    /// session of its workspace).
+    scope: String,
+}
+
+/// `POST /api/approvals/{id}/remember` -> 201 `{"rule": ..., "created":
+/// true}`, or 200 with `"created": false` when the same rule is already in
+/// force. Only a decided request whose option was an "always" one can be
+/// remembered (400 otherwise); the rule matches what the request was about
+/// (docs/rules.md).
+pub async fn remember(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<RememberBody>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let scope = match body.scope.as_str() {
+        "session" => RememberScope::Session,
+        "workspace" => RememberScope::Workspace,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "unknown scope {other:?}; use session or workspace"
+            )));
+        }
+    };
+    app.approval(&id).await?;
+    let store = app.store_port();
+    let remembered = remember_decision(store.as_ref(), &app, &id, scope, LOCAL_OWNER)
+        .await
+        .map_err(ApiError::bad_request)?;
+    let status = if remembered.existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let answer = serde_json::json!({"rule": remembered.rule, "created": !remembered.existed});
+    Ok((status, Json(answer)))
 }
 
 /// `POST /api/sessions/{id}/agent-mode` body: exactly one of `mode`,

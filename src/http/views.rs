@@ -136,16 +136,25 @@ pub struct SessionDetailView {
     /// The session.
     #[serde(flatten)]
     pub session: SessionView,
+    /// The session's approval mode: `ask`, `auto-edits` or `auto` (set
+    /// with `POST /api/sessions/{id}/mode`).
+    #[serde(default = "ask")]
+    pub approval_mode: String,
     /// Requests waiting for a decision.
     pub pending: Vec<ApprovalView>,
     /// Present while an agent process is attached.
     pub live: Option<LiveView>,
 }
 
+fn ask() -> String {
+    "ask".to_owned()
+}
+
 impl From<SessionDetail> for SessionDetailView {
     fn from(d: SessionDetail) -> Self {
         SessionDetailView {
             session: d.record.into(),
+            approval_mode: d.mode.as_str().to_owned(),
             pending: d
                 .pending
                 .into_iter()

@@ -19,7 +19,7 @@ use intercom_actors::model::{
     AuditEntry, MessageKind, OptionKind, PendingRequest, RequestKind, RequestStatus, SessionId,
     TranscriptEntry,
 };
-use intercom_actors::ports::{NoticeLevel, OperatorEvent};
+use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::rules::{ApprovalMode, Rule, RuleAction, RuleMatch, Scope};
 use intercom_actors::slack_port::MessageBody;
 
@@ -332,6 +332,95 @@ pub async fn remove(ctx: &Ctx, reply: &Reply, id: Option<String>) {
     }
 }
 
+/// A remembered decision: the rule in force, and whether it was there
+/// already (an identical rule is reported, not added twice).
+#[derive(Debug, Clone)]
+pub struct Remembered {
+    /// The rule.
+    pub rule: Rule,
+    /// True when an identical rule existed and nothing was added.
+    pub existed: bool,
+}
+
+/// Turns the "always" decision on request `global` into a rule of `scope`
+/// matching what the request was about ([`remembered_match`]). Who may do
+/// this is the caller's check. Shared by Slack's "Remember" buttons and
+/// `POST /api/approvals/{id}/remember` (the web console). Errors are
+/// sentences for the operator.
+pub async fn remember_decision(
+    store: &dyn SessionStore,
+    rules: &dyn RulesAdmin,
+    global: &str,
+    scope: RememberScope,
+    by: &str,
+) -> Result<Remembered, String> {
+    let Some((session, _)) = render::split_global(global) else {
+        return Err(format!("`{global}` is not a request id."));
+    };
+    let (request, decision) = match store.get_request(global).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return Err(format!("No request `{global}`.")),
+        Err(e) => return Err(format!("Cannot read request `{global}`: {e}")),
+    };
+    let decision = match decision {
+        Some(d) if request.status == RequestStatus::Decided => d,
+        _ => return Err("That request was not decided, so there is nothing to remember.".into()),
+    };
+    let always = request
+        .options
+        .iter()
+        .find(|o| o.id == decision.option_id)
+        .is_some_and(|o| matches!(o.kind, OptionKind::AllowAlways | OptionKind::RejectAlways));
+    if !always {
+        return Err("Only decisions made with an \"always\" option can be remembered.".into());
+    }
+    let record = match store.get_session(&session).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(format!("Session `{session}` does not exist.")),
+        Err(e) => return Err(format!("Cannot read session `{session}`: {e}")),
+    };
+    let known = match store.transcript(&session).await {
+        Ok(entries) => transcript_kind(&entries, &request.title),
+        Err(_) => None,
+    };
+    let matcher = remembered_match(
+        &request,
+        known.as_deref(),
+        Path::new(&record.cwd),
+        decision.approved,
+    )?;
+    let scope = match scope {
+        RememberScope::Session => Scope::Session(session.clone()),
+        RememberScope::Workspace => Scope::Workspace(record.workspace.clone()),
+    };
+    let action = if decision.approved {
+        RuleAction::Allow
+    } else {
+        RuleAction::Deny
+    };
+    let existing = rules.rules().await.unwrap_or_default();
+    if let Some((same, _)) = existing
+        .into_iter()
+        .find(|(r, _)| r.scope == scope && r.matcher == matcher && r.action == action)
+    {
+        return Ok(Remembered {
+            rule: same,
+            existed: true,
+        });
+    }
+    let rule = Rule {
+        id: String::new(),
+        scope,
+        matcher,
+        action,
+    };
+    let rule = rules.add_rule(rule, by).await?;
+    Ok(Remembered {
+        rule,
+        existed: false,
+    })
+}
+
 /// A "Remember for this session / workspace" click on request `global`.
 pub async fn remember(
     ctx: &Ctx,
@@ -361,68 +450,25 @@ pub async fn remember(
         }
         RememberScope::Workspace => {}
     }
-    let (request, decision) = match ctx.store.get_request(global).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return Err(format!("No request `{global}`.")),
-        Err(e) => return Err(format!("Cannot read request `{global}`: {e}")),
-    };
-    let decision = match decision {
-        Some(d) if request.status == RequestStatus::Decided => d,
-        _ => return Err("That request was not decided, so there is nothing to remember.".into()),
-    };
-    let always = request
-        .options
-        .iter()
-        .find(|o| o.id == decision.option_id)
-        .is_some_and(|o| matches!(o.kind, OptionKind::AllowAlways | OptionKind::RejectAlways));
-    if !always {
-        return Err("Only decisions made with an \"always\" option can be remembered.".into());
-    }
-    let record = match ctx.store.get_session(&session).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return Err(format!("Session `{session}` does not exist.")),
-        Err(e) => return Err(format!("Cannot read session `{session}`: {e}")),
-    };
-    let known = match ctx.store.transcript(&session).await {
-        Ok(entries) => transcript_kind(&entries, &request.title),
-        Err(_) => None,
-    };
-    let matcher = remembered_match(
-        &request,
-        known.as_deref(),
-        Path::new(&record.cwd),
-        decision.approved,
-    )?;
-    let scope = match scope {
-        RememberScope::Session => Scope::Session(session.clone()),
-        RememberScope::Workspace => Scope::Workspace(record.workspace.clone()),
-    };
-    let action = if decision.approved {
-        RuleAction::Allow
-    } else {
-        RuleAction::Deny
-    };
-    let existing = ctx.rules.rules().await.unwrap_or_default();
-    if let Some((same, _)) = existing
-        .iter()
-        .find(|(r, _)| r.scope == scope && r.matcher == matcher && r.action == action)
-    {
+    let remembered = remember_decision(
+        ctx.store.as_ref(),
+        ctx.rules.as_ref(),
+        global,
+        scope,
+        &reply.user,
+    )
+    .await?;
+    let rule = remembered.rule;
+    if remembered.existed {
         reply.send(
             ctx,
             MessageBody::text(format!(
                 "Already remembered as rule `{}`; nothing changed.",
-                render::escape(&same.id)
+                render::escape(&rule.id)
             )),
         );
         return Ok(());
     }
-    let rule = Rule {
-        id: String::new(),
-        scope,
-        matcher,
-        action,
-    };
-    let rule = ctx.rules.add_rule(rule, &reply.user).await?;
     // mrkdwn, escaped; notices escape their text themselves.
     let summary = render::rule_summary(&rule);
     notice(

@@ -26,7 +26,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use intercom_actors::model::{AuditEntry, SessionId};
+use intercom_actors::model::{AuditEntry, SessionId, Steering};
 use intercom_actors::ports::StoreError;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{
@@ -327,6 +327,38 @@ impl SqliteStore {
             .await
             .map_err(backend("read approval mode"))?
             .ok_or_else(|| session_not_found(id))
+    }
+
+    /// A session's latest `limit` steering messages, oldest first, each with
+    /// when it reached the agent (`None`: still queued).
+    pub async fn steering_history(
+        &self,
+        id: &SessionId,
+        limit: u32,
+    ) -> Result<Vec<(Steering, Option<i64>)>, StoreError> {
+        let rows: Vec<(i64, String, String, i64, Option<i64>)> = sqlx::query_as(
+            "SELECT id, text, author, created_at, delivered_at FROM steering \
+             WHERE session_id = ? ORDER BY id DESC LIMIT ?",
+        )
+        .bind(&id.0)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend("read steering"))?;
+        Ok(rows
+            .into_iter()
+            .rev()
+            .map(|(sid, text, author, created_at, delivered_at)| {
+                let steering = Steering {
+                    id: sid,
+                    session_id: id.clone(),
+                    text,
+                    author,
+                    created_at,
+                };
+                (steering, delivered_at)
+            })
+            .collect())
     }
 }
 

@@ -30,6 +30,16 @@ pub fn host_name(host: &str) -> &str {
     }
 }
 
+/// The port of a `Host` header value, when it names one.
+pub fn host_port(host: &str) -> Option<&str> {
+    let after_name = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map(|(_, tail)| tail)?,
+        None => host,
+    };
+    let (_, port) = after_name.rsplit_once(':')?;
+    (!port.is_empty() && port.chars().all(|c| c.is_ascii_digit())).then_some(port)
+}
+
 /// True for hosts a DNS rebinding attack cannot name: IP literals and
 /// `localhost`.
 pub fn host_is_local(host: &str) -> bool {

@@ -29,8 +29,10 @@ use crate::app::AppError;
 use crate::http::auth::ct_eq;
 use crate::http::error::ApiError;
 
-/// The session cookie's name.
-pub const COOKIE: &str = "intercom_console";
+/// The session cookie's name, before the port: browsers keep cookies per
+/// host, not per port, so each server's cookie carries the port it is
+/// reached at ([`cookie_name`]) and two servers on one host keep theirs.
+pub const COOKIE_PREFIX: &str = "intercom_console";
 /// The header carrying the CSRF token.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a login lasts.
@@ -95,15 +97,30 @@ fn hash(cookie: &str) -> String {
         .collect()
 }
 
+/// The session cookie's name for a request: [`COOKIE_PREFIX`] and the
+/// port of its `Host` (`intercom_console_3000`); the bare prefix when the
+/// `Host` names no port.
+pub fn cookie_name(headers: &HeaderMap) -> String {
+    let port = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| guard::host_port(h.trim()));
+    match port {
+        Some(port) => format!("{COOKIE_PREFIX}_{port}"),
+        None => COOKIE_PREFIX.to_owned(),
+    }
+}
+
 /// The session cookie's value, when the request has one.
 pub fn cookie_value(headers: &HeaderMap) -> Option<&str> {
+    let wanted = cookie_name(headers);
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(name, _)| *name == wanted)
         .map(|(_, value)| value.trim())
 }
 
@@ -120,7 +137,7 @@ pub async fn login_csrf(console: &Console, headers: &HeaderMap) -> Option<String
 }
 
 /// Creates a login and answers with its cookie and a redirect to `/`.
-async fn start_login(console: &Console) -> Response {
+async fn start_login(console: &Console, headers: &HeaderMap) -> Response {
     let cookie = random_hex();
     let csrf = random_hex();
     let stored = console
@@ -138,7 +155,8 @@ async fn start_login(console: &Console) -> Response {
     }
     tracing::info!("console login");
     let set = format!(
-        "{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        "{}={cookie}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        cookie_name(headers),
         LOGIN_TTL_MS / 1000
     );
     let mut response = Redirect::to("/").into_response();
@@ -155,9 +173,13 @@ pub struct LinkQuery {
 }
 
 /// `GET /login`: redeems a one-time code, else shows the token form.
-pub async fn login_page(State(console): State<Console>, Query(q): Query<LinkQuery>) -> Response {
+pub async fn login_page(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<LinkQuery>,
+) -> Response {
     match q.code {
-        Some(code) if console.link().redeem(&code) => start_login(&console).await,
+        Some(code) if console.link().redeem(&code) => start_login(&console, &headers).await,
         Some(_) => form_page(
             StatusCode::UNAUTHORIZED,
             "This login link was already used or is wrong. Log in with the API token \
@@ -174,9 +196,13 @@ pub struct TokenForm {
 }
 
 /// `POST /login`: the API token from the form, for a cookie.
-pub async fn login_form(State(console): State<Console>, Form(form): Form<TokenForm>) -> Response {
+pub async fn login_form(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(form): Form<TokenForm>,
+) -> Response {
     if console.token().matches(form.token.trim()) {
-        start_login(&console).await
+        start_login(&console, &headers).await
     } else {
         form_page(StatusCode::UNAUTHORIZED, "Wrong API token.")
     }
@@ -200,7 +226,10 @@ pub async fn logout(State(console): State<Console>, headers: HeaderMap) -> Respo
         tracing::error!("cannot end a console login: {e}");
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
-    let clear = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    let clear = format!(
+        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        cookie_name(&headers)
+    );
     if let Ok(value) = HeaderValue::from_str(&clear) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
@@ -294,12 +323,35 @@ mod tests {
     #[test]
     fn the_cookie_is_found_among_others() {
         let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:3000"));
         h.insert(
             header::COOKIE,
-            HeaderValue::from_static("a=1; intercom_console=abc ; b=2"),
+            HeaderValue::from_static("a=1; intercom_console_3000=abc ; b=2"),
         );
         assert_eq!(cookie_value(&h), Some("abc"));
         assert_eq!(cookie_value(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn each_port_has_its_own_cookie() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("localhost:3001"));
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("intercom_console_3000=other; intercom_console_3001=mine"),
+        );
+        assert_eq!(cookie_name(&h), "intercom_console_3001");
+        assert_eq!(cookie_value(&h), Some("mine"));
+        h.insert(header::HOST, HeaderValue::from_static("[::1]:3000"));
+        assert_eq!(cookie_value(&h), Some("other"));
+        h.insert(header::HOST, HeaderValue::from_static("localhost:3002"));
+        assert_eq!(
+            cookie_value(&h),
+            None,
+            "another server's cookie is not ours"
+        );
+        h.insert(header::HOST, HeaderValue::from_static("[::1]"));
+        assert_eq!(cookie_name(&h), "intercom_console");
     }
 
     #[test]

@@ -4,8 +4,10 @@ Playwright (never `playwright install`: the system Chromium is used).
 
 Runs the real `agent-intercom serve` with the scripted agent and walks the
 operator's demo: log in with the printed one-time link, see a new session
-appear as "needs input" without reloading, open it, see the diff, steer while
-the turn runs (queued, then delivered), approve, see the transcript grow,
+appear as "needs input" without reloading, open it, see the diff (a new file shown
+as added), steer while the turn runs (queued, then delivered), approve
+always, remember that as a rule, see the stored steering and the session's
+approval mode after a reload, see the transcript grow,
 reject with feedback, check that a `<script>` title stays text and that a
 POST without the CSRF token is refused, restart the server and see the page
 recover (the stream resumes, the session's end arrives). Saves screenshots
@@ -229,6 +231,8 @@ def walk(server, page):
         expect(card.locator(".d2h-file-wrapper")).to_be_visible(timeout=WAIT_MS)
         expect(card.locator(".d2h-file-wrapper")).to_contain_text("<script>window.__xss = 2</script>")
         expect(card.locator(".d2h-file-wrapper")).to_contain_text("notes for the demo")
+        # A new file (`--- /dev/null`) is shown as added, not as a rename.
+        expect(card.locator(".d2h-tag")).to_have_text("ADDED")
         assert page.evaluate("window.__xss === undefined"), "diff text ran as script"
         expect(page.locator(".plan li")).to_have_count(2, timeout=WAIT_MS)
         assert page.locator("details.thought[open]").count() == 0, "thoughts start collapsed"
@@ -242,8 +246,8 @@ def walk(server, page):
 
     def approve():
         card = page.locator(".request").first
-        card.locator('button[data-option="allow-once"]').click()
-        expect(page.locator(".transcript")).to_contain_text("selected allow-once", timeout=WAIT_MS)
+        card.locator('button[data-option="allow-always"]').click()
+        expect(page.locator(".transcript")).to_contain_text("selected allow-always", timeout=WAIT_MS)
         # A write that differs from what was approved would ask again.
         write = page.locator(".request", has_text="notes.txt")
         deadline = time.time() + 3
@@ -255,6 +259,36 @@ def walk(server, page):
             write.first.locator("button.opt.allow_once").first.click()
         expect(page.locator(".steering-list li.delivered")).to_have_count(1, timeout=WAIT_MS)
         expect(page.locator(".transcript")).to_contain_text("then run the tests", timeout=WAIT_MS)
+
+    def remember_the_always_decision():
+        offer = page.locator(".remember")
+        expect(offer).to_have_count(1, timeout=WAIT_MS)
+        expect(offer).to_contain_text("Write notes.txt")
+        offer.locator('button[data-remember-scope="session"]').click()
+        expect(offer.locator(".remember-result")).to_contain_text("Remembered as rule r-", timeout=WAIT_MS)
+        rules = server.api("GET", "/api/rules")
+        mine = [r for r in rules if r.get("scope") == "session" and r.get("scope_id") == state["id"]]
+        assert len(mine) == 1, rules
+        match = {k: v for k, v in mine[0]["match"].items() if v is not None}
+        assert match == {"kind": "edit", "paths": ["notes.txt"]}, mine
+        assert mine[0]["action"] == "allow", mine
+        state["rules"] = len(rules)
+
+    def steering_and_mode_come_from_the_server():
+        page.reload()
+        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+        # The steering sent before the reload, as stored: delivered.
+        expect(page.locator(".steering-list li.delivered")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator(".steering-list")).to_contain_text("then run the tests")
+        expect(page.locator("#mode")).to_have_value("ask", timeout=WAIT_MS)
+        server.api("POST", f"/api/sessions/{state['id']}/mode", {"mode": "auto-edits"})
+        page.reload()
+        expect(page.locator("#session-mode")).to_have_text("mode auto-edits", timeout=WAIT_MS)
+        expect(page.locator("#mode")).to_have_value("auto-edits", timeout=WAIT_MS)
+        page.select_option("#mode", "ask")
+        page.click("#mode-set")
+        expect(page.locator("#session-mode")).to_have_text("mode ask", timeout=WAIT_MS)
+        expect(page.locator("#mode")).to_have_value("ask")
 
     def reject_with_feedback():
         card = page.locator(".request", has_text="Run cargo test")
@@ -284,7 +318,7 @@ def walk(server, page):
         page.goto(server.base + "/#/rules")
         page.fill("#rule-kind", "read")
         page.click("#rule-add")
-        expect(page.locator("#rules tbody tr")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#rules tbody tr")).to_have_count(state["rules"] + 1, timeout=WAIT_MS)
         shot(page, "rules.png")
         page.goto(server.base + "/#/audit")
         expect(page.locator("#audit tbody tr").first).to_be_visible(timeout=WAIT_MS)
@@ -312,7 +346,9 @@ def walk(server, page):
         ("a <script> title stays text", title_stays_text),
         ("open it and see the diff of the pending write", open_and_see_the_diff),
         ("steer while the turn runs: queued", steer_while_the_turn_runs),
-        ("approve; the transcript grows; the steering is delivered", approve),
+        ("approve always; the transcript grows; the steering is delivered", approve),
+        ("remember the always decision as a rule", remember_the_always_decision),
+        ("after a reload: stored steering, the session's approval mode", steering_and_mode_come_from_the_server),
         ("reject with feedback", reject_with_feedback),
         ("a POST without the CSRF token is refused", post_without_csrf_is_refused),
         ("rules, audit and start views", other_views),

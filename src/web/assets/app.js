@@ -12,7 +12,6 @@
   const view = document.getElementById('view');
   const state = {
     activity: {}, // session id -> last activity word from the stream
-    steering: {}, // session id -> Map(steering id -> {text, delivered})
     notified: new Set(), // request ids already notified
     lastId: null,
     current: null, // the view object in the page
@@ -119,11 +118,6 @@
     };
   }
 
-  function steeringOf(id) {
-    if (!state.steering[id]) state.steering[id] = new Map();
-    return state.steering[id];
-  }
-
   function onEvent(e) {
     const sid = e.session_id;
     switch (e.event) {
@@ -133,14 +127,6 @@
       case 'request_opened':
         notify(e.request);
         break;
-      case 'steering_queued':
-        steeringOf(sid).set(e.steering.id, { text: e.steering.text, delivered: false });
-        break;
-      case 'steering_delivered': {
-        const s = steeringOf(sid).get(e.steering_id);
-        if (s) s.delivered = true;
-        break;
-      }
       default:
         break;
     }
@@ -220,11 +206,23 @@
   }
 
   // ---- one session ----
+  // The server's diffs are plain unified diffs: a new file is `--- /dev/null`.
+  // diff2html marks a file added only after git's `new file mode` line (else
+  // the differing names read as a rename), so give new and deleted files
+  // git's header lines before rendering.
+  function gitHeaders(diff) {
+    return diff.replace(/^--- (\S.*)\n\+\+\+ (\S.*)$/gm, (pair, from, to) => {
+      if (from === '/dev/null') return 'diff --git ' + to.replace(/^b\//, 'a/') + ' ' + to + '\nnew file mode 100644\n' + pair;
+      if (to === '/dev/null') return 'diff --git ' + from + ' ' + from.replace(/^a\//, 'b/') + '\ndeleted file mode 100644\n' + pair;
+      return pair;
+    });
+  }
+
   function renderDiff(diff) {
     const box = h('div', { class: 'diff' });
     if (window.Diff2Html) {
       // diff2html escapes the diff's text; its output is trusted markup.
-      box.innerHTML = window.Diff2Html.html(diff, { drawFileList: false, matching: 'lines', outputFormat: 'line-by-line' });
+      box.innerHTML = window.Diff2Html.html(gitHeaders(diff), { drawFileList: false, matching: 'lines', outputFormat: 'line-by-line' });
     } else {
       box.append(h('pre', {}, diff));
     }
@@ -235,12 +233,13 @@
     try { return JSON.parse(text); } catch (_) { return null; }
   }
 
-  function requestCard(req) {
+  function requestCard(req, onAlways) {
     const feedback = h('textarea', { class: 'feedback', rows: 2, placeholder: 'Feedback for the agent (optional)' });
-    const decide = (body, label) => act(label, 'POST', '/api/approvals/' + encodeURIComponent(req.id), () => body);
+    const decide = (o) => act(o.name, 'POST', '/api/approvals/' + encodeURIComponent(req.id), () => ({ option_id: o.id }),
+      (answer) => { if (o.kind.endsWith('_always') && answer && answer.status === 'decided') onAlways(req, o); });
     const buttons = req.options.map((o) => h('button', {
       type: 'button', class: 'opt ' + o.kind, 'data-option': o.id,
-      onclick: decide({ option_id: o.id }, o.name),
+      onclick: decide(o),
     }, o.name));
     return h('div', { class: 'request', 'data-request': req.id },
       h('div', { class: 'request-head' },
@@ -302,6 +301,8 @@
     const interrupt = h('input', { type: 'checkbox', id: 'steer-interrupt' });
     const steerResult = h('span', { class: 'steer-result', id: 'steer-result' });
     const mode = h('select', { id: 'mode' }, ['ask', 'auto-edits', 'auto'].map((m) => h('option', { value: m }, m)));
+    let modeShown = null; // the mode the select last showed from the server
+    const rememberBox = h('div', { class: 'remember-box' });
     const control = (label, path) => h('button', { type: 'button', class: 'control', 'data-control': path,
       onclick: act(label, 'POST', '/api/sessions/' + enc + '/' + path, () => ({})) }, label);
     const root = h('section', { class: 'session' },
@@ -310,7 +311,8 @@
         control('Stop', 'cancel'), control('Pause', 'pause'), control('Resume', 'resume'), control('Nudge', 'nudge'),
         control('Restart', 'restart'),
         h('label', {}, ' approval mode ', mode),
-        h('button', { type: 'button', onclick: act('Mode', 'POST', '/api/sessions/' + enc + '/mode', () => ({ mode: mode.value })) }, 'Set')),
+        h('button', { type: 'button', id: 'mode-set', onclick: act('Mode', 'POST', '/api/sessions/' + enc + '/mode', () => ({ mode: mode.value })) }, 'Set')),
+      rememberBox,
       h('h3', {}, 'Waiting for you'), pendingBox,
       h('h3', {}, 'Plan'), planBox,
       h('h3', {}, 'Transcript'), transcript,
@@ -320,6 +322,31 @@
           h('button', { type: 'button', id: 'steer-send', onclick: steer }, 'Send'), ' ', steerResult),
         steerList));
     const cards = new Map();
+
+    // After an "always" decision: keep it as a rule, as Slack offers.
+    function offerRemember(req, option) {
+      const box = h('div', { class: 'remember', 'data-remember': req.id });
+      const result = h('span', { class: 'remember-result' });
+      const remember = (scope) => async () => {
+        try {
+          const r = await api('POST', '/api/approvals/' + encodeURIComponent(req.id) + '/remember', { scope });
+          clear(result).append((r.created ? 'Remembered as rule ' : 'Already remembered as rule ') + r.rule.id
+            + ': matching requests are answered without asking (the Rules view removes it).');
+          for (const b of box.querySelectorAll('button')) b.disabled = true;
+        } catch (e) {
+          clear(result).append(e.message);
+        }
+      };
+      box.append(
+        h('div', {}, '"' + option.name + '" on ', h('strong', {}, req.title),
+          '. Make it stick: remember this decision as a rule, so matching requests are answered without asking.'),
+        h('div', { class: 'options' },
+          h('button', { type: 'button', 'data-remember-scope': 'session', onclick: remember('session') }, 'Remember for this session'),
+          h('button', { type: 'button', 'data-remember-scope': 'workspace', onclick: remember('workspace') }, 'Remember for the workspace'),
+          h('button', { type: 'button', class: 'dismiss', onclick: () => box.remove() }, 'Not now')),
+        result);
+      rememberBox.append(box);
+    }
 
     async function steer() {
       const text = steerText.value;
@@ -343,6 +370,7 @@
           h('span', {}, 'status ' + d.status + (d.status_reason ? ' (' + d.status_reason + ')' : '')),
           h('span', {}, 'workspace ' + d.workspace), h('span', {}, 'agent ' + d.agent),
           h('span', {}, 'owner ' + d.owner), h('span', {}, 'restarts ' + d.restart_count),
+          h('span', { id: 'session-mode' }, 'mode ' + d.approval_mode),
           d.live ? h('span', {}, d.live.turn_running ? 'turn running' : 'idle') : null,
           d.live && d.live.queued_prompts ? h('span', {}, d.live.queued_prompts + ' queued') : null,
           h('span', { class: 'muted' }, id)));
@@ -355,7 +383,7 @@
       }
       for (const p of pending) {
         if (!cards.has(p.id)) {
-          const card = requestCard(p);
+          const card = requestCard(p, offerRemember);
           cards.set(p.id, card);
           pendingBox.append(card);
         }
@@ -365,26 +393,36 @@
       if (pending.length > 0 && none) none.remove();
     }
 
-    function drawSteering() {
+    function drawSteering(steering) {
       clear(steerList);
-      for (const [sid, s] of steeringOf(id)) {
-        steerList.append(h('li', { 'data-steering': sid, class: s.delivered ? 'delivered' : 'queued' },
-          h('span', { class: 'badge' }, s.delivered ? 'delivered' : 'queued'), ' ', s.text));
+      for (const s of steering) {
+        const delivered = s.delivered_at !== null && s.delivered_at !== undefined;
+        steerList.append(h('li', { 'data-steering': s.id, class: delivered ? 'delivered' : 'queued' },
+          h('span', { class: 'badge' }, delivered ? 'delivered' : 'queued'), ' ', s.text,
+          h('span', { class: 'muted' }, ' ' + s.author + ', ' + when(s.created_at))));
       }
     }
 
+    function drawMode(current) {
+      if (mode.value === modeShown || modeShown === null) mode.value = current;
+      modeShown = current;
+      mode.dataset.current = current;
+    }
+
     async function refresh() {
-      const [d, messages] = await Promise.all([
+      const [d, messages, steering] = await Promise.all([
         api('GET', '/api/sessions/' + enc),
         api('GET', '/api/sessions/' + enc + '/messages'),
+        api('GET', '/api/sessions/' + enc + '/steering'),
       ]);
       drawHead(d);
+      drawMode(d.approval_mode);
       drawPending(d.pending);
       clear(planBox).append(planView(messages) || h('p', { class: 'muted' }, 'No plan yet.'));
       const atBottom = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 20;
       clear(transcript).append(...messages.map(entryView));
       if (atBottom) transcript.scrollTop = transcript.scrollHeight;
-      drawSteering();
+      drawSteering(steering);
     }
     return { root, refresh, wants: (e) => e.session_id === id, stop: () => {} };
   }
