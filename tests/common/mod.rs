@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod api_server;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,161 @@
+//! Approval rules and modes over the HTTP API: rules answer matching
+//! requests and can be removed, an "always" decision is remembered as a rule
+//! once, and approval modes apply at start and later (and are shown).
+
+mod common;
+
+use common::api_server::{Server, sid, with_permission};
+use common::until;
+use serde_json::json;
+
+#[test]
+fn rules_answer_matching_requests_and_can_be_removed() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    // A pending request first: a new rule resolves it at once.
+    let first = http.start("before the rule");
+    let first_id = sid(&first);
+    http.until_pending(&first_id, "req-1");
+    let created = http.post(
+        "/api/rules",
+        &json!({"scope": "workspace", "scope_id": "demo", "match": {"kind": "edit"}, "action": "allow"}),
+    );
+    assert_eq!(created.status, 201, "{}", created.text);
+    let rule_id = created.body["id"].as_str().expect("rule id").to_owned();
+    assert!(rule_id.starts_with("r-"), "{rule_id}");
+    http.until_transcript(&first_id, "permission t1: selected allow-once");
+    let listed = http.get("/api/rules");
+    assert_eq!(listed.status, 200);
+    assert!(
+        listed
+            .body
+            .as_array()
+            .expect("list")
+            .iter()
+            .any(|r| r["id"] == rule_id.as_str() && r["source"] == "local")
+    );
+    // A new session's matching request never waits for a human.
+    let second = sid(&http.start("after the rule"));
+    let text = http.until_transcript(&second, "permission t1: selected allow-once");
+    assert!(text.contains("done."), "{text}");
+    let approval = http.get(&format!("/api/approvals/{second}:req-1"));
+    assert_eq!(
+        approval.body["decision"]["decided_by"],
+        format!("rule:{rule_id}"),
+        "{}",
+        approval.text
+    );
+    // Removing it brings the human back.
+    assert_eq!(http.delete(&format!("/api/rules/{rule_id}")).status, 204);
+    assert_eq!(http.delete(&format!("/api/rules/{rule_id}")).status, 404);
+    let third = sid(&http.start("rule removed"));
+    http.until_pending(&third, "req-1");
+    // Bad rules are refused with the reason.
+    let bad = http.post(
+        "/api/rules",
+        &json!({"scope": "global", "match": {"command_regex": "("}, "action": "deny"}),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text);
+    assert!(bad.text.contains("command_regex"), "{}", bad.text);
+}
+
+#[test]
+fn an_always_decision_is_remembered_as_a_rule_once() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let id = sid(&http.start("first"));
+    http.until_pending(&id, "req-1");
+    let remember = format!("/api/approvals/{id}:req-1/remember");
+    let scope = json!({"scope": "session"});
+    let early = http.post(&remember, &scope);
+    assert_eq!(early.status, 400, "a pending request: {}", early.text);
+    assert!(early.text.contains("not decided"), "{}", early.text);
+    let r = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"option_id": "allow-always"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+    let made = http.post(&remember, &scope);
+    assert_eq!(made.status, 201, "{}", made.text);
+    assert_eq!(made.body["created"], true);
+    let rule = &made.body["rule"];
+    assert_eq!(
+        (&rule["scope"], &rule["scope_id"]),
+        (&json!("session"), &json!(id)),
+        "{rule}"
+    );
+    assert_eq!(rule["match"]["kind"], "edit", "{rule}");
+    assert_eq!(rule["match"]["paths"], json!(["notes.txt"]), "{rule}");
+    assert_eq!(rule["action"], "allow");
+    let again = http.post(&remember, &scope);
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.body["created"], false);
+    assert_eq!(again.body["rule"]["id"], rule["id"]);
+    let listed = http.get("/api/rules");
+    assert_eq!(
+        listed.body.as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        listed.text
+    );
+    // The next matching request in the session is answered by the rule.
+    http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "again"}),
+    );
+    http.until_transcript(&id, "prompt: again");
+    let second = until("req-2 decided", || {
+        let r = http.get(&format!("/api/approvals/{id}:req-2"));
+        (r.body["status"] == "decided").then_some(r.body)
+    });
+    let by_rule = format!("rule:{}", rule["id"].as_str().unwrap_or(""));
+    assert_eq!(
+        second["decision"]["decided_by"],
+        by_rule.as_str(),
+        "{second}"
+    );
+    // Only "always" decisions, only known scopes and requests.
+    let once = sid(&http.start("once"));
+    http.until_pending(&once, "req-1");
+    http.post(
+        &format!("/api/approvals/{once}:req-1"),
+        &json!({"decision": "approve"}),
+    );
+    let r = http.post(&format!("/api/approvals/{once}:req-1/remember"), &scope);
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.text.contains("always"), "{}", r.text);
+    let r = http.post(&remember, &json!({"scope": "everywhere"}));
+    assert_eq!(r.status, 400, "{}", r.text);
+    let r = http.post("/api/approvals/s-0000000000000000:req-1/remember", &scope);
+    assert_eq!(r.status, 404, "{}", r.text);
+}
+
+#[test]
+fn approval_modes_apply_at_start_and_later() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let auto = http.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": "auto", "mode": "auto"}),
+    );
+    assert_eq!(auto.status, 201, "{}", auto.text);
+    let auto_id = sid(&auto.body);
+    http.until_transcript(&auto_id, "permission t1: selected allow-once");
+    let shown = |id: &str| http.get(&format!("/api/sessions/{id}")).body["approval_mode"].clone();
+    assert_eq!(shown(&auto_id), "auto");
+    let asked = sid(&http.start("ask first"));
+    http.until_pending(&asked, "req-1");
+    assert_eq!(shown(&asked), "ask");
+    let set = http.post(
+        &format!("/api/sessions/{asked}/mode"),
+        &json!({"mode": "auto-edits"}),
+    );
+    assert_eq!(set.status, 200, "{}", set.text);
+    http.until_transcript(&asked, "permission t1: selected allow-once");
+    assert_eq!(shown(&asked), "auto-edits");
+    let bad = http.post(
+        &format!("/api/sessions/{asked}/mode"),
+        &json!({"mode": "yolo"}),
+    );
+    assert_eq!(bad.status, 400);
+}

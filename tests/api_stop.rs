@@ -1,0 +1,88 @@
+//! Stopping sessions over the HTTP API: `POST /api/sessions/{id}/cancel`
+//! waits for the end (200) or says the agent is still being terminated
+//! (202 "stopping"), is idempotent, and an ended session refuses prompts.
+
+mod common;
+
+use common::api_server::{Server, sid, with_permission};
+use common::{Setup, until};
+use serde_json::json;
+
+#[test]
+fn cancel_is_idempotent_and_an_ended_session_refuses_prompts() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let id = sid(&http.start("first"));
+    http.until_pending(&id, "req-1");
+    let cancel = format!("/api/sessions/{id}/cancel");
+    let r = http.post(&cancel, &json!({}));
+    // Either the session ended within the wait (200, and then it says so),
+    // or 202 "stopping": never 200 with a stale "active".
+    match r.status {
+        200 => assert_eq!(r.body["status"], "cancelled", "{}", r.text),
+        202 => assert_eq!(r.body["status"], "stopping", "{}", r.text),
+        other => panic!("cancel answered {other}: {}", r.text),
+    }
+    http.until_status(&id, "cancelled");
+    let again = http.post(&cancel, &json!({}));
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.body["status"], "cancelled");
+    assert_eq!(again.body["status_reason"], "stopped by operator");
+
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "hello?"}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(r.body["code"], "conflict");
+    assert_eq!(r.body["status"], "cancelled");
+    assert_eq!(r.body["error"], "session is cancelled; start a new one");
+
+    let r = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"decision": "approve"}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(http.get("/api/sessions").body, json!([]));
+    assert_eq!(http.get("/api/sessions?all=true").body[0]["id"], id);
+}
+
+/// Kills the escaped descendant of a hostile agent when the test ends.
+struct Escaped(i32);
+
+impl Drop for Escaped {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the `sleep` this test's agent started.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
+#[test]
+fn cancel_answers_202_stopping_while_a_hostile_agent_outlives_the_wait() {
+    // The agent ignores session/cancel, stdin EOF and SIGTERM, and leaves a
+    // descendant in a group of its own holding its stdout: the SIGKILL comes
+    // at grace + 2 s and its end is seen only when the pipes drain (bounded
+    // at 2 s), after the API's wait (grace + 2 s + 1 s).
+    let pids = tempfile::tempdir().expect("tempdir");
+    let pid_file = pids.path().join("escaped.pid");
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[
+            {"ignore_sigterm": true},
+            {"escape_group": {"pid_file": pid_file, "secs": 120}},
+            {"hang": true}
+        ]]}),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("hold on"));
+    let escaped = Escaped(until("the escaped descendant", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    }));
+    let r = http.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
+    assert_eq!(r.status, 202, "{}", r.text);
+    assert_eq!(r.body["status"], "stopping", "{}", r.text);
+    assert_eq!(r.body["id"], id.as_str(), "{}", r.text);
+    let ended = http.until_status(&id, "cancelled");
+    assert_eq!(ended["status_reason"], "stopped by operator", "{ended}");
+    drop(escaped);
+}
