@@ -8,6 +8,7 @@
 //! cargo bench --bench load -- [--operator core|api|slack|all] [--sessions 10,100,500]
 //!                             [--requests 10] [--pace-ms 200] [--ramp-ms 0]
 //!                             [--wait-quiet-secs 0] [--dir DIR] [--dump DIR]
+//!                             [--burst K] [--pace-factor F]
 //! ```
 //!
 //! `--pace-ms`: agent think time before each request (0 = back to back).
@@ -37,7 +38,15 @@
 //!   buttons the moment the emulator answers it and injects the `allow-once`
 //!   click (`block_actions`) through the emulator's Socket Mode. Operator
 //!   delay = message seen -> click injected. Sessions start with
-//!   `SupervisorMsg::Start` in channel C1 (not a slash command).
+//!   `SupervisorMsg::Start` in channel C1 (not a slash command). The gateway
+//!   is not paced here (the plain emulator has no rate limits).
+//! * `slack-limits` (not in `all`): Slack's published rate limits enforced
+//!   by the emulator and paced by the gateway, sped up `--pace-factor`
+//!   times (default 1: real); see `load_parts/paced.rs`.
+//!
+//! `--burst K` (core): once the load runs, K more sessions start at once;
+//! the decision p99 during that burst is printed beside the steady p99 just
+//! before it (`load_parts/burst.rs`).
 //!
 //! The headline is the round trip as the scripted agent measures it
 //! (request written -> answer read, the scenario's `rtt_log`), also without
@@ -66,8 +75,12 @@
 //! round trips), which shows how well the writer batches.
 //! BENCHMARKS.md has the figures and how to read them.
 
+#[path = "load_parts/burst.rs"]
+mod burst;
 #[path = "../tests/emulator/mod.rs"]
 mod emulator;
+#[path = "load_parts/paced.rs"]
+mod paced;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -90,6 +103,7 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use intercom_actors::gateway::pacing::PacingPolicy;
 use intercom_actors::model::{Framing, Protocol, SessionId, SessionStatus};
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore};
 use intercom_actors::registry::{RegistryMsg, WorkspaceMap, WorkspaceRegistry};
@@ -909,7 +923,11 @@ async fn rig_slack(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
         root: None,
         store: store_port,
         outbox,
-        tuning: SlackTuning::default(),
+        // The plain emulator has no rate limits: measure the server, not Slack's pace.
+        tuning: SlackTuning {
+            pacing: PacingPolicy::unpaced(),
+            ..SlackTuning::default()
+        },
     };
     let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
     let mut status = handle.status();
@@ -1138,6 +1156,11 @@ async fn run(
     bench: &Handle,
 ) -> Figures {
     let tag = format!("{}-{n}-pace{pace_ms}-ramp{ramp_ms}", mode.name());
+    // Core only: this many more sessions start at once once the load runs.
+    let burst_count: usize = match mode {
+        Mode::Core => arg("--burst").and_then(|s| s.parse().ok()).unwrap_or(0),
+        _ => 0,
+    };
     let dir = root.join(&tag);
     let workspace = dir.join("ws");
     std::fs::create_dir_all(&workspace).expect("ws");
@@ -1169,7 +1192,7 @@ async fn run(
     };
     let settings = Arc::new(SessionSettings {
         server_files: Default::default(),
-        limits: limits(n),
+        limits: limits(n + burst_count),
         stall: StallPolicy {
             inactivity_secs: 0,
             ..StallPolicy::default()
@@ -1241,6 +1264,14 @@ async fn run(
         "all Start calls answered after {} ms; {lines_at_started} round trips done by then",
         t0.elapsed().as_millis()
     ));
+    let mut burst_started = 0;
+    if burst_count > 0
+        && let Rig::Core { sup, .. } = &rig
+    {
+        let b = burst::burst(sup, &env, &rtt_log, burst_count).await;
+        burst_started = b.started;
+        notes.push(b.note());
+    }
     let want = started * m;
     let deadline = Instant::now() + Duration::from_secs(900);
     loop {
@@ -1352,6 +1383,7 @@ async fn run(
         ));
     }
     let live = rig.live_count().await;
+    let started = started + burst_started;
     if live != started {
         notes.push(format!("{live} of {started} sessions active at the end"));
         errors += started.abs_diff(live);
@@ -1412,20 +1444,26 @@ fn raise_nofile() -> (u64, u64) {
 }
 
 fn main() {
+    let spec = arg("--operator").unwrap_or_else(|| "core".into());
+    let paced_run = spec.split(',').any(|s| s.trim() == "slack-limits");
     let modes: Vec<Mode> = {
-        let spec = arg("--operator").unwrap_or_else(|| "core".into());
         let mut v = Vec::new();
         for s in spec.split(',') {
             match s.trim() {
                 "core" => v.push(Mode::Core),
                 "api" => v.push(Mode::Api),
                 "slack" => v.push(Mode::Slack),
+                "slack-limits" => {}
                 "all" => v.extend([Mode::Core, Mode::Api, Mode::Slack]),
-                other => panic!("--operator: core, api, slack or all, not {other:?}"),
+                other => panic!("--operator: core, api, slack, slack-limits or all, not {other:?}"),
             }
         }
         v
     };
+    // slack-limits: Slack's rate limits sped up this many times (1: real).
+    let pace_factor: u32 = arg("--pace-factor")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let sessions: Vec<usize> = arg("--sessions")
         .unwrap_or_else(|| "10,100".into())
         .split(',')
@@ -1552,6 +1590,27 @@ fn main() {
             for note in f.notes {
                 notes.push(format!("{} N={n}: {note}", f.mode.name()));
             }
+        }
+    }
+    if paced_run {
+        println!();
+        println!("{}", paced::header());
+        for &n in &sessions {
+            let handle = bench.handle().clone();
+            let f = server.block_on(paced::run_paced(
+                n,
+                (pace_ms, ramp_ms),
+                pace_factor,
+                dir.path(),
+                &handle,
+            ));
+            let (row, more) = f.row();
+            println!("{row}");
+            notes.extend(more.into_iter().map(|x| format!("slack-limits N={n}: {x}")));
+            notes.push(format!(
+                "slack-limits N={n}: load average {:.2} after",
+                loadavg()
+            ));
         }
     }
     for note in notes {

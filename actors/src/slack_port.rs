@@ -205,6 +205,9 @@ pub trait Outbox: Send + Sync + 'static {
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError>;
     /// Removes an operation (delivered, or superseded).
     async fn delete(&self, id: i64) -> Result<(), StoreError>;
+    /// Replaces a pending operation's content (a newer version of the same
+    /// message merged into it while it waited); it keeps its id and place.
+    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError>;
     /// Marks an operation failed for good; it is kept for inspection, not re-sent.
     async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError>;
     /// Remembers the `ts` of a keyed message.
@@ -329,6 +332,15 @@ impl Outbox for MemoryOutbox {
 
     async fn delete(&self, id: i64) -> Result<(), StoreError> {
         self.lock().rows.retain(|(e, _)| e.id != id);
+        Ok(())
+    }
+
+    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
+        for (e, err) in &mut self.lock().rows {
+            if e.id == id && err.is_none() {
+                e.op = op.clone();
+            }
+        }
         Ok(())
     }
 

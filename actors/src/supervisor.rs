@@ -30,6 +30,7 @@ use crate::settings::{AgentProfile, SupervisionPolicy};
 
 pub mod directory;
 mod operator;
+pub mod threads;
 pub use operator::{NoAnswer, OPERATOR_CALL, steer_session};
 
 /// MCP sessions (IDE clients, no process) live at once. They do not count
@@ -171,24 +172,6 @@ pub enum SupervisorMsg {
         /// The actor, when live.
         reply: RpcReplyPort<Option<ActorRef<SessionMsg>>>,
     },
-    /// The session that owns a Slack thread.
-    LookupThread {
-        /// Channel.
-        channel: String,
-        /// Thread root ts.
-        ts: String,
-        /// Its session id.
-        reply: RpcReplyPort<Option<SessionId>>,
-    },
-    /// A thread root was posted for a session.
-    ThreadPosted {
-        /// Which.
-        id: SessionId,
-        /// Channel.
-        channel: String,
-        /// Root ts.
-        ts: String,
-    },
     /// Stop a session, also while it waits for a crash restart.
     Stop {
         /// Which.
@@ -288,7 +271,6 @@ pub struct SupervisorState {
     myself: ActorRef<SupervisorMsg>,
     args: SupervisorArgs,
     sessions: HashMap<SessionId, Entry>,
-    threads: HashMap<(String, String), SessionId>,
     bridge_tokens: HashMap<String, SessionId>,
     shutdown: Option<RpcReplyPort<()>>,
 }
@@ -306,11 +288,12 @@ impl Actor for SessionSupervisor {
         myself: ActorRef<SupervisorMsg>,
         args: SupervisorArgs,
     ) -> Result<SupervisorState, ActorProcessingErr> {
+        // Slack thread lookups are answered beside the supervisor, not by it.
+        threads::spawn(&myself).await?;
         Ok(SupervisorState {
             myself,
             args,
             sessions: HashMap::new(),
-            threads: HashMap::new(),
             bridge_tokens: HashMap::new(),
             shutdown: None,
         })
@@ -348,12 +331,6 @@ impl Actor for SessionSupervisor {
             SupervisorMsg::Lookup { id, reply } => {
                 let actor = state.sessions.get(&id).and_then(|e| e.actor.clone());
                 let _ = reply.send(actor);
-            }
-            SupervisorMsg::LookupThread { channel, ts, reply } => {
-                let _ = reply.send(state.threads.get(&(channel, ts)).cloned());
-            }
-            SupervisorMsg::ThreadPosted { id, channel, ts } => {
-                state.threads.insert((channel, ts), id);
             }
             SupervisorMsg::Stop { id, caller, reply } => state.stop(id, caller, reply).await,
             SupervisorMsg::Revive {
@@ -975,7 +952,7 @@ impl SupervisorState {
                 },
             );
             if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
-                self.threads.insert((ch.clone(), ts.clone()), id.clone());
+                threads::posted(&self.myself, &id, ch, ts);
             }
             self.notice(
                 &id,
@@ -1124,7 +1101,7 @@ impl SupervisorState {
                     },
                 );
                 if let (Some(ch), Some(ts)) = (&record.channel_id, &record.thread_ts) {
-                    self.threads.insert((ch.clone(), ts.clone()), id.clone());
+                    threads::posted(&self.myself, &id, ch, ts);
                 }
                 answer_when_ready(store, record, rx, reply);
             }

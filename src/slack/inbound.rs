@@ -24,7 +24,9 @@ use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::ApprovalMode;
 use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome, StopCause};
 use intercom_actors::slack_port::MessageBody;
-use intercom_actors::supervisor::{SupervisorError, SupervisorMsg, directory, steer_session};
+use intercom_actors::supervisor::{
+    SupervisorError, SupervisorMsg, directory, steer_session, threads,
+};
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use slack_morphism::prelude::*;
@@ -180,17 +182,9 @@ impl Ctx {
 
     /// The live session whose thread this is.
     pub async fn session_of_thread(&self, channel: &str, ts: &str) -> Option<SessionId> {
-        ractor::call_t!(
-            self.supervisor,
-            |reply| SupervisorMsg::LookupThread {
-                channel: channel.to_owned(),
-                ts: ts.to_owned(),
-                reply
-            },
-            CALL_TIMEOUT_MS
-        )
-        .ok()
-        .flatten()
+        // The thread directory beside the supervisor, not its mailbox: a
+        // steering reply never waits behind session starts.
+        threads::lookup(&self.supervisor, channel, ts).await
     }
 
     /// Nudges a session on behalf of `user`.

@@ -43,6 +43,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use intercom_actors::gateway::pacing::PacingPolicy;
 use intercom_actors::gateway::{GatewayArgs, GatewayMsg, RetryPolicy, SlackGateway};
 use intercom_actors::ports::{OperatorEvent, OperatorSink, SessionStore};
 use intercom_actors::registry::RegistryMsg;
@@ -140,6 +141,9 @@ pub struct SlackTuning {
     pub ping_interval: Duration,
     /// How long to wait for `hello` after connecting.
     pub hello_timeout: Duration,
+    /// Slack's rate limits the gateway stays under (Slack's published
+    /// limits by default; tests and benches use a faster copy).
+    pub pacing: PacingPolicy,
 }
 
 impl Default for SlackTuning {
@@ -150,6 +154,7 @@ impl Default for SlackTuning {
             reconnect_max: Duration::from_secs(60),
             ping_interval: Duration::from_secs(10),
             hello_timeout: Duration::from_secs(15),
+            pacing: PacingPolicy::slack(),
         }
     }
 }
@@ -311,6 +316,7 @@ pub async fn spawn_slack_with_rules(
         render: Arc::new(render::BlockKit),
         threads: Some(threads),
         retry: opts.tuning.retry,
+        pacing: opts.tuning.pacing.clone(),
     };
     let gateway = start_gateway(opts.root.as_ref(), args).await?;
     let mut tasks = vec![tokio::spawn(forward_events(events, gateway.clone()))];

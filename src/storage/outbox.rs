@@ -77,6 +77,25 @@ impl Outbox for SqliteStore {
         .await
     }
 
+    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
+        let json = serde_json::to_string(op).map_err(|e| StoreError::Backend {
+            op: "replace outbox row",
+            message: format!("cannot encode JSON: {e}"),
+        })?;
+        self.write((id, json), |(id, json), conn| {
+            Box::pin(async move {
+                sqlx::query("UPDATE slack_outbox SET op = ? WHERE id = ? AND status = 'pending'")
+                    .bind(json)
+                    .bind(id)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("replace outbox row"))?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
     async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
         self.write((id, error.to_owned()), |(id, error), conn| {
             Box::pin(async move {
@@ -149,6 +168,19 @@ mod tests {
         assert_eq!(pending.len(), 1);
         assert_eq!((pending[0].id, pending[0].lane.as_str()), (a, "s-1"));
         assert_eq!(pending[0].op, post("a"));
+    }
+
+    #[tokio::test]
+    async fn a_replaced_row_keeps_its_place_and_a_failed_one_is_not_revived() {
+        let store = SqliteStore::open_in_memory().await.expect("open");
+        let a = store.push("s-1", &post("a")).await.expect("push");
+        let b = store.push("s-1", &post("b")).await.expect("push");
+        store.fail(b, "invalid_blocks").await.expect("fail");
+        store.replace(a, &post("a2")).await.expect("replace");
+        store.replace(b, &post("b2")).await.expect("replace");
+        let pending = store.pending().await.expect("pending");
+        assert_eq!(pending.len(), 1);
+        assert_eq!((pending[0].id, &pending[0].op), (a, &post("a2")));
     }
 
     #[tokio::test]

@@ -9,9 +9,14 @@
 //! inject slash commands, button clicks, modal submissions and thread
 //! replies as Socket Mode envelopes (acks are recorded); answer the next N
 //! calls with 429 + Retry-After or with a 5xx; drop the socket; refuse new
-//! connections for a while.
+//! connections for a while. Started with [`Emulator::start_with_limits`],
+//! it also enforces Slack's published per-method rate limits ([`limits`]):
+//! a call past them is answered 429 with `Retry-After`, and
+//! [`Emulator::counts`] tells accepted calls and 429s per method.
 
 #![allow(dead_code)]
+
+pub mod limits;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -147,6 +152,7 @@ struct Inner {
     connections: u32,
     api_port: u16,
     ws_port: u16,
+    limiter: Option<limits::Limiter>,
 }
 
 /// A running emulator.
@@ -164,9 +170,22 @@ fn lock(s: &Shared) -> MutexGuard<'_, Inner> {
 }
 
 impl Emulator {
-    /// Starts the Web API and the Socket Mode listener on loopback.
+    /// Starts the Web API and the Socket Mode listener on loopback, with
+    /// no rate limits (only injected faults refuse calls).
     pub async fn start() -> Emulator {
-        let inner: Shared = Arc::new(Mutex::new(Inner::default()));
+        Emulator::start_inner(None).await
+    }
+
+    /// Like [`Emulator::start`], enforcing `limits` like Slack does.
+    pub async fn start_with_limits(limits: limits::RateLimits) -> Emulator {
+        Emulator::start_inner(Some(limits::Limiter::new(limits))).await
+    }
+
+    async fn start_inner(limiter: Option<limits::Limiter>) -> Emulator {
+        let inner: Shared = Arc::new(Mutex::new(Inner {
+            limiter,
+            ..Inner::default()
+        }));
         let api = TcpListener::bind("127.0.0.1:0").await.expect("bind api");
         let ws = TcpListener::bind("127.0.0.1:0").await.expect("bind ws");
         let api_addr: SocketAddr = api.local_addr().expect("addr");
@@ -209,12 +228,40 @@ impl Emulator {
             .collect()
     }
 
+    /// Accepted calls and 429s (rate limits or injected) of `method`.
+    pub fn counts(&self, method: &str) -> limits::Counts {
+        let mut c = limits::Counts::default();
+        for call in self.g().calls.iter().filter(|c| c.method == method) {
+            match call.status {
+                200 => c.accepted += 1,
+                429 => c.limited += 1,
+                _ => {}
+            }
+        }
+        c
+    }
+
+    /// 429s answered so far, every method.
+    pub fn limited_total(&self) -> u64 {
+        self.g().calls.iter().filter(|c| c.status == 429).count() as u64
+    }
+
     /// Top-level messages of a channel (thread roots and channel posts), oldest first.
     pub fn channel(&self, channel: &str) -> Vec<Msg> {
         self.g()
             .messages
             .iter()
             .filter(|m| m.channel == channel && m.thread_ts.is_none())
+            .cloned()
+            .collect()
+    }
+
+    /// Every message of a channel, replies included, oldest first.
+    pub fn messages_in(&self, channel: &str) -> Vec<Msg> {
+        self.g()
+            .messages
+            .iter()
+            .filter(|m| m.channel == channel)
             .cloned()
             .collect()
     }
@@ -523,6 +570,15 @@ impl Emulator {
     }
 }
 
+/// The channel a call is about (`channel`, or `channel_id` for uploads).
+fn p_channel(p: &Value) -> String {
+    ["channel", "channel_id"]
+        .iter()
+        .find_map(|k| p.get(*k).and_then(Value::as_str))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 fn next_ts(g: &mut Inner) -> String {
     g.ts += 1;
     format!("1700000000.{:06}", g.ts)
@@ -585,6 +641,14 @@ async fn web_api(
         }
     });
     g.faults.retain(|r| r.remaining > 0);
+    let channel = p_channel(&params);
+    let fault = fault.or_else(|| {
+        let limiter = g.limiter.as_mut()?;
+        limiter
+            .admit(&method, &channel)
+            .err()
+            .map(Fault::RateLimited)
+    });
     if let Some(f) = fault {
         let status = match f {
             Fault::RateLimited(_) => 429,

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use agent_intercom::storage::SqliteStore;
 use intercom_actors::gateway::RetryPolicy;
+use intercom_actors::gateway::pacing::PacingPolicy;
 use intercom_actors::model::{Framing, Protocol, SessionId, SessionRecord};
 use intercom_actors::ports::SessionStore;
 use intercom_actors::registry::{RegistryMsg, WorkspaceMap, WorkspaceRegistry};
@@ -28,6 +29,7 @@ use intercom_actors::supervisor::{SessionSupervisor, SupervisorArgs, SupervisorM
 use ractor::{Actor, ActorRef};
 use serde_json::Value;
 
+use crate::emulator::limits::RateLimits;
 use crate::emulator::{Emulator, Msg};
 use crate::slack::{
     self, ConnectionState, RulesAdmin, SlackHandle, SlackOptions, SlackTokens, SlackTuning,
@@ -48,7 +50,11 @@ pub const CHANNEL: &str = "C1";
 mod scripted_agent;
 pub use scripted_agent::agent_bin;
 
-/// Fast timings for tests.
+/// How much faster than Slack's published limits the tests' gateway paces
+/// itself (and a rate-limited emulator enforces them).
+pub const PACE_FACTOR: u32 = 10;
+
+/// Fast timings for tests; pacing at Slack's limits sped up [`PACE_FACTOR`] times.
 pub fn tuning() -> SlackTuning {
     SlackTuning {
         retry: RetryPolicy {
@@ -59,6 +65,7 @@ pub fn tuning() -> SlackTuning {
         reconnect_max: Duration::from_millis(400),
         ping_interval: Duration::from_secs(5),
         hello_timeout: Duration::from_secs(5),
+        pacing: PacingPolicy::slack().faster(PACE_FACTOR),
     }
 }
 
@@ -71,6 +78,10 @@ pub struct RigOptions {
     pub config_rules: Vec<Rule>,
     /// Seconds before a crash restart (0: at once).
     pub backoff_secs: u64,
+    /// `limits.max_sessions`; 0 keeps the default.
+    pub max_sessions: usize,
+    /// The emulator enforces these rate limits (`None`: unlimited).
+    pub emulator_limits: Option<RateLimits>,
 }
 
 /// The server's rule management for the harness: what `App` does for
@@ -197,7 +208,10 @@ impl Rig {
                 .await
                 .expect("open store"),
         );
-        let emu = Emulator::start().await;
+        let emu = match options.emulator_limits.clone() {
+            Some(limits) => Emulator::start_with_limits(limits).await,
+            None => Emulator::start().await,
+        };
         let rules = Arc::new(HarnessRules {
             store: store.clone(),
             config: options.config_rules.clone(),
@@ -242,6 +256,9 @@ async fn spawn_supervisor(
         shutdown_grace_secs: 1,
         ..Limits::default()
     };
+    if options.max_sessions > 0 {
+        limits.max_sessions = options.max_sessions;
+    }
     if options.idle_timeout_secs > 0 {
         limits.idle_timeout_secs = options.idle_timeout_secs;
     }
