@@ -9,7 +9,9 @@
 //! with its diff, asks `session/request_permission`, and after Allow writes
 //! through `fs/write_text_file`. These tests hold the server to one approval
 //! per change, carrying the diff and the workspace-relative file; reject,
-//! cancel, a second turn and `auto-edits` are covered too.
+//! cancel, a second turn, `auto-edits` and a crash mid-turn (Gemini's
+//! `session/load` does not find the session; the restart runs fresh and
+//! says so) are covered too.
 //!
 //! Gemini 0.61.0 cannot create a *new* file through an ACP client: its
 //! existence check only recognises a missing file by an `Error` carrying
@@ -258,5 +260,41 @@ async fn a_new_file_fails_inside_gemini_before_any_approval() {
     assert!(!h.workspace.join("new.txt").exists());
     let all = h.store.list_requests(Some(&id), false).await.expect("list");
     assert!(all.is_empty(), "no approval was asked: {all:?}");
+    stop(&h, &id).await;
+}
+
+/// Gemini 0.61.0 offers `loadSession`, but answers `session/load` of a
+/// session whose chat file is in `$HOME/.gemini/tmp/<project>/chats` with
+/// "No previous sessions found for this project." (seen from the server and
+/// from a direct probe with the same HOME and cwd). The restart then starts
+/// a fresh agent session, says so, and the interrupted prompt is run again.
+/// If this starts failing on "starting a fresh one", resuming works: assert
+/// the resume instead.
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn a_crash_mid_turn_restarts_fresh_and_redoes_the_turn() {
+    let _serial = SERIAL.lock().await;
+    let (h, _fake) = setup(knobs()).await;
+    let id = start(&h, "update hello.txt", None).await;
+    let first = request_opened(&h, 1).await;
+    decide(&h, &id, &first.request_id, Choice::Approve).await;
+    h.until_transcript(&id, "done").await;
+    steer(&h, &id, "now the second version").await;
+    request_opened(&h, 2).await;
+    let group = pid(&h, &id).await;
+    // SAFETY: signals the agent's own process group, which this test started.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    until_group_gone(group).await;
+    let text = h.until_transcript(&id, "starting a fresh one").await;
+    assert!(
+        text.contains("No previous sessions found for this project."),
+        "{text}"
+    );
+    let again = request_opened(&h, 3).await;
+    assert_eq!(again.paths, vec!["hello.txt".to_owned()]);
+    decide(&h, &id, &again.request_id, Choice::Approve).await;
+    until_content(&h.workspace.join("hello.txt"), SECOND).await;
+    h.until_record(&id, "active after the restart", |r| r.restart_count == 1)
+        .await;
     stop(&h, &id).await;
 }
