@@ -14,7 +14,7 @@ use crate::model::{
     AuditEntry, Decision, MessageKind, PendingRequest, RequestStatus, Role, SessionId,
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
-use crate::ports::{OperatorEvent, OperatorSink, SessionStore, StoreError};
+use crate::ports::{Clearance, OperatorEvent, OperatorSink, SessionStore, StoreError};
 
 #[derive(Default)]
 struct Tables {
@@ -25,6 +25,7 @@ struct Tables {
     audit: Vec<AuditEntry>,
     modes: std::collections::HashMap<SessionId, crate::rules::ApprovalMode>,
     processes: std::collections::HashMap<SessionId, (i32, u64)>,
+    clearances: std::collections::HashMap<String, Clearance>,
     next_id: i64,
 }
 
@@ -331,6 +332,56 @@ impl SessionStore for MemoryStore {
             Ok(())
         })
     }
+
+    async fn record_clearance(&self, clearance: &Clearance) -> Result<(), StoreError> {
+        self.with(|t| {
+            let applied_at = t
+                .clearances
+                .get(&clearance.request_id)
+                .and_then(|c| c.applied_at);
+            let mut c = clearance.clone();
+            c.applied_at = applied_at;
+            t.clearances.insert(c.request_id.clone(), c);
+            Ok(())
+        })
+    }
+
+    async fn clearance(&self, request_id: &str) -> Result<Option<Clearance>, StoreError> {
+        self.with(|t| Ok(t.clearances.get(request_id).cloned()))
+    }
+
+    async fn claim_clearance(
+        &self,
+        request_id: &str,
+        session_id: &SessionId,
+        at: i64,
+    ) -> Result<bool, StoreError> {
+        self.with(|t| {
+            let c = t
+                .clearances
+                .entry(request_id.to_owned())
+                .or_insert_with(|| Clearance {
+                    request_id: request_id.to_owned(),
+                    session_id: session_id.clone(),
+                    files: Vec::new(),
+                    applied_at: None,
+                });
+            if c.applied_at.is_some() {
+                return Ok(false);
+            }
+            c.applied_at = Some(at);
+            Ok(true)
+        })
+    }
+
+    async fn release_clearance(&self, request_id: &str) -> Result<(), StoreError> {
+        self.with(|t| {
+            if let Some(c) = t.clearances.get_mut(request_id) {
+                c.applied_at = None;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// An operator sink that records every event and wakes waiters.
@@ -376,5 +427,55 @@ impl OperatorSink for RecordingSink {
             e.push(event);
         }
         self.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_clearance_is_claimed_once_and_keeps_its_mark_when_recorded_again() {
+        let store = MemoryStore::new();
+        let sid = SessionId("s-1".into());
+        let c = Clearance {
+            request_id: "s-1:req-1".into(),
+            session_id: sid.clone(),
+            files: vec![("a".into(), Some([1; 32]))],
+            applied_at: None,
+        };
+        store.record_clearance(&c).await.expect("record");
+        assert!(
+            store
+                .claim_clearance("s-1:req-1", &sid, 9)
+                .await
+                .expect("claim")
+        );
+        assert!(
+            !store
+                .claim_clearance("s-1:req-1", &sid, 10)
+                .await
+                .expect("again")
+        );
+        store.record_clearance(&c).await.expect("record");
+        let got = store.clearance("s-1:req-1").await.expect("read");
+        assert_eq!(
+            got.map(|c| (c.files, c.applied_at)),
+            Some((c.files.clone(), Some(9)))
+        );
+        store.release_clearance("s-1:req-1").await.expect("release");
+        assert!(
+            store
+                .claim_clearance("s-1:req-1", &sid, 11)
+                .await
+                .expect("claim")
+        );
+        // A forced apply of an unrecorded request creates the mark.
+        assert!(
+            store
+                .claim_clearance("s-2:req-1", &sid, 12)
+                .await
+                .expect("new")
+        );
     }
 }

@@ -40,6 +40,22 @@ pub enum StoreError {
     },
 }
 
+/// What `check_clearance` recorded about a change's target files, so the
+/// approved change can be applied (once, and only while the files are as
+/// they were) even after a server restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clearance {
+    /// Global request id (`<session>:req-N`).
+    pub request_id: String,
+    /// The session that asked for it.
+    pub session_id: SessionId,
+    /// Each target file (workspace-relative) and its SHA-256 when clearance
+    /// was asked (`None`: it did not exist).
+    pub files: Vec<(String, Option<[u8; 32]>)>,
+    /// When the change was applied (Unix ms), if it was.
+    pub applied_at: Option<i64>,
+}
+
 /// Everything the core persists. Implementations must be safe to call from
 /// many actors at once; a write returns only once it is durable.
 #[async_trait]
@@ -117,6 +133,23 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Appends to the audit log.
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
+
+    /// Records the target files of a `check_clearance` request (replacing
+    /// an earlier record of the same request; `applied_at` is kept).
+    async fn record_clearance(&self, clearance: &Clearance) -> Result<(), StoreError>;
+    /// The clearance recorded for a request, if any.
+    async fn clearance(&self, request_id: &str) -> Result<Option<Clearance>, StoreError>;
+    /// Marks a request's change applied at `at` unless it already is;
+    /// true when this call marked it (at most one caller wins a race).
+    /// Creates the record when there is none (an apply with `force`).
+    async fn claim_clearance(
+        &self,
+        request_id: &str,
+        session_id: &SessionId,
+        at: i64,
+    ) -> Result<bool, StoreError>;
+    /// Undoes [`SessionStore::claim_clearance`] after the write failed.
+    async fn release_clearance(&self, request_id: &str) -> Result<(), StoreError>;
 
     /// Records the session's agent process (pid = process group, start
     /// time) or clears it; used to kill orphans after a server crash.

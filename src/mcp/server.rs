@@ -18,9 +18,9 @@
 //! the file is unchanged and refuses unless `force` is given.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Query;
@@ -28,7 +28,7 @@ use axum::http::request::Parts;
 use intercom_actors::model::{
     AuditEntry, MessageKind, PendingRequest, RequestKind, RequestStatus, SessionId, now_ms,
 };
-use intercom_actors::ports::NoticeLevel;
+use intercom_actors::ports::{Clearance, NoticeLevel};
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::session::{Caller, McpAnswer, McpCall, SessionMsg};
 use intercom_actors::supervisor::{AttachRequest, SupervisorMsg, directory};
@@ -57,29 +57,16 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// A target file's content hash at clearance time (`None`: did not exist).
 type Recorded = Vec<(String, Option<[u8; 32]>)>;
 
-/// State shared by every MCP connection.
+/// State shared by every MCP connection: only the dependencies. What a
+/// session asked and applied lives in SQLite (clearances) and in its
+/// session actor (last progress), never in a map here.
 pub(crate) struct Shared {
     pub(crate) deps: McpDeps,
-    /// Request id -> target files and their hashes when clearance was asked.
-    clearances: Mutex<HashMap<String, Recorded>>,
-    /// Requests whose change was applied.
-    applied: Mutex<HashSet<String>>,
-    /// The last `ping` progress per session.
-    progress: Mutex<HashMap<SessionId, Value>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Shared {
     pub(crate) fn new(deps: McpDeps) -> Self {
-        Shared {
-            deps,
-            clearances: Mutex::new(HashMap::new()),
-            applied: Mutex::new(HashSet::new()),
-            progress: Mutex::new(HashMap::new()),
-        }
+        Shared { deps }
     }
 
     /// The workspace at `root` as a directory handle, guarded like ACP agents'.
@@ -87,10 +74,6 @@ impl Shared {
         WorkspaceFs::open(root, self.deps.server_files.clone())
             .map(Arc::new)
             .map_err(|e| Fail::refused("no_workspace", e.to_string()))
-    }
-
-    fn forget_clearance(&self, request_id: &str) {
-        lock(&self.clearances).remove(request_id);
     }
 }
 
@@ -382,6 +365,63 @@ fn fs_fail(e: &FsError, which: &str) -> Fail {
     }
 }
 
+fn already_applied(raw: &str) -> Fail {
+    Fail::refused(
+        "already_applied",
+        format!("request {raw} was already applied; pass force: true to apply it again"),
+    )
+}
+
+/// Refuses when a target file is not as it was when clearance was asked.
+async fn unchanged_since_clearance(
+    ws: &Arc<WorkspaceFs>,
+    files: &[(String, Option<&FilePatch>)],
+    recorded: &Recorded,
+) -> Result<(), Fail> {
+    for (rel, _) in files {
+        let r = rel.clone();
+        let now = on_blocking_pool(ws.clone(), "read", rel, move |ws| snapshot(ws, &r))
+            .await
+            .map_err(|e| Fail::refused("io", format!("cannot read {rel}: {e}")))?;
+        let then = recorded.iter().find(|(r, _)| r == rel).map(|(_, h)| *h);
+        if then != Some(now) {
+            tracing::info!(file = %rel, then = %then.as_ref().map(hex).unwrap_or_default(), now = %hex(&now), "refusing check_diff: file changed");
+            return Err(Fail::refused(
+                "file_changed",
+                format!(
+                    "{rel} changed since the change was approved; ask for clearance again, or pass force: true to apply anyway"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes every file in order; on failure, the error and whether nothing
+/// was written.
+async fn write_all(
+    ws: &Arc<WorkspaceFs>,
+    outputs: Vec<(String, String)>,
+) -> Result<Vec<String>, (Fail, bool)> {
+    let mut written: Vec<String> = Vec::new();
+    for (rel, content) in outputs {
+        let r = rel.clone();
+        let result =
+            on_blocking_pool(ws.clone(), "write", &rel, move |ws| ws.write(&r, &content)).await;
+        if let Err(e) = result {
+            let done = if written.is_empty() {
+                String::from("nothing was written")
+            } else {
+                format!("already written: {}", written.join(", "))
+            };
+            let fail = Fail::refused("write_failed", format!("cannot write {rel}: {e} ({done})"));
+            return Err((fail, written.is_empty()));
+        }
+        written.push(rel);
+    }
+    Ok(written)
+}
+
 fn hex(h: &Option<[u8; 32]>) -> String {
     match h {
         Some(bytes) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
@@ -617,7 +657,19 @@ impl IntercomMcp {
         let mut guard = RequestGuard::new(t.actor.clone(), opened_rx);
         let request_id = guard.opened().await?;
         if t.cwd.is_some() {
-            lock(&self.shared.clearances).insert(request_id.clone(), recorded);
+            let clearance = Clearance {
+                request_id: request_id.clone(),
+                session_id: t.id.clone(),
+                files: recorded,
+                applied_at: None,
+            };
+            // Unrecorded, the approval could never be applied without
+            // `force`: refuse now (the guard cancels the request).
+            self.deps()
+                .store
+                .record_clearance(&clearance)
+                .await
+                .map_err(storage)?;
         }
         let timeout = self.deps().approval_timeout;
         let answer = match wait_for(&mut rx, timeout, &ctx.ct).await {
@@ -632,7 +684,6 @@ impl IntercomMcp {
                 }
             }
             Waited::Cancelled => {
-                self.shared.forget_clearance(&request_id);
                 return Err(Fail::Cancelled); // the guard closes it as cancelled
             }
         };
@@ -644,12 +695,8 @@ impl IntercomMcp {
                 if let Some(reason) = d.reason {
                     out["reason"] = json!(reason);
                 }
-                if !d.approved {
-                    self.shared.forget_clearance(&request_id);
-                }
             }
             Some(McpAnswer::Closed(RequestStatus::Expired)) => {
-                self.shared.forget_clearance(&request_id);
                 out["status"] = json!("timeout");
                 out["reason"] = json!(format!(
                     "no decision within {} s; the request expired",
@@ -657,7 +704,6 @@ impl IntercomMcp {
                 ));
             }
             Some(McpAnswer::Closed(status)) => {
-                self.shared.forget_clearance(&request_id);
                 out["status"] = json!("rejected");
                 out["reason"] = json!(format!(
                     "the request was {status} before the operator decided",
@@ -665,7 +711,6 @@ impl IntercomMcp {
                 ));
             }
             None => {
-                self.shared.forget_clearance(&request_id);
                 return Err(Fail::refused(
                     "session_ended",
                     "the session ended before the operator decided",
@@ -752,11 +797,9 @@ impl IntercomMcp {
                 format!("request {raw} carries no change to apply"),
             ));
         };
-        if !force && lock(&self.shared.applied).contains(&global) {
-            return Err(Fail::refused(
-                "already_applied",
-                format!("request {raw} was already applied; pass force: true to apply it again"),
-            ));
+        let clearance = store.clearance(&global).await.map_err(storage)?;
+        if !force && clearance.as_ref().is_some_and(|c| c.applied_at.is_some()) {
+            return Err(already_applied(&raw));
         }
         let change = Change::parse(text).map_err(|e| {
             Fail::refused(
@@ -773,31 +816,15 @@ impl IntercomMcp {
                 .map_err(|e| Fail::refused("outside_workspace", e.to_string()))?;
         }
         if !force {
-            let recorded = lock(&self.shared.clearances).get(&global).cloned();
-            let Some(recorded) = recorded else {
+            let Some(clearance) = clearance.filter(|c| c.session_id == req.session_id) else {
                 return Err(Fail::refused(
                     "unverifiable",
                     format!(
-                        "there is no record of {file_path}'s content when the change was approved (the server restarted since); check the file and call again with force: true"
+                        "there is no record of {file_path}'s content when the change was approved; check the file and call again with force: true"
                     ),
                 ));
             };
-            for (rel, _) in &files {
-                let r = rel.clone();
-                let now = on_blocking_pool(ws.clone(), "read", rel, move |ws| snapshot(ws, &r))
-                    .await
-                    .map_err(|e| Fail::refused("io", format!("cannot read {rel}: {e}")))?;
-                let then = recorded.iter().find(|(r, _)| r == rel).map(|(_, h)| *h);
-                if then != Some(now) {
-                    tracing::info!(file = %rel, then = %then.as_ref().map(hex).unwrap_or_default(), now = %hex(&now), "refusing check_diff: file changed");
-                    return Err(Fail::refused(
-                        "file_changed",
-                        format!(
-                            "{rel} changed since the change was approved; ask for clearance again, or pass force: true to apply anyway"
-                        ),
-                    ));
-                }
-            }
+            unchanged_since_clearance(&ws, &files, &clearance.files).await?;
         }
         // Compute every new content before writing anything.
         let mut outputs = Vec::with_capacity(files.len());
@@ -839,23 +866,26 @@ impl IntercomMcp {
             };
             outputs.push((rel, content));
         }
-        let mut written: Vec<String> = Vec::new();
-        for (rel, content) in outputs {
-            let r = rel.clone();
-            let result =
-                on_blocking_pool(ws.clone(), "write", &rel, move |ws| ws.write(&r, &content)).await;
-            result.map_err(|e| {
-                let done = if written.is_empty() {
-                    String::from("nothing was written")
-                } else {
-                    format!("already written: {}", written.join(", "))
-                };
-                Fail::refused("write_failed", format!("cannot write {rel}: {e} ({done})"))
-            })?;
-            written.push(rel);
+        // Claimed before writing: of two concurrent applies, one writes.
+        let claimed = store
+            .claim_clearance(&global, &req.session_id, now_ms())
+            .await
+            .map_err(storage)?;
+        if !claimed && !force {
+            return Err(already_applied(&raw));
         }
-        lock(&self.shared.applied).insert(global.clone());
-        self.shared.forget_clearance(&global);
+        let written = match write_all(&ws, outputs).await {
+            Ok(written) => written,
+            Err((fail, nothing_written)) => {
+                if claimed
+                    && nothing_written
+                    && let Err(e) = store.release_clearance(&global).await
+                {
+                    tracing::error!(request = %global, "cannot release the apply claim: {e}");
+                }
+                return Err(fail);
+            }
+        };
         let entry = AuditEntry {
             session_id: Some(t.id.clone()),
             actor: "agent".into(),
@@ -997,16 +1027,6 @@ impl IntercomMcp {
         let t = self.target(ctx).await?;
         let status = args.str("status_message").map(str::to_owned);
         let progress = args.progress("progress_snapshot");
-        if status.is_some() || !progress.is_empty() {
-            let items: Vec<Value> = progress
-                .iter()
-                .map(|(label, status)| json!({"label": label, "status": status}))
-                .collect();
-            lock(&self.shared.progress).insert(
-                t.id.clone(),
-                json!({"status_message": status, "progress_snapshot": items, "at": now_ms()}),
-            );
-        }
         let (tx, rx) = oneshot::channel();
         send(
             &t.actor,
@@ -1087,7 +1107,7 @@ impl IntercomMcp {
                 "argument `session_id`: session {id} belongs to another workspace than this connection's"
             )));
         }
-        let (pending, queued) = match self.lookup(&id).await? {
+        let (pending, queued, reported) = match self.lookup(&id).await? {
             Some(actor) => {
                 let snap = ask(
                     &actor,
@@ -1096,7 +1116,7 @@ impl IntercomMcp {
                     SessionMsg::Snapshot,
                 )
                 .await?;
-                (snap.pending, snap.queued)
+                (snap.pending, snap.queued, snap.last_progress)
             }
             None => (
                 store
@@ -1104,11 +1124,13 @@ impl IntercomMcp {
                     .await
                     .map_err(storage)?,
                 store.undelivered_steering(&id).await.map_err(storage)?,
+                None,
             ),
         };
-        let mut last_progress = lock(&self.shared.progress).get(&id).cloned();
+        // The live session's last ping; otherwise (ACP sessions, ended
+        // ones) the last plan in the transcript.
+        let mut last_progress = reported;
         if last_progress.is_none() {
-            // ACP sessions (and older MCP ones) keep their plan in the transcript.
             let transcript = store.transcript(&id).await.map_err(storage)?;
             last_progress = transcript
                 .iter()

@@ -11,10 +11,11 @@
 //! time, in arrival order, so two replies in a thread steer in order;
 //! `/intercom start` (which waits for the agent's handshake) runs aside, and
 //! so does reviving a session that ended by idle timeout: replies that
-//! arrive in its thread meanwhile are held and delivered in order after it.
+//! arrive in its thread meanwhile are held (by the [`super::revivals`]
+//! actor) and delivered in order after it.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use intercom_actors::gateway::GatewayMsg;
@@ -35,6 +36,7 @@ use tokio::sync::mpsc;
 use super::api::BotIdentity;
 use super::commands::{self, CALL_TIMEOUT_MS};
 use super::render;
+use super::revivals::{Revivals, Thread};
 use super::rules::{self, RememberScope, RulesAdmin};
 use crate::root::Current;
 
@@ -69,8 +71,8 @@ pub struct Ctx {
     /// The server's approval rules and workspace modes.
     pub rules: Arc<dyn RulesAdmin>,
     /// Threads whose session is being revived: replies held until it is
-    /// back, in arrival order. Keyed by (channel, thread ts).
-    pub reviving: Mutex<HashMap<(String, String), Vec<HeldReply>>>,
+    /// back, in arrival order (an actor: [`super::revivals`]).
+    pub reviving: Revivals,
 }
 
 /// A thread reply waiting for its session to be revived.
@@ -590,7 +592,8 @@ async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
         text: text.trim().to_owned(),
         ts: ts.clone(),
     };
-    if hold_while_reviving(ctx, &channel, &thread_ts, &held) {
+    let thread = (channel.clone(), thread_ts.clone());
+    if ctx.reviving.hold_if_reviving(&thread, &held).await {
         return;
     }
     // The supervisor's index keeps ended sessions' threads: check liveness.
@@ -663,20 +666,6 @@ async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, 
     }
 }
 
-/// Adds `held` to the thread's revive queue when a revive is under way.
-fn hold_while_reviving(ctx: &Ctx, channel: &str, thread_ts: &str, held: &HeldReply) -> bool {
-    let Ok(mut reviving) = ctx.reviving.lock() else {
-        return false;
-    };
-    match reviving.get_mut(&(channel.to_owned(), thread_ts.to_owned())) {
-        Some(queue) => {
-            queue.push(held.clone());
-            true
-        }
-        None => false,
-    }
-}
-
 /// Whether a session ended by idle timeout (and so may be revived).
 pub fn revivable(rec: &SessionRecord) -> bool {
     rec.status == SessionStatus::Completed && rec.status_reason.as_deref() == Some("idle_timeout")
@@ -700,14 +689,11 @@ async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldRepl
             return;
         }
         let key = (reply.channel.clone(), thread_ts.to_owned());
-        match ctx.reviving.lock() {
-            Ok(mut reviving) => {
-                reviving.insert(key.clone(), vec![held]);
-            }
-            Err(_) => return,
+        let first = held.user.clone();
+        if ctx.reviving.begin(&key, held).await {
+            let ctx = ctx.clone();
+            tokio::spawn(async move { revive(&ctx, rec, key, first).await });
         }
-        let ctx = ctx.clone();
-        tokio::spawn(async move { revive(&ctx, rec, key).await });
         return;
     }
     not_live_hint(ctx, reply, &rec);
@@ -715,14 +701,8 @@ async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldRepl
 
 /// Brings `rec` back, then delivers the replies held for its thread in
 /// order; tells the thread how it went.
-async fn revive(ctx: &Ctx, rec: SessionRecord, key: (String, String)) {
+async fn revive(ctx: &Ctx, rec: SessionRecord, key: Thread, first: String) {
     let id = rec.id.clone();
-    let first = ctx
-        .reviving
-        .lock()
-        .ok()
-        .and_then(|r| r.get(&key).and_then(|q| q.first().map(|h| h.user.clone())))
-        .unwrap_or_default();
     rules::notice(
         ctx,
         &id,
@@ -755,12 +735,7 @@ async fn revive(ctx: &Ctx, rec: SessionRecord, key: (String, String)) {
                 }),
                 "a revive failure notice",
             );
-            let held = ctx
-                .reviving
-                .lock()
-                .ok()
-                .and_then(|mut r| r.remove(&key))
-                .unwrap_or_default();
+            let held = ctx.reviving.failed(&key).await;
             for h in held {
                 let reply = Reply {
                     channel: key.0.clone(),
@@ -822,18 +797,9 @@ async fn revive_session(
 
 /// Steers the replies held for a revived session's thread, in order, until
 /// none is left; then later replies take the normal path.
-async fn deliver_held(ctx: &Ctx, id: &SessionId, key: &(String, String)) {
+async fn deliver_held(ctx: &Ctx, id: &SessionId, key: &Thread) {
     loop {
-        let batch = match ctx.reviving.lock() {
-            Ok(mut r) => {
-                let batch = r.get_mut(key).map(std::mem::take).unwrap_or_default();
-                if batch.is_empty() {
-                    r.remove(key);
-                }
-                batch
-            }
-            Err(_) => return,
-        };
+        let batch = ctx.reviving.next_held(key).await;
         if batch.is_empty() {
             return;
         }

@@ -36,6 +36,7 @@ pub mod commands;
 pub mod dropped;
 pub mod inbound;
 pub mod render;
+pub mod revivals;
 pub mod rules;
 pub mod socket;
 
@@ -238,6 +239,7 @@ impl SlackStatus {
 pub struct SlackHandle {
     status: SlackStatus,
     gateway: Current<GatewayMsg>,
+    revivals: revivals::Revivals,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -271,6 +273,7 @@ impl SlackHandle {
             t.abort();
             let _ = t.await;
         }
+        self.revivals.stop();
         self.gateway.get().stop(Some("shutdown".into()));
     }
 }
@@ -319,6 +322,9 @@ pub async fn spawn_slack_with_rules(
         pacing: opts.tuning.pacing.clone(),
     };
     let gateway = start_gateway(opts.root.as_ref(), args).await?;
+    let revivals = revivals::Revivals::start()
+        .await
+        .map_err(|e| SlackError::Spawn(e.to_string()))?;
     let mut tasks = vec![tokio::spawn(forward_events(events, gateway.clone()))];
 
     let ctx = Arc::new(inbound::Ctx {
@@ -329,7 +335,7 @@ pub async fn spawn_slack_with_rules(
         operators: opts.operators.iter().cloned().collect(),
         bot: std::sync::RwLock::new(identity),
         rules,
-        reviving: std::sync::Mutex::new(std::collections::HashMap::new()),
+        reviving: revivals.clone(),
     });
     let (inbound_tx, inbound_rx) = mpsc::channel(256);
     tasks.push(tokio::spawn(inbound::run(ctx.clone(), inbound_rx)));
@@ -348,6 +354,7 @@ pub async fn spawn_slack_with_rules(
     Ok(SlackHandle {
         status: SlackStatus(status_rx),
         gateway,
+        revivals,
         stop: stop_tx,
         tasks,
     })

@@ -12,6 +12,7 @@
 //! in `store.rs`, the writer in `writer.rs`, row decoding in `rows.rs`, the
 //! instance lock in `lock.rs`.
 
+mod clearances;
 pub mod console;
 pub mod events;
 mod lock;

@@ -12,7 +12,7 @@ use intercom_actors::model::{
     AuditEntry, Decision, MessageKind, PendingRequest, RequestStatus, Role, SessionId,
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
-use intercom_actors::ports::{SessionStore, StoreError};
+use intercom_actors::ports::{Clearance, SessionStore, StoreError};
 use sqlx::sqlite::SqliteQueryResult;
 
 use super::rows::{
@@ -610,6 +610,28 @@ impl SessionStore for SqliteStore {
         mode: intercom_actors::rules::ApprovalMode,
     ) -> Result<(), StoreError> {
         SqliteStore::set_approval_mode(self, id, mode.as_str()).await
+    }
+
+    async fn record_clearance(&self, clearance: &Clearance) -> Result<(), StoreError> {
+        self.insert_clearance(clearance).await
+    }
+
+    async fn clearance(&self, request_id: &str) -> Result<Option<Clearance>, StoreError> {
+        self.read_clearance(request_id).await
+    }
+
+    async fn claim_clearance(
+        &self,
+        request_id: &str,
+        session_id: &SessionId,
+        at: i64,
+    ) -> Result<bool, StoreError> {
+        self.mark_clearance_applied(request_id, session_id, at)
+            .await
+    }
+
+    async fn release_clearance(&self, request_id: &str) -> Result<(), StoreError> {
+        self.unmark_clearance_applied(request_id).await
     }
 
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {

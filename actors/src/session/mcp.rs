@@ -184,6 +184,17 @@ impl SessionState {
                 progress,
                 reply,
             } => {
+                if status.is_some() || !progress.is_empty() {
+                    let items: Vec<serde_json::Value> = progress
+                        .iter()
+                        .map(|(label, status)| json!({"label": label, "status": status}))
+                        .collect();
+                    self.last_progress = Some(json!({
+                        "status_message": status,
+                        "progress_snapshot": items,
+                        "at": crate::model::now_ms(),
+                    }));
+                }
                 if let Some(s) = status.filter(|s| !s.is_empty()) {
                     self.note(Role::Agent, MessageKind::Text, &s).await;
                 }

@@ -256,6 +256,9 @@ pub struct SessionSnapshot {
     pub usage: Option<crate::protocol::acp::Usage>,
     /// The modes, models and options the agent offers.
     pub agent_options: crate::protocol::agent_options::AgentOptions,
+    /// The last progress an MCP client reported with `ping`
+    /// (`status_message`, `progress_snapshot`, `at`).
+    pub last_progress: Option<serde_json::Value>,
 }
 
 /// Final outcome a session reports to its supervisor.
@@ -600,6 +603,8 @@ pub struct SessionState {
     usage: Option<crate::protocol::acp::Usage>,
     /// What the agent offers to switch (modes, models, options).
     agent_options: crate::protocol::agent_options::AgentOptions,
+    /// The last progress an MCP client reported with `ping`.
+    last_progress: Option<serde_json::Value>,
     /// Operators waiting for the agent to answer a switch, by request id.
     setting_waiters: HashMap<i64, RpcReplyPort<Result<(), SessionError>>>,
     /// Agent text whose transcript write failed, retried every tick.
@@ -859,6 +864,7 @@ impl SessionState {
             thought: String::new(),
             usage: None,
             agent_options: Default::default(),
+            last_progress: None,
             setting_waiters: HashMap::new(),
             unstored_text: Vec::new(),
             tools: HashMap::new(),
@@ -979,6 +985,7 @@ impl SessionState {
             paused: self.paused,
             usage: self.usage.clone(),
             agent_options: self.agent_options.clone(),
+            last_progress: self.last_progress.clone(),
         }
     }
 
