@@ -152,6 +152,7 @@ pub fn session_detail(d: &SessionDetailView) -> String {
         ("created", utc(s.created_at)),
         ("updated", utc(s.updated_at)),
         ("restarts", s.restart_count.to_string()),
+        ("mode", d.approval_mode.clone()),
     ];
     if let Some(live) = &d.live {
         let pid = live.agent_pid.map_or_else(|| "-".into(), |p| p.to_string());
@@ -355,6 +356,23 @@ fn plan_lines(content: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn show_names_the_approval_mode() {
+        let d: SessionDetailView = serde_json::from_value(serde_json::json!({
+            "id": "s-1", "workspace": "demo", "agent": "scripted", "status": "active",
+            "status_reason": null, "title": "t", "owner": "local", "created_at": 0,
+            "updated_at": 0, "last_activity_at": 0, "restart_count": 0, "cwd": "/w",
+            "protocol": "acp", "channel_id": null, "thread_ts": null,
+            "approval_mode": "auto-edits", "pending": [], "live": null
+        }))
+        .expect("detail");
+        assert!(
+            session_detail(&d).contains("mode       auto-edits\n"),
+            "{}",
+            session_detail(&d)
+        );
+    }
 
     #[test]
     fn tables_align_columns() {
