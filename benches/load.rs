@@ -1507,13 +1507,15 @@ fn main() {
             .map(|n| n.get())
             .unwrap_or(0)
     );
-    println!();
-    println!(
-        "| operator | N | pace ms | ramp ms | requests | rtt p50 µs | rtt p99 µs | rtt max µs | rtt p99 2nd half µs | floor p50 µs | floor p99 µs | rtt p50 ×floor | rtt p99 ×floor | rtt p99 2nd half ×floor | commits/approval | writes/approval | notify p50 µs | notify p99 µs | op p50 µs | op p99 µs | rtt−op p50 µs | req/s | cpu % | bench-side cpu % | machine cpu % | peak RSS MiB | KiB/idle session | start p50 ms | start p99 ms | start max ms | errors |"
-    );
-    println!(
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-    );
+    if !modes.is_empty() {
+        println!();
+        println!(
+            "| operator | N | pace ms | ramp ms | requests | rtt p50 µs | rtt p99 µs | rtt max µs | rtt p99 2nd half µs | floor p50 µs | floor p99 µs | rtt p50 ×floor | rtt p99 ×floor | rtt p99 2nd half ×floor | commits/approval | writes/approval | notify p50 µs | notify p99 µs | op p50 µs | op p99 µs | rtt−op p50 µs | req/s | cpu % | bench-side cpu % | machine cpu % | peak RSS MiB | KiB/idle session | start p50 ms | start p99 ms | start max ms | errors |"
+        );
+        println!(
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        );
+    }
     let mut notes = Vec::new();
     for mode in &modes {
         for &n in &sessions {
