@@ -878,9 +878,9 @@ fn a_database_that_refuses_writes_refuses_work_and_answers_no_agent() {
 /// memory and must reach the transcript once writes work again. Today a
 /// failed flush clears the "dirty" flag (`flush_text` in
 /// `actors/src/session/inbound.rs`), so the next flush publishes the text to
-/// the operator without ever storing it. The fault window is held with
-/// sleeps (the failed flush is silent, so there is nothing to poll for);
-/// each margin is about 750 ms.
+/// the operator without ever storing it. The fault window lasts until the
+/// server logs that the text could not be stored (polled, no fixed sleep);
+/// the agent's own pauses only order its output.
 #[test]
 fn text_buffered_during_a_storage_outage_reaches_the_transcript() {
     let port = free_port();
@@ -889,7 +889,7 @@ fn text_buffered_during_a_storage_outage_reaches_the_transcript() {
             "gate",
             json!({"turns": [[
                 {"permission": {"tool_call_id": "g1", "title": "Gate 1", "kind": "edit"}},
-                {"sleep_ms": 200},
+                {"sleep_ms": 1000},
                 {"chunk": "\nwritten during the outage"},
                 {"sleep_ms": 3000},
                 {"permission": {"tool_call_id": "g2", "title": "Gate 2", "kind": "edit"}},
@@ -917,8 +917,14 @@ fn text_buffered_during_a_storage_outage_reaches_the_transcript() {
     );
     assert_eq!(r.status, 200, "{}", r.text);
     limit_file_size(server.pid(), 0);
-    // The chunk arrives at ~200 ms; its periodic flush (~1 s later) fails.
-    std::thread::sleep(Duration::from_millis(2000));
+    // The chunk arrives ~1 s after the approval; its periodic flush (~1 s
+    // later) fails and says so.
+    until("the failed flush of the buffered text", || {
+        server
+            .stderr()
+            .contains("agent text not stored yet")
+            .then_some(())
+    });
     limit_file_size(server.pid(), libc::RLIM_INFINITY);
     api.until_pending(&a, "req-2");
     let t = api.transcript(&a);

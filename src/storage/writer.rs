@@ -227,40 +227,84 @@ async fn commit_batch(pool: &SqlitePool, batch: &mut [Box<dyn Job>]) -> Result<u
 }
 
 /// One transaction over the writes of `batch` not yet marked failed.
+///
+/// The transaction is plain `BEGIN` / `COMMIT` / `ROLLBACK` on one pooled
+/// connection, not the driver's transaction guard: with the guard, an I/O
+/// error at `COMMIT` (a full disk) left the pool in a state where, after
+/// the disk came back, writes failed with "database is locked" and readers
+/// saw a stale snapshot (SQLite may or may not roll back by itself after an
+/// I/O error; the guard's lazy rollback-on-drop does not account for that).
+/// Here a transaction that did not commit is rolled back explicitly, and a
+/// connection that cannot prove it is out of it is closed, never handed
+/// back to the pool.
 async fn attempt(pool: &SqlitePool, batch: &mut [Box<dyn Job>], failed: &mut [bool]) -> Attempt {
-    let mut tx = match pool.begin().await {
-        Ok(tx) => tx,
+    let mut conn = match pool.acquire().await {
+        Ok(conn) => conn,
         Err(e) => return Attempt::Failed(format!("cannot begin: {e}")),
     };
+    let outcome = match exec(&mut conn, "BEGIN").await {
+        Ok(()) => match run_writes(&mut conn, batch, failed).await {
+            Ok(committed) => match exec(&mut conn, "COMMIT").await {
+                Ok(()) => Attempt::Committed(committed),
+                Err(e) => Attempt::Failed(format!("cannot commit: {e}")),
+            },
+            Err(other) => other,
+        },
+        Err(e) => Attempt::Failed(format!("cannot begin: {e}")),
+    };
+    if !matches!(outcome, Attempt::Committed(_)) && !rolled_back(&mut conn).await {
+        conn.close_on_drop();
+    }
+    outcome
+}
+
+/// Ends a transaction that did not commit; false when the connection may
+/// still hold it (then it must not be reused).
+async fn rolled_back(conn: &mut SqliteConnection) -> bool {
+    match exec(conn, "ROLLBACK").await {
+        Ok(()) => true,
+        // SQLite rolled back on its own (it does for some I/O errors).
+        Err(e) if e.to_string().contains("no transaction is active") => true,
+        Err(e) => {
+            tracing::warn!("cannot roll back a failed transaction, closing its connection: {e}");
+            false
+        }
+    }
+}
+
+/// Runs each write not marked failed in its own savepoint; the count that
+/// succeeded, or how the transaction ended early.
+async fn run_writes(
+    conn: &mut SqliteConnection,
+    batch: &mut [Box<dyn Job>],
+    failed: &mut [bool],
+) -> Result<u64, Attempt> {
     let mut committed = 0;
     for (job, failed) in batch.iter_mut().zip(failed.iter_mut()) {
         if *failed {
             continue;
         }
-        if let Err(e) = exec(&mut tx, "SAVEPOINT w").await {
-            return Attempt::Failed(format!("cannot open savepoint: {e}"));
+        if let Err(e) = exec(conn, "SAVEPOINT w").await {
+            return Err(Attempt::Failed(format!("cannot open savepoint: {e}")));
         }
-        if job.run(&mut tx).await {
+        if job.run(conn).await {
             committed += 1;
-            if let Err(e) = exec(&mut tx, "RELEASE w").await {
-                return Attempt::Failed(format!("cannot release savepoint: {e}"));
+            if let Err(e) = exec(conn, "RELEASE w").await {
+                return Err(Attempt::Failed(format!("cannot release savepoint: {e}")));
             }
             continue;
         }
         *failed = true;
         // Undo the failing write alone; if SQLite already rolled the whole
         // transaction back, the savepoint is gone: start over without it.
-        if exec(&mut tx, "ROLLBACK TO w").await.is_err() {
-            return Attempt::Lost;
+        if exec(conn, "ROLLBACK TO w").await.is_err() {
+            return Err(Attempt::Lost);
         }
-        if let Err(e) = exec(&mut tx, "RELEASE w").await {
-            return Attempt::Failed(format!("cannot release savepoint: {e}"));
+        if let Err(e) = exec(conn, "RELEASE w").await {
+            return Err(Attempt::Failed(format!("cannot release savepoint: {e}")));
         }
     }
-    match tx.commit().await {
-        Ok(()) => Attempt::Committed(committed),
-        Err(e) => Attempt::Failed(format!("cannot commit: {e}")),
-    }
+    Ok(committed)
 }
 
 /// Runs one statement with no result on `conn`.

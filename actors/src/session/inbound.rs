@@ -503,23 +503,21 @@ impl SessionState {
         }
         if self.text.dirty {
             self.text.flushed_at = Instant::now();
-            let stored = match self.text.message_id {
+            let written = match self.text.message_id {
                 Some(id) => {
                     let tail = &self.text.text[self.text.stored..];
-                    self.store.append_to_message(id, tail).await.is_ok()
+                    self.store.append_to_message(id, tail).await
                 }
-                None => match self
+                None => self
                     .store
                     .append_message(self.id(), Role::Agent, MessageKind::Text, &self.text.text)
                     .await
-                {
-                    Ok(id) => {
-                        self.text.message_id = Some(id);
-                        true
-                    }
-                    Err(_) => false,
-                },
+                    .map(|id| self.text.message_id = Some(id)),
             };
+            if let Err(e) = &written {
+                tracing::warn!(session = %self.record.id, "agent text not stored yet, kept for a retry: {e}");
+            }
+            let stored = written.is_ok();
             if stored {
                 self.text.stored = self.text.text.len();
             }
