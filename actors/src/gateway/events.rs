@@ -12,7 +12,7 @@ use super::{
     DELIVERED_MEMORY, DELIVERED_REACTION, GatewayState, QUEUED_REACTION, ROOT_KEY, THINKING_KEY,
     View, request_key,
 };
-use crate::model::{SessionId, SessionRecord, SessionStatus};
+use crate::model::{PendingRequest, SessionId, SessionRecord, SessionStatus};
 use crate::ports::OperatorEvent;
 use crate::slack_port::{MessageBody, OutboundOp, StatusLine};
 
@@ -184,17 +184,7 @@ impl GatewayState {
                 ..
             } => {
                 let cached = view.requests.remove(&request_id);
-                let request = match cached {
-                    Some(r) => Some(r),
-                    None => match self.args.store.get_request(&request_id).await {
-                        Ok(found) => found.map(|(r, _)| r),
-                        Err(e) => {
-                            tracing::error!(request = %request_id, "cannot read request: {e}");
-                            None
-                        }
-                    },
-                };
-                if let Some(request) = request {
+                if let Some(request) = self.closed_request(cached, &request_id).await {
                     let body = render.request_closed(&request, status, decision.as_ref());
                     ops.push(OutboundOp::Update {
                         channel: channel.clone(),
@@ -205,26 +195,7 @@ impl GatewayState {
             }
             OperatorEvent::SteeringQueued { .. } => {}
             OperatorEvent::SteeringDelivered { steering_id, .. } => {
-                match self.steering.remove(&steering_id) {
-                    Some((ch, ts)) => {
-                        ops.push(OutboundOp::Unreact {
-                            channel: ch.clone(),
-                            ts: ts.clone(),
-                            name: QUEUED_REACTION.into(),
-                        });
-                        ops.push(OutboundOp::React {
-                            channel: ch,
-                            ts,
-                            name: DELIVERED_REACTION.into(),
-                        });
-                    }
-                    None => {
-                        self.delivered.push_back(steering_id);
-                        if self.delivered.len() > DELIVERED_MEMORY {
-                            self.delivered.pop_front();
-                        }
-                    }
-                }
+                ops.extend(self.steering_delivered(steering_id));
             }
             OperatorEvent::Notice { level, text, .. } => {
                 ops.push(post(render.notice(level, &text), None));
@@ -248,6 +219,48 @@ impl GatewayState {
         if let Some(text) = text_out {
             self.enqueue_text(&id.0, &channel, text).await;
         }
+    }
+
+    /// The request a close event is about: the view's copy, else the store's.
+    async fn closed_request(
+        &self,
+        cached: Option<PendingRequest>,
+        request_id: &str,
+    ) -> Option<PendingRequest> {
+        if cached.is_some() {
+            return cached;
+        }
+        match self.args.store.get_request(request_id).await {
+            Ok(found) => found.map(|(r, _)| r),
+            Err(e) => {
+                tracing::error!(request = %request_id, "cannot read request: {e}");
+                None
+            }
+        }
+    }
+
+    /// A steering reply reached the agent: swap its hourglass for a check
+    /// mark, or remember the id until the gateway hears of the reply.
+    fn steering_delivered(&mut self, steering_id: i64) -> Vec<OutboundOp> {
+        let Some((channel, ts)) = self.steering.remove(&steering_id) else {
+            self.delivered.push_back(steering_id);
+            if self.delivered.len() > DELIVERED_MEMORY {
+                self.delivered.pop_front();
+            }
+            return Vec::new();
+        };
+        vec![
+            OutboundOp::Unreact {
+                channel: channel.clone(),
+                ts: ts.clone(),
+                name: QUEUED_REACTION.into(),
+            },
+            OutboundOp::React {
+                channel,
+                ts,
+                name: DELIVERED_REACTION.into(),
+            },
+        ]
     }
 
     pub(super) async fn on_steering_ack(
