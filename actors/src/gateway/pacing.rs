@@ -10,6 +10,11 @@
 //! methods per workspace at their tier (Tier 2: 20+/min, Tier 3: 50+/min,
 //! Tier 4: 100+/min). A call is only started when its bucket has a token; a
 //! `429` that still comes pauses that bucket for its `Retry-After`.
+//!
+//! Chatter (anything but a decision) also draws from a second, slower
+//! bucket of the same method and channel (`chatter_share_pct` of the rate),
+//! so a channel saturated with chatter still has a token in hand when a
+//! request's buttons or outcome arrive, instead of a second's wait.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -85,6 +90,9 @@ pub struct PacingPolicy {
     pub status_settle: Duration,
     /// ... but is never held longer than this after the first change.
     pub status_hold_max: Duration,
+    /// The share of each rate chatter may use (percent, 1-100; 100: no
+    /// reserve for decisions).
+    pub chatter_share_pct: u32,
 }
 
 impl Default for PacingPolicy {
@@ -110,6 +118,7 @@ impl PacingPolicy {
             views: Some(Rate::per_minute(100, 3)),
             status_settle: Duration::from_millis(1500),
             status_hold_max: Duration::from_secs(5),
+            chatter_share_pct: 80,
         }
     }
 
@@ -125,6 +134,7 @@ impl PacingPolicy {
             views: None,
             status_settle: Duration::ZERO,
             status_hold_max: Duration::ZERO,
+            chatter_share_pct: 100,
         }
     }
 
@@ -172,13 +182,26 @@ pub struct Bucket {
     pub method: Method,
     /// The channel, for per-channel limits only.
     pub channel: Option<String>,
+    /// The chatter share of this method's bucket (see the module doc).
+    pub chatter_share: bool,
 }
 
 impl Bucket {
     /// The bucket a call of `method` into `channel` draws from.
     pub fn of(method: Method, channel: &str) -> Bucket {
         let channel = (method == Method::PostMessage).then(|| channel.to_owned());
-        Bucket { method, channel }
+        Bucket {
+            method,
+            channel,
+            chatter_share: false,
+        }
+    }
+
+    fn share(&self) -> Bucket {
+        Bucket {
+            chatter_share: true,
+            ..self.clone()
+        }
     }
 }
 
@@ -211,7 +234,15 @@ impl Pacer {
         if let Some(l) = self.limiters.get(bucket) {
             return Some(l.clone());
         }
-        let limiter = Arc::new(self.policy.rate(bucket.method)?.limiter()?);
+        let mut rate = self.policy.rate(bucket.method)?;
+        if bucket.chatter_share {
+            let pct = self.policy.chatter_share_pct.clamp(1, 100);
+            rate = Rate {
+                period: rate.period * 100 / pct,
+                burst: 1,
+            };
+        }
+        let limiter = Arc::new(rate.limiter()?);
         self.limiters.insert(bucket.clone(), limiter.clone());
         Some(limiter)
     }
@@ -242,6 +273,15 @@ impl Pacer {
         })
     }
 
+    /// Like [`Pacer::try_take`] for chatter: it must also fit the chatter
+    /// share of the bucket, which leaves the rest of the rate to decisions.
+    pub fn try_take_chatter(&mut self, bucket: &Bucket, now: Instant) -> Result<(), Instant> {
+        if self.policy.chatter_share_pct < 100 {
+            self.try_take(&bucket.share(), now)?;
+        }
+        self.try_take(bucket, now)
+    }
+
     /// Slack said `429`: nothing more from `bucket` until `until`.
     pub fn pause(&mut self, bucket: &Bucket, until: Instant) {
         let at = self.paused.entry(bucket.clone()).or_insert(until);
@@ -259,7 +299,8 @@ mod tests {
             Bucket::of(Method::PostMessage, "C1"),
             Bucket {
                 method: Method::PostMessage,
-                channel: Some("C1".into())
+                channel: Some("C1".into()),
+                chatter_share: false,
             }
         );
         assert_eq!(
@@ -283,6 +324,27 @@ mod tests {
                 .try_take(&Bucket::of(Method::PostMessage, "C2"), now)
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn chatter_leaves_a_token_for_a_decision() {
+        let policy = PacingPolicy {
+            post_message: Some(Rate {
+                period: Duration::from_secs(1),
+                burst: 2,
+            }),
+            chatter_share_pct: 50,
+            ..PacingPolicy::unpaced()
+        };
+        let mut pacer = Pacer::new(policy);
+        let b = Bucket::of(Method::PostMessage, "C1");
+        let now = Instant::now();
+        assert!(pacer.try_take_chatter(&b, now).is_ok());
+        // Chatter has used its share; the channel still has a token ...
+        assert!(pacer.try_take_chatter(&b, now).is_err());
+        // ... which a decision takes at once.
+        assert!(pacer.try_take(&b, now).is_ok());
+        assert!(pacer.try_take(&b, now).is_err());
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl GatewayState {
         let (candidates, mut next) = self.candidates(now);
         let mut started: HashSet<String> = HashSet::new();
         let mut refused: HashSet<Bucket> = HashSet::new();
-        for (_, id, lane) in candidates {
+        for (class, id, lane) in candidates {
             if started.contains(&lane) {
                 continue;
             }
@@ -202,7 +202,11 @@ impl GatewayState {
             if refused.contains(&bucket) {
                 continue;
             }
-            match self.pacer.try_take(&bucket, now) {
+            let taken = match class {
+                Class::Decision => self.pacer.try_take(&bucket, now),
+                Class::Chatter | Class::Status => self.pacer.try_take_chatter(&bucket, now),
+            };
+            match taken {
                 Ok(()) => {
                     started.insert(lane.clone());
                     self.start(lane, id, call, bucket);
