@@ -209,6 +209,7 @@ impl GatewayState {
             // Nothing more is expected; late events reload from the store
             // and the outbox remembers every message ts.
             self.ts_cache.retain(|(lane, _), _| lane != &id.0);
+            self.unposted.retain(|(lane, _)| lane != &id.0);
             self.shown.remove(&id.0);
         } else {
             self.views.insert(id.clone(), Some(view));

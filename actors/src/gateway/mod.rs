@@ -34,7 +34,7 @@ pub mod pacing;
 pub mod queue;
 mod send;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -217,6 +217,8 @@ pub struct GatewayState {
     /// `None`: a session without a channel (its events are skipped).
     views: HashMap<SessionId, Option<View>>,
     ts_cache: HashMap<(String, String), String>,
+    /// Keys known not to be posted yet (so resolving does not re-read the store).
+    unposted: HashSet<(String, String)>,
     /// What each lane's thread root shows now (an equal update is moot).
     shown: HashMap<String, MessageBody>,
     pacer: Pacer,
@@ -248,6 +250,7 @@ impl Actor for SlackGateway {
             lanes: HashMap::new(),
             views: HashMap::new(),
             ts_cache: HashMap::new(),
+            unposted: HashSet::new(),
             shown: HashMap::new(),
             pacer,
             wake_at: None,

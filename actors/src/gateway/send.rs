@@ -105,12 +105,20 @@ impl GatewayState {
         if let Some(ts) = self.ts_cache.get(&k) {
             return Some(ts.clone());
         }
+        // The gateway is the only writer of remembered ts, so a key found
+        // absent stays absent until `on_posted` (no store read per pump).
+        if self.unposted.contains(&k) {
+            return None;
+        }
         match self.args.outbox.recall(lane, key).await {
             Ok(Some(ts)) => {
                 self.ts_cache.insert(k, ts.clone());
                 Some(ts)
             }
-            Ok(None) => None,
+            Ok(None) => {
+                self.unposted.insert(k);
+                None
+            }
             Err(e) => {
                 tracing::error!(%lane, %key, "cannot read a Slack message ts: {e}");
                 None
@@ -414,8 +422,9 @@ impl GatewayState {
             OutboundOp::Post { key: Some(k), .. } | OutboundOp::Update { key: k, .. } => k,
             _ => return,
         };
-        self.ts_cache
-            .insert((lane.to_owned(), key.clone()), ts.clone());
+        let k = (lane.to_owned(), key.clone());
+        self.unposted.remove(&k);
+        self.ts_cache.insert(k, ts.clone());
         if let Err(e) = self.args.outbox.remember(lane, key, &ts).await {
             tracing::error!(%lane, %key, "cannot remember a Slack message ts: {e}");
         }
