@@ -4,9 +4,8 @@
 
 mod common;
 
-use agent_intercom::app::{App, AppOptions};
 use agent_intercom::config::Config;
-use agent_intercom::storage::SqliteStore;
+use common::api_server::in_process::open_app;
 use common::api_server::{Server, sid, with_permission};
 use common::{Http, Layout, Setup, until};
 use serde_json::{Value, json};
@@ -556,12 +555,7 @@ async fn healthz_answers_503_when_the_supervisor_is_stuck() {
     use intercom_actors::supervisor::SupervisorMsg;
     let layout = Layout::new(&Setup::default());
     let config = Config::load(&layout.config).expect("config loads");
-    let store = SqliteStore::open(&config.database.path)
-        .await
-        .expect("store");
-    let app = App::start(&config, store, AppOptions::default())
-        .await
-        .expect("app");
+    let app = open_app(&config).await;
     let healthy = agent_intercom::http::routes::healthz(State(app.clone())).await;
     assert_eq!(healthy.status(), 200);
     let body = axum::body::to_bytes(healthy.into_body(), 1 << 16)

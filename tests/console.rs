@@ -6,24 +6,19 @@
 
 mod common;
 
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use agent_intercom::app::{App, AppOptions};
 use agent_intercom::config::Config;
-use agent_intercom::http::auth::ApiToken;
-use agent_intercom::http::{router_with_console, serve_on};
-use agent_intercom::storage::SqliteStore;
-use agent_intercom::web::Console;
+use common::api_server::in_process;
 use common::{Layout, Setup, TOKEN};
 use serde_json::json;
 
+/// The in-process server with its console, on a layout of its own (stopped
+/// before the layout's directory goes: fields drop in order).
 struct Server {
+    _running: in_process::Running,
     base: String,
     login_path: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
     _layout: Layout,
 }
 
@@ -31,59 +26,12 @@ impl Server {
     fn start() -> Server {
         let layout = Layout::new(&Setup::default());
         let config = Config::load(&layout.config).expect("config loads");
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let store = SqliteStore::open(&config.database.path)
-                    .await
-                    .expect("store");
-                let app = App::start(&config, store, AppOptions::default())
-                    .await
-                    .expect("app");
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind");
-                let console = Console::new(app.clone(), ApiToken::new(TOKEN));
-                let addr = listener.local_addr().expect("addr");
-                ready_tx
-                    .send((addr, console.login_path()))
-                    .expect("send addr");
-                let routes = router_with_console(app.clone(), ApiToken::new(TOKEN), console);
-                let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
-                let server = tokio::spawn(serve_on(listener, routes, async {
-                    let _ = stopped_rx.await;
-                }));
-                let _ = stop_rx.await;
-                let _ = stopped_tx.send(());
-                app.shutdown().await;
-                let _ = server.await;
-                app.close().await;
-            });
-        });
-        let (addr, login_path) = ready_rx.recv().expect("server address");
+        let (running, started) = in_process::Running::start(config, TOKEN);
         Server {
-            base: format!("http://{addr}"),
-            login_path,
-            stop: Some(stop),
-            thread: Some(thread),
+            _running: running,
+            base: format!("http://{}", started.addr),
+            login_path: started.login_path,
             _layout: layout,
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
         }
     }
 }

@@ -6,91 +6,13 @@
 mod common;
 
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
-use agent_intercom::app::{App, AppOptions};
-use agent_intercom::config::Config;
 use agent_intercom::ctl::client::Client;
 use agent_intercom::ctl::watch::next_message;
-use agent_intercom::http::auth::ApiToken;
-use agent_intercom::http::{router, serve_on};
-use agent_intercom::storage::SqliteStore;
+use common::api_server::Served;
 use common::{Http, Layout, Setup, TOKEN, WAIT};
 use serde_json::{Value, json};
-
-/// A server on the layout's database, in its own runtime; stopped
-/// (gracefully) on drop.
-struct Server {
-    http: Http,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(layout: &Layout) -> Server {
-        let config = Config::load(&layout.config).expect("config loads");
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(run(config, addr_tx, stop_rx));
-        });
-        let addr: std::net::SocketAddr = addr_rx.recv().expect("server address");
-        Server {
-            http: Http::new(&format!("http://{addr}"), Some(TOKEN)),
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-async fn run(
-    config: Config,
-    addr_tx: mpsc::Sender<std::net::SocketAddr>,
-    stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    let store = SqliteStore::open(&config.database.path)
-        .await
-        .expect("store");
-    let app = App::start(&config, store, AppOptions::default())
-        .await
-        .expect("app");
-    app.recover().await.expect("recover");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    addr_tx
-        .send(listener.local_addr().expect("addr"))
-        .expect("send addr");
-    let routes = router(app.clone(), ApiToken::new(TOKEN));
-    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_on(listener, routes, async {
-        let _ = stopped_rx.await;
-    }));
-    let _ = stop.await;
-    // As `serve` does: stop accepting and shut the sessions down at once;
-    // shutting down ends the open event streams.
-    let _ = stopped_tx.send(());
-    app.shutdown().await;
-    let _ = server.await;
-    app.close().await;
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
 
 /// An open event stream read on its own thread: (id, event) pairs; a
 /// position marker has `Value::Null`.
@@ -171,7 +93,7 @@ fn assert_contiguous(ids: &[i64], after: i64) {
 #[test]
 fn reconnecting_with_last_event_id_gets_exactly_the_missed_events() {
     let layout = Layout::new(&permission_setup());
-    let server = Server::start(&layout);
+    let server = Served::on(&layout);
     let base = server.http.base.clone();
     let first = Stream::open(&base, "/api/events", None);
     let start = first.marker();
@@ -223,7 +145,7 @@ fn reconnecting_with_last_event_id_gets_exactly_the_missed_events() {
 #[test]
 fn the_stream_resumes_across_a_server_restart_and_filters_by_session() {
     let layout = Layout::new(&permission_setup());
-    let server = Server::start(&layout);
+    let server = Served::on(&layout);
     let base = server.http.base.clone();
     let a = server.http.start("first")["id"]
         .as_str()
@@ -246,7 +168,7 @@ fn the_stream_resumes_across_a_server_restart_and_filters_by_session() {
     // A graceful restart ends both sessions; b's end is stored while no
     // client is connected, and arrives after the restart.
     drop(server);
-    let server = Server::start(&layout);
+    let server = Served::on(&layout);
     let resumed = Stream::open(
         &server.http.base,
         &format!("/api/events?session={b}"),
@@ -271,7 +193,7 @@ fn the_stream_resumes_across_a_server_restart_and_filters_by_session() {
 #[test]
 fn the_stream_needs_the_token_and_a_numeric_last_event_id() {
     let layout = Layout::new(&Setup::default());
-    let server = Server::start(&layout);
+    let server = Served::on(&layout);
     let anonymous = Http::new(&server.http.base, None);
     let r = anonymous.get("/api/events");
     assert_eq!(

@@ -12,16 +12,19 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use agent_intercom::app::{App, AppOptions};
+use agent_intercom::app::App;
 use agent_intercom::config::Config;
-use agent_intercom::http::auth::ApiToken;
-use agent_intercom::http::{router, serve_on};
 use agent_intercom::storage::SqliteStore;
 use serde_json::{Value, json};
+
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/in_process.rs"]
+mod in_process;
 
 /// Deadline for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -469,84 +472,34 @@ pub fn markers(transcript: &str, prefix: &str, terminator: char) -> Vec<String> 
 // ---- the server in-process ------------------------------------------------------
 
 /// The real app (store, registry, supervisor, HTTP API) in its own thread
-/// and runtime on 127.0.0.1:0; stopped gracefully on drop.
+/// and runtime on 127.0.0.1:0 (`tests/shared/in_process.rs`); stopped
+/// gracefully on drop, before the deployment's directory goes (fields drop
+/// in order).
 pub struct InProcess {
+    _running: in_process::Running,
     pub api: Api,
     pub app: App,
     pub rt: tokio::runtime::Handle,
     pub deployment: Deployment,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl InProcess {
     pub fn start(spec: &Spec) -> InProcess {
         let deployment = Deployment::new(spec);
         let config = Config::load(&deployment.config).expect("config loads");
-        let (tx, rx) = mpsc::channel();
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(run_in_process(config, tx, stop_rx));
-        });
-        let (addr, app, rt): (std::net::SocketAddr, App, tokio::runtime::Handle) =
-            rx.recv().expect("server started");
+        let (running, started) = in_process::Running::start(config, TOKEN);
         InProcess {
-            api: Api::new(&format!("http://{addr}"), Some(TOKEN)),
-            app,
-            rt,
+            _running: running,
+            api: Api::new(&format!("http://{}", started.addr), Some(TOKEN)),
+            app: started.app,
+            rt: started.rt,
             deployment,
-            stop: Some(stop),
-            thread: Some(thread),
         }
     }
 
     /// Runs a future on the server's runtime (e.g. a store query).
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
-    }
-}
-
-async fn run_in_process(
-    config: Config,
-    tx: mpsc::Sender<(std::net::SocketAddr, App, tokio::runtime::Handle)>,
-    stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    let store = SqliteStore::open(&config.database.path)
-        .await
-        .expect("store");
-    let app = App::start(&config, store, AppOptions::default())
-        .await
-        .expect("app");
-    app.recover().await.expect("recover");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tx.send((addr, app.clone(), tokio::runtime::Handle::current()))
-        .expect("send addr");
-    let routes = router(app.clone(), ApiToken::new(TOKEN));
-    serve_on(listener, routes, async {
-        let _ = stop.await;
-    })
-    .await
-    .expect("serve");
-    app.shutdown().await;
-    app.close().await;
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

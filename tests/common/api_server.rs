@@ -1,85 +1,50 @@
-//! The real app (store, registry, supervisor, HTTP API) served in-process
-//! on 127.0.0.1:0 in a thread of its own, for the API test files.
+//! The real app served in-process (`tests/shared/in_process.rs`) on a
+//! [`Layout`], with the small client pointed at it, for the API test files.
 
-use std::sync::mpsc;
-use std::thread::JoinHandle;
-
-use agent_intercom::app::{App, AppOptions};
 use agent_intercom::config::Config;
-use agent_intercom::http::auth::ApiToken;
-use agent_intercom::http::{router, serve_on};
-use agent_intercom::storage::SqliteStore;
 use serde_json::Value;
 
 use super::{Http, Layout, Setup, TOKEN};
 
-/// A server running in its own thread and runtime; stopped on drop.
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/in_process.rs"]
+pub mod in_process;
+
+/// A server on an existing layout's database (a restart is a new one on the
+/// same layout); stopped gracefully on drop.
+pub struct Served {
+    pub http: Http,
+    _running: in_process::Running,
+}
+
+impl Served {
+    pub fn on(layout: &Layout) -> Served {
+        let config = Config::load(&layout.config).expect("config loads");
+        let (running, started) = in_process::Running::start(config, TOKEN);
+        Served {
+            http: Http::new(&format!("http://{}", started.addr), Some(TOKEN)),
+            _running: running,
+        }
+    }
+}
+
+/// A server on a layout of its own; stopped on drop (before the layout's
+/// directory goes: fields drop in order).
 pub struct Server {
+    _running: in_process::Running,
     pub http: Http,
     pub layout: Layout,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Server {
     pub fn start(setup: Setup) -> Server {
         let layout = Layout::new(&setup);
-        let config = Config::load(&layout.config).expect("config loads");
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(run(config, addr_tx, stop_rx));
-        });
-        let addr: std::net::SocketAddr = addr_rx.recv().expect("server address");
+        let Served { http, _running } = Served::on(&layout);
         Server {
-            http: Http::new(&format!("http://{addr}"), Some(TOKEN)),
+            _running,
+            http,
             layout,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-async fn run(
-    config: Config,
-    addr_tx: mpsc::Sender<std::net::SocketAddr>,
-    stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    let store = SqliteStore::open(&config.database.path)
-        .await
-        .expect("store");
-    let app = App::start(&config, store, AppOptions::default())
-        .await
-        .expect("app");
-    app.recover().await.expect("recover");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    addr_tx
-        .send(listener.local_addr().expect("addr"))
-        .expect("send addr");
-    let routes = router(app.clone(), ApiToken::new(TOKEN));
-    serve_on(listener, routes, async {
-        let _ = stop.await;
-    })
-    .await
-    .expect("serve");
-    app.shutdown().await;
-    app.close().await;
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
         }
     }
 }
