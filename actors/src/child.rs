@@ -6,24 +6,28 @@
 //! signalled at once. Three tasks serve the pipes: a reader that frames
 //! stdout, a writer that is the only writer to stdin, and a stderr drain that
 //! keeps the last 64 KiB for crash reports (an unread pipe would block the
-//! child). A fourth task reaps the process. Everything they observe is handed
+//! child). None of them keeps a buffer while its pipe is idle (see
+//! [`crate::pipes`]): hundreds of idle sessions would otherwise hold tens of
+//! KiB each. A fourth task reaps the process. Everything they observe is handed
 //! to the owner through a callback as [`ChildEvent`]s, so this module knows
 //! nothing about actors.
 
 use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
-use tokio::io::AsyncReadExt;
-use tokio::process::Command;
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
+use tokio::process::{ChildStdin, Command};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::Encoder;
 
 use crate::model::Framing;
-use crate::protocol::framing::{Frame, FrameCodec};
+use crate::pipes::{self, FrameReader};
+use crate::protocol::framing::{Frame, FrameCodec, FramingError};
 
 /// Variables every agent gets (when the server has them).
 pub const BASE_ENV_ALLOWLIST: &[&str] = &[
@@ -225,6 +229,73 @@ fn build_command(spec: &ChildSpec) -> Command {
     cmd
 }
 
+/// A child's pipe end as a tokio pipe, which can be waited on without a
+/// buffer (see [`crate::pipes`]).
+fn pipe_receiver(fd: std::io::Result<OwnedFd>) -> std::io::Result<pipe::Receiver> {
+    pipe::Receiver::from_owned_fd(fd?)
+}
+
+/// The reader task: hands each frame to the owner with a credit, and stops
+/// reading while [`INBOUND_FRAMES_IN_FLIGHT`] frames are unhandled.
+async fn read_frames(
+    mut frames: FrameReader<pipe::Receiver, FrameCodec>,
+    events: Arc<dyn Fn(ChildEvent) + Send + Sync>,
+) {
+    let window = Arc::new(Semaphore::new(INBOUND_FRAMES_IN_FLIGHT));
+    loop {
+        // Wait for the session to catch up before reading more.
+        let Ok(credit) = window.clone().acquire_owned().await else {
+            break;
+        };
+        match frames.next_frame().await {
+            Ok(Some(frame)) => events(ChildEvent::Frame(frame, Credit(Some(credit)))),
+            Err(e) => {
+                events(ChildEvent::ReadFailed(e.to_string()));
+                break;
+            }
+            Ok(None) => {
+                events(ChildEvent::StdoutClosed);
+                break;
+            }
+        }
+    }
+}
+
+/// The writer task, the only writer to stdin: each message is framed into
+/// a buffer of its own size, written and flushed (no buffer is kept between
+/// messages). Dropping `stdin` at the end closes it.
+async fn write_frames(
+    mut stdin: ChildStdin,
+    mut codec: FrameCodec,
+    mut rx: mpsc::UnboundedReceiver<WriterCmd>,
+    events: Arc<dyn Fn(ChildEvent) + Send + Sync>,
+) {
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            WriterCmd::Send(bytes, token) => {
+                let mut out = BytesMut::new();
+                let written = match codec.encode(bytes, &mut out) {
+                    Ok(()) => async {
+                        stdin.write_all(&out).await?;
+                        stdin.flush().await
+                    }
+                    .await
+                    .map_err(|e| FramingError::Io(e).to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if let Err(e) = written {
+                    events(ChildEvent::WriteFailed(e));
+                    return;
+                }
+                if let Some(token) = token {
+                    events(ChildEvent::Written(token));
+                }
+            }
+            WriterCmd::Close => break,
+        }
+    }
+}
+
 impl AgentChild {
     /// Starts the agent and its pipe tasks; events go to `on_event`.
     pub fn spawn(
@@ -250,66 +321,23 @@ impl AgentChild {
         let pid = child.id().ok_or_else(|| failed("pid"))? as i32;
         let stdin = child.stdin.take().ok_or_else(|| failed("stdin"))?;
         let stdout = child.stdout.take().ok_or_else(|| failed("stdout"))?;
-        let mut stderr = child.stderr.take().ok_or_else(|| failed("stderr"))?;
-        let on_event = Arc::new(on_event);
+        let stderr = child.stderr.take().ok_or_else(|| failed("stderr"))?;
+        let on_event: Arc<dyn Fn(ChildEvent) + Send + Sync> = Arc::new(on_event);
 
+        let stdout = pipe_receiver(stdout.into_owned_fd()).map_err(|_| failed("stdout"))?;
+        let stderr = pipe_receiver(stderr.into_owned_fd()).map_err(|_| failed("stderr"))?;
         let codec = FrameCodec::new(spec.framing, spec.max_frame);
         let events = on_event.clone();
-        let reader = tokio::spawn(async move {
-            let mut frames = FramedRead::new(stdout, codec);
-            let window = Arc::new(Semaphore::new(INBOUND_FRAMES_IN_FLIGHT));
-            loop {
-                // Wait for the session to catch up before reading more.
-                let Ok(credit) = window.clone().acquire_owned().await else {
-                    break;
-                };
-                match frames.next().await {
-                    Some(Ok(frame)) => events(ChildEvent::Frame(frame, Credit(Some(credit)))),
-                    Some(Err(e)) => {
-                        events(ChildEvent::ReadFailed(e.to_string()));
-                        break;
-                    }
-                    None => {
-                        events(ChildEvent::StdoutClosed);
-                        break;
-                    }
-                }
-            }
-        });
+        let reader = tokio::spawn(read_frames(FrameReader::new(stdout, codec), events));
 
-        let (tx, mut rx) = mpsc::unbounded_channel::<WriterCmd>();
+        let (tx, rx) = mpsc::unbounded_channel::<WriterCmd>();
         let codec = FrameCodec::new(spec.framing, spec.max_frame);
         let events = on_event.clone();
-        tokio::spawn(async move {
-            let mut sink = FramedWrite::new(stdin, codec);
-            while let Some(cmd) = rx.recv().await {
-                match cmd {
-                    WriterCmd::Send(bytes, token) => {
-                        if let Err(e) = sink.send(bytes).await {
-                            events(ChildEvent::WriteFailed(e.to_string()));
-                            return;
-                        }
-                        if let Some(token) = token {
-                            events(ChildEvent::Written(token));
-                        }
-                    }
-                    WriterCmd::Close => break,
-                }
-            }
-            // Dropping the sink closes stdin.
-        });
+        tokio::spawn(write_frames(stdin, codec, rx, events));
 
         let tail = StderrTail::default();
         let sink = tail.clone();
-        let drain = tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            while let Ok(n) = stderr.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                sink.push(&buf[..n]);
-            }
-        });
+        let drain = tokio::spawn(pipes::drain(stderr, move |chunk| sink.push(chunk)));
 
         let events = on_event;
         tokio::spawn(async move {

@@ -13,6 +13,7 @@ pub mod gateway;
 pub mod ids;
 pub mod memory;
 pub mod model;
+pub mod pipes;
 pub mod ports;
 pub mod protocol;
 pub mod registry;
