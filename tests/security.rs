@@ -25,7 +25,7 @@ use std::path::Path;
 
 use agent_intercom::http::auth::{ApiToken, ct_eq};
 use chaos_common::{
-    AgentSpec, Api, Deployment, InProcess, Launch, Rng, ServerProcess, Spec, TOKEN,
+    AgentSpec, Api, Deployment, InProcess, Launch, Rng, ServerProcess, Spec, TOKEN, WAIT,
     expect_no_process_matching, free_port, markers, until,
 };
 use intercom_actors::child::BASE_ENV_ALLOWLIST;
@@ -116,6 +116,32 @@ fn the_api_refuses_missing_wrong_and_near_miss_tokens() {
         assert_eq!(r.status, 200, "{}", r.text);
     }
     assert_eq!(Api::new(&base, None).get("/healthz").status, 200);
+}
+
+/// A refused request ends its connection and says so: its body is never
+/// read, so the server cannot keep the connection, and without
+/// `Connection: close` a keep-alive client reuses it and sees its next
+/// request fail as "server unreachable" (what made the test above flaky
+/// under load). The body is withheld here, so the server cannot drain it.
+#[test]
+fn a_refused_request_closes_its_connection_and_says_so() {
+    use std::io::{Read, Write};
+    let server = InProcess::start(&Spec::default());
+    let addr = server.api.base.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
+    conn.set_read_timeout(Some(WAIT)).expect("read timeout");
+    write!(
+        conn,
+        "POST /api/sessions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer not-the-token\r\n\
+         Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+    )
+    .expect("send the head");
+    // Read to the end: the server must close, or this times out.
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).expect("the server closes");
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 401"), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
 }
 
 /// The comparison is constant-time: `ApiToken::matches` is `ct_eq`, which

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -204,12 +204,24 @@ pub async fn require_token(
 ) -> Response {
     match bearer(&request) {
         Some(presented) if token.matches(presented) => next.run(request).await,
-        Some(_) => ApiError::Unauthorized("wrong API token".into()).into_response(),
-        None => ApiError::Unauthorized(format!(
+        Some(_) => refuse(ApiError::Unauthorized("wrong API token".into())),
+        None => refuse(ApiError::Unauthorized(format!(
             "missing API token: send Authorization: Bearer <token> (the token is in {TOKEN_ENV} or data/{TOKEN_FILE_NAME})"
-        ))
-        .into_response(),
+        ))),
     }
+}
+
+/// A refusal that also ends the connection, and says so. The request's body
+/// is never read (an unauthenticated client does not get to make the server
+/// read what it sends), so hyper cannot keep the connection; without
+/// `Connection: close` a keep-alive client would reuse it and see its next
+/// request fail as a dropped connection instead of getting an answer.
+fn refuse(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 fn bearer(request: &Request) -> Option<&str> {
