@@ -4,8 +4,10 @@
 //! updates of 20-200 characters, 20% `tool_call` / `tool_call_update` with a
 //! small diff, 10% `tool_call_update` carrying a 100 KiB diff) and measures
 //!
-//! * **reader**: `FramedRead<_, NdjsonCodec>` over an in-memory `AsyncRead`,
-//!   then `RpcMessage::parse` on every frame (what the session actor gets);
+//! * **reader**: `FrameReader<_, NdjsonCodec>` (the agent-stdout reader of
+//!   `intercom_actors::pipes`) over an in-memory source that, like a pipe,
+//!   hands out at most the buffer's spare capacity per read, then
+//!   `RpcMessage::parse` on every frame (what the session actor gets);
 //! * **ceiling**: `serde_json::from_slice::<Value>` on every line of the same
 //!   buffer split on `\n` (no framing, no envelope handling).
 //!
@@ -16,11 +18,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use intercom_actors::pipes::FrameReader;
 use intercom_actors::protocol::framing::{Frame, NdjsonCodec};
 use intercom_actors::protocol::jsonrpc::RpcMessage;
 use serde_json::{Value, json};
-use tokio_util::codec::FramedRead;
 
 const MESSAGES: usize = 20_000;
 const RUNS: usize = 5;
@@ -181,10 +182,10 @@ fn build_stream() -> (Vec<u8>, Mix) {
 
 /// Our reader: framing + JSON-RPC envelope parse. Returns messages seen.
 async fn run_reader(buf: &[u8]) -> usize {
-    let mut frames = FramedRead::new(buf, NdjsonCodec::new(MAX_LINE));
+    let mut frames = FrameReader::new(buf, NdjsonCodec::new(MAX_LINE));
     let mut n = 0;
-    while let Some(frame) = frames.next().await {
-        match frame.expect("framing") {
+    while let Some(frame) = frames.next_frame().await.expect("framing") {
+        match frame {
             Frame::Message(body) => {
                 let msg = RpcMessage::parse(&body).expect("valid message");
                 black_box(&msg);
@@ -273,7 +274,7 @@ fn main() {
         "", "best MB/s", "med MB/s", "best msg/s", "med msg/s"
     );
     for (name, s) in [
-        ("reader (FramedRead+NdjsonCodec+parse)", &r),
+        ("reader (FrameReader+NdjsonCodec+parse)", &r),
         ("ceiling (split + from_slice::<Value>)", &c),
     ] {
         println!(
