@@ -20,6 +20,7 @@ use intercom_actors::model::{
 };
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore, StoreError};
 use intercom_actors::registry::{RegistryMsg, ResolveError, Target};
+use intercom_actors::session::calls::{self, Answer};
 use intercom_actors::session::{
     Caller, Choice, SessionError, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
     StopCause,
@@ -787,19 +788,15 @@ impl App {
                 ),
                 status: None,
             })?;
-        let request_id = req.request_id.clone();
-        let decision = ractor::call_t!(
-            actor,
-            |reply| SessionMsg::Decide {
-                request_id,
-                choice,
-                reason,
-                caller,
-                reply
-            },
-            CALL_TIMEOUT_MS
-        )
-        .map_err(|e| AppError::actor("session", e))??;
+        let answer = Answer {
+            request_id: req.request_id.clone(),
+            choice,
+            reason,
+            caller,
+        };
+        let decision = calls::decide(&actor, answer, CALL_TIMEOUT_MS)
+            .await
+            .map_err(|e| AppError::actor("session", e))??;
         let (req, _) = self.approval(global_id).await?;
         tracing::info!(request = global_id, option = %decision.option_id, approved = decision.approved, by = %decision.decided_by, "request decided");
         Ok((req, decision))

@@ -23,6 +23,7 @@ use intercom_actors::model::{AuditEntry, RequestStatus, SessionId, SessionRecord
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::ApprovalMode;
+use intercom_actors::session::calls::{self, Answer};
 use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome, StopCause};
 use intercom_actors::slack_port::MessageBody;
 use intercom_actors::supervisor::{
@@ -319,21 +320,17 @@ impl Ctx {
                 "Session `{session}` is not running any more, so this request cannot be answered."
             ));
         };
-        let caller = self.caller(user);
-        ractor::call_t!(
-            actor,
-            |reply| SessionMsg::Decide {
-                request_id,
-                choice,
-                reason,
-                caller,
-                reply
-            },
-            CALL_TIMEOUT_MS
-        )
-        .map_err(|e| e.to_string())?
-        .map(|_| ())
-        .map_err(|e| session_error_text(&e))
+        let answer = Answer {
+            request_id,
+            choice,
+            reason,
+            caller: self.caller(user),
+        };
+        calls::decide(&actor, answer, CALL_TIMEOUT_MS)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .map_err(|e| session_error_text(&e))
     }
 
     /// Refuses `user` on `session` unless owner or operator, auditing the

@@ -5,9 +5,11 @@
 //! clocks are fields of [`SessionState`], changed only by [`SessionMsg`]s.
 //! The file is split by concern: [`handshake`] (initialize, auth, new/load),
 //! [`inbound`] (what the agent sends), [`requests`] (operator decisions),
-//! [`turns`] (prompts and steering), [`lifecycle`] (timers, stop, crash).
+//! [`turns`] (prompts and steering), [`lifecycle`] (timers, stop, crash),
+//! [`calls`] (the calls front ends make into a session).
 
 mod agent_settings;
+pub mod calls;
 mod files;
 mod flood;
 mod handshake;
