@@ -33,14 +33,11 @@ use intercom_actors::model::{PendingRequest, RequestKind, RequestStatus, Session
 use intercom_actors::ports::SessionStore;
 use intercom_actors::rules::ApprovalMode;
 use intercom_actors::session::Choice;
-use intercom_actors::settings::Limits;
 use interop_support::fake_gemini::{self, FakeGemini, Reply};
-use interop_support::turns::{
-    decide, pid, request_opened, steer, stop, until_content, until_turn_ended,
-};
+use interop_support::turns::{knobs, pid, steer, stop, until_content, until_turn_ended};
 use interop_support::{bin, fresh_home, profile, set_env};
 use serde_json::json;
-use support::{Harness, Knobs, until_group_gone};
+use support::{Harness, Knobs, decide, request_opened, until_group_gone};
 
 const OLD: &str = "old line\n";
 const CONTENT: &str = "hello from gemini\n";
@@ -87,17 +84,6 @@ async fn setup(knobs: Knobs) -> (Harness, FakeGemini) {
         ("GEMINI_CLI_NO_RELAUNCH", "true"),
     ]);
     (h, fake)
-}
-
-fn knobs() -> Knobs {
-    Knobs {
-        limits: Limits {
-            startup_timeout_secs: 90,
-            shutdown_grace_secs: 1,
-            ..Knobs::default().limits
-        },
-        ..Knobs::default()
-    }
 }
 
 async fn start(h: &Harness, prompt: &str, mode: Option<ApprovalMode>) -> SessionId {

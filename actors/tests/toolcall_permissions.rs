@@ -7,12 +7,12 @@
 
 mod support;
 
-use intercom_actors::model::{PendingRequest, RequestKind, SessionId};
-use intercom_actors::ports::{OperatorEvent, SessionStore};
+use intercom_actors::model::RequestKind;
+use intercom_actors::ports::SessionStore;
 use intercom_actors::rules::ApprovalMode;
-use intercom_actors::session::{Caller, Choice, SessionMsg};
+use intercom_actors::session::Choice;
 use serde_json::{Value, json};
-use support::{Harness, Knobs};
+use support::{Harness, Knobs, decide, request_opened};
 
 /// A tool call announcing `diffs`, a permission naming only its id, then
 /// (when allowed) a write of `path` with `content`.
@@ -27,34 +27,6 @@ fn announce_then_write(diffs: Value, path: &str, content: &str) -> Value {
     ]]})
 }
 
-/// Waits for the session's `n`-th request (`req-n`) to be shown.
-async fn opened(h: &Harness, n: usize) -> PendingRequest {
-    let want = format!("req-{n}");
-    match h
-        .until(
-            &want,
-            |e| matches!(e, OperatorEvent::RequestOpened { request } if request.request_id == want),
-        )
-        .await
-    {
-        OperatorEvent::RequestOpened { request } => request,
-        _ => unreachable!("matched above"),
-    }
-}
-
-async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
-    let actor = h.actor(id).await;
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: request.into(),
-        choice,
-        reason: None,
-        caller: Caller::local(),
-        reply
-    })
-    .expect("decide call")
-    .expect("decided");
-}
-
 #[tokio::test]
 async fn one_approval_with_the_diff_covers_the_announced_write() {
     let h = Harness::new(Knobs::default()).await;
@@ -64,7 +36,7 @@ async fn one_approval_with_the_diff_covers_the_announced_write() {
         "hello\n",
     );
     let rec = h.start(scenario, "create hello.txt").await;
-    let req = opened(&h, 1).await;
+    let req = request_opened(&h, 1).await;
     assert_eq!(req.kind, RequestKind::Permission);
     assert_eq!(req.title, "Write");
     assert_eq!(req.paths, vec!["hello.txt".to_owned()]);
@@ -111,7 +83,7 @@ async fn an_edit_fragment_is_shown_in_context_and_its_write_covered() {
         "one\nTWO\nthree\n",
     );
     let rec = h.start(scenario, "edit").await;
-    let req = opened(&h, 1).await;
+    let req = request_opened(&h, 1).await;
     let diff = req.diff.clone().expect("diff");
     assert!(diff.contains("--- a/src/x.rs\n+++ b/src/x.rs"), "{diff}");
     assert!(diff.contains(" one\n-two\n+TWO\n three"), "{diff}");
@@ -139,9 +111,9 @@ async fn a_write_other_than_the_announced_one_is_still_asked_with_its_diff() {
         "rm -rf /\n",
     );
     let rec = h.start(scenario, "create hello.txt").await;
-    let first = opened(&h, 1).await;
+    let first = request_opened(&h, 1).await;
     decide(&h, &rec.id, &first.request_id, Choice::Approve).await;
-    let second = opened(&h, 2).await;
+    let second = request_opened(&h, 2).await;
     assert_eq!(second.kind, RequestKind::FileWrite);
     assert_eq!(second.paths, vec!["hello.txt".to_owned()]);
     let diff = second.diff.clone().expect("diff");
@@ -167,9 +139,9 @@ async fn a_changed_announcement_after_the_approval_is_not_covered() {
         {"chunk": "turn over"}
     ]]});
     let rec = h.start(scenario, "go").await;
-    let first = opened(&h, 1).await;
+    let first = request_opened(&h, 1).await;
     decide(&h, &rec.id, &first.request_id, Choice::Approve).await;
-    let second = opened(&h, 2).await;
+    let second = request_opened(&h, 2).await;
     assert_eq!(second.kind, RequestKind::FileWrite);
     assert!(second.diff.expect("diff").contains("+evil"));
 }
@@ -217,7 +189,7 @@ async fn auto_edits_does_not_allow_an_edit_announced_outside_the_workspace() {
     let mut req = h.request(h.profile(scenario), "go");
     req.mode = Some(ApprovalMode::AutoEdits);
     let rec = h.start_req(req).await.expect("starts");
-    let asked = opened(&h, 1).await;
+    let asked = request_opened(&h, 1).await;
     assert_eq!(asked.paths, vec!["/etc/passwd".to_owned()]);
     let pending = h
         .store
@@ -244,7 +216,7 @@ async fn a_diff_in_context_never_reads_through_a_symlink_out_of_the_workspace() 
         {"chunk": "turn over"}
     ]]});
     h.start(scenario, "go").await;
-    let asked = opened(&h, 1).await;
+    let asked = request_opened(&h, 1).await;
     let diff = asked.diff.expect("the agent's own texts are shown");
     assert!(!diff.contains("hunter2"), "{diff}");
     assert!(diff.contains("-TOKEN") && diff.contains("+x"), "{diff}");

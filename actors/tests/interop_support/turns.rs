@@ -1,42 +1,27 @@
 //! What the whole-turn interop tests (Claude Code, Gemini CLI) do to a
-//! running session: wait for the next approval, decide it, steer a second
-//! prompt, stop, wait for a file or the end of a turn.
+//! running session: steer a second prompt, stop, wait for a file or the end
+//! of a turn (waiting for an approval and deciding it are in `support`).
 
 use std::path::Path;
 
-use intercom_actors::model::{PendingRequest, SessionId};
-use intercom_actors::ports::OperatorEvent;
-use intercom_actors::session::{Caller, Choice, SessionMsg, StopCause};
+use intercom_actors::model::SessionId;
+use intercom_actors::session::{Caller, SessionMsg, StopCause};
 
-use crate::support::{self, Harness, until_group_gone};
+use intercom_actors::settings::Limits;
 
-/// Waits for the `n`th approval request of the harness.
-pub async fn request_opened(h: &Harness, n: usize) -> PendingRequest {
-    let want = format!("req-{n}");
-    match h
-        .until(
-            &want,
-            |e| matches!(e, OperatorEvent::RequestOpened { request } if request.request_id == want),
-        )
-        .await
-    {
-        OperatorEvent::RequestOpened { request } => request,
-        _ => unreachable!("matched above"),
+use crate::support::{self, Harness, Knobs, until_group_gone};
+
+/// The harness knobs for a whole turn of a real agent: its start (node,
+/// a fresh HOME) may take long; a stop need not wait.
+pub fn knobs() -> Knobs {
+    Knobs {
+        limits: Limits {
+            startup_timeout_secs: 90,
+            shutdown_grace_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
     }
-}
-
-/// Decides an approval as the local operator.
-pub async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
-    let actor = h.actor(id).await;
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: request.into(),
-        choice,
-        reason: None,
-        caller: Caller::local(),
-        reply
-    })
-    .expect("decide call")
-    .expect("decided");
 }
 
 /// The agent's process id (its process group leader).

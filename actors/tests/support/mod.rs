@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use intercom_actors::memory::{MemoryStore, RecordingSink};
-use intercom_actors::model::{Framing, Protocol, SessionId, SessionRecord, TranscriptEntry};
+use intercom_actors::model::{
+    Framing, PendingRequest, Protocol, SessionId, SessionRecord, TranscriptEntry,
+};
 use intercom_actors::ports::{OperatorEvent, SessionStore};
-use intercom_actors::session::{SessionMsg, SessionSettings};
+use intercom_actors::session::{Caller, Choice, SessionMsg, SessionSettings};
 use intercom_actors::settings::{AgentProfile, Limits, StallPolicy, SupervisionPolicy};
 use intercom_actors::supervisor::{
     SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
@@ -262,4 +264,33 @@ pub async fn until_group_gone(pgid: i32) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits for the harness's `n`-th approval request (`req-n`) to be shown.
+pub async fn request_opened(h: &Harness, n: usize) -> PendingRequest {
+    let want = format!("req-{n}");
+    match h
+        .until(
+            &want,
+            |e| matches!(e, OperatorEvent::RequestOpened { request } if request.request_id == want),
+        )
+        .await
+    {
+        OperatorEvent::RequestOpened { request } => request,
+        _ => unreachable!("matched above"),
+    }
+}
+
+/// Decides an approval as the local operator; panics unless it is recorded.
+pub async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Decide {
+        request_id: request.into(),
+        choice,
+        reason: None,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("decide call")
+    .expect("decided");
 }
