@@ -11,13 +11,13 @@
 //! `POST /v1/messages/count_tokens`. What the model "says" is decided by the
 //! test's script from the request body; every request body is recorded.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-use super::loopback_http::{read_request, respond, start_sse};
+use super::loopback_http::{Listening, Request, respond, start_sse};
 
 /// One content block of a scripted model answer.
 #[derive(Debug, Clone)]
@@ -76,45 +76,25 @@ pub type Script = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
 pub struct FakeAnthropic {
     /// `http://127.0.0.1:<port>`, for `ANTHROPIC_BASE_URL`.
     pub url: String,
-    requests: Arc<Mutex<Vec<(String, Value)>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeAnthropic {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    server: Listening,
 }
 
 impl FakeAnthropic {
     /// Listens on an ephemeral loopback port.
     pub async fn start(script: Script) -> FakeAnthropic {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let requests: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
-        let log = requests.clone();
-        let task = tokio::spawn(async move {
-            let mut n = 0u64;
-            while let Ok((stream, _)) = listener.accept().await {
-                n += 1;
-                let (script, log) = (script.clone(), log.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = serve(stream, n, script, log).await {
-                        eprintln!("fake anthropic: connection {n}: {e}");
-                    }
-                });
-            }
-        });
+        let server = Listening::start("fake anthropic", move |stream, request| {
+            serve(stream, request, script.clone())
+        })
+        .await;
         FakeAnthropic {
-            url,
-            requests,
-            task,
+            url: server.url.clone(),
+            server,
         }
     }
 
     /// Every request so far as (path, body).
     pub fn requests(&self) -> Vec<(String, Value)> {
-        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+        self.server.requests()
     }
 
     /// The `POST /v1/messages` bodies so far.
@@ -127,19 +107,13 @@ impl FakeAnthropic {
     }
 }
 
-async fn serve(
-    mut stream: TcpStream,
-    n: u64,
-    script: Script,
-    log: Arc<Mutex<Vec<(String, Value)>>>,
-) -> std::io::Result<()> {
-    let Some((method, path, body)) = read_request(&mut stream).await? else {
-        return Ok(());
-    };
-    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if let Ok(mut l) = log.lock() {
-        l.push((path.clone(), parsed.clone()));
-    }
+async fn serve(mut stream: TcpStream, request: Request, script: Script) -> std::io::Result<()> {
+    let Request {
+        n,
+        method,
+        path,
+        body: parsed,
+    } = request;
     if method != "POST" {
         return respond(&mut stream, "404 Not Found", "application/json", "{}").await;
     }

@@ -12,13 +12,13 @@
 //! all of them; `:countTokens`. What the model "says" in a turn is decided by
 //! the test's script from the request body; every request is recorded.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-use super::loopback_http::{read_request, respond, start_sse};
+use super::loopback_http::{Listening, Request, respond, start_sse};
 
 /// One part of a scripted model answer.
 #[derive(Debug, Clone)]
@@ -78,45 +78,25 @@ const SIDE_ANSWER: &str =
 pub struct FakeGemini {
     /// `http://127.0.0.1:<port>`, for `GOOGLE_GEMINI_BASE_URL`.
     pub url: String,
-    requests: Arc<Mutex<Vec<(String, Value)>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeGemini {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    server: Listening,
 }
 
 impl FakeGemini {
     /// Listens on an ephemeral loopback port.
     pub async fn start(script: Script) -> FakeGemini {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let requests: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
-        let log = requests.clone();
-        let task = tokio::spawn(async move {
-            let mut n = 0u64;
-            while let Ok((stream, _)) = listener.accept().await {
-                n += 1;
-                let (script, log) = (script.clone(), log.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = serve(stream, script, log).await {
-                        eprintln!("fake gemini: connection {n}: {e}");
-                    }
-                });
-            }
-        });
+        let server = Listening::start("fake gemini", move |stream, request| {
+            serve(stream, request, script.clone())
+        })
+        .await;
         FakeGemini {
-            url,
-            requests,
-            task,
+            url: server.url.clone(),
+            server,
         }
     }
 
     /// Every request so far as (path, body).
     pub fn requests(&self) -> Vec<(String, Value)> {
-        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+        self.server.requests()
     }
 
     /// The bodies of streamed turn requests (those offering tools).
@@ -133,18 +113,13 @@ fn offers_tools(body: &Value) -> bool {
     body["tools"].as_array().is_some_and(|t| !t.is_empty())
 }
 
-async fn serve(
-    mut stream: TcpStream,
-    script: Script,
-    log: Arc<Mutex<Vec<(String, Value)>>>,
-) -> std::io::Result<()> {
-    let Some((method, path, body)) = read_request(&mut stream).await? else {
-        return Ok(());
-    };
-    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if let Ok(mut l) = log.lock() {
-        l.push((path.clone(), parsed.clone()));
-    }
+async fn serve(mut stream: TcpStream, request: Request, script: Script) -> std::io::Result<()> {
+    let Request {
+        method,
+        path,
+        body: parsed,
+        ..
+    } = request;
     let json_kind = "application/json";
     if method != "POST" {
         return respond(&mut stream, "404 Not Found", json_kind, "{}").await;
