@@ -14,7 +14,7 @@ use super::{
 };
 use crate::model::{PendingRequest, SessionId, SessionRecord, SessionStatus};
 use crate::ports::OperatorEvent;
-use crate::slack_port::{MessageBody, OutboundOp, StatusLine};
+use crate::slack_port::{MessageBody, OutboundOp, Render, StatusLine};
 
 impl GatewayState {
     /// The view of a session, loading it from the store when unknown.
@@ -82,21 +82,10 @@ impl GatewayState {
 
     pub(super) async fn on_event(&mut self, event: OperatorEvent) {
         if let OperatorEvent::SessionStarted { session } = event {
-            let line = StatusLine {
-                status: session.status,
-                activity: "starting".into(),
-                reason: None,
-                usage: None,
-            };
-            let id = session.id.clone();
-            self.adopt(session).await;
-            if let Some(Some(v)) = self.views.get_mut(&id) {
-                v.line = line;
-            }
+            self.session_started(session).await;
             return;
         }
         let id = event.session_id().clone();
-        let render = self.args.render.clone();
         if self.view(&id).await.is_none() {
             return;
         }
@@ -104,108 +93,8 @@ impl GatewayState {
             return;
         };
         let channel = view.record.channel_id.clone().unwrap_or_default();
-        let mut ops: Vec<OutboundOp> = Vec::new();
-        let mut ended = false;
-        let mut text_out: Option<String> = None;
-        let post = |body: MessageBody, key: Option<String>| OutboundOp::Post {
-            channel: channel.clone(),
-            in_thread: true,
-            key,
-            body,
-        };
-        let update = |key: String, body: MessageBody| OutboundOp::Update {
-            channel: channel.clone(),
-            key,
-            body,
-        };
-        match event {
-            OperatorEvent::SessionStarted { .. } => {}
-            OperatorEvent::StatusChanged {
-                status,
-                activity,
-                reason,
-                ..
-            } => {
-                let was = view.line.status;
-                view.line = StatusLine {
-                    status,
-                    activity,
-                    reason: reason.clone(),
-                    usage: view.line.usage.take(),
-                };
-                view.record.status = status;
-                ops.push(update(
-                    ROOT_KEY.to_owned(),
-                    render.root(&view.record, &view.line),
-                ));
-                if status == SessionStatus::Stalled && was != SessionStatus::Stalled {
-                    ops.push(post(render.stalled(&id, reason.as_deref()), None));
-                }
-            }
-            OperatorEvent::AgentText { text, .. } => text_out = Some(text),
-            OperatorEvent::AgentThought { text, .. } => {
-                ops.push(update(THINKING_KEY.to_owned(), render.thinking(&text)));
-            }
-            OperatorEvent::Usage { usage, .. } => {
-                view.line.usage = Some(usage.describe());
-                ops.push(update(
-                    ROOT_KEY.to_owned(),
-                    render.root(&view.record, &view.line),
-                ));
-            }
-            OperatorEvent::ToolCall {
-                tool_call_id,
-                title,
-                status,
-                ..
-            } => ops.push(update(
-                format!("tool:{tool_call_id}"),
-                render.tool_call(&title, &status),
-            )),
-            OperatorEvent::Plan { entries, .. } => {
-                ops.push(update("plan".to_owned(), render.plan(&entries)));
-            }
-            OperatorEvent::RequestOpened { request } => {
-                let (body, snippet) = render.request(&request);
-                if let Some(snippet) = snippet {
-                    ops.push(OutboundOp::Upload {
-                        channel: channel.clone(),
-                        in_thread: true,
-                        snippet,
-                    });
-                }
-                ops.push(post(body, Some(request_key(&request.id))));
-                view.requests.insert(request.id.clone(), request);
-            }
-            OperatorEvent::RequestClosed {
-                id: request_id,
-                status,
-                decision,
-                ..
-            } => {
-                let cached = view.requests.remove(&request_id);
-                if let Some(request) = self.closed_request(cached, &request_id).await {
-                    let body = render.request_closed(&request, status, decision.as_ref());
-                    ops.push(OutboundOp::Update {
-                        channel: channel.clone(),
-                        key: request_key(&request_id),
-                        body,
-                    });
-                }
-            }
-            OperatorEvent::SteeringQueued { .. } => {}
-            OperatorEvent::SteeringDelivered { steering_id, .. } => {
-                ops.extend(self.steering_delivered(steering_id));
-            }
-            OperatorEvent::Notice { level, text, .. } => {
-                ops.push(post(render.notice(level, &text), None));
-            }
-            OperatorEvent::SessionEnded { status, reason, .. } => {
-                ops.push(post(render.ended(status, reason.as_deref()), None));
-                ended = true;
-            }
-        }
-        if ended {
+        let shown = self.show(&mut view, event).await;
+        if shown.ended {
             // Nothing more is expected; late events reload from the store
             // and the outbox remembers every message ts.
             self.ts_cache.retain(|(lane, _), _| lane != &id.0);
@@ -214,12 +103,96 @@ impl GatewayState {
         } else {
             self.views.insert(id.clone(), Some(view));
         }
-        for op in ops {
+        for op in shown.ops {
             self.enqueue(&id.0, op).await;
         }
-        if let Some(text) = text_out {
+        if let Some(text) = shown.text {
             self.enqueue_text(&id.0, &channel, text).await;
         }
+    }
+
+    /// A new session: its root is posted and its status line says "starting".
+    async fn session_started(&mut self, session: SessionRecord) {
+        let line = StatusLine {
+            status: session.status,
+            activity: "starting".into(),
+            reason: None,
+            usage: None,
+        };
+        let id = session.id.clone();
+        self.adopt(session).await;
+        if let Some(Some(v)) = self.views.get_mut(&id) {
+            v.line = line;
+        }
+    }
+
+    /// What one event of a tracked session shows in its thread.
+    async fn show(&mut self, view: &mut View, event: OperatorEvent) -> Shown {
+        let render = self.args.render.clone();
+        let to = Thread(view.record.channel_id.clone().unwrap_or_default());
+        let mut shown = Shown::default();
+        match event {
+            OperatorEvent::SessionStarted { .. } | OperatorEvent::SteeringQueued { .. } => {}
+            OperatorEvent::StatusChanged {
+                status,
+                activity,
+                reason,
+                ..
+            } => shown.ops = status_changed(&*render, &to, view, status, activity, reason),
+            OperatorEvent::AgentText { text, .. } => shown.text = Some(text),
+            OperatorEvent::AgentThought { text, .. } => {
+                shown
+                    .ops
+                    .push(to.update(THINKING_KEY, render.thinking(&text)));
+            }
+            OperatorEvent::Usage { usage, .. } => {
+                view.line.usage = Some(usage.describe());
+                let root = render.root(&view.record, &view.line);
+                shown.ops.push(to.update(ROOT_KEY, root));
+            }
+            OperatorEvent::ToolCall {
+                tool_call_id,
+                title,
+                status,
+                ..
+            } => {
+                let body = render.tool_call(&title, &status);
+                shown
+                    .ops
+                    .push(to.update(&format!("tool:{tool_call_id}"), body));
+            }
+            OperatorEvent::Plan { entries, .. } => {
+                shown.ops.push(to.update("plan", render.plan(&entries)));
+            }
+            OperatorEvent::RequestOpened { request } => {
+                shown.ops = request_opened(&*render, &to, view, request);
+            }
+            OperatorEvent::RequestClosed {
+                id,
+                status,
+                decision,
+                ..
+            } => {
+                let cached = view.requests.remove(&id);
+                if let Some(request) = self.closed_request(cached, &id).await {
+                    let body = render.request_closed(&request, status, decision.as_ref());
+                    shown.ops.push(to.update(&request_key(&id), body));
+                }
+            }
+            OperatorEvent::SteeringDelivered { steering_id, .. } => {
+                shown.ops = self.steering_delivered(steering_id);
+            }
+            OperatorEvent::Notice { level, text, .. } => {
+                shown.ops.push(to.post(render.notice(level, &text), None));
+            }
+            OperatorEvent::SessionEnded { status, reason, .. } => {
+                shown
+                    .ops
+                    .push(to.post(render.ended(status, reason.as_deref()), None));
+                shown.ended = true;
+            }
+        }
+        shown
     }
 
     /// The request a close event is about: the view's copy, else the store's.
@@ -287,4 +260,84 @@ impl GatewayState {
         };
         self.enqueue(&session_id.0, op).await;
     }
+}
+
+/// What an event shows: operations in order, agent text to merge into the
+/// thread's running text, and whether the session is over.
+#[derive(Default)]
+struct Shown {
+    ops: Vec<OutboundOp>,
+    text: Option<String>,
+    ended: bool,
+}
+
+/// A session's thread in its channel: builds the operations aimed at it.
+struct Thread(String);
+
+impl Thread {
+    /// A reply in the thread; `key` names it for later updates.
+    fn post(&self, body: MessageBody, key: Option<String>) -> OutboundOp {
+        OutboundOp::Post {
+            channel: self.0.clone(),
+            in_thread: true,
+            key,
+            body,
+        }
+    }
+
+    /// An in-place update of the thread message named `key`.
+    fn update(&self, key: &str, body: MessageBody) -> OutboundOp {
+        OutboundOp::Update {
+            channel: self.0.clone(),
+            key: key.to_owned(),
+            body,
+        }
+    }
+}
+
+/// The status line changed: the root shows it; a session that just stalled
+/// also gets the stall alert with its buttons.
+fn status_changed(
+    render: &dyn Render,
+    to: &Thread,
+    view: &mut View,
+    status: SessionStatus,
+    activity: String,
+    reason: Option<String>,
+) -> Vec<OutboundOp> {
+    let was = view.line.status;
+    view.line = StatusLine {
+        status,
+        activity,
+        reason: reason.clone(),
+        usage: view.line.usage.take(),
+    };
+    view.record.status = status;
+    let mut ops = vec![to.update(ROOT_KEY, render.root(&view.record, &view.line))];
+    if status == SessionStatus::Stalled && was != SessionStatus::Stalled {
+        ops.push(to.post(render.stalled(&view.record.id, reason.as_deref()), None));
+    }
+    ops
+}
+
+/// A request opened: its diff as a snippet (when too long for a message),
+/// then the message with its buttons; the view remembers it for the outcome.
+fn request_opened(
+    render: &dyn Render,
+    to: &Thread,
+    view: &mut View,
+    request: PendingRequest,
+) -> Vec<OutboundOp> {
+    let (body, snippet) = render.request(&request);
+    let mut ops = Vec::with_capacity(2);
+    if let Some(snippet) = snippet {
+        ops.push(OutboundOp::Upload {
+            channel: to.0.clone(),
+            in_thread: true,
+            snippet,
+        });
+    }
+    ops.push(to.post(body, Some(request_key(&request.id))));
+    view.requests.insert(request.id.clone(), request);
+    ops
 }
