@@ -23,7 +23,6 @@ use intercom_actors::registry::{RegistryMsg, ResolveError, Target};
 use intercom_actors::session::calls::{self, Answer};
 use intercom_actors::session::{
     Caller, Choice, SessionError, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
-    StopCause,
 };
 use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
@@ -828,15 +827,7 @@ impl App {
             .map_err(|e| AppError::actor("supervisor", e))??;
             return self.cancel_outcome(id).await;
         };
-        let stop = ractor::call_t!(
-            actor,
-            |reply| SessionMsg::Stop {
-                cause: StopCause::Operator,
-                caller,
-                reply: Some(reply)
-            },
-            CALL_TIMEOUT_MS
-        );
+        let stop = calls::stop(&actor, caller, CALL_TIMEOUT_MS).await;
         match stop {
             Ok(result) => result?,
             // The actor ended between the lookup and the call: already stopping.
@@ -1014,20 +1005,9 @@ impl App {
         let Some(actor) = self.actor(id).await? else {
             return Err(AppError::ended(record.status));
         };
-        let outcome = if pause {
-            ractor::call_t!(
-                actor,
-                |reply| SessionMsg::Pause { caller, reply },
-                CALL_TIMEOUT_MS
-            )
-        } else {
-            ractor::call_t!(
-                actor,
-                |reply| SessionMsg::Resume { caller, reply },
-                CALL_TIMEOUT_MS
-            )
-        };
-        outcome.map_err(|e| AppError::actor("session", e))??;
+        calls::pause(&actor, pause, caller, CALL_TIMEOUT_MS)
+            .await
+            .map_err(|e| AppError::actor("session", e))??;
         Ok(())
     }
 
@@ -1069,16 +1049,9 @@ impl App {
         let Some(actor) = self.actor(id).await? else {
             return Err(AppError::ended(record.status));
         };
-        ractor::call_t!(
-            actor,
-            |reply| SessionMsg::SetMode {
-                mode,
-                caller,
-                reply
-            },
-            CALL_TIMEOUT_MS
-        )
-        .map_err(|e| AppError::actor("session", e))??;
+        calls::set_mode(&actor, mode, caller, CALL_TIMEOUT_MS)
+            .await
+            .map_err(|e| AppError::actor("session", e))??;
         Ok(())
     }
 

@@ -24,7 +24,7 @@ use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::ApprovalMode;
 use intercom_actors::session::calls::{self, Answer};
-use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome, StopCause};
+use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SteerOutcome};
 use intercom_actors::slack_port::MessageBody;
 use intercom_actors::supervisor::{
     SupervisorError, SupervisorMsg, directory, steer_session, threads,
@@ -207,37 +207,18 @@ impl Ctx {
     pub async fn stop(&self, id: &SessionId, user: &str) -> Result<(), String> {
         let actor = self.live_actor(id).await?;
         let caller = self.caller(user);
-        ractor::call_t!(
-            actor,
-            |reply| SessionMsg::Stop {
-                cause: StopCause::Operator,
-                caller,
-                reply: Some(reply)
-            },
-            CALL_TIMEOUT_MS
-        )
-        .map_err(|e| e.to_string())?
-        .map_err(|e| session_error_text(&e))
+        calls::stop(&actor, caller, CALL_TIMEOUT_MS)
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| session_error_text(&e))
     }
 
     /// Pauses (`true`) or resumes (`false`) a session on behalf of `user`.
     pub async fn pause(&self, id: &SessionId, pause: bool, user: &str) -> Result<(), String> {
         let actor = self.live_actor(id).await?;
         let caller = self.caller(user);
-        let outcome = if pause {
-            ractor::call_t!(
-                actor,
-                |reply| SessionMsg::Pause { caller, reply },
-                CALL_TIMEOUT_MS
-            )
-        } else {
-            ractor::call_t!(
-                actor,
-                |reply| SessionMsg::Resume { caller, reply },
-                CALL_TIMEOUT_MS
-            )
-        };
-        outcome
+        calls::pause(&actor, pause, caller, CALL_TIMEOUT_MS)
+            .await
             .map_err(|e| format!("The session did not answer: {e}"))?
             .map_err(|e| session_error_text(&e))
     }
@@ -251,17 +232,10 @@ impl Ctx {
     ) -> Result<(), String> {
         let actor = self.live_actor(id).await?;
         let caller = self.caller(user);
-        ractor::call_t!(
-            actor,
-            |reply| SessionMsg::SetMode {
-                mode,
-                caller,
-                reply
-            },
-            CALL_TIMEOUT_MS
-        )
-        .map_err(|e| format!("The session did not answer: {e}"))?
-        .map_err(|e| session_error_text(&e))
+        calls::set_mode(&actor, mode, caller, CALL_TIMEOUT_MS)
+            .await
+            .map_err(|e| format!("The session did not answer: {e}"))?
+            .map_err(|e| session_error_text(&e))
     }
 
     /// Steers a session on behalf of `user` (stored for the restarted agent

@@ -3,8 +3,9 @@
 
 use ractor::{ActorRef, RactorErr};
 
-use super::{Caller, Choice, SessionError, SessionMsg};
+use super::{Caller, Choice, SessionError, SessionMsg, StopCause};
 use crate::model::Decision;
+use crate::rules::ApprovalMode;
 
 /// What an operator decided on one pending request.
 #[derive(Debug, Clone)]
@@ -38,6 +39,63 @@ pub async fn decide(
             request_id,
             choice,
             reason,
+            caller,
+            reply
+        },
+        timeout_ms
+    )
+}
+
+/// What a front end's call into a session answers: the session's own
+/// outcome, or why it did not answer.
+pub type Outcome = Result<Result<(), SessionError>, RactorErr<SessionMsg>>;
+
+/// Asks `actor` to pause (`true`: hold steering, no nudges) or resume.
+pub async fn pause(
+    actor: &ActorRef<SessionMsg>,
+    pause: bool,
+    caller: Caller,
+    timeout_ms: u64,
+) -> Outcome {
+    if pause {
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Pause { caller, reply },
+            timeout_ms
+        )
+    } else {
+        ractor::call_t!(
+            actor,
+            |reply| SessionMsg::Resume { caller, reply },
+            timeout_ms
+        )
+    }
+}
+
+/// Asks `actor` to stop because the operator `caller` said so.
+pub async fn stop(actor: &ActorRef<SessionMsg>, caller: Caller, timeout_ms: u64) -> Outcome {
+    ractor::call_t!(
+        actor,
+        |reply| SessionMsg::Stop {
+            cause: StopCause::Operator,
+            caller,
+            reply: Some(reply)
+        },
+        timeout_ms
+    )
+}
+
+/// Asks `actor` to switch its approval mode (persisted by the session).
+pub async fn set_mode(
+    actor: &ActorRef<SessionMsg>,
+    mode: ApprovalMode,
+    caller: Caller,
+    timeout_ms: u64,
+) -> Outcome {
+    ractor::call_t!(
+        actor,
+        |reply| SessionMsg::SetMode {
+            mode,
             caller,
             reply
         },
