@@ -60,7 +60,8 @@ impl Drop for Escaped {
 #[test]
 fn cancel_answers_202_stopping_while_a_hostile_agent_outlives_the_wait() {
     // The agent ignores session/cancel, stdin EOF and SIGTERM, and leaves a
-    // descendant in a group of its own holding its stdout: the SIGKILL comes
+    // detached descendant (double fork: re-parented, out of the server's
+    // reach) in a group of its own holding its stdout: the SIGKILL comes
     // at grace + 2 s and its end is seen only when the pipes drain (bounded
     // at 2 s), after the API's wait (grace + 2 s + 1 s).
     let pids = tempfile::tempdir().expect("tempdir");
@@ -68,7 +69,7 @@ fn cancel_answers_202_stopping_while_a_hostile_agent_outlives_the_wait() {
     let server = Server::start(Setup {
         scenario: json!({"turns": [[
             {"ignore_sigterm": true},
-            {"escape_group": {"pid_file": pid_file, "secs": 120}},
+            {"escape_group": {"pid_file": pid_file, "secs": 120, "detach": true}},
             {"hang": true}
         ]]}),
         ..Setup::default()
@@ -85,4 +86,41 @@ fn cancel_answers_202_stopping_while_a_hostile_agent_outlives_the_wait() {
     let ended = http.until_status(&id, "cancelled");
     assert_eq!(ended["status_reason"], "stopped by operator", "{ended}");
     drop(escaped);
+}
+
+/// Dead, or a zombie nobody reaped yet (a container's init may not reap).
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X")
+    })
+}
+
+#[test]
+fn a_descendant_that_left_the_agents_group_dies_with_the_session() {
+    // A hostile agent moves a child into a process group of its own, where
+    // the group kill cannot reach it: the server finds it by its parent link
+    // and kills it with the agent.
+    let pids = tempfile::tempdir().expect("tempdir");
+    let pid_file = pids.path().join("escaped.pid");
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[
+            {"ignore_sigterm": true},
+            {"escape_group": {"pid_file": pid_file, "secs": 120}},
+            {"hang": true}
+        ]]}),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("hold on"));
+    let escaped = Escaped(until("the escaped descendant", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    }));
+    assert!(!gone(escaped.0), "the descendant should run until the stop");
+    http.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
+    http.until_status(&id, "cancelled");
+    until("the escaped descendant to be killed", || {
+        gone(escaped.0).then_some(())
+    });
 }

@@ -186,6 +186,8 @@ enum WriterCmd {
 /// A running agent process.
 pub struct AgentChild {
     pid: i32,
+    /// Its start time, to tell it from a later process with the same pid.
+    started: Option<u64>,
     writer: mpsc::UnboundedSender<WriterCmd>,
     /// Its stderr tail.
     pub stderr: StderrTail,
@@ -363,6 +365,7 @@ impl AgentChild {
 
         Ok(AgentChild {
             pid,
+            started: start_time(pid),
             writer: tx,
             stderr: tail,
         })
@@ -400,14 +403,20 @@ impl AgentChild {
     pub fn signal_group(&self, signal: i32) {
         signal_group(self.pid, signal);
     }
+
+    /// SIGKILLs the process group and every descendant that left it
+    /// ([`crate::process_tree`]).
+    pub fn kill(&self) {
+        crate::process_tree::kill_tree(self.pid, self.started);
+    }
 }
 
 /// The agent never outlives its handle: whatever path drops it (a normal
 /// stop, a failed start, a session actor that panicked and skipped
-/// `post_stop`), its process group is SIGKILLed.
+/// `post_stop`), its process group and its descendants are SIGKILLed.
 impl Drop for AgentChild {
     fn drop(&mut self) {
-        signal_group(self.pid, SIGKILL);
+        self.kill();
     }
 }
 

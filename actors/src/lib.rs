@@ -15,6 +15,7 @@ pub mod memory;
 pub mod model;
 pub mod pipes;
 pub mod ports;
+pub mod process_tree;
 pub mod protocol;
 pub mod registry;
 pub mod rules;

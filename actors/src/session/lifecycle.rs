@@ -9,7 +9,7 @@ use serde_json::json;
 use super::{
     Caller, Phase, SessionError, SessionExit, SessionState, StartError, StopCause, TERM_TO_KILL,
 };
-use crate::child::{SIGKILL, SIGTERM};
+use crate::child::SIGTERM;
 use crate::model::{MessageKind, Protocol, Role, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::supervisor::SupervisorMsg;
@@ -196,7 +196,7 @@ impl SessionState {
                 .send_after(TERM_TO_KILL, || super::SessionMsg::KillDue(1));
         } else {
             tracing::warn!(session = %self.record.id, "agent ignored SIGTERM; SIGKILL");
-            child.signal_group(SIGKILL);
+            child.kill();
         }
     }
 
@@ -237,7 +237,7 @@ impl SessionState {
 
     pub(super) fn kill_group_now(&mut self) {
         if let Some(child) = &self.child {
-            child.signal_group(SIGKILL);
+            child.kill();
         }
     }
 

@@ -809,7 +809,7 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         // Never leave a process group behind, whatever path got us here.
         if let Some(child) = &state.child {
-            child.signal_group(crate::child::SIGKILL);
+            child.kill();
         }
         Ok(())
     }

@@ -110,7 +110,8 @@ pub enum Step {
     IgnoreSigterm(bool),
     /// Start a `sleep <secs>` in a process group of its own that inherits
     /// stdout and stderr (a descendant escaping the agent's group and
-    /// holding its pipes open); its pid is written to `pid_file`.
+    /// holding its pipes open); its pid is written to `pid_file`. With
+    /// `detach`, through a shell that exits at once (a double fork).
     EscapeGroup(EscapeGroup),
     /// Exit with this code right after the turn's answer was sent (an
     /// agent that finished its work; ACP).
@@ -135,6 +136,10 @@ pub enum Step {
 pub struct EscapeGroup {
     pub pid_file: String,
     pub secs: u64,
+    /// Double fork: the `sleep` is re-parented (its parent exits at once),
+    /// so it is no longer the agent's descendant when the server kills it.
+    #[serde(default)]
+    pub detach: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -236,27 +236,40 @@ fn ignore_sigterm() {
 
 fn escape_group(spec: &EscapeGroup) {
     use std::os::unix::process::CommandExt;
-    let child = std::process::Command::new("sleep")
-        .arg(spec.secs.to_string())
+    let secs = spec.secs.to_string();
+    let mut command = if spec.detach {
+        // The shell starts the sleep and exits: the sleep is orphaned.
+        let mut sh = std::process::Command::new("sh");
+        sh.args([
+            "-c",
+            "sleep \"$1\" & echo $! > \"$2\"",
+            "sh",
+            &secs,
+            &spec.pid_file,
+        ]);
+        sh
+    } else {
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg(&secs);
+        sleep
+    };
+    let spawned = command
         .stdin(std::process::Stdio::null())
         .process_group(0)
         .spawn();
-    match child {
-        Ok(child) => {
-            if let Err(e) = std::fs::write(&spec.pid_file, child.id().to_string()) {
-                note(&format!(
-                    "escape_group: cannot write {}: {e}",
-                    spec.pid_file
-                ));
-                std::process::exit(2);
-            }
-            note(&format!(
-                "escape_group: pid {} in its own group",
-                child.id()
-            ));
-        }
+    let recorded = match spawned {
+        Ok(mut child) if spec.detach => child.wait().map(|_| ()).map_err(|e| e.to_string()),
+        Ok(child) => std::fs::write(&spec.pid_file, child.id().to_string())
+            .map_err(|e| format!("cannot write {}: {e}", spec.pid_file)),
+        Err(e) => Err(format!("cannot spawn: {e}")),
+    };
+    match recorded {
+        Ok(()) => note(&format!(
+            "escape_group: a sleep in its own group (detached: {})",
+            spec.detach
+        )),
         Err(e) => {
-            note(&format!("escape_group: cannot spawn sleep: {e}"));
+            note(&format!("escape_group: {e}"));
             std::process::exit(2);
         }
     }

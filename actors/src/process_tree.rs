@@ -1,0 +1,208 @@
+//! Killing an agent and everything it started, including what left its group.
+//!
+//! Why this exists: agents run in a process group of their own and are
+//! stopped by signalling the group. A hostile (or merely careless) agent can
+//! move a child into a group or session of its own (`setsid`, `setpgid`); a
+//! group kill does not reach it, and it would outlive its session holding
+//! the agent's pipes or doing work nobody supervises. So before the group is
+//! SIGKILLed, the agent's descendants are found by their parent links in
+//! `/proc` (while they are still linked to the agent: once it dies they are
+//! re-parented and cannot be told apart), stopped with SIGSTOP so they
+//! cannot fork out of the walk, and killed with the group.
+//!
+//! Limit (docs/security.md): a descendant that was already re-parented
+//! before the kill (double fork, its parent exited) is not found; agents run
+//! as the operator's user, and a sandbox is the answer for that.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::child::{signal_group, start_time};
+
+/// How many times the walk is repeated to catch children forked while it ran
+/// (each round stops what it found, so a round with nothing new ends it).
+const ROUNDS: usize = 4;
+
+/// SIGKILLs process group `pid` and every descendant of process `pid`,
+/// wherever its group. `started` is the process's start time when it was
+/// spawned ([`start_time`]): the descendants are walked only while `pid` is
+/// still that process, never a recycled pid's tree. Does nothing for
+/// `pid <= 0`.
+pub fn kill_tree(pid: i32, started: Option<u64>) {
+    if pid <= 0 {
+        return;
+    }
+    let same = started.is_some() && start_time(pid) == started;
+    let strays = if same {
+        stop_descendants(pid)
+    } else {
+        HashSet::new()
+    };
+    signal_group(pid, libc::SIGKILL);
+    for stray in strays {
+        signal(stray, libc::SIGKILL);
+    }
+}
+
+/// Stops the group and every descendant of `root` (SIGSTOP), walking again
+/// until a walk finds nothing new; returns the descendants.
+fn stop_descendants(root: i32) -> HashSet<i32> {
+    let mut found = HashSet::new();
+    signal_group(root, libc::SIGSTOP);
+    for _ in 0..ROUNDS {
+        let fresh: Vec<i32> = descendants(root)
+            .into_iter()
+            .filter(|p| !found.contains(p))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for &p in &fresh {
+            signal(p, libc::SIGSTOP);
+        }
+        found.extend(fresh);
+    }
+    found
+}
+
+/// Every process below `root` in the parent tree (not `root` itself).
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        if let Some(ppid) = parent_of(pid) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for &kid in children.get(&p).into_iter().flatten() {
+            if !out.contains(&kid) {
+                out.push(kid);
+                stack.push(kid);
+            }
+        }
+    }
+    out
+}
+
+/// The parent of `pid` (`/proc/<pid>/stat` field 4), `None` when it is gone.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may contain spaces and ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn signal(pid: i32, sig: i32) {
+    if pid > 0 {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+
+    /// Dead or a zombie nobody reaped yet (a container's init may not reap).
+    fn gone(pid: i32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X"),
+        }
+    }
+
+    /// A leader in its own group that starts a `sleep` in a session (and so
+    /// a group) of its own; returns the leader and the sleep's pid once the
+    /// walk can see it.
+    fn leader_with_a_stray() -> (std::process::Child, i32) {
+        let mut leader = std::process::Command::new("sh")
+            .args(["-c", "setsid sleep 300 & echo $!; wait"])
+            .process_group(0)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let mut line = String::new();
+        std::io::BufReader::new(leader.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read pid");
+        let stray: i32 = line.trim().parse().expect("pid");
+        // `$!` is printed at the fork, before `setsid` ran: wait until the
+        // stray leads a session of its own (and is still the leader's child).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(own_session(stray) && descendants(leader.id() as i32).contains(&stray)) {
+            assert!(Instant::now() < deadline, "the stray never left the group");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (leader, stray)
+    }
+
+    /// Whether `pid` leads its own session (`/proc/<pid>/stat` field 6).
+    fn own_session(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let rest = stat.rsplit_once(')')?.1.to_owned();
+                rest.split_whitespace().nth(3)?.parse::<i32>().ok()
+            })
+            == Some(pid)
+    }
+
+    fn wait_gone(pid: i32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !gone(pid) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
+    #[test]
+    fn a_descendant_that_left_the_group_is_killed_with_it() {
+        let (mut leader, stray) = leader_with_a_stray();
+        let pid = leader.id() as i32;
+        kill_tree(pid, start_time(pid));
+        let _ = leader.wait();
+        assert!(wait_gone(stray), "pid {stray} outlived the kill");
+    }
+
+    #[test]
+    fn the_tree_of_a_recycled_pid_is_not_walked() {
+        // A start time that is not the process's: the pid is taken to belong
+        // to someone else now, so only the group is signalled.
+        let (mut leader, stray) = leader_with_a_stray();
+        let pid = leader.id() as i32;
+        kill_tree(pid, start_time(pid).map(|t| t + 1));
+        let _ = leader.wait();
+        let survived = !gone(stray);
+        signal(stray, libc::SIGKILL);
+        assert!(survived, "a recycled pid's descendants were killed");
+    }
+
+    #[test]
+    fn nothing_happens_for_a_missing_process() {
+        kill_tree(0, None);
+        kill_tree(-1, Some(1));
+        assert!(descendants(i32::MAX).is_empty());
+    }
+}
