@@ -32,7 +32,7 @@ use intercom_actors::session::{
 };
 use intercom_actors::supervisor::SupervisorMsg;
 use serde_json::{Value, json};
-use support::{Harness, Knobs, WAIT};
+use support::{Harness, Knobs, WAIT, decide_as};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -50,25 +50,6 @@ fn stranger() -> Caller {
         id: "U_OTHER".into(),
         operator: false,
     }
-}
-
-async fn decide(
-    h: &Harness,
-    id: &SessionId,
-    request: &str,
-    choice: Choice,
-    reason: Option<&str>,
-    caller: Caller,
-) -> Result<Decision, SessionError> {
-    let actor = h.actor(id).await;
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: request.into(),
-        choice,
-        reason: reason.map(str::to_owned),
-        caller,
-        reply
-    })
-    .expect("decide call")
 }
 
 async fn steer(
@@ -264,7 +245,7 @@ async fn contract_01_resolve_clearance_approved() {
     assert_eq!(req.status, RequestStatus::Pending);
     assert_eq!(pending_in_store(&h, &rec.id).await.len(), 1);
 
-    let d = decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    let d = decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("approved");
     assert!(d.approved);
@@ -317,7 +298,7 @@ async fn contract_01_resolve_clearance_approved_intercom() {
     let ids: Vec<&str> = req.options.iter().map(|o| o.id.as_str()).collect();
     assert_eq!(ids, ["approve", "reject"]);
 
-    let d = decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    let d = decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("approved");
     assert!(d.approved);
@@ -342,7 +323,7 @@ async fn contract_02_resolve_clearance_rejected() {
     let rec = h.start(acp_permission(), "write the notes").await;
     let req = until_opened(&h, &rec.id, "req-1").await;
 
-    let d = decide(
+    let d = decide_as(
         &h,
         &rec.id,
         "req-1",
@@ -381,7 +362,7 @@ async fn contract_02_resolve_clearance_rejected_intercom() {
         .await;
     let req = until_opened(&h, &rec.id, "req-1").await;
 
-    let d = decide(
+    let d = decide_as(
         &h,
         &rec.id,
         "req-1",
@@ -413,14 +394,14 @@ async fn contract_03_resolve_clearance_unknown() {
     let dialect_req = until_opened(&h, &dialect.id, "req-1").await;
 
     for id in [&acp.id, &dialect.id] {
-        let r = decide(&h, id, "req-99", Choice::Approve, None, owner()).await;
+        let r = decide_as(&h, id, "req-99", Choice::Approve, None, owner()).await;
         assert_eq!(r, Err(SessionError::NotFound("req-99".into())));
         // The dialect's wire id is not a session-scoped id.
-        let r = decide(&h, id, "req-001", Choice::Approve, None, owner()).await;
+        let r = decide_as(&h, id, "req-001", Choice::Approve, None, owner()).await;
         assert_eq!(r, Err(SessionError::NotFound("req-001".into())));
     }
     // An option the agent did not offer is refused too.
-    let r = decide(
+    let r = decide_as(
         &h,
         &acp.id,
         "req-1",
@@ -447,10 +428,10 @@ async fn contract_03_resolve_clearance_unknown() {
     assert_eq!(snapshot(&h, &dialect.id).await.pending.len(), 1);
 
     // A known id that was already decided is AlreadyResolved, not NotFound.
-    decide(&h, &acp.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &acp.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("decided");
-    let again = decide(&h, &acp.id, "req-1", Choice::Approve, None, owner()).await;
+    let again = decide_as(&h, &acp.id, "req-1", Choice::Approve, None, owner()).await;
     assert!(
         matches!(&again, Err(SessionError::AlreadyResolved { id, status })
             if id == &acp_req.id && status == "decided"),
@@ -533,7 +514,7 @@ async fn contract_04_send_prompt_during_a_turn_is_queued_then_delivered() {
         0
     );
 
-    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("decided");
     // The turn ends, then the queued prompt starts the next one.
@@ -772,9 +753,9 @@ async fn contract_06_concurrent_resolution() {
     }
 
     let (ra, rb, rc) = tokio::join!(
-        decide(&h, &a.id, "req-1", Choice::Approve, None, owner()),
-        decide(&h, &b.id, "req-1", Choice::Reject, Some("no"), owner()),
-        decide(&h, &c.id, "req-1", Choice::Approve, None, owner()),
+        decide_as(&h, &a.id, "req-1", Choice::Approve, None, owner()),
+        decide_as(&h, &b.id, "req-1", Choice::Reject, Some("no"), owner()),
+        decide_as(&h, &c.id, "req-1", Choice::Approve, None, owner()),
     );
     assert!(ra.expect("a decided").approved);
     assert!(!rb.expect("b decided").approved);
@@ -802,8 +783,8 @@ async fn contract_06_the_same_request_resolved_concurrently_wins_once() {
     };
 
     let (r1, r2) = tokio::join!(
-        decide(&h, &rec.id, "req-1", Choice::Approve, None, owner()),
-        decide(&h, &rec.id, "req-1", Choice::Reject, Some("racing"), admin),
+        decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner()),
+        decide_as(&h, &rec.id, "req-1", Choice::Reject, Some("racing"), admin),
     );
     let results = [r1, r2];
     let winners: Vec<&Decision> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
@@ -891,7 +872,7 @@ async fn contract_07_session_scoped_ids() {
     assert_ne!(ra.id, rb.id, "global ids differ");
     assert_eq!(ra.id, PendingRequest::global_id(&a.id, "req-1"));
 
-    decide(&h, &a.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &a.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("a decided");
     h.until_transcript(&a.id, "permission t1: selected allow-once")
@@ -909,7 +890,7 @@ async fn contract_07_session_scoped_ids() {
     assert_eq!(occurrences(&h, &b.id, "permission t1").await, 0);
 
     // And it can still be resolved on its own.
-    decide(&h, &b.id, "req-1", Choice::Reject, None, owner())
+    decide_as(&h, &b.id, "req-1", Choice::Reject, None, owner())
         .await
         .expect("b decided");
     h.until_transcript(&b.id, "permission t1: selected reject-once")
@@ -932,7 +913,7 @@ async fn contract_07_session_scoped_ids_intercom() {
     assert_eq!(ra.wire_id, rb.wire_id);
     assert_ne!(ra.id, rb.id);
 
-    decide(
+    decide_as(
         &h,
         &b.id,
         "req-1",
@@ -951,7 +932,7 @@ async fn contract_07_session_scoped_ids_intercom() {
     assert_eq!(request_status(&h, &ra.id).await.0, RequestStatus::Pending);
     assert_eq!(occurrences(&h, &a.id, "clearance req-001").await, 0);
 
-    decide(&h, &a.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &a.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("a decided");
     h.until_transcript(&a.id, "clearance req-001: approved")
@@ -978,7 +959,7 @@ async fn contract_08_owner_verification() {
     assert_eq!(rec.owner, "U_OWNER");
     let req = until_opened(&h, &rec.id, "req-1").await;
 
-    let r = decide(&h, &rec.id, "req-1", Choice::Approve, None, stranger()).await;
+    let r = decide_as(&h, &rec.id, "req-1", Choice::Approve, None, stranger()).await;
     assert_eq!(
         r,
         Err(SessionError::Unauthorized {
@@ -1036,7 +1017,7 @@ async fn contract_08_owner_verification() {
         id: "U_ADMIN".into(),
         operator: true,
     };
-    let d = decide(&h, &rec.id, "req-1", Choice::Approve, None, admin)
+    let d = decide_as(&h, &rec.id, "req-1", Choice::Approve, None, admin)
         .await
         .expect("operator decides");
     assert_eq!(d.decided_by, "U_ADMIN");
@@ -1051,7 +1032,7 @@ async fn contract_08_owner_verification_intercom() {
     let h = Harness::new(Knobs::default()).await;
     let rec = h.start(intercom_forward(), "think about it").await;
     let req = until_opened(&h, &rec.id, "req-1").await;
-    let r = decide(
+    let r = decide_as(
         &h,
         &rec.id,
         "req-1",
@@ -1065,7 +1046,7 @@ async fn contract_08_owner_verification_intercom() {
     assert!(matches!(r, Err(SessionError::Unauthorized { .. })), "{r:?}");
     assert_eq!(request_status(&h, &req.id).await.0, RequestStatus::Pending);
     assert_eq!(snapshot(&h, &rec.id).await.pending.len(), 1);
-    decide(
+    decide_as(
         &h,
         &rec.id,
         "req-1",
@@ -1102,7 +1083,7 @@ async fn contract_09_prompt_resolution() {
     assert_eq!(ids, ["continue", "refine", "stop"]);
 
     // Refine with an instruction, in session a only.
-    let d = decide(
+    let d = decide_as(
         &h,
         &a.id,
         "req-1",
@@ -1123,7 +1104,7 @@ async fn contract_09_prompt_resolution() {
     assert_eq!(snapshot(&h, &b.id).await.pending.len(), 1);
 
     // Stop (the reject option) in session b.
-    let d = decide(&h, &b.id, "req-1", Choice::Reject, Some("enough"), owner())
+    let d = decide_as(&h, &b.id, "req-1", Choice::Reject, Some("enough"), owner())
         .await
         .expect("stopped");
     assert_eq!(d.option_id, "stop");
@@ -1139,7 +1120,7 @@ async fn contract_09_prompt_resolution_continue_without_instruction() {
     let h = Harness::new(Knobs::default()).await;
     let rec = h.start(intercom_forward(), "think about it").await;
     let req = until_opened(&h, &rec.id, "req-1").await;
-    let d = decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    let d = decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("continued");
     assert_eq!(d.option_id, "continue");
@@ -1211,7 +1192,7 @@ async fn contract_10_wait_resolution_reaches_a_busy_agent_in_order() {
         .await
         .expect("sent");
     assert!(!out.queued);
-    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("decided");
     let text = h

@@ -9,32 +9,13 @@ use intercom_actors::session::{Caller, Choice, SessionMsg, StartError, StopCause
 use intercom_actors::settings::{Limits, StallPolicy, SupervisionPolicy};
 use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
 use serde_json::json;
-use support::{Harness, Knobs, group_alive, until_group_gone};
+use support::{Harness, Knobs, decide_as, group_alive, until_group_gone};
 
 fn owner() -> Caller {
     Caller {
         id: "U_OWNER".into(),
         operator: false,
     }
-}
-
-async fn decide(
-    h: &Harness,
-    id: &intercom_actors::model::SessionId,
-    request: &str,
-    choice: Choice,
-    reason: Option<&str>,
-    caller: Caller,
-) -> Result<intercom_actors::model::Decision, intercom_actors::session::SessionError> {
-    let actor = h.actor(id).await;
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: request.into(),
-        choice,
-        reason: reason.map(str::to_owned),
-        caller,
-        reply
-    })
-    .expect("decide call")
 }
 
 #[tokio::test]
@@ -71,7 +52,7 @@ async fn happy_path_with_a_permission_round_trip() {
         1
     );
 
-    let d = decide(
+    let d = decide_as(
         &h,
         &rec.id,
         "req-1",
@@ -106,7 +87,7 @@ async fn happy_path_with_a_permission_round_trip() {
         .await;
     assert!(text.contains("[system:plan]"), "{text}");
     // A second decision on the same request is refused.
-    let again = decide(&h, &rec.id, "req-1", Choice::Approve, None, owner()).await;
+    let again = decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner()).await;
     assert!(
         matches!(
             again,
@@ -493,7 +474,7 @@ async fn fs_path_escapes_are_refused_and_inside_writes_are_gated() {
         !h.workspace.join("inside.txt").exists(),
         "written before approval"
     );
-    decide(
+    decide_as(
         &h,
         &rec.id,
         &request.request_id,
@@ -547,7 +528,7 @@ async fn steering_is_queued_during_a_turn_and_delivered_in_order() {
     assert!(steer(&h, &rec.id, "steer A", false).await.queued);
     assert!(steer(&h, &rec.id, "steer B", false).await.queued);
     assert_eq!(snapshot(&h, &rec.id).await.queued.len(), 2);
-    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("approve");
     let text = h.until_transcript(&rec.id, "prompt: steer B").await;
@@ -657,7 +638,7 @@ async fn non_owners_cannot_act_and_operators_can() {
         id: "U_STRANGER".into(),
         operator: false,
     };
-    let err = decide(&h, &rec.id, "req-1", Choice::Approve, None, stranger)
+    let err = decide_as(&h, &rec.id, "req-1", Choice::Approve, None, stranger)
         .await
         .expect_err("refused");
     assert!(matches!(
@@ -682,7 +663,7 @@ async fn non_owners_cannot_act_and_operators_can() {
         id: "U_OPS".into(),
         operator: false,
     };
-    decide(&h, &rec.id, "req-1", Choice::Reject, Some("not now"), ops)
+    decide_as(&h, &rec.id, "req-1", Choice::Reject, Some("not now"), ops)
         .await
         .expect("operator decides");
     h.until_transcript(&rec.id, "permission t1: selected reject-once")
@@ -703,7 +684,7 @@ async fn a_flooding_agent_is_coalesced_and_its_permission_request_still_answered
         matches!(e, OperatorEvent::RequestOpened { .. })
     })
     .await;
-    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("answered");
     let text = h.until_transcript(&rec.id, "END").await;
@@ -854,7 +835,7 @@ async fn flooded_tool_updates_are_coalesced_not_dropped() {
         matches!(e, OperatorEvent::RequestOpened { .. })
     })
     .await;
-    decide(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
         .await
         .expect("answered");
     h.until_transcript(&rec.id, "permission t2: selected allow-once")
@@ -906,7 +887,7 @@ async fn agent_and_operator_activity_move_last_activity_at() {
         assert!(std::time::Instant::now() < deadline, "clock stuck");
         tokio::task::yield_now().await;
     }
-    decide(&h, &rec.id, "req-1", Choice::Approve, None, Caller::local())
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, Caller::local())
         .await
         .expect("decided");
     h.until_record(&rec.id, "touched by the operator", |r| {

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use intercom_actors::memory::{MemoryStore, RecordingSink};
 use intercom_actors::model::{
-    Framing, PendingRequest, Protocol, SessionId, SessionRecord, TranscriptEntry,
+    Decision, Framing, PendingRequest, Protocol, SessionId, SessionRecord, TranscriptEntry,
 };
 use intercom_actors::ports::{OperatorEvent, SessionStore};
-use intercom_actors::session::{Caller, Choice, SessionMsg, SessionSettings};
+use intercom_actors::session::{Caller, Choice, SessionError, SessionMsg, SessionSettings};
 use intercom_actors::settings::{AgentProfile, Limits, StallPolicy, SupervisionPolicy};
 use intercom_actors::supervisor::{
     SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
@@ -283,14 +283,27 @@ pub async fn request_opened(h: &Harness, n: usize) -> PendingRequest {
 
 /// Decides an approval as the local operator; panics unless it is recorded.
 pub async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
+    decide_as(h, id, request, choice, None, Caller::local())
+        .await
+        .expect("decided");
+}
+
+/// Decides an approval as `caller`, with `reason`; the session's answer.
+pub async fn decide_as(
+    h: &Harness,
+    id: &SessionId,
+    request: &str,
+    choice: Choice,
+    reason: Option<&str>,
+    caller: Caller,
+) -> Result<Decision, SessionError> {
     let actor = h.actor(id).await;
     ractor::call!(actor, |reply| SessionMsg::Decide {
         request_id: request.into(),
         choice,
-        reason: None,
-        caller: Caller::local(),
+        reason: reason.map(str::to_owned),
+        caller,
         reply
     })
     .expect("decide call")
-    .expect("decided");
 }
