@@ -98,9 +98,32 @@ pub enum CtlCommand {
         interrupt: bool,
     },
     /// Stop a session
+    #[command(alias = "stop")]
     Cancel {
         /// Session id
         id: String,
+    },
+    /// Pause a session: the agent keeps running, prompts are held
+    Pause {
+        /// Session id
+        id: String,
+    },
+    /// Resume a paused session: held prompts go out in order
+    Resume {
+        /// Session id
+        id: String,
+    },
+    /// Nudge a stalled agent (a reminder prompt)
+    Nudge {
+        /// Session id
+        id: String,
+    },
+    /// Set a session's approval mode (ask, auto-edits, auto)
+    Mode {
+        /// Session id
+        id: String,
+        /// The approval mode
+        mode: String,
     },
     /// Restart a session's agent (kill it, respawn it in the same session,
     /// resumed with session/load where the agent supports it)
@@ -277,6 +300,17 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             let (raw, answer) = client.post_as::<Value>(&url, &json!({}))?;
             emit(json, &raw, || render::cancelled(&answer));
         }
+        CtlCommand::Pause { id } => control(client, json, id, "pause")?,
+        CtlCommand::Resume { id } => control(client, json, id, "resume")?,
+        CtlCommand::Nudge { id } => control(client, json, id, "nudge")?,
+        CtlCommand::Mode { id, mode } => {
+            let url = format!("/api/sessions/{}/mode", segment(id));
+            let (raw, answer) = client.post_as::<Value>(&url, &json!({"mode": mode}))?;
+            emit(json, &raw, || {
+                let mode = answer["mode"].as_str().unwrap_or("?");
+                format!("{id}: approval mode {mode}\n")
+            });
+        }
         CtlCommand::Restart { id } => {
             let url = format!("/api/sessions/{}/restart", segment(id));
             let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
@@ -348,6 +382,17 @@ fn start(
     }
     let (raw, session) = client.post_as::<SessionView>("/api/sessions", &body)?;
     emit(json, &raw, || render::session_line(&session));
+    Ok(())
+}
+
+/// `POST /api/sessions/{id}/<what>` for pause, resume and nudge.
+fn control(client: &Client, json: bool, id: &str, what: &str) -> Result<(), CtlError> {
+    let url = format!("/api/sessions/{}/{what}", segment(id));
+    let (raw, answer) = client.post_as::<Value>(&url, &json!({}))?;
+    emit(json, &raw, || {
+        let done = answer["done"].as_str().unwrap_or(what);
+        format!("{id}: {done}\n")
+    });
     Ok(())
 }
 

@@ -99,6 +99,9 @@ impl From<SessionRecord> for SessionView {
 pub struct LiveView {
     /// Whether a prompt turn is running.
     pub turn_running: bool,
+    /// Paused by an operator: prompts and steering are held until resume.
+    #[serde(default)]
+    pub paused: bool,
     /// Steering messages waiting for the turn to end.
     pub queued_prompts: usize,
     /// The agent's process id (its process group id too).
@@ -162,6 +165,7 @@ impl From<SessionDetail> for SessionDetailView {
                 .collect(),
             live: d.live.map(|s| LiveView {
                 turn_running: s.turn_running,
+                paused: s.paused,
                 queued_prompts: s.queued.len(),
                 agent_pid: s.pid,
                 agent_name: s.agent.name,

@@ -1,0 +1,53 @@
+//! `ctl` against a real in-process server: every session control the API and
+//! the console offer (pause, resume, nudge, approval mode, stop) is there in
+//! the terminal too, and a refused one exits non-zero.
+
+mod common;
+
+use agent_intercom::ctl::{CtlArgs, run};
+use clap::Parser;
+use common::api_server::{Server, sid};
+use common::{Setup, TOKEN};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    ctl: CtlArgs,
+}
+
+/// Runs `ctl <words>` against `server`; returns its exit code.
+fn ctl(server: &Server, words: &[&str]) -> i32 {
+    let mut argv = vec!["ctl", "--url", &server.http.base, "--token", TOKEN];
+    argv.extend_from_slice(words);
+    run(&Cli::parse_from(argv).ctl)
+}
+
+#[test]
+fn pause_resume_mode_nudge_and_stop_from_the_terminal() {
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[{"chunk": "ok"}]]}),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("hello"));
+    let show = |field: &str| http.get(&format!("/api/sessions/{id}")).body[field].clone();
+
+    assert_eq!(ctl(&server, &["pause", &id]), 0);
+    assert_eq!(show("live")["paused"], true);
+    assert_eq!(ctl(&server, &["resume", &id]), 0);
+    assert_eq!(show("live")["paused"], false);
+
+    assert_eq!(ctl(&server, &["mode", &id, "auto-edits"]), 0);
+    assert_eq!(show("approval_mode"), "auto-edits");
+    assert_ne!(ctl(&server, &["mode", &id, "anything-goes"]), 0);
+    assert_eq!(show("approval_mode"), "auto-edits");
+
+    assert_eq!(ctl(&server, &["nudge", &id]), 0);
+    let audit = http.get(&format!("/api/audit?session={id}")).body;
+    assert!(audit.to_string().contains("nudge"), "{audit}");
+
+    assert_eq!(ctl(&server, &["stop", &id]), 0);
+    assert_eq!(show("status"), "cancelled");
+    assert_ne!(ctl(&server, &["pause", "s-no-such-session"]), 0);
+}
