@@ -111,7 +111,6 @@ use intercom_actors::session::{Caller, Choice, SessionMsg, SessionSettings};
 use intercom_actors::settings::{
     AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
 };
-use intercom_actors::slack_port::Outbox;
 use intercom_actors::supervisor::{
     SessionSupervisor, StartRequest, SupervisorArgs, SupervisorMsg, directory,
 };
@@ -851,6 +850,83 @@ async fn forward(State(p): State<Proxy>, req: Request) -> Response {
     Response::from_parts(rparts, Body::from(rbytes))
 }
 
+/// The server side of a Slack bench run: the registry (one workspace bound
+/// to [`CHANNEL`]), a SQLite store, the supervisor and the Slack edge,
+/// connected over Socket Mode to the emulator whose Web API is `api_url`.
+struct SlackEdge {
+    sup: ActorRef<SupervisorMsg>,
+    registry: ActorRef<RegistryMsg>,
+    store: Arc<SqliteStore>,
+    handle: SlackHandle,
+}
+
+async fn slack_edge(
+    env: &Env,
+    obs: &Arc<Observed>,
+    db: &str,
+    api_url: String,
+    pacing: PacingPolicy,
+) -> SlackEdge {
+    let map = WorkspaceMap {
+        workspace_root: env.dir.clone(),
+        workspaces: vec![WorkspaceEntry {
+            id: "ws".into(),
+            path: env.workspace.clone(),
+            channel_id: CHANNEL.into(),
+            label: None,
+            default_agent: None,
+        }],
+        agents: vec![env.profile.clone()],
+        default_agent: Some(env.profile.id.clone()),
+    };
+    let (registry, _) = Actor::spawn(None, WorkspaceRegistry, map)
+        .await
+        .expect("registry");
+    let store = Arc::new(SqliteStore::open(&env.dir.join(db)).await.expect("store"));
+    let (slack_sink, events) = slack::event_channel();
+    let tracker: Arc<dyn OperatorSink> = Arc::new(BenchSink {
+        obs: obs.clone(),
+        answer: false,
+    });
+    let sup = supervisor(
+        env,
+        store.clone(),
+        Arc::new(FanOut(vec![slack_sink, tracker])),
+    )
+    .await;
+    let opts = SlackOptions {
+        tokens: SlackTokens {
+            bot: "xoxb-bench".into(),
+            app: "xapp-bench".into(),
+        },
+        api_url: Some(api_url),
+        operators: vec![OWNER.to_owned()],
+        supervisor: sup.clone(),
+        registry: registry.clone().into(),
+        root: None,
+        store: store.clone(),
+        outbox: store.clone(),
+        tuning: SlackTuning {
+            pacing,
+            ..SlackTuning::default()
+        },
+    };
+    let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
+    let mut status = handle.status();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        status.wait_for(|s| s == ConnectionState::Connected),
+    )
+    .await
+    .expect("Socket Mode connects");
+    SlackEdge {
+        sup,
+        registry,
+        store,
+        handle,
+    }
+}
+
 async fn rig_slack(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
     let (emu, proxy_url, posted_rx, proxy_task) = bench
         .spawn(async move {
@@ -878,65 +954,13 @@ async fn rig_slack(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
         })
         .await
         .expect("emulator");
-    let map = WorkspaceMap {
-        workspace_root: env.dir.clone(),
-        workspaces: vec![WorkspaceEntry {
-            id: "ws".into(),
-            path: env.workspace.clone(),
-            channel_id: CHANNEL.into(),
-            label: None,
-            default_agent: None,
-        }],
-        agents: vec![env.profile.clone()],
-        default_agent: Some(env.profile.id.clone()),
-    };
-    let (registry, _) = Actor::spawn(None, WorkspaceRegistry, map)
-        .await
-        .expect("registry");
-    let store = Arc::new(
-        SqliteStore::open(&env.dir.join("slack.db"))
-            .await
-            .expect("store"),
-    );
-    let (slack_sink, events) = slack::event_channel();
-    let tracker: Arc<dyn OperatorSink> = Arc::new(BenchSink {
-        obs: obs.clone(),
-        answer: false,
-    });
-    let sup = supervisor(
-        env,
-        store.clone(),
-        Arc::new(FanOut(vec![slack_sink, tracker])),
-    )
-    .await;
-    let store_port: Arc<dyn SessionStore> = store.clone();
-    let outbox: Arc<dyn Outbox> = store.clone();
-    let opts = SlackOptions {
-        tokens: SlackTokens {
-            bot: "xoxb-bench".into(),
-            app: "xapp-bench".into(),
-        },
-        api_url: Some(proxy_url),
-        operators: vec![OWNER.to_owned()],
-        supervisor: sup.clone(),
-        registry: registry.clone().into(),
-        root: None,
-        store: store_port,
-        outbox,
-        // The plain emulator has no rate limits: measure the server, not Slack's pace.
-        tuning: SlackTuning {
-            pacing: PacingPolicy::unpaced(),
-            ..SlackTuning::default()
-        },
-    };
-    let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
-    let mut status = handle.status();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        status.wait_for(|s| s == ConnectionState::Connected),
-    )
-    .await
-    .expect("Socket Mode connects");
+    // The plain emulator has no rate limits: measure the server, not Slack's pace.
+    let SlackEdge {
+        sup,
+        registry,
+        store,
+        handle,
+    } = slack_edge(env, obs, "slack.db", proxy_url, PacingPolicy::unpaced()).await;
     // The operator: clicks allow-once on every permission message it sees.
     let mut posted_rx = posted_rx;
     let (obs2, emu2) = (obs.clone(), emu.clone());

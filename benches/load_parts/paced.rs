@@ -97,62 +97,13 @@ async fn rig(env: &Env, obs: &Arc<Observed>, factor: u32, bench: &Handle) -> Pac
         .spawn(async move { emulator::Emulator::start_with_limits(limits).await })
         .await
         .expect("emulator");
-    let map = WorkspaceMap {
-        workspace_root: env.dir.clone(),
-        workspaces: vec![WorkspaceEntry {
-            id: "ws".into(),
-            path: env.workspace.clone(),
-            channel_id: CHANNEL.into(),
-            label: None,
-            default_agent: None,
-        }],
-        agents: vec![env.profile.clone()],
-        default_agent: Some(env.profile.id.clone()),
-    };
-    let (registry, _) = Actor::spawn(None, WorkspaceRegistry, map)
-        .await
-        .expect("registry");
-    let store = Arc::new(
-        SqliteStore::open(&env.dir.join("paced.db"))
-            .await
-            .expect("store"),
-    );
-    let (slack_sink, events) = slack::event_channel();
-    let tracker: Arc<dyn OperatorSink> = Arc::new(BenchSink {
-        obs: obs.clone(),
-        answer: false,
-    });
-    let sup = supervisor(
-        env,
-        store.clone(),
-        Arc::new(FanOut(vec![slack_sink, tracker])),
-    )
-    .await;
-    let opts = SlackOptions {
-        tokens: SlackTokens {
-            bot: "xoxb-bench".into(),
-            app: "xapp-bench".into(),
-        },
-        api_url: Some(emu.api_url.clone()),
-        operators: vec![OWNER.to_owned()],
-        supervisor: sup.clone(),
-        registry: registry.clone().into(),
-        root: None,
-        store: store.clone(),
-        outbox: store.clone(),
-        tuning: SlackTuning {
-            pacing: PacingPolicy::slack().faster(factor),
-            ..SlackTuning::default()
-        },
-    };
-    let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
-    let mut status = handle.status();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        status.wait_for(|s| s == ConnectionState::Connected),
-    )
-    .await
-    .expect("Socket Mode connects");
+    let pacing = PacingPolicy::slack().faster(factor);
+    let SlackEdge {
+        sup,
+        registry,
+        store,
+        handle,
+    } = slack_edge(env, obs, "paced.db", emu.api_url.clone(), pacing).await;
     let operator = bench.spawn(operator(emu.clone(), obs.clone()));
     PacedRig {
         sup,
