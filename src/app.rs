@@ -337,6 +337,9 @@ pub struct AppOptions {
 
 struct Inner {
     store: Arc<SqliteStore>,
+    /// Every operator side (console/API stream, journal, Slack): what the
+    /// sessions' actors report to, for the few events the App itself raises.
+    sink: Arc<dyn OperatorSink>,
     supervisor: ActorRef<SupervisorMsg>,
     /// The workspace registry's current incarnation (Root restarts it).
     registry: Current<RegistryMsg>,
@@ -416,11 +419,12 @@ impl App {
         let journal = crate::journal::EventJournal::start(store.clone());
         let mut sinks: Vec<Arc<dyn OperatorSink>> = vec![events.clone(), journal.clone()];
         sinks.extend(options.extra_sinks);
+        let sink: Arc<dyn OperatorSink> = Arc::new(FanOut(sinks));
         let supervisor = SupervisorArgs {
             policy: config.supervision.clone(),
             settings: Arc::new(session_settings(config, rules.clone())),
             store: store.clone(),
-            sink: Arc::new(FanOut(sinks)),
+            sink: sink.clone(),
             bridge_url: options.bridge_url,
         };
         let root_args = RootArgs {
@@ -443,6 +447,7 @@ impl App {
         })?;
         let inner = Inner {
             store,
+            sink,
             supervisor: children.supervisor,
             registry: children.registry,
             root,
@@ -733,6 +738,16 @@ impl App {
         )
         .map_err(|e| AppError::actor("supervisor", e))??;
         self.session(id).await
+    }
+
+    /// Tells every operator side something about a session (a notice in
+    /// its Slack thread, the console and the event stream).
+    pub fn notice(&self, session: &SessionId, text: String) {
+        self.inner.sink.emit(OperatorEvent::Notice {
+            session_id: session.clone(),
+            level: intercom_actors::ports::NoticeLevel::Info,
+            text,
+        });
     }
 
     /// One approval request with its decision, by global id.

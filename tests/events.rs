@@ -213,3 +213,36 @@ fn the_stream_needs_the_token_and_a_numeric_last_event_id() {
     drop(server);
     assert!(open.rx.recv_timeout(WAIT).is_err(), "the stream ended");
 }
+
+#[test]
+fn a_rule_remembered_through_the_api_is_told_as_a_notice() {
+    // Slack's "remember" posts a notice in the session's thread; the same
+    // rule made from the console or the API must reach every operator side
+    // too (the stream here, and through it the console and Slack).
+    let layout = Layout::new(&permission_setup());
+    let server = Served::on(&layout);
+    let http = &server.http;
+    let session = http.start("write notes");
+    let id = session["id"].as_str().expect("id").to_owned();
+    let stream = Stream::open(&http.base, &format!("/api/events?session={id}"), None);
+    stream.until("the request", |e| kind(e) == "request_opened");
+    let decided = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"option_id": "allow-always"}),
+    );
+    assert_eq!(decided.status, 200, "{}", decided.text);
+    let made = http.post(
+        &format!("/api/approvals/{id}:req-1/remember"),
+        &json!({"scope": "session"}),
+    );
+    assert_eq!(made.status, 201, "{}", made.text);
+    let rule_id = made.body["rule"]["id"]
+        .as_str()
+        .expect("rule id")
+        .to_owned();
+    let seen = stream.until("the notice", |e| {
+        kind(e) == "notice" && e["text"].as_str().is_some_and(|t| t.contains(&rule_id))
+    });
+    let (_, notice) = seen.last().expect("notice");
+    assert_eq!(notice["session_id"], id.as_str(), "{notice}");
+}

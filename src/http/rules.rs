@@ -130,7 +130,7 @@ pub async fn remember(
             )));
         }
     };
-    app.approval(&id).await?;
+    let (request, _) = app.approval(&id).await?;
     let store = app.store_port();
     let remembered = remember_decision(store.as_ref(), &app, &id, scope, LOCAL_OWNER)
         .await
@@ -138,6 +138,15 @@ pub async fn remember(
     let status = if remembered.existed {
         StatusCode::OK
     } else {
+        let rule = &remembered.rule;
+        let summary = crate::slack::render::unescape(&crate::slack::render::rule_summary(rule));
+        app.notice(
+            &request.session_id,
+            format!(
+                "Rule {} created by {LOCAL_OWNER} (API or console): {summary}. Matching requests are answered without asking from now on.",
+                rule.id
+            ),
+        );
         StatusCode::CREATED
     };
     let answer = serde_json::json!({"rule": remembered.rule, "created": !remembered.existed});
