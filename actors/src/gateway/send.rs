@@ -424,6 +424,11 @@ impl GatewayState {
         };
         let k = (lane.to_owned(), key.clone());
         self.unposted.remove(&k);
+        if self.ts_cache.get(&k) == Some(&ts) {
+            // An update of a message whose ts is already stored: nothing new
+            // to remember (this saved a store commit per update).
+            return;
+        }
         self.ts_cache.insert(k, ts.clone());
         if let Err(e) = self.args.outbox.remember(lane, key, &ts).await {
             tracing::error!(%lane, %key, "cannot remember a Slack message ts: {e}");
