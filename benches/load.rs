@@ -571,6 +571,51 @@ struct Env {
     settings: Arc<SessionSettings>,
 }
 
+impl Env {
+    /// Creates `dir` with the workspace `ws`, writes the scripted agent's
+    /// scenario (`scenario` is given the canonical `dir`, for its logs) and
+    /// the session settings for up to `max_sessions` at once.
+    fn prepare(
+        n: usize,
+        dir: &Path,
+        max_sessions: usize,
+        scenario: impl FnOnce(&Path) -> Value,
+    ) -> Env {
+        let workspace = dir.join("ws");
+        std::fs::create_dir_all(&workspace).expect("ws");
+        let dir = dir.canonicalize().expect("canon");
+        let workspace = workspace.canonicalize().expect("canon");
+        let scenario_path = dir.join("scenario.json");
+        std::fs::write(&scenario_path, scenario(&dir).to_string()).expect("scenario");
+        let profile = AgentProfile {
+            id: "scripted".into(),
+            command: agent_bin().display().to_string(),
+            args: vec!["--scenario".into(), scenario_path.display().to_string()],
+            env: vec![],
+            protocol: Protocol::Acp,
+            framing: Framing::Ndjson,
+            auth_method: None,
+        };
+        let settings = Arc::new(SessionSettings {
+            server_files: Default::default(),
+            limits: limits(max_sessions),
+            stall: StallPolicy {
+                inactivity_secs: 0,
+                ..StallPolicy::default()
+            },
+            operators: [OWNER.to_owned()].into_iter().collect(),
+            ..Default::default()
+        });
+        Env {
+            n,
+            dir,
+            workspace,
+            profile,
+            settings,
+        }
+    }
+}
+
 fn limits(n: usize) -> Limits {
     Limits {
         max_sessions: n + 1,
@@ -1185,52 +1230,21 @@ async fn run(
         Mode::Core => arg("--burst").and_then(|s| s.parse().ok()).unwrap_or(0),
         _ => 0,
     };
-    let dir = root.join(&tag);
-    let workspace = dir.join("ws");
-    std::fs::create_dir_all(&workspace).expect("ws");
-    let dir = dir.canonicalize().expect("canon");
-    let workspace = workspace.canonicalize().expect("canon");
-    let rtt_log = dir.join("rtt.log");
-    let mut turn = Vec::new();
-    for i in 0..m {
-        if pace_ms > 0 {
-            turn.push(json!({"sleep_ms": pace_ms}));
+    let env = Env::prepare(n, &root.join(&tag), n + burst_count, |dir| {
+        let mut turn = Vec::new();
+        for i in 0..m {
+            if pace_ms > 0 {
+                turn.push(json!({"sleep_ms": pace_ms}));
+            }
+            for _ in 0..5 {
+                turn.push(json!({"chunk": "streaming some agent text for the operator to read. "}));
+            }
+            turn.push(json!({"tool_call": {"id": format!("t{i}"), "title": "Edit file", "kind": "edit", "status": "pending"}}));
+            turn.push(json!({"permission": {"tool_call_id": format!("t{i}"), "title": "Edit file", "kind": "edit"}}));
         }
-        for _ in 0..5 {
-            turn.push(json!({"chunk": "streaming some agent text for the operator to read. "}));
-        }
-        turn.push(json!({"tool_call": {"id": format!("t{i}"), "title": "Edit file", "kind": "edit", "status": "pending"}}));
-        turn.push(json!({"permission": {"tool_call_id": format!("t{i}"), "title": "Edit file", "kind": "edit"}}));
-    }
-    let scenario = json!({"rtt_log": rtt_log, "turns": [turn]});
-    let scenario_path = dir.join("scenario.json");
-    std::fs::write(&scenario_path, scenario.to_string()).expect("scenario");
-    let profile = AgentProfile {
-        id: "scripted".into(),
-        command: agent_bin().display().to_string(),
-        args: vec!["--scenario".into(), scenario_path.display().to_string()],
-        env: vec![],
-        protocol: Protocol::Acp,
-        framing: Framing::Ndjson,
-        auth_method: None,
-    };
-    let settings = Arc::new(SessionSettings {
-        server_files: Default::default(),
-        limits: limits(n + burst_count),
-        stall: StallPolicy {
-            inactivity_secs: 0,
-            ..StallPolicy::default()
-        },
-        operators: [OWNER.to_owned()].into_iter().collect(),
-        ..Default::default()
+        json!({"rtt_log": dir.join("rtt.log"), "turns": [turn]})
     });
-    let env = Env {
-        n,
-        dir,
-        workspace,
-        profile,
-        settings,
-    };
+    let rtt_log = env.dir.join("rtt.log");
     let obs = Arc::new(Observed::default());
     let rig = match mode {
         Mode::Core => rig_core(&env, &obs).await,

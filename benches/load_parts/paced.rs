@@ -117,39 +117,7 @@ async fn rig(env: &Env, obs: &Arc<Observed>, factor: u32, bench: &Handle) -> Pac
 
 fn env(n: usize, pace_ms: u64, ramp_ms: u64, root: &Path) -> Env {
     let dir = root.join(format!("slack-limits-{n}-pace{pace_ms}-ramp{ramp_ms}"));
-    let workspace = dir.join("ws");
-    std::fs::create_dir_all(&workspace).expect("ws");
-    let dir = dir.canonicalize().expect("canon");
-    let workspace = workspace.canonicalize().expect("canon");
-    let scenario_path = dir.join("scenario.json");
-    let text = scenario(&dir.join("rtt.log"), pace_ms).to_string();
-    std::fs::write(&scenario_path, text).expect("scenario");
-    let profile = AgentProfile {
-        id: "scripted".into(),
-        command: agent_bin().display().to_string(),
-        args: vec!["--scenario".into(), scenario_path.display().to_string()],
-        env: vec![],
-        protocol: Protocol::Acp,
-        framing: Framing::Ndjson,
-        auth_method: None,
-    };
-    let settings = Arc::new(SessionSettings {
-        server_files: Default::default(),
-        limits: limits(n),
-        stall: StallPolicy {
-            inactivity_secs: 0,
-            ..StallPolicy::default()
-        },
-        operators: [OWNER.to_owned()].into_iter().collect(),
-        ..Default::default()
-    });
-    Env {
-        n,
-        dir,
-        workspace,
-        profile,
-        settings,
-    }
+    Env::prepare(n, &dir, n, |dir| scenario(&dir.join("rtt.log"), pace_ms))
 }
 
 /// Starts `n` sessions spread over `ramp_ms`; returns how many failed.
