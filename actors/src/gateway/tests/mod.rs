@@ -421,25 +421,9 @@ async fn request_lifecycle_updates_the_same_message_and_status_line() {
     r.emit(OperatorEvent::RequestOpened {
         request: req.clone(),
     });
-    r.emit(OperatorEvent::StatusChanged {
-        session_id: SessionId::from("s-1"),
-        status: SessionStatus::Active,
-        activity: "needs input".into(),
-        reason: None,
-    });
+    r.emit(activity("s-1", "needs input"));
     r.drained().await;
-    r.emit(OperatorEvent::RequestClosed {
-        session_id: SessionId::from("s-1"),
-        id: req.id.clone(),
-        status: RequestStatus::Decided,
-        decision: Some(Decision {
-            option_id: "allow".into(),
-            approved: true,
-            reason: None,
-            decided_by: "U1".into(),
-            decided_at: 0,
-        }),
-    });
+    r.emit(decided(&req));
     r.drained().await;
     assert_eq!(
         r.api.calls(),
@@ -573,6 +557,32 @@ fn backoff_doubles_and_caps() {
     };
     let got: Vec<u128> = (1..=5).map(|n| p.delay(n).as_millis()).collect();
     assert_eq!(got, vec![100, 200, 400, 500, 500]);
+}
+
+/// `req` decided (allow) by U1.
+fn decided(req: &PendingRequest) -> OperatorEvent {
+    OperatorEvent::RequestClosed {
+        session_id: req.session_id.clone(),
+        id: req.id.clone(),
+        status: RequestStatus::Decided,
+        decision: Some(Decision {
+            option_id: "allow".into(),
+            approved: true,
+            reason: None,
+            decided_by: "U1".into(),
+            decided_at: 0,
+        }),
+    }
+}
+
+/// Session `id`'s status line says `what`.
+fn activity(id: &str, what: &str) -> OperatorEvent {
+    OperatorEvent::StatusChanged {
+        session_id: SessionId::from(id),
+        status: SessionStatus::Active,
+        activity: what.into(),
+        reason: None,
+    }
 }
 
 mod priority;

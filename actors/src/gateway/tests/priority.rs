@@ -20,30 +20,6 @@ fn permission(id: &str, title: &str) -> PendingRequest {
     }
 }
 
-fn decided(req: &PendingRequest) -> OperatorEvent {
-    OperatorEvent::RequestClosed {
-        session_id: req.session_id.clone(),
-        id: req.id.clone(),
-        status: RequestStatus::Decided,
-        decision: Some(Decision {
-            option_id: "allow".into(),
-            approved: true,
-            reason: None,
-            decided_by: "U1".into(),
-            decided_at: 0,
-        }),
-    }
-}
-
-fn activity(id: &str, what: &str) -> OperatorEvent {
-    OperatorEvent::StatusChanged {
-        session_id: SessionId::from(id),
-        status: SessionStatus::Active,
-        activity: what.into(),
-        reason: None,
-    }
-}
-
 impl Rig {
     /// Polls the recorded calls until `pred` holds (10 s at most).
     async fn until_call(&self, what: &str, pred: impl Fn(&str) -> bool) {
