@@ -57,6 +57,27 @@ impl Drop for Escaped {
     }
 }
 
+/// A session whose agent ignores cancel, stdin EOF and SIGTERM, hangs, and
+/// has left a `sleep` in a process group of its own (re-parented first when
+/// `detach`); returns the server, the session id and that descendant.
+fn hostile_session(detach: bool) -> (Server, String, Escaped) {
+    let pids = tempfile::tempdir().expect("tempdir");
+    let pid_file = pids.path().join("escaped.pid");
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[
+            {"ignore_sigterm": true},
+            {"escape_group": {"pid_file": pid_file, "secs": 120, "detach": detach}},
+            {"hang": true}
+        ]]}),
+        ..Setup::default()
+    });
+    let id = sid(&server.http.start("hold on"));
+    let escaped = Escaped(until("the escaped descendant", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    }));
+    (server, id, escaped)
+}
+
 #[test]
 fn cancel_answers_202_stopping_while_a_hostile_agent_outlives_the_wait() {
     // The agent ignores session/cancel, stdin EOF and SIGTERM, and leaves a
@@ -64,21 +85,8 @@ fn cancel_answers_202_stopping_while_a_hostile_agent_outlives_the_wait() {
     // reach) in a group of its own holding its stdout: the SIGKILL comes
     // at grace + 2 s and its end is seen only when the pipes drain (bounded
     // at 2 s), after the API's wait (grace + 2 s + 1 s).
-    let pids = tempfile::tempdir().expect("tempdir");
-    let pid_file = pids.path().join("escaped.pid");
-    let server = Server::start(Setup {
-        scenario: json!({"turns": [[
-            {"ignore_sigterm": true},
-            {"escape_group": {"pid_file": pid_file, "secs": 120, "detach": true}},
-            {"hang": true}
-        ]]}),
-        ..Setup::default()
-    });
+    let (server, id, escaped) = hostile_session(true);
     let http = &server.http;
-    let id = sid(&http.start("hold on"));
-    let escaped = Escaped(until("the escaped descendant", || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    }));
     let r = http.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
     assert_eq!(r.status, 202, "{}", r.text);
     assert_eq!(r.body["status"], "stopping", "{}", r.text);
@@ -102,21 +110,8 @@ fn a_descendant_that_left_the_agents_group_dies_with_the_session() {
     // A hostile agent moves a child into a process group of its own, where
     // the group kill cannot reach it: the server finds it by its parent link
     // and kills it with the agent.
-    let pids = tempfile::tempdir().expect("tempdir");
-    let pid_file = pids.path().join("escaped.pid");
-    let server = Server::start(Setup {
-        scenario: json!({"turns": [[
-            {"ignore_sigterm": true},
-            {"escape_group": {"pid_file": pid_file, "secs": 120}},
-            {"hang": true}
-        ]]}),
-        ..Setup::default()
-    });
+    let (server, id, escaped) = hostile_session(false);
     let http = &server.http;
-    let id = sid(&http.start("hold on"));
-    let escaped = Escaped(until("the escaped descendant", || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    }));
     assert!(!gone(escaped.0), "the descendant should run until the stop");
     http.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
     http.until_status(&id, "cancelled");
