@@ -35,6 +35,26 @@ fn err(code: &str) -> Response {
     axum::Json(json!({"ok": false, "error": code})).into_response()
 }
 
+/// The message `ts` in `channel`, as recorded.
+fn message<'a>(g: &'a mut Inner, channel: &str, ts: &str) -> Option<&'a mut Msg> {
+    g.messages
+        .iter_mut()
+        .find(|m| m.channel == channel && m.ts == ts)
+}
+
+/// The call's Block Kit blocks (none when absent).
+fn blocks(p: &Value) -> Vec<Value> {
+    p.get("blocks")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A string parameter that may be absent.
+fn opt(p: &Value, k: &str) -> Option<String> {
+    p.get(k).and_then(Value::as_str).map(str::to_owned)
+}
+
 fn s(v: &Value, k: &str) -> String {
     v.get(k)
         .and_then(Value::as_str)
@@ -167,10 +187,7 @@ fn connections_open(g: &mut Inner) -> Response {
 fn post_message(g: &mut Inner, p: &Value) -> Response {
     let ts = next_ts(g);
     let channel = s(p, "channel");
-    let thread = p
-        .get("thread_ts")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+    let thread = opt(p, "thread_ts");
     let text = s(p, "text");
     g.messages.push(Msg {
         channel: channel.clone(),
@@ -178,11 +195,7 @@ fn post_message(g: &mut Inner, p: &Value) -> Response {
         thread_ts: thread,
         user: "UBOT".into(),
         text: text.clone(),
-        blocks: p
-            .get("blocks")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default(),
+        blocks: blocks(p),
         reactions: vec![],
         updates: 0,
         file: None,
@@ -197,19 +210,11 @@ fn post_message(g: &mut Inner, p: &Value) -> Response {
 /// `chat.update`.
 fn update(g: &mut Inner, p: &Value) -> Response {
     let (channel, ts) = (s(p, "channel"), s(p, "ts"));
-    let Some(m) = g
-        .messages
-        .iter_mut()
-        .find(|m| m.channel == channel && m.ts == ts)
-    else {
+    let Some(m) = message(g, &channel, &ts) else {
         return err("message_not_found");
     };
     m.text = s(p, "text");
-    m.blocks = p
-        .get("blocks")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    m.blocks = blocks(p);
     m.updates += 1;
     let text = m.text.clone();
     ok(json!({"channel": channel, "ts": ts, "text": text, "message": {"text": text}}))
@@ -220,10 +225,7 @@ fn post_ephemeral(g: &mut Inner, p: &Value) -> Response {
     let e = Ephemeral {
         channel: s(p, "channel"),
         user: s(p, "user"),
-        thread_ts: p
-            .get("thread_ts")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        thread_ts: opt(p, "thread_ts"),
         text: format!(
             "{} {}",
             s(p, "text"),
@@ -238,11 +240,7 @@ fn post_ephemeral(g: &mut Inner, p: &Value) -> Response {
 /// `reactions.add | reactions.remove`.
 fn react(g: &mut Inner, method: &str, p: &Value) -> Response {
     let (channel, ts, name) = (s(p, "channel"), s(p, "timestamp"), s(p, "name"));
-    let Some(m) = g
-        .messages
-        .iter_mut()
-        .find(|m| m.channel == channel && m.ts == ts)
-    else {
+    let Some(m) = message(g, &channel, &ts) else {
         return err("message_not_found");
     };
     let has = m.reactions.contains(&name);
@@ -287,10 +285,7 @@ fn upload_url(g: &mut Inner, p: &Value) -> Response {
 /// `files.completeUploadExternal`.
 fn complete_upload(g: &mut Inner, p: &Value) -> Response {
     let channel = s(p, "channel_id");
-    let thread = p
-        .get("thread_ts")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+    let thread = opt(p, "thread_ts");
     let files = p
         .get("files")
         .and_then(Value::as_array)
