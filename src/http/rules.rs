@@ -138,15 +138,8 @@ pub async fn remember(
     let status = if remembered.existed {
         StatusCode::OK
     } else {
-        let rule = &remembered.rule;
-        let summary = crate::slack::render::unescape(&crate::slack::render::rule_summary(rule));
-        app.notice(
-            &request.session_id,
-            format!(
-                "Rule {} created by {LOCAL_OWNER} (API or console): {summary}. Matching requests are answered without asking from now on.",
-                rule.id
-            ),
-        );
+        let text = crate::slack::rules::remembered_notice(&remembered.rule, LOCAL_OWNER);
+        app.notice(&request.session_id, text);
         StatusCode::CREATED
     };
     let answer = serde_json::json!({"rule": remembered.rule, "created": !remembered.existed});

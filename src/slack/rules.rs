@@ -421,6 +421,19 @@ pub async fn remember_decision(
     })
 }
 
+/// What a session's operators are told when `by` remembered a decision as
+/// `rule` (Slack's buttons and the API/console say the same). Plain text:
+/// notices escape their text themselves.
+pub fn remembered_notice(rule: &Rule, by: &str) -> String {
+    format!(
+        "Rule {} created by {by}: {}. Matching requests are answered without asking from now on, also those already waiting; `/intercom rule rm {}` (or `DELETE /api/rules/{}`) removes it.",
+        rule.id,
+        render::unescape(&render::rule_summary(rule)),
+        rule.id,
+        rule.id
+    )
+}
+
 /// A "Remember for this session / workspace" click on request `global`.
 pub async fn remember(
     ctx: &Ctx,
@@ -469,19 +482,8 @@ pub async fn remember(
         );
         return Ok(());
     }
-    // mrkdwn, escaped; notices escape their text themselves.
+    notice(ctx, &session, &remembered_notice(&rule, &reply.user));
     let summary = render::rule_summary(&rule);
-    notice(
-        ctx,
-        &session,
-        &format!(
-            "Rule {} created by {}: {}. Matching requests are answered without asking from now on, also those already waiting; `/intercom rule rm {}` removes it.",
-            rule.id,
-            reply.user,
-            render::unescape(&summary),
-            rule.id
-        ),
-    );
     reply.send(
         ctx,
         MessageBody::text(format!(
