@@ -151,6 +151,10 @@ impl SqliteStore {
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
+            // A local file connection does not go stale like a network one,
+            // and one the writer cannot prove clean is closed, never
+            // returned: no ping (a hop to its worker thread) per acquire.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(|source| StorageOpenError::Open {

@@ -4,10 +4,12 @@
 //! onto the same pending-request machinery as ACP.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use super::ledger::RowId;
 use super::toolcalls::{self, ToolCalls};
 use super::{Outgoing, Pending, Phase, SessionState};
 use crate::child::ChildEvent;
@@ -216,7 +218,12 @@ impl SessionState {
             wire_id: serde_json::to_string(&wire).ok(),
             created_at: now_ms(),
         };
-        if let Err(e) = self.store.insert_request(&record).await {
+        let (store, stored) = (Arc::clone(&self.store), record.clone());
+        let inserted = self
+            .ledger
+            .wait(async move { store.insert_request(&stored).await })
+            .await;
+        if let Err(e) = inserted {
             // Without a record the operator could not answer it durably.
             tracing::error!(session = %self.record.id, "cannot store request: {e}");
             let err = RpcError::new(
@@ -358,11 +365,8 @@ impl SessionState {
     /// Persists and shows what was coalesced during a flood.
     pub(super) async fn flush_coalesced(&mut self) {
         for id in std::mem::take(&mut self.dirty_tools) {
-            if let Some((message_id, doc)) = self.tools.get(&id).cloned() {
-                let _ = self
-                    .store
-                    .update_message(message_id, &doc.to_string())
-                    .await;
+            if let Some((row, doc)) = self.tools.get(&id).cloned() {
+                self.queue_update(&row, doc.to_string());
                 self.emit(OperatorEvent::ToolCall {
                     session_id: self.id().clone(),
                     tool_call_id: id,
@@ -380,8 +384,8 @@ impl SessionState {
         let root = PathBuf::from(&self.record.cwd);
         let merged = self.toolcalls.update(&view).clone();
         if self.flooded()
-            && let Some((message_id, doc)) = self.tools.get_mut(&view.id)
-            && *message_id != 0
+            && let Some((row, doc)) = self.tools.get_mut(&view.id)
+            && !row.is_none()
         {
             // No diff rendering (file reads) while flooded; the merged state
             // keeps every edit for the permission that may follow.
@@ -393,26 +397,23 @@ impl SessionState {
             self.dirty_tools.insert(view.id);
             return;
         }
-        let (message_id, mut doc) = self.tools.get(&view.id).cloned().unwrap_or((
-            0,
+        let (mut row, mut doc) = self.tools.get(&view.id).cloned().unwrap_or((
+            RowId::None,
             json!({"id": view.id, "title": "", "kind": "other", "status": "pending"}),
         ));
+        row.refresh();
         let old_status = doc["status"].clone();
         tool_doc(&mut doc, &root, &merged, &view, &|p| self.preview(p));
         self.dirty_tools.remove(&view.id);
         let content = doc.to_string();
-        let message_id = if message_id == 0 {
-            self.store
-                .append_message(self.id(), Role::System, MessageKind::Tool, &content)
-                .await
-                .unwrap_or(0)
+        let new = row.is_none();
+        if new {
+            row = self.queue_append(Role::System, MessageKind::Tool, content);
         } else {
-            let _ = self.store.update_message(message_id, &content).await;
-            message_id
-        };
-        let changed = message_id == 0 || old_status != doc["status"] || view.title.is_some();
-        self.tools
-            .insert(view.id.clone(), (message_id, doc.clone()));
+            self.queue_update(&row, content);
+        }
+        let changed = new || old_status != doc["status"] || view.title.is_some();
+        self.tools.insert(view.id.clone(), (row, doc.clone()));
         if changed {
             self.emit(OperatorEvent::ToolCall {
                 session_id: self.id().clone(),
@@ -424,7 +425,7 @@ impl SessionState {
     }
 
     async fn on_plan(&mut self, entries: Vec<(String, String)>) {
-        if self.flooded() && self.plan_message.is_some() {
+        if self.flooded() && !self.plan_message.is_none() {
             self.pending_plan = Some(entries);
             return;
         }
@@ -440,17 +441,11 @@ impl SessionState {
                 .collect::<Vec<_>>()
         )
         .to_string();
-        match self.plan_message {
-            Some(id) => {
-                let _ = self.store.update_message(id, &content).await;
-            }
-            None => {
-                self.plan_message = self
-                    .store
-                    .append_message(self.id(), Role::System, MessageKind::Plan, &content)
-                    .await
-                    .ok();
-            }
+        self.plan_message.refresh();
+        if self.plan_message.is_none() {
+            self.plan_message = self.queue_append(Role::System, MessageKind::Plan, content);
+        } else {
+            self.queue_update(&self.plan_message, content);
         }
         self.emit(OperatorEvent::Plan {
             session_id: self.id().clone(),
@@ -501,19 +496,32 @@ impl SessionState {
         if publish && !self.thought.is_empty() {
             self.flush_thought().await;
         }
+        if self.text.dirty && publish {
+            // The block is complete: nothing needs its row id any more, so
+            // nothing waits for the write either.
+            self.queue_text();
+            self.text.stored = self.text.text.len();
+            self.text.dirty = false;
+        }
         if self.text.dirty {
             self.text.flushed_at = Instant::now();
-            let written = match self.text.message_id {
-                Some(id) => {
-                    let tail = &self.text.text[self.text.stored..];
-                    self.store.append_to_message(id, tail).await
-                }
-                None => self
-                    .store
-                    .append_message(self.id(), Role::Agent, MessageKind::Text, &self.text.text)
-                    .await
-                    .map(|id| self.text.message_id = Some(id)),
-            };
+            let store = Arc::clone(&self.store);
+            let (id, sid) = (self.text.message_id, self.id().clone());
+            let text = self.text.text[self.text.stored..].to_owned();
+            let written = self
+                .ledger
+                .wait(async move {
+                    match id {
+                        Some(id) => store.append_to_message(id, &text).await.map(|()| id),
+                        None => {
+                            store
+                                .append_message(&sid, Role::Agent, MessageKind::Text, &text)
+                                .await
+                        }
+                    }
+                })
+                .await
+                .map(|id| self.text.message_id = Some(id));
             if let Err(e) = &written {
                 tracing::warn!(session = %self.record.id, "agent text not stored yet, kept for a retry: {e}");
             }
@@ -690,5 +698,58 @@ fn tool_doc(
     }
     if view.edits.is_some() {
         doc["diffs"] = json!(toolcalls::show(root, merged, preview).diffs);
+    }
+}
+
+impl SessionState {
+    /// Queues the agent's finished text block; if the write fails, the
+    /// block comes back as [`super::SessionMsg::TextNotStored`] and is
+    /// retried every tick, never lost.
+    fn queue_text(&self) {
+        let store = Arc::clone(&self.store);
+        let (me, sid) = (self.myself.clone(), self.id().clone());
+        let (id, whole) = (self.text.message_id, self.text.text.clone());
+        let tail = self.text.text[self.text.stored..].to_owned();
+        self.ledger.queue(async move {
+            let written = match id {
+                Some(id) => store.append_to_message(id, &tail).await,
+                None => store
+                    .append_message(&sid, Role::Agent, MessageKind::Text, &whole)
+                    .await
+                    .map(|_| ()),
+            };
+            if let Err(e) = written {
+                tracing::warn!(session = %sid, "agent text not stored yet, kept for a retry: {e}");
+                let _ = me.send_message(super::SessionMsg::TextNotStored {
+                    message_id: id,
+                    text: whole,
+                });
+            }
+        });
+    }
+
+    /// Queues a new transcript row; its id follows.
+    fn queue_append(&self, role: Role, kind: MessageKind, content: String) -> RowId {
+        let (store, sid) = (Arc::clone(&self.store), self.id().clone());
+        let (answer, id) = tokio::sync::oneshot::channel();
+        self.ledger.queue(async move {
+            let appended = store.append_message(&sid, role, kind, &content).await;
+            if let Err(e) = &appended {
+                tracing::warn!(session = %sid, "transcript write failed: {e}");
+            }
+            let _ = answer.send(appended.ok());
+        });
+        RowId::pending(id)
+    }
+
+    /// Queues new content for the transcript row `row` (once it exists).
+    fn queue_update(&self, row: &RowId, content: String) {
+        let (store, sid, id) = (Arc::clone(&self.store), self.id().clone(), row.later());
+        self.ledger.queue(async move {
+            let Some(id) = id.await else { return };
+            if let Err(e) = store.update_message(id, &content).await {
+                tracing::warn!(session = %sid, "transcript update failed: {e}");
+            }
+        });
     }
 }

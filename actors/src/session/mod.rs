@@ -14,6 +14,7 @@ mod files;
 mod flood;
 mod handshake;
 mod inbound;
+mod ledger;
 mod lifecycle;
 mod mcp;
 mod requests;
@@ -334,6 +335,13 @@ pub enum SessionMsg {
     Child(ChildEvent),
     /// The clock ticked.
     Tick,
+    /// A queued write of the agent's text failed: keep it for the retry.
+    TextNotStored {
+        /// The entry it was to extend, if any.
+        message_id: Option<i64>,
+        /// The whole text block.
+        text: String,
+    },
     /// The startup deadline passed.
     StartupDeadline,
     /// Escalate a stop: 0 = SIGTERM, 1 = SIGKILL.
@@ -555,7 +563,8 @@ pub struct SessionState {
     profile: AgentProfile,
     settings: Arc<SessionSettings>,
     store: Arc<dyn SessionStore>,
-    sink: Arc<dyn OperatorSink>,
+    /// The way out for chatter writes and every operator event, in order.
+    ledger: ledger::Ledger,
     supervisor: Option<ActorRef<SupervisorMsg>>,
     start: StartMode,
     mcp_servers: Vec<McpHttpServer>,
@@ -611,10 +620,11 @@ pub struct SessionState {
     setting_waiters: HashMap<i64, RpcReplyPort<Result<(), SessionError>>>,
     /// Agent text whose transcript write failed, retried every tick.
     unstored_text: Vec<(Option<i64>, String)>,
-    tools: HashMap<String, (i64, Value)>,
+    /// Tool call lines: their transcript row and what they show.
+    tools: HashMap<String, (ledger::RowId, Value)>,
     /// Merged tool-call state and allowed edits (one decision per change).
     toolcalls: toolcalls::ToolCalls,
-    plan_message: Option<i64>,
+    plan_message: ledger::RowId,
     /// Inbound frames in the current one-second window (flood detection).
     rate: flood::FloodMeter,
     /// Tool calls changed while flooded, persisted on the next tick.
@@ -721,6 +731,9 @@ impl Actor for SessionActor {
             SessionMsg::Child(ev) => state.on_child_event(ev).await,
             SessionMsg::Mcp(call) => state.on_mcp(call).await,
             SessionMsg::Tick => state.on_tick().await,
+            SessionMsg::TextNotStored { message_id, text } => {
+                state.unstored_text.push((message_id, text));
+            }
             SessionMsg::StartupDeadline => state.on_startup_deadline().await,
             SessionMsg::KillDue(stage) => state.on_kill_due(stage),
             SessionMsg::Decide {
@@ -811,6 +824,8 @@ impl Actor for SessionActor {
         if let Some(child) = &state.child {
             child.kill();
         }
+        // Whoever learns that the session stopped can read all it wrote.
+        state.ledger.settle().await;
         Ok(())
     }
 }
@@ -830,7 +845,7 @@ impl SessionState {
             profile: args.profile,
             settings: args.settings,
             store: args.store,
-            sink: args.sink,
+            ledger: ledger::Ledger::start(args.sink),
             supervisor: args.supervisor,
             start: args.start,
             mcp_servers: args.mcp_servers,
@@ -871,7 +886,7 @@ impl SessionState {
             unstored_text: Vec::new(),
             tools: HashMap::new(),
             toolcalls: toolcalls::ToolCalls::default(),
-            plan_message: None,
+            plan_message: ledger::RowId::None,
             rate: flood::FloodMeter::new(now),
             dirty_tools: HashSet::new(),
             pending_plan: None,
@@ -893,8 +908,9 @@ impl SessionState {
         self.record.protocol == Protocol::Acp
     }
 
+    /// Tells the operator, once every write queued before is done.
     fn emit(&self, event: OperatorEvent) {
-        self.sink.emit(event);
+        self.ledger.emit(event);
     }
 
     async fn audit(&self, actor: &str, action: &str, detail: Value) {
@@ -904,20 +920,38 @@ impl SessionState {
             action: action.to_owned(),
             detail,
         };
-        if let Err(e) = self.store.audit(&entry).await {
+        let store = Arc::clone(&self.store);
+        if let Err(e) = self
+            .ledger
+            .wait(async move { store.audit(&entry).await })
+            .await
+        {
             tracing::error!(session = %self.record.id, "audit write failed: {e}");
         }
     }
 
+    /// Adds a transcript entry (queued: nothing waits for it).
     async fn note(&self, role: crate::model::Role, kind: crate::model::MessageKind, text: &str) {
-        if let Err(e) = self.store.append_message(self.id(), role, kind, text).await {
-            tracing::error!(session = %self.record.id, "transcript write failed: {e}");
-        }
+        let (store, id, text) = (Arc::clone(&self.store), self.id().clone(), text.to_owned());
+        self.ledger.queue(async move {
+            if let Err(e) = store.append_message(&id, role, kind, &text).await {
+                tracing::error!(session = %id, "transcript write failed: {e}");
+            }
+        });
     }
 
     async fn set_status(&mut self, status: SessionStatus, activity: &str, reason: Option<&str>) {
         self.status = status;
-        if let Err(e) = self.store.set_status(self.id(), status, reason).await {
+        let (store, id, why) = (
+            Arc::clone(&self.store),
+            self.id().clone(),
+            reason.map(str::to_owned),
+        );
+        let written = self
+            .ledger
+            .wait(async move { store.set_status(&id, status, why.as_deref()).await })
+            .await;
+        if let Err(e) = written {
             tracing::error!(session = %self.record.id, "status write failed: {e}");
         }
         self.emit(OperatorEvent::StatusChanged {
@@ -940,9 +974,12 @@ impl SessionState {
             return;
         }
         self.touched_at = Some(now);
-        if let Err(e) = self.store.touch(self.id()).await {
-            tracing::warn!(session = %self.record.id, "cannot record activity: {e}");
-        }
+        let (store, id) = (Arc::clone(&self.store), self.id().clone());
+        self.ledger.queue(async move {
+            if let Err(e) = store.touch(&id).await {
+                tracing::warn!(session = %id, "cannot record activity: {e}");
+            }
+        });
     }
 
     /// Tells the operator what the session is doing now (status unchanged).

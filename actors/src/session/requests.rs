@@ -5,6 +5,8 @@
 //! cannot be stored is refused and the agent is not answered, so what the
 //! agent did is always what the record says.
 
+use std::sync::Arc;
+
 use serde_json::json;
 
 use super::toolcalls::Cover;
@@ -68,8 +70,13 @@ impl SessionState {
             decided_at: now_ms(),
         };
         // Commit first; only a recorded decision reaches the agent.
-        self.store
-            .decide_request(&pending.record.id, &decision)
+        let (store, id, decided) = (
+            Arc::clone(&self.store),
+            pending.record.id.clone(),
+            decision.clone(),
+        );
+        self.ledger
+            .wait(async move { store.decide_request(&id, &decided).await })
             .await?;
         self.pending.remove(&n);
         if decision.approved
@@ -224,7 +231,12 @@ impl SessionState {
         status: RequestStatus,
         why: &str,
     ) {
-        if let Err(e) = self.store.close_request(&pending.record.id, status).await {
+        let (store, id) = (Arc::clone(&self.store), pending.record.id.clone());
+        let closed = self
+            .ledger
+            .wait(async move { store.close_request(&id, status).await })
+            .await;
+        if let Err(e) = closed {
             tracing::error!(session = %self.record.id, "closing request {}: {e}", pending.record.id);
         }
         self.audit(
