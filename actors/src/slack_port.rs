@@ -195,10 +195,71 @@ pub struct OutboxEntry {
     pub op: OutboundOp,
 }
 
+/// One outbox write, for [`Outbox::apply`] (the gateway's bookkeeping
+/// hands over whatever waits as one batch, so it shares one commit).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutboxWrite {
+    /// [`Outbox::push`].
+    Push {
+        /// The ordering lane.
+        lane: String,
+        /// The operation.
+        op: OutboundOp,
+    },
+    /// [`Outbox::replace`].
+    Replace {
+        /// The row.
+        id: i64,
+        /// Its new content.
+        op: OutboundOp,
+    },
+    /// [`Outbox::delete`].
+    Delete {
+        /// The row.
+        id: i64,
+    },
+    /// [`Outbox::fail`].
+    Fail {
+        /// The row.
+        id: i64,
+        /// Why Slack refused it.
+        error: String,
+    },
+    /// [`Outbox::remember`].
+    Remember {
+        /// The lane.
+        lane: String,
+        /// The message key.
+        key: String,
+        /// Its `ts`.
+        ts: String,
+    },
+}
+
 /// Durable storage for outbound Slack operations and the `ts` of keyed
 /// messages. A write returns only once it is durable.
 #[async_trait]
 pub trait Outbox: Send + Sync + 'static {
+    /// Applies `writes` in order as one durable unit (one commit where the
+    /// store can: all of them or none); returns, for each write, the id of
+    /// the row a push created (`None` for the others).
+    ///
+    /// The default applies them one by one (not atomic); stores override it.
+    async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
+        let mut ids = Vec::with_capacity(writes.len());
+        for w in writes {
+            ids.push(match w {
+                OutboxWrite::Push { lane, op } => Some(self.push(lane, op).await?),
+                OutboxWrite::Replace { id, op } => self.replace(*id, op).await.map(|()| None)?,
+                OutboxWrite::Delete { id } => self.delete(*id).await.map(|()| None)?,
+                OutboxWrite::Fail { id, error } => self.fail(*id, error).await.map(|()| None)?,
+                OutboxWrite::Remember { lane, key, ts } => {
+                    self.remember(lane, key, ts).await.map(|()| None)?
+                }
+            });
+        }
+        Ok(ids)
+    }
     /// Stores an operation; returns its id.
     async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError>;
     /// Every pending operation, oldest first.
@@ -277,6 +338,8 @@ pub struct MemoryOutbox {
 #[derive(Debug, Default)]
 struct MemoryOutboxInner {
     next: i64,
+    /// Calls of `apply` (each one commit in a real store).
+    batches: usize,
     rows: Vec<(OutboxEntry, Option<String>)>,
     keys: HashMap<(String, String), String>,
 }
@@ -296,6 +359,12 @@ impl MemoryOutbox {
             .collect()
     }
 
+    /// How many batches [`Outbox::apply`] took (a real store commits each
+    /// batch once).
+    pub fn batches(&self) -> usize {
+        self.lock().batches
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryOutboxInner> {
         self.inner
             .lock()
@@ -303,13 +372,11 @@ impl MemoryOutbox {
     }
 }
 
-#[async_trait]
-impl Outbox for MemoryOutbox {
-    async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
-        let mut inner = self.lock();
-        inner.next += 1;
-        let id = inner.next;
-        inner.rows.push((
+impl MemoryOutboxInner {
+    fn push(&mut self, lane: &str, op: &OutboundOp) -> i64 {
+        self.next += 1;
+        let id = self.next;
+        self.rows.push((
             OutboxEntry {
                 id,
                 lane: lane.to_owned(),
@@ -317,7 +384,63 @@ impl Outbox for MemoryOutbox {
             },
             None,
         ));
-        Ok(id)
+        id
+    }
+
+    fn replace(&mut self, id: i64, op: &OutboundOp) {
+        for (e, err) in &mut self.rows {
+            if e.id == id && err.is_none() {
+                e.op = op.clone();
+            }
+        }
+    }
+
+    fn fail(&mut self, id: i64, error: &str) {
+        for (e, err) in &mut self.rows {
+            if e.id == id {
+                *err = Some(error.to_owned());
+            }
+        }
+    }
+
+    fn remember(&mut self, lane: &str, key: &str, ts: &str) {
+        self.keys
+            .insert((lane.to_owned(), key.to_owned()), ts.to_owned());
+    }
+}
+
+#[async_trait]
+impl Outbox for MemoryOutbox {
+    async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
+        let mut inner = self.lock();
+        inner.batches += 1;
+        let mut ids = Vec::with_capacity(writes.len());
+        for w in writes {
+            ids.push(match w {
+                OutboxWrite::Push { lane, op } => Some(inner.push(lane, op)),
+                OutboxWrite::Replace { id, op } => {
+                    inner.replace(*id, op);
+                    None
+                }
+                OutboxWrite::Delete { id } => {
+                    inner.rows.retain(|(e, _)| e.id != *id);
+                    None
+                }
+                OutboxWrite::Fail { id, error } => {
+                    inner.fail(*id, error);
+                    None
+                }
+                OutboxWrite::Remember { lane, key, ts } => {
+                    inner.remember(lane, key, ts);
+                    None
+                }
+            });
+        }
+        Ok(ids)
+    }
+
+    async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
+        Ok(self.lock().push(lane, op))
     }
 
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -336,27 +459,17 @@ impl Outbox for MemoryOutbox {
     }
 
     async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
-        for (e, err) in &mut self.lock().rows {
-            if e.id == id && err.is_none() {
-                e.op = op.clone();
-            }
-        }
+        self.lock().replace(id, op);
         Ok(())
     }
 
     async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        for (e, err) in &mut self.lock().rows {
-            if e.id == id {
-                *err = Some(error.to_owned());
-            }
-        }
+        self.lock().fail(id, error);
         Ok(())
     }
 
     async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError> {
-        self.lock()
-            .keys
-            .insert((lane.to_owned(), key.to_owned()), ts.to_owned());
+        self.lock().remember(lane, key, ts);
         Ok(())
     }
 

@@ -320,6 +320,7 @@ pub async fn spawn_slack_with_rules(
         threads: Some(threads),
         retry: opts.tuning.retry,
         pacing: opts.tuning.pacing.clone(),
+        handoff: Default::default(),
     };
     let gateway = start_gateway(opts.root.as_ref(), args).await?;
     let revivals = revivals::Revivals::start()

@@ -11,12 +11,135 @@
 use async_trait::async_trait;
 use intercom_actors::model::now_ms;
 use intercom_actors::ports::StoreError;
-use intercom_actors::slack_port::{OutboundOp, Outbox, OutboxEntry};
+use intercom_actors::slack_port::{OutboundOp, Outbox, OutboxEntry, OutboxWrite};
+use sqlx::sqlite::SqliteConnection;
 
 use super::{SqliteStore, backend};
 
+/// An [`OutboxWrite`] ready for SQL (operations encoded as JSON).
+enum Stmt {
+    Push {
+        lane: String,
+        json: String,
+    },
+    Replace {
+        id: i64,
+        json: String,
+    },
+    Delete {
+        id: i64,
+    },
+    Fail {
+        id: i64,
+        error: String,
+    },
+    Remember {
+        lane: String,
+        key: String,
+        ts: String,
+    },
+}
+
+fn encode(op: &OutboundOp, what: &'static str) -> Result<String, StoreError> {
+    serde_json::to_string(op).map_err(|e| StoreError::Backend {
+        op: what,
+        message: format!("cannot encode JSON: {e}"),
+    })
+}
+
+impl Stmt {
+    fn of(w: &OutboxWrite) -> Result<Stmt, StoreError> {
+        Ok(match w {
+            OutboxWrite::Push { lane, op } => Stmt::Push {
+                lane: lane.clone(),
+                json: encode(op, "push outbox")?,
+            },
+            OutboxWrite::Replace { id, op } => Stmt::Replace {
+                id: *id,
+                json: encode(op, "replace outbox row")?,
+            },
+            OutboxWrite::Delete { id } => Stmt::Delete { id: *id },
+            OutboxWrite::Fail { id, error } => Stmt::Fail {
+                id: *id,
+                error: error.clone(),
+            },
+            OutboxWrite::Remember { lane, key, ts } => Stmt::Remember {
+                lane: lane.clone(),
+                key: key.clone(),
+                ts: ts.clone(),
+            },
+        })
+    }
+
+    /// Runs the statement; a push returns its row id.
+    async fn run(&self, now: i64, conn: &mut SqliteConnection) -> Result<Option<i64>, StoreError> {
+        let done = match self {
+            Stmt::Push { lane, json } => {
+                let done =
+                    sqlx::query("INSERT INTO slack_outbox (lane, op, created_at) VALUES (?, ?, ?)")
+                        .bind(lane)
+                        .bind(json)
+                        .bind(now)
+                        .execute(conn)
+                        .await
+                        .map_err(backend("push outbox"))?;
+                return Ok(Some(done.last_insert_rowid()));
+            }
+            Stmt::Replace { id, json } => {
+                sqlx::query("UPDATE slack_outbox SET op = ? WHERE id = ? AND status = 'pending'")
+                    .bind(json)
+                    .bind(id)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("replace outbox row"))
+            }
+            Stmt::Delete { id } => sqlx::query("DELETE FROM slack_outbox WHERE id = ?")
+                .bind(id)
+                .execute(conn)
+                .await
+                .map_err(backend("delete outbox row")),
+            Stmt::Fail { id, error } => {
+                sqlx::query("UPDATE slack_outbox SET status = 'failed', error = ? WHERE id = ?")
+                    .bind(error)
+                    .bind(id)
+                    .execute(conn)
+                    .await
+                    .map_err(backend("fail outbox row"))
+            }
+            Stmt::Remember { lane, key, ts } => sqlx::query(
+                "INSERT INTO slack_messages (lane, key, ts, created_at) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (lane, key) DO UPDATE SET ts = excluded.ts",
+            )
+            .bind(lane)
+            .bind(key)
+            .bind(ts)
+            .bind(now)
+            .execute(conn)
+            .await
+            .map_err(backend("remember slack message")),
+        };
+        done.map(|_| None)
+    }
+}
+
 #[async_trait]
 impl Outbox for SqliteStore {
+    /// One write through the store's writer: the whole batch runs in one
+    /// savepoint of one transaction, so it commits (or fails) as a unit.
+    async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
+        let stmts = writes.iter().map(Stmt::of).collect::<Result<Vec<_>, _>>()?;
+        self.write((stmts, now_ms()), |(stmts, now), conn| {
+            Box::pin(async move {
+                let mut ids = Vec::with_capacity(stmts.len());
+                for stmt in stmts {
+                    ids.push(stmt.run(*now, &mut *conn).await?);
+                }
+                Ok(ids)
+            })
+        })
+        .await
+    }
+
     async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
         let json = serde_json::to_string(op).map_err(|e| StoreError::Backend {
             op: "push outbox",
@@ -202,6 +325,47 @@ mod tests {
                 .expect("recall")
                 .as_deref(),
             Some("2.0")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_applies_in_order_as_one_commit() {
+        let store = SqliteStore::open_in_memory().await.expect("open");
+        let kept = store.push("s-1", &post("kept")).await.expect("push");
+        let before = store.commit_count();
+        let ids = store
+            .apply(&[
+                OutboxWrite::Push {
+                    lane: "s-1".into(),
+                    op: post("new"),
+                },
+                OutboxWrite::Replace {
+                    id: kept,
+                    op: post("kept2"),
+                },
+                OutboxWrite::Remember {
+                    lane: "s-1".into(),
+                    key: "root".into(),
+                    ts: "1.0".into(),
+                },
+                OutboxWrite::Delete { id: kept },
+            ])
+            .await
+            .expect("apply");
+        assert_eq!(store.commit_count() - before, 1, "one commit for the batch");
+        assert_eq!(ids.len(), 4);
+        let new = ids[0].expect("a push returns its id");
+        assert!(ids[1..].iter().all(Option::is_none));
+        let pending = store.pending().await.expect("pending");
+        assert_eq!(pending.len(), 1);
+        assert_eq!((pending[0].id, &pending[0].op), (new, &post("new")));
+        assert_eq!(
+            store
+                .recall("s-1", "root")
+                .await
+                .expect("recall")
+                .as_deref(),
+            Some("1.0")
         );
     }
 

@@ -7,10 +7,12 @@
 //! in place, in the outbox too, so it keeps its slot and the outbox never
 //! holds both; consecutive agent texts of a session become one message while
 //! they wait. Nothing is dropped that is not superseded: every other
-//! operation gets its own outbox row before it is queued.
+//! operation gets its own outbox row (handed to [`super::bookkeeping`]; it
+//! is sent once that row committed).
 
 use std::time::Instant;
 
+use super::bookkeeping::{Booked, Write};
 use super::queue::{Class, Lane, Queued};
 use super::{GatewayState, QueueDepth};
 use crate::slack_port::{MessageBody, OutboundOp, OutboxEntry};
@@ -57,22 +59,22 @@ impl GatewayState {
         }
     }
 
+    /// Hands the operation to bookkeeping (write-ahead) and queues it; it
+    /// may be sent once its push committed ([`Self::on_booked`]).
     async fn append(&mut self, lane: &str, op: OutboundOp, text: Option<String>) {
-        let id = match self.args.outbox.push(lane, &op).await {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::error!(%lane, "cannot store a Slack message durably, sending it anyway: {e}");
-                self.volatile_id -= 1;
-                self.volatile_id
-            }
-        };
+        let id = self.ticket();
+        self.books.hand(Write::Push {
+            ticket: id,
+            lane: lane.to_owned(),
+            op: op.clone(),
+        });
         let now = Instant::now();
         let entry = OutboxEntry {
             id,
             lane: lane.to_owned(),
             op,
         };
-        let mut q = Queued::new(entry, now);
+        let mut q = Queued::unpersisted(entry, now);
         q.text = text;
         if q.class == Class::Status && !self.pacer.policy().status_settle.is_zero() {
             q.ready_at = Some(now + self.pacer.policy().status_settle);
@@ -94,9 +96,7 @@ impl GatewayState {
         let Some(merged) = merged else {
             return false;
         };
-        if !self.store_replacement(lane, id, &merged).await {
-            return false;
-        }
+        self.store_replacement(id, &merged);
         let policy = self.pacer.policy().clone();
         let now = Instant::now();
         if let Some(q) = self.lanes.get_mut(lane).and_then(|l| l.waiting_keyed(key)) {
@@ -126,9 +126,7 @@ impl GatewayState {
         let Some(merged) = with_body(&op, bodies.remove(0)) else {
             return false;
         };
-        if !self.store_replacement(lane, id, &merged).await {
-            return false;
-        }
+        self.store_replacement(id, &merged);
         if let Some(q) = self.lanes.get_mut(lane).and_then(Lane::waiting_text)
             && q.entry.id == id
         {
@@ -138,30 +136,33 @@ impl GatewayState {
         true
     }
 
-    /// Writes the new content of a waiting row; false when it cannot be
-    /// stored (the caller then queues the operation as a row of its own).
-    async fn store_replacement(&self, lane: &str, id: i64, op: &OutboundOp) -> bool {
-        if id <= 0 {
-            return true;
-        }
-        match self.args.outbox.replace(id, op).await {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(%lane, id, "cannot merge into a waiting Slack message: {e}");
-                false
-            }
-        }
+    /// Hands the new content of a waiting operation to bookkeeping.
+    fn store_replacement(&mut self, ticket: i64, op: &OutboundOp) {
+        self.books.hand(Write::Replace {
+            ticket,
+            op: op.clone(),
+        });
     }
 
-    /// Removes a delivered (or moot) row from the outbox.
-    pub(super) async fn delete_row(&self, id: i64) {
-        if id > 0
-            && let Err(e) = self.args.outbox.delete(id).await
-        {
-            tracing::error!(
-                id,
-                "cannot remove a delivered Slack message from the outbox: {e}"
-            );
+    /// Hands the removal of a delivered (or moot) operation to bookkeeping.
+    pub(super) fn delete_row(&mut self, ticket: i64) {
+        self.books.hand(Write::Delete { ticket });
+    }
+
+    /// The next operation's ticket.
+    pub(super) fn ticket(&mut self) -> i64 {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        t
+    }
+
+    /// A bookkeeping batch committed: the operations it stored may go.
+    pub(super) fn on_booked(&mut self, booked: Booked) {
+        self.books.settled(booked.settled);
+        for (lane, ticket) in booked.persisted {
+            if let Some(l) = self.lanes.get_mut(&lane) {
+                l.persisted(ticket);
+            }
         }
     }
 }

@@ -23,10 +23,16 @@
 //! outbox as failed, and a rich message that Slack refused is re-posted as
 //! plain text.
 //!
+//! Bookkeeping ([`bookkeeping`]): the handler never awaits an outbox
+//! write; it hands them to one ordered task that writes whatever waits as
+//! one batch (one commit). An operation is sent only once its push
+//! committed ([`GatewayMsg::Booked`]).
+//!
 //! Messages that later change (the thread root's status line, a permission
 //! request's buttons, the plan, tool call lines) are posted under a *key*;
 //! their `ts` is remembered in the outbox so updates survive restarts.
 
+pub mod bookkeeping;
 mod enqueue;
 mod events;
 mod immediate;
@@ -47,6 +53,7 @@ use crate::slack_port::{
     MessageBody, OutboundOp, Outbox, Render, SlackApi, SlackApiError, StatusLine, ThreadIndex,
 };
 use crate::supervisor::SupervisorMsg;
+use bookkeeping::{Booked, Bookkeeper, Handoff};
 use pacing::{Bucket, Pacer, PacingPolicy};
 use queue::{Lane, Queued};
 
@@ -133,7 +140,9 @@ pub enum GatewayMsg {
         /// Told how it went.
         reply: Option<RpcReplyPort<Result<(), SlackApiError>>>,
     },
-    /// How many durable operations wait to be delivered.
+    /// How many durable operations wait to be delivered, plus the outbox
+    /// writes handed to bookkeeping and not yet committed (0: idle, and the
+    /// outbox says so).
     Backlog(RpcReplyPort<usize>),
     /// How many wait, by class (benches, `/healthz`-style probes).
     Depth(RpcReplyPort<QueueDepth>),
@@ -141,13 +150,15 @@ pub enum GatewayMsg {
     Done {
         /// Lane.
         lane: String,
-        /// Outbox id.
+        /// The operation's ticket.
         id: i64,
         /// The rate-limit bucket the call drew from.
         bucket: Bucket,
         /// The new message's ts, when the call created one.
         result: Result<Option<String>, SlackApiError>,
     },
+    /// A bookkeeping batch committed (internal).
+    Booked(Booked),
     /// A backoff or pause elapsed (internal).
     Wake,
     /// Panics inside the handler (supervision tests only).
@@ -172,6 +183,8 @@ pub struct GatewayArgs {
     pub retry: RetryPolicy,
     /// Slack's rate limits to stay under; status-line settling.
     pub pacing: PacingPolicy,
+    /// Shared by the incarnations of one gateway (clone it for restarts).
+    pub handoff: Handoff,
 }
 
 /// Durable operations waiting, by class.
@@ -226,8 +239,10 @@ pub struct GatewayState {
     /// Queued steering replies waiting for delivery: id -> (channel, ts).
     steering: HashMap<i64, (String, String)>,
     delivered: VecDeque<i64>,
-    /// Ids for operations that could not be stored (kept in memory only).
-    volatile_id: i64,
+    /// The outbox writes, off the handler's path.
+    books: Bookkeeper,
+    /// The next operation's ticket.
+    next_ticket: i64,
 }
 
 /// The SlackGateway handler.
@@ -244,6 +259,22 @@ impl Actor for SlackGateway {
         args: GatewayArgs,
     ) -> Result<GatewayState, ActorProcessingErr> {
         let pacer = Pacer::new(args.pacing.clone());
+        // The previous incarnation's bookkeeping finishes before the outbox
+        // is read back, so nothing it still wrote is missed.
+        let baton = args.handoff.take().await;
+        let rows = match args.outbox.pending().await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!("cannot read the Slack outbox: {e}");
+                Vec::new()
+            }
+        };
+        if !rows.is_empty() {
+            tracing::info!(count = rows.len(), "re-sending queued Slack messages");
+        }
+        let stored = rows.iter().map(|r| r.id);
+        let books = Bookkeeper::start(args.outbox.clone(), myself.clone(), stored, baton);
+        let next_ticket = rows.iter().map(|r| r.id).max().unwrap_or(0) + 1;
         let mut state = GatewayState {
             myself,
             args,
@@ -256,23 +287,16 @@ impl Actor for SlackGateway {
             wake_at: None,
             steering: HashMap::new(),
             delivered: VecDeque::new(),
-            volatile_id: 0,
+            books,
+            next_ticket,
         };
-        match state.args.outbox.pending().await {
-            Ok(rows) => {
-                if !rows.is_empty() {
-                    tracing::info!(count = rows.len(), "re-sending queued Slack messages");
-                }
-                let now = Instant::now();
-                for row in rows {
-                    state
-                        .lanes
-                        .entry(row.lane.clone())
-                        .or_default()
-                        .push(Queued::new(row, now));
-                }
-            }
-            Err(e) => tracing::error!("cannot read the Slack outbox: {e}"),
+        let now = Instant::now();
+        for row in rows {
+            state
+                .lanes
+                .entry(row.lane.clone())
+                .or_default()
+                .push(Queued::new(row, now));
         }
         Ok(state)
     }
@@ -283,6 +307,15 @@ impl Actor for SlackGateway {
         state: &mut GatewayState,
     ) -> Result<(), ActorProcessingErr> {
         state.pump().await;
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<GatewayMsg>,
+        state: &mut GatewayState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.books.close().await;
         Ok(())
     }
 
@@ -327,7 +360,8 @@ impl Actor for SlackGateway {
                 reply,
             } => state.open_view(trigger_id, view, reply),
             GatewayMsg::Backlog(reply) => {
-                let _ = reply.send(state.lanes.values().map(Lane::len).sum());
+                let waiting: usize = state.lanes.values().map(Lane::len).sum();
+                let _ = reply.send(waiting + state.books.unsettled);
             }
             GatewayMsg::Depth(reply) => {
                 let _ = reply.send(state.depth());
@@ -338,6 +372,7 @@ impl Actor for SlackGateway {
                 bucket,
                 result,
             } => state.on_done(lane, id, bucket, result).await,
+            GatewayMsg::Booked(booked) => state.on_booked(booked),
             GatewayMsg::Wake => {
                 state.wake_at = None;
             }

@@ -56,7 +56,8 @@ impl Class {
 /// One waiting operation.
 #[derive(Debug, Clone)]
 pub struct Queued {
-    /// The stored row.
+    /// The operation; its `id` is the gateway's ticket (a row read back at
+    /// start keeps its row id as ticket).
     pub entry: OutboxEntry,
     /// Its class.
     pub class: Class,
@@ -66,10 +67,12 @@ pub struct Queued {
     pub ready_at: Option<Instant>,
     /// When the first version of it was queued (bounds settling).
     pub first_at: Instant,
+    /// Whether its outbox row committed (write-ahead: only then may it go).
+    pub persisted: bool,
 }
 
 impl Queued {
-    /// A new waiting operation.
+    /// A waiting operation whose outbox row is stored (read back at start).
     pub fn new(entry: OutboxEntry, now: Instant) -> Queued {
         Queued {
             class: Class::of(&entry.op),
@@ -77,6 +80,15 @@ impl Queued {
             text: None,
             ready_at: None,
             first_at: now,
+            persisted: true,
+        }
+    }
+
+    /// A new operation whose outbox row is still being written.
+    pub fn unpersisted(entry: OutboxEntry, now: Instant) -> Queued {
+        Queued {
+            persisted: false,
+            ..Queued::new(entry, now)
         }
     }
 
@@ -130,6 +142,8 @@ impl Lane {
     /// What may be sent next, best first: nothing while one is in flight;
     /// only the root while it is not posted (every reply needs its ts);
     /// otherwise the head of each class (a status update once settled).
+    /// A head whose outbox row is not committed yet holds its class and
+    /// every lower one back.
     pub fn heads(&self, now: Instant) -> Vec<&Queued> {
         if self.in_flight.is_some() {
             return Vec::new();
@@ -137,13 +151,36 @@ impl Lane {
         if let Some(first) = self.queues[0].front()
             && matches!(&first.entry.op, OutboundOp::Post { key: Some(k), .. } if k == ROOT_KEY)
         {
-            return vec![first];
+            return if first.persisted {
+                vec![first]
+            } else {
+                Vec::new()
+            };
         }
-        self.queues
-            .iter()
-            .filter_map(VecDeque::front)
-            .filter(|q| q.ready_at.is_none_or(|t| t <= now))
-            .collect()
+        let mut heads = Vec::with_capacity(self.queues.len());
+        for q in self.queues.iter().filter_map(VecDeque::front) {
+            if !q.persisted {
+                // It goes first once stored; a lower class must not
+                // overtake it meanwhile.
+                break;
+            }
+            if q.ready_at.is_none_or(|t| t <= now) {
+                heads.push(q);
+            }
+        }
+        heads
+    }
+
+    /// The operation `ticket`'s outbox row committed.
+    pub fn persisted(&mut self, ticket: i64) {
+        if let Some(q) = self
+            .queues
+            .iter_mut()
+            .flatten()
+            .find(|q| q.entry.id == ticket)
+        {
+            q.persisted = true;
+        }
     }
 
     /// The earliest moment a settling status update becomes ready.
@@ -247,6 +284,40 @@ mod tests {
         assert_eq!(ids(&lane), vec![3, 2], "the request before older text");
         lane.in_flight = Some(3);
         assert!(ids(&lane).is_empty(), "one at a time");
+    }
+
+    #[test]
+    fn an_operation_waits_until_its_row_committed() {
+        let mut lane = Lane::default();
+        let now = Instant::now();
+        lane.push(Queued::unpersisted(
+            OutboxEntry {
+                id: 1,
+                lane: "s-1".into(),
+                op: post(Some(ROOT_KEY)),
+            },
+            now,
+        ));
+        assert!(lane.heads(now).is_empty(), "the root is not stored yet");
+        lane.persisted(1);
+        assert_eq!(lane.heads(now).len(), 1);
+        lane.take(1);
+        lane.push(entry(2, post(None)));
+        lane.push(Queued::unpersisted(
+            OutboxEntry {
+                id: 3,
+                lane: "s-1".into(),
+                op: post(Some("req:a")),
+            },
+            now,
+        ));
+        assert!(
+            lane.heads(now).is_empty(),
+            "older chatter does not overtake the request while it is stored"
+        );
+        lane.persisted(3);
+        let ids: Vec<i64> = lane.heads(now).iter().map(|q| q.entry.id).collect();
+        assert_eq!(ids, vec![3, 2]);
     }
 
     #[test]

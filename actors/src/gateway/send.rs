@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
+use super::bookkeeping::Write;
 use super::pacing::{Bucket, Method};
 use super::queue::{Class, Queued};
 use super::{GatewayMsg, GatewayState, ROOT_KEY};
@@ -201,7 +202,8 @@ impl GatewayState {
                 continue;
             };
             if self.already_shown(&lane, &op) {
-                self.finish(&lane, id).await;
+                self.take_done(&lane, id);
+                self.delete_row(id);
                 self.myself.send_message(GatewayMsg::Wake).ok();
                 continue;
             }
@@ -282,14 +284,14 @@ impl GatewayState {
             if key == ROOT_KEY && self.shown.get(lane) == Some(body))
     }
 
-    /// Removes a sent (or moot) operation from its lane and the outbox.
-    async fn finish(&mut self, lane: &str, id: i64) -> Option<Queued> {
+    /// Removes a sent (or moot) operation from its lane; the caller hands
+    /// its row's delete to bookkeeping.
+    fn take_done(&mut self, lane: &str, id: i64) -> Option<Queued> {
         let l = self.lanes.get_mut(lane)?;
         let q = l.take(id);
         if l.is_empty() {
             self.lanes.remove(lane);
         }
-        self.delete_row(id).await;
         q
     }
 
@@ -312,13 +314,16 @@ impl GatewayState {
             Ok(ts) => {
                 l.failures = 0;
                 l.not_before = None;
-                let Some(q) = self.finish(&lane, id).await else {
+                let Some(q) = self.take_done(&lane, id) else {
                     return;
                 };
                 self.note_shown(&lane, &q.entry.op);
                 if let Some(ts) = ts {
                     self.on_posted(&lane, &q.entry.op, ts).await;
                 }
+                // After the remember: a crash never leaves a deleted row
+                // whose message ts the outbox forgot.
+                self.delete_row(id);
             }
             Err(SlackApiError::RateLimited { retry_after }) => {
                 tracing::warn!(%lane, ?bucket, "Slack rate limit: pausing the bucket for {} ms", retry_after.as_millis());
@@ -337,11 +342,10 @@ impl GatewayState {
                     return;
                 };
                 tracing::error!(%lane, op = ?q.entry.op, "Slack refused a message for good: {e}");
-                if id > 0
-                    && let Err(se) = self.args.outbox.fail(id, &e).await
-                {
-                    tracing::error!(id, "cannot mark a Slack message failed: {se}");
-                }
+                self.books.hand(Write::Fail {
+                    ticket: id,
+                    error: e.clone(),
+                });
                 self.fallback(&lane, q.entry.op, &e).await;
                 if self.lanes.get(&lane).is_some_and(|l| l.is_empty()) {
                     self.lanes.remove(&lane);
@@ -397,14 +401,12 @@ impl GatewayState {
             key,
             body: MessageBody::text(text),
         };
-        let id = match self.args.outbox.push(lane, &op).await {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::error!(%lane, "cannot store a fallback message: {e}");
-                self.volatile_id -= 1;
-                self.volatile_id
-            }
-        };
+        let id = self.ticket();
+        self.books.hand(Write::Push {
+            ticket: id,
+            lane: lane.to_owned(),
+            op: op.clone(),
+        });
         let entry = OutboxEntry {
             id,
             lane: lane.to_owned(),
@@ -413,10 +415,11 @@ impl GatewayState {
         self.lanes
             .entry(lane.to_owned())
             .or_default()
-            .push_front(Queued::new(entry, Instant::now()));
+            .push_front(Queued::unpersisted(entry, Instant::now()));
     }
 
-    /// Remembers the ts of a keyed message; a root also becomes the thread.
+    /// Remembers the ts of a keyed message (in memory at once, in the
+    /// outbox through bookkeeping); a root also becomes the thread.
     async fn on_posted(&mut self, lane: &str, op: &OutboundOp, ts: String) {
         let key = match op {
             OutboundOp::Post { key: Some(k), .. } | OutboundOp::Update { key: k, .. } => k,
@@ -430,9 +433,13 @@ impl GatewayState {
             return;
         }
         self.ts_cache.insert(k, ts.clone());
-        if let Err(e) = self.args.outbox.remember(lane, key, &ts).await {
-            tracing::error!(%lane, %key, "cannot remember a Slack message ts: {e}");
-        }
+        // Handed over before the row's delete (bookkeeping keeps order), so
+        // the outbox never forgets the ts of a message it no longer holds.
+        self.books.hand(Write::Remember {
+            lane: lane.to_owned(),
+            key: key.clone(),
+            ts: ts.clone(),
+        });
         if key != ROOT_KEY || lane.starts_with('#') {
             return;
         }

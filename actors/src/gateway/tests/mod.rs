@@ -202,11 +202,21 @@ async fn rig_paced(
     store: Arc<MemoryStore>,
     pacing: PacingPolicy,
 ) -> Rig {
+    rig_over(outbox.clone(), outbox, store, pacing).await
+}
+
+/// A gateway writing through `through` (a wrapper of `outbox`, or it).
+async fn rig_over(
+    through: Arc<dyn Outbox>,
+    outbox: Arc<MemoryOutbox>,
+    store: Arc<MemoryStore>,
+    pacing: PacingPolicy,
+) -> Rig {
     let api = Arc::new(FakeApi::default());
     let threads = Arc::new(Threads::default());
     let args = GatewayArgs {
         api: api.clone(),
-        outbox: outbox.clone(),
+        outbox: through,
         store: store.clone(),
         render: Arc::new(TextRender),
         threads: Some(threads.clone()),
@@ -215,6 +225,7 @@ async fn rig_paced(
             max: Duration::from_millis(40),
         },
         pacing,
+        handoff: Default::default(),
     };
     let (gw, _) = Actor::spawn(None, SlackGateway, args).await.expect("spawn");
     Rig {
@@ -401,6 +412,8 @@ async fn rate_limits_pause_and_nothing_is_lost_or_reordered() {
 async fn request_lifecycle_updates_the_same_message_and_status_line() {
     let r = rig().await;
     r.start("s-1", Some("C1")).await;
+    // The root posted first (else its status update merges into the post).
+    r.drained().await;
     let req = PendingRequest {
         id: "s-1:req-1".into(),
         session_id: SessionId::from("s-1"),
@@ -585,4 +598,5 @@ fn activity(id: &str, what: &str) -> OperatorEvent {
     }
 }
 
+mod bookkeeping;
 mod priority;

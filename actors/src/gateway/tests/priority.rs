@@ -4,7 +4,7 @@
 
 use super::*;
 
-fn permission(id: &str, title: &str) -> PendingRequest {
+pub(super) fn permission(id: &str, title: &str) -> PendingRequest {
     PendingRequest {
         id: format!("{id}:req-1"),
         session_id: SessionId::from(id),
@@ -22,7 +22,7 @@ fn permission(id: &str, title: &str) -> PendingRequest {
 
 impl Rig {
     /// Polls the recorded calls until `pred` holds (10 s at most).
-    async fn until_call(&self, what: &str, pred: impl Fn(&str) -> bool) {
+    pub(super) async fn until_call(&self, what: &str, pred: impl Fn(&str) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.api.calls().iter().any(|c| pred(c)) {
             assert!(
@@ -91,6 +91,7 @@ async fn an_approval_decided_within_the_settle_time_costs_two_calls() {
     )
     .await;
     r.start("s-1", Some("C1")).await;
+    r.drained().await;
     r.emit(activity("s-1", "working"));
     r.until_call("the root saying working", |c| c.ends_with("[working]"))
         .await;
