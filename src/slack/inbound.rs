@@ -8,8 +8,11 @@
 //! thread_ts)` through the supervisor's thread index. Authorization is the
 //! session actor's (owner or operator; it audits refusals); this file only
 //! turns a refusal into an ephemeral message. Events are handled one at a
-//! time, in arrival order, so two replies in a thread steer in order;
-//! `/intercom start` (which waits for the agent's handshake) runs aside, and
+//! time, in arrival order, so two replies in a thread steer in order; button
+//! clicks run aside (each waits for its session to commit the decision, and
+//! clicks on different requests need no order; two on one request are
+//! ordered by its session, the first wins); `/intercom start` (which waits
+//! for the agent's handshake) runs aside, and
 //! so does reviving a session that ended by idle timeout: replies that
 //! arrive in its thread meanwhile are held (by the [`super::revivals`]
 //! actor) and delivered in order after it.
@@ -32,7 +35,7 @@ use intercom_actors::supervisor::{
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use slack_morphism::prelude::*;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 use super::api::BotIdentity;
 use super::commands::{self, CALL_TIMEOUT_MS};
@@ -40,6 +43,11 @@ use super::render;
 use super::revivals::{Revivals, Thread};
 use super::rules::{self, RememberScope, RulesAdmin};
 use crate::root::Current;
+
+/// Button clicks handled at once. A click waits for its session to commit
+/// the decision; handled one after another, every click waited for all
+/// earlier ones (hundreds of milliseconds under load).
+const CLICKS_IN_FLIGHT: usize = 64;
 
 /// How long a revive waits for the ended session's actor to be gone.
 const REVIVE_SETTLE: Duration = Duration::from_secs(5);
@@ -343,11 +351,23 @@ impl Ctx {
     }
 }
 
-/// Handles inbound payloads in order until the channel closes.
+/// Handles inbound payloads in order until the channel closes; button
+/// clicks run aside (at most [`CLICKS_IN_FLIGHT`] at once).
 pub async fn run(ctx: Arc<Ctx>, mut rx: mpsc::Receiver<Inbound>) {
+    let clicks = Arc::new(Semaphore::new(CLICKS_IN_FLIGHT));
     while let Some(item) = rx.recv().await {
         match item {
             Inbound::Command(c) => on_command(&ctx, *c).await,
+            Inbound::Interaction(i) if matches!(*i, SlackInteractionEvent::BlockActions(_)) => {
+                let Ok(permit) = Arc::clone(&clicks).acquire_owned().await else {
+                    return;
+                };
+                let ctx = Arc::clone(&ctx);
+                tokio::spawn(async move {
+                    on_interaction(&ctx, *i).await;
+                    drop(permit);
+                });
+            }
             Inbound::Interaction(i) => on_interaction(&ctx, *i).await,
             Inbound::Event(e) => on_event(&ctx, *e).await,
         }
