@@ -4,11 +4,14 @@
 //! `Content-Length` frames, flushing, broken pipes) away from the protocol
 //! logic. Incoming messages are parsed on a dedicated reader thread and handed
 //! to the logic thread over an `mpsc` channel; outgoing messages go through
-//! [`Writer`], which flushes after every frame. The reader polls stdin so a
-//! scenario can make it close stdin for good ([`close_stdin`]): the server's
-//! next write then fails with a broken pipe while the agent stays up.
+//! [`Writer`], which flushes after every frame. The reader waits in `poll` on
+//! stdin and a wake pipe, so a scenario can make it close stdin for good
+//! ([`close_stdin`]): the server's next write then fails with a broken pipe
+//! while the agent stays up. An idle agent does not wake at all.
 
 use std::io::{self, BufRead, BufReader, Read, StdoutLock, Write};
+use std::os::fd::RawFd;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread;
@@ -55,13 +58,30 @@ pub fn spawn_reader(framing: Framing) -> Receiver<Inbound> {
 static CLOSE_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// Set by the reader once fd 0 is closed.
 static STDIN_CLOSED: AtomicBool = AtomicBool::new(false);
-/// How often the reader looks at [`CLOSE_REQUESTED`] while stdin is quiet.
-const POLL_MS: i32 = 20;
+/// A pipe [`close_stdin`] writes to, so the reader, blocked in `poll` on
+/// stdin and this pipe, wakes for a close request. (It used to poll every
+/// 20 ms instead: hundreds of idle agents then woke 50 times a second each
+/// and took a core from the server the load bench measures.)
+static WAKE: OnceLock<Option<(RawFd, RawFd)>> = OnceLock::new();
+
+/// The wake pipe's (read, write) ends, made on first use.
+fn wake_pipe() -> Option<(RawFd, RawFd)> {
+    *WAKE.get_or_init(|| {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        let made = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        (made == 0).then_some((fds[0], fds[1]))
+    })
+}
 
 /// Closes stdin for good (the read end of the pipe), waiting up to a second
 /// for the reader thread to do it; true once it is closed.
 pub fn close_stdin() -> bool {
     CLOSE_REQUESTED.store(true, Ordering::SeqCst);
+    if let Some((_, write_end)) = wake_pipe() {
+        // SAFETY: one byte from a valid buffer to our own pipe.
+        let _ = unsafe { libc::write(write_end, [1u8].as_ptr().cast(), 1) };
+    }
     let deadline = Instant::now() + Duration::from_secs(1);
     while !STDIN_CLOSED.load(Ordering::SeqCst) && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(5));
@@ -81,6 +101,7 @@ struct PolledStdin;
 
 impl Read for PolledStdin {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let wake = wake_pipe();
         loop {
             if CLOSE_REQUESTED.load(Ordering::SeqCst) {
                 // SAFETY: closing fd 0, which only this thread reads.
@@ -88,13 +109,23 @@ impl Read for PolledStdin {
                 STDIN_CLOSED.store(true, Ordering::SeqCst);
                 return Err(io::Error::other("stdin closed by the scenario"));
             }
-            let mut fd = libc::pollfd {
-                fd: 0,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, its length is 1.
-            let ready = unsafe { libc::poll(&mut fd, 1, POLL_MS) };
+            let mut fds = [
+                libc::pollfd {
+                    fd: 0,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: wake.map_or(-1, |(read_end, _)| read_end),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // Without a wake pipe (pipe2 failed), look for a close request
+            // every 20 ms as before.
+            let timeout = if wake.is_some() { -1 } else { 20 };
+            // SAFETY: two valid pollfds (a negative fd is ignored by poll).
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
             if ready < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -102,7 +133,7 @@ impl Read for PolledStdin {
                 }
                 return Err(e);
             }
-            if ready == 0 {
+            if fds[0].revents == 0 {
                 continue;
             }
             // SAFETY: `buf` is valid for `buf.len()` bytes.
