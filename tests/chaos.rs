@@ -662,6 +662,16 @@ fn long_killed_agents() {
 
 // ---- (c) Slack outage -------------------------------------------------------------------
 
+/// The agent's texts in a thread, in order; texts that waited together were
+/// merged into one message (joined by a blank line) and are split back.
+fn prompt_texts(thread: &[emulator::Msg]) -> Vec<String> {
+    thread
+        .iter()
+        .filter(|m| m.text.starts_with("prompt: "))
+        .flat_map(|m| m.text.split("\n\n").map(str::to_owned).collect::<Vec<_>>())
+        .collect()
+}
+
 /// 429s, 5xx answers and a dropped socket while steering and agent output
 /// flow: every outbound message is delivered once, in thread order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -709,23 +719,13 @@ async fn a_slack_outage_loses_duplicates_and_reorders_nothing() {
             "every agent message in the thread",
             slack_common::WAIT,
             |e| {
-                let n = e
-                    .thread(CHANNEL, &root)
-                    .iter()
-                    .filter(|m| m.text.starts_with("prompt: "))
-                    .count();
+                let n = prompt_texts(&e.thread(CHANNEL, &root)).len();
                 (n >= want.len()).then_some(())
             },
         )
         .await;
     rig.until_drained().await;
-    let texts: Vec<String> = rig
-        .emu
-        .thread(CHANNEL, &root)
-        .into_iter()
-        .filter(|m| m.text.starts_with("prompt: "))
-        .map(|m| m.text)
-        .collect();
+    let texts = prompt_texts(&rig.emu.thread(CHANNEL, &root));
     assert_eq!(texts, want, "once each, in order");
     for ts in &replies {
         rig.until_message(ts, "the reply marked delivered", |m| {
