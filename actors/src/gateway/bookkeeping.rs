@@ -199,8 +199,11 @@ struct Planned {
 impl Books {
     /// Writes one batch; reports the pushes it stored.
     async fn apply(&mut self, batch: Vec<Write>) -> Booked {
-        let plan = self.plan(batch);
-        let writes: Vec<OutboxWrite> = plan.iter().map(|p| p.write.clone()).collect();
+        let (tickets, writes): (Vec<Option<i64>>, Vec<OutboxWrite>) = self
+            .plan(batch)
+            .into_iter()
+            .map(|p| (p.ticket, p.write))
+            .unzip();
         let results = match self.outbox.apply(&writes).await {
             Ok(ids) => ids.into_iter().map(Ok).collect(),
             Err(e) => {
@@ -212,8 +215,8 @@ impl Books {
             }
         };
         let mut booked = Booked::default();
-        for (p, result) in plan.into_iter().zip(results) {
-            self.settle(p, result, &mut booked);
+        for ((ticket, write), result) in tickets.into_iter().zip(writes).zip(results) {
+            self.settle(Planned { ticket, write }, result, &mut booked);
         }
         booked
     }

@@ -114,6 +114,7 @@ async fn gated_rig(gate: Gate) -> (Rig, Arc<GatedOutbox>) {
         memory,
         Arc::new(MemoryStore::new()),
         PacingPolicy::unpaced(),
+        Handoff::default(),
     )
     .await;
     (rig, gated)
@@ -236,4 +237,48 @@ async fn a_failing_delete_is_retried_and_the_ts_kept() {
             .as_deref(),
         Some("2.000")
     );
+}
+
+#[tokio::test]
+async fn a_restarted_gateway_reads_the_outbox_after_the_old_bookkeeping_finished() {
+    let memory = Arc::new(MemoryOutbox::new());
+    let gated = GatedOutbox::new(memory.clone(), Gate::Open);
+    let handoff = Handoff::default();
+    let store = Arc::new(MemoryStore::new());
+    let first = rig_over(
+        gated.clone(),
+        memory.clone(),
+        store.clone(),
+        PacingPolicy::unpaced(),
+        handoff.clone(),
+    )
+    .await;
+    first.start("s-1", Some("C1")).await;
+    first.drained().await;
+    gated.set(Gate::HoldDeletes);
+    first.notice("s-1", "n1");
+    first
+        .until_call("n1 reached Slack", |c| c.ends_with("notice n1"))
+        .await;
+    first.until_backlog(1).await;
+    // The gateway dies (a panic: no post_stop) with n1's delete in flight;
+    // Root restarts it with the same arguments.
+    first.gw.kill();
+    let restart = tokio::spawn(rig_over(
+        gated.clone(),
+        memory.clone(),
+        store,
+        PacingPolicy::unpaced(),
+        handoff,
+    ));
+    tokio::task::yield_now().await;
+    gated.set(Gate::Open);
+    let second = restart.await.expect("restart");
+    second.drained().await;
+    assert!(
+        second.api.calls().is_empty(),
+        "n1's delete landed before the outbox was read back: {:?}",
+        second.api.calls()
+    );
+    assert!(memory.pending().await.expect("pending").is_empty());
 }

@@ -202,15 +202,17 @@ async fn rig_paced(
     store: Arc<MemoryStore>,
     pacing: PacingPolicy,
 ) -> Rig {
-    rig_over(outbox.clone(), outbox, store, pacing).await
+    rig_over(outbox.clone(), outbox, store, pacing, Handoff::default()).await
 }
 
-/// A gateway writing through `through` (a wrapper of `outbox`, or it).
+/// A gateway writing through `through` (a wrapper of `outbox`, or it);
+/// `handoff` is shared with an earlier incarnation, if any.
 async fn rig_over(
     through: Arc<dyn Outbox>,
     outbox: Arc<MemoryOutbox>,
     store: Arc<MemoryStore>,
     pacing: PacingPolicy,
+    handoff: Handoff,
 ) -> Rig {
     let api = Arc::new(FakeApi::default());
     let threads = Arc::new(Threads::default());
@@ -225,7 +227,7 @@ async fn rig_over(
             max: Duration::from_millis(40),
         },
         pacing,
-        handoff: Default::default(),
+        handoff,
     };
     let (gw, _) = Actor::spawn(None, SlackGateway, args).await.expect("spawn");
     Rig {
