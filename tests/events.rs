@@ -224,7 +224,8 @@ fn a_rule_remembered_through_the_api_is_told_as_a_notice() {
     let http = &server.http;
     let session = http.start("write notes");
     let id = session["id"].as_str().expect("id").to_owned();
-    let stream = Stream::open(&http.base, &format!("/api/events?session={id}"), None);
+    // From the first event on: the request may be out before the stream is.
+    let stream = Stream::open(&http.base, &format!("/api/events?session={id}"), Some(0));
     stream.until("the request", |e| kind(e) == "request_opened");
     let decided = http.post(
         &format!("/api/approvals/{id}:req-1"),

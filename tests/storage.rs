@@ -354,6 +354,42 @@ async fn decide_is_atomic_and_close_after_decide_is_a_noop() {
 }
 
 #[tokio::test]
+async fn a_decision_and_its_audit_entry_are_stored_together_or_not_at_all() {
+    let store = mem().await;
+    store.create_session(&session("s-1", 1)).await.expect("s1");
+    let r = request("s-1", 1, 10);
+    store.insert_request(&r).await.expect("insert");
+    let entry = |option: &str| AuditEntry {
+        session_id: Some(SessionId::from("s-1")),
+        actor: "U1".into(),
+        action: "request.decided".into(),
+        detail: serde_json::json!({"request": r.id, "option": option}),
+    };
+    store
+        .decide_request_audited(&r.id, &decision("allow"), &entry("allow"))
+        .await
+        .expect("first");
+    // The losing decision is refused, and leaves no audit entry behind.
+    assert!(matches!(
+        store
+            .decide_request_audited(&r.id, &decision("reject"), &entry("reject"))
+            .await,
+        Err(StoreError::AlreadyResolved { .. })
+    ));
+    let log: Vec<AuditEntry> = store
+        .audit_log(None)
+        .await
+        .expect("log")
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    assert_eq!(log, [entry("allow")]);
+    let (stored, decided) = store.get_request(&r.id).await.expect("get").expect("row");
+    assert_eq!(stored.status, RequestStatus::Decided);
+    assert_eq!(decided.expect("decision").option_id, "allow");
+}
+
+#[tokio::test]
 async fn concurrent_decisions_have_exactly_one_winner() {
     let store = std::sync::Arc::new(mem().await);
     store.create_session(&session("s-1", 1)).await.expect("s1");

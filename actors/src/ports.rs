@@ -105,6 +105,18 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Records a decision on a pending request, atomically: fails with
     /// [`StoreError::AlreadyResolved`] unless it is still pending.
     async fn decide_request(&self, id: &str, decision: &Decision) -> Result<(), StoreError>;
+    /// Records a decision (as [`SessionStore::decide_request`]) and its
+    /// audit entry as one write: both are stored, or neither. The default
+    /// makes two writes.
+    async fn decide_request_audited(
+        &self,
+        id: &str,
+        decision: &Decision,
+        entry: &AuditEntry,
+    ) -> Result<(), StoreError> {
+        self.decide_request(id, decision).await?;
+        self.audit(entry).await
+    }
     /// Marks a pending request cancelled or expired (no-op when already resolved).
     async fn close_request(&self, id: &str, status: RequestStatus) -> Result<(), StoreError>;
     /// One request with its decision, if any.

@@ -13,7 +13,7 @@ use intercom_actors::model::{
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
 use intercom_actors::ports::{Clearance, SessionStore, StoreError};
-use sqlx::sqlite::SqliteQueryResult;
+use sqlx::sqlite::{SqliteConnection, SqliteQueryResult};
 
 use super::rows::{
     MessageRow, RequestRow, SessionRow, SteeringRow, request_columns, session_columns,
@@ -409,42 +409,23 @@ impl SessionStore for SqliteStore {
     }
 
     async fn decide_request(&self, id: &str, decision: &Decision) -> Result<(), StoreError> {
-        const OP: &str = "decide request";
         self.write((id.to_owned(), decision.clone()), |(id, decision), conn| {
+            Box::pin(decide_on(conn, id, decision))
+        })
+        .await
+    }
+
+    async fn decide_request_audited(
+        &self,
+        id: &str,
+        decision: &Decision,
+        entry: &AuditEntry,
+    ) -> Result<(), StoreError> {
+        let data = (id.to_owned(), decision.clone(), AuditRow::of(entry)?);
+        self.write(data, |(id, decision, row), conn| {
             Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE requests SET status = 'decided', option_id = ?, approved = ?, \
-                     reason = ?, decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
-                )
-                .bind(&decision.option_id)
-                .bind(decision.approved)
-                .bind(&decision.reason)
-                .bind(&decision.decided_by)
-                .bind(decision.decided_at)
-                .bind(id)
-                .execute(&mut *conn)
-                .await
-                .map_err(backend(OP))?;
-                if done.rows_affected() == 1 {
-                    return Ok(());
-                }
-                // Same transaction, so the status read here is the one that
-                // made the update miss.
-                let status: Option<String> =
-                    sqlx::query_scalar("SELECT status FROM requests WHERE id = ?")
-                        .bind(id)
-                        .fetch_optional(conn)
-                        .await
-                        .map_err(backend(OP))?;
-                match status {
-                    None => Err(StoreError::NotFound {
-                        what: format!("request {id}"),
-                    }),
-                    Some(status) => Err(StoreError::AlreadyResolved {
-                        id: id.clone(),
-                        status,
-                    }),
-                }
+                decide_on(&mut *conn, id, decision).await?;
+                row.insert_on(conn).await
             })
         })
         .await
@@ -635,32 +616,88 @@ impl SessionStore for SqliteStore {
     }
 
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        const OP: &str = "append audit entry";
-        let detail = to_json(OP, &entry.detail)?;
-        let data = (
-            entry.session_id.clone(),
-            entry.actor.clone(),
-            entry.action.clone(),
-            detail,
-            now_ms(),
-        );
-        self.write(data, |(session_id, actor, action, detail, now), conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO audit (at, session_id, actor, action, detail) \
-                     VALUES (?, ?, ?, ?, ?)",
-                )
-                .bind(now)
-                .bind(session_id.as_ref().map(|s| s.0.as_str()))
-                .bind(actor)
-                .bind(action)
-                .bind(detail)
-                .execute(conn)
-                .await
-                .map_err(backend(OP))?;
-                Ok(())
-            })
+        self.write(AuditRow::of(entry)?, |row, conn| {
+            Box::pin(row.insert_on(conn))
         })
         .await
+    }
+}
+
+/// Records `decision` on request `id` if it is still pending (on the
+/// writer's connection, inside its transaction).
+async fn decide_on(
+    conn: &mut SqliteConnection,
+    id: &str,
+    decision: &Decision,
+) -> Result<(), StoreError> {
+    const OP: &str = "decide request";
+    let done = sqlx::query(
+        "UPDATE requests SET status = 'decided', option_id = ?, approved = ?, \
+         reason = ?, decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
+    )
+    .bind(&decision.option_id)
+    .bind(decision.approved)
+    .bind(&decision.reason)
+    .bind(&decision.decided_by)
+    .bind(decision.decided_at)
+    .bind(id)
+    .execute(&mut *conn)
+    .await
+    .map_err(backend(OP))?;
+    if done.rows_affected() == 1 {
+        return Ok(());
+    }
+    // Same transaction, so the status read here is the one that made the
+    // update miss.
+    let status: Option<String> = sqlx::query_scalar("SELECT status FROM requests WHERE id = ?")
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+        .map_err(backend(OP))?;
+    match status {
+        None => Err(StoreError::NotFound {
+            what: format!("request {id}"),
+        }),
+        Some(status) => Err(StoreError::AlreadyResolved {
+            id: id.to_owned(),
+            status,
+        }),
+    }
+}
+
+/// An audit entry as stored.
+struct AuditRow {
+    session_id: Option<SessionId>,
+    actor: String,
+    action: String,
+    detail: String,
+    at: i64,
+}
+
+impl AuditRow {
+    fn of(entry: &AuditEntry) -> Result<AuditRow, StoreError> {
+        Ok(AuditRow {
+            session_id: entry.session_id.clone(),
+            actor: entry.actor.clone(),
+            action: entry.action.clone(),
+            detail: to_json("append audit entry", &entry.detail)?,
+            at: now_ms(),
+        })
+    }
+
+    /// Appends the row (on the writer's connection).
+    async fn insert_on(&self, conn: &mut SqliteConnection) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO audit (at, session_id, actor, action, detail) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(self.at)
+        .bind(self.session_id.as_ref().map(|s| s.0.as_str()))
+        .bind(&self.actor)
+        .bind(&self.action)
+        .bind(&self.detail)
+        .execute(conn)
+        .await
+        .map_err(backend("append audit entry"))?;
+        Ok(())
     }
 }

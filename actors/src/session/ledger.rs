@@ -37,7 +37,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::stream::FuturesOrdered;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::ports::{OperatorEvent, OperatorSink};
+use crate::ports::{OperatorEvent, OperatorSink, StoreError};
 
 /// At most this many entries are in flight at once; more wait in the queue.
 const MAX_IN_FLIGHT: usize = 256;
@@ -106,8 +106,8 @@ impl Ledger {
     /// answer comes once every earlier entry is done too.
     pub(super) async fn wait<T: Send + 'static>(
         &self,
-        write: impl Future<Output = T> + Send + 'static,
-    ) -> T {
+        write: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
         if self.idle() {
             return write.await;
         }
@@ -118,17 +118,18 @@ impl Ledger {
                 let _ = answer.send(value);
             }))
         }));
-        match answered.await {
-            Ok(value) => value,
-            // The task ran the entry but could not answer: cannot happen
-            // while this handle lives; the write itself is not lost.
-            Err(_) => std::future::pending().await,
-        }
+        // No answer only if the write panicked (the task carries on).
+        answered.await.unwrap_or_else(|_| {
+            Err(StoreError::Backend {
+                op: "write",
+                message: "the write failed inside the session's ledger".into(),
+            })
+        })
     }
 
     /// Waits until everything queued so far is done.
     pub(super) async fn settle(&self) {
-        self.wait(async {}).await;
+        let _ = self.wait(async { Ok(()) }).await;
     }
 
     /// Tells the operator, after every write queued before it finished.
@@ -203,6 +204,24 @@ fn finish(done: Completion, sink: &dyn OperatorSink) {
     }
 }
 
+/// An entry whose panic is caught: a bug in one write must not take the
+/// session's later writes and events down with the task.
+type CaughtEntry = BoxFuture<'static, Completion>;
+
+fn caught(entry: Entry) -> CaughtEntry {
+    Box::pin(async move {
+        match std::panic::AssertUnwindSafe(entry).catch_unwind().await {
+            Ok(done) => done,
+            Err(_) => {
+                tracing::error!(
+                    "a write in a session's ledger panicked; its caller is told it failed"
+                );
+                Completion::Nothing
+            }
+        }
+    })
+}
+
 /// The ledger task: starts every entry as soon as it arrives (so writes
 /// reach the store in order), completes them in the same order, and ends
 /// once the session dropped its handle and everything is done.
@@ -211,7 +230,7 @@ async fn run(
     sink: Arc<dyn OperatorSink>,
     in_flight: Arc<AtomicUsize>,
 ) {
-    let mut running: FuturesOrdered<Entry> = FuturesOrdered::new();
+    let mut running: FuturesOrdered<CaughtEntry> = FuturesOrdered::new();
     let mut open = true;
     while open || !running.is_empty() {
         tokio::select! {
@@ -221,7 +240,7 @@ async fn run(
                 in_flight.fetch_sub(1, Ordering::AcqRel);
             }
             entry = queue.recv(), if open && running.len() < MAX_IN_FLIGHT => match entry {
-                Some(entry) => running.push_back(entry),
+                Some(entry) => running.push_back(caught(entry)),
                 None => open = false,
             },
         }
@@ -304,14 +323,14 @@ mod tests {
         let log2 = Arc::clone(&log);
         let answer = ledger.wait(async move {
             log2.0.lock().expect("log").push("wrote second".into());
-            7
+            Ok(7)
         });
         tokio::pin!(answer);
         tokio::time::timeout(Duration::from_millis(50), &mut answer)
             .await
             .expect_err("the answer must wait for the first write");
         first.send(()).expect("release");
-        assert_eq!(answer.await, 7);
+        assert_eq!(answer.await.expect("answer"), 7);
         let log = log.0.lock().expect("log").clone();
         assert!(log.contains(&"wrote first".to_owned()), "{log:?}");
     }
@@ -322,7 +341,7 @@ mod tests {
         let ledger = Ledger::start(log.clone());
         ledger.emit(text("now"));
         assert_eq!(*log.0.lock().expect("log"), vec!["event now".to_owned()]);
-        assert_eq!(ledger.wait(async { 3 }).await, 3);
+        assert_eq!(ledger.wait(async { Ok(3) }).await.expect("answer"), 3);
     }
 
     #[tokio::test]
@@ -350,6 +369,28 @@ mod tests {
             let _ = go.send(());
         }
         ledger.settle().await;
+    }
+
+    #[tokio::test]
+    async fn a_write_that_panics_fails_alone_and_the_ledger_goes_on() {
+        let log = Arc::new(Recorder::default());
+        let ledger = Ledger::start(log.clone());
+        let (go, write) = slow_write(&log, "first");
+        ledger.queue(write);
+        let failed = ledger.wait(async {
+            if true {
+                panic!("a bug in a write");
+            }
+            Ok(1)
+        });
+        go.send(()).expect("release");
+        assert!(failed.await.is_err(), "the waiter is told");
+        ledger.emit(text("still here"));
+        ledger.settle().await;
+        assert_eq!(
+            *log.0.lock().expect("log"),
+            vec!["wrote first".to_owned(), "event still here".to_owned()]
+        );
     }
 
     #[tokio::test]

@@ -684,13 +684,15 @@ impl Actor for SessionActor {
         }) {
             Ok(child) => {
                 let pid = child.pid();
-                if let Some(start) = crate::child::start_time(pid)
-                    && let Err(e) = state
-                        .store
-                        .set_agent_process(&state.record.id, Some((pid, start)))
-                        .await
-                {
-                    tracing::warn!(session = %state.record.id, "cannot record the agent's pid: {e}");
+                if let Some(start) = crate::child::start_time(pid) {
+                    // Queued: only a later server start reads it (to stop an
+                    // agent a crashed server left behind).
+                    let (store, id) = (Arc::clone(&state.store), state.record.id.clone());
+                    state.ledger.queue(async move {
+                        if let Err(e) = store.set_agent_process(&id, Some((pid, start))).await {
+                            tracing::warn!(session = %id, "cannot record the agent's pid: {e}");
+                        }
+                    });
                 }
                 state.child = Some(child);
             }

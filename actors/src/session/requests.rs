@@ -11,7 +11,9 @@ use serde_json::json;
 
 use super::toolcalls::Cover;
 use super::{Caller, Choice, Pending, SessionError, SessionState};
-use crate::model::{Decision, MessageKind, OptionKind, RequestKind, RequestStatus, Role, now_ms};
+use crate::model::{
+    AuditEntry, Decision, MessageKind, OptionKind, RequestKind, RequestStatus, Role, now_ms,
+};
 use crate::ports::OperatorEvent;
 use crate::protocol::acp;
 use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
@@ -70,13 +72,21 @@ impl SessionState {
             decided_at: now_ms(),
         };
         // Commit first; only a recorded decision reaches the agent.
+        // The audit entry is part of the same write: stored with the
+        // decision, before the agent hears of it, in one commit.
+        let entry = AuditEntry {
+            session_id: Some(self.record.id.clone()),
+            actor: decided_by.to_owned(),
+            action: "request.decided".to_owned(),
+            detail: json!({"request": pending.record.id, "option": decision.option_id, "approved": decision.approved, "reason": decision.reason}),
+        };
         let (store, id, decided) = (
             Arc::clone(&self.store),
             pending.record.id.clone(),
             decision.clone(),
         );
         self.ledger
-            .wait(async move { store.decide_request(&id, &decided).await })
+            .wait(async move { store.decide_request_audited(&id, &decided, &entry).await })
             .await?;
         self.pending.remove(&n);
         if decision.approved
@@ -85,12 +95,6 @@ impl SessionState {
             self.toolcalls.grant(&pending.record.id, announced);
         }
         self.answer(&pending, &decision).await;
-        self.audit(
-            decided_by,
-            "request.decided",
-            json!({"request": pending.record.id, "option": decision.option_id, "approved": decision.approved, "reason": decision.reason}),
-        )
-        .await;
         self.emit(OperatorEvent::RequestClosed {
             session_id: self.id().clone(),
             id: pending.record.id.clone(),
