@@ -135,16 +135,21 @@ impl Bookkeeper {
         }
     }
 
-    /// Hands a write over; never waits.
-    pub(super) fn hand(&mut self, write: Write) {
+    /// Hands a write over; never waits. False when bookkeeping is gone
+    /// (logged): nothing will report the write.
+    pub(super) fn hand(&mut self, write: Write) -> bool {
         let Some(jobs) = &self.jobs else {
             tracing::error!(?write, "Slack outbox bookkeeping is closed; write dropped");
-            return;
+            return false;
         };
         match jobs.send(write) {
-            Ok(()) => self.unsettled += 1,
+            Ok(()) => {
+                self.unsettled += 1;
+                true
+            }
             Err(e) => {
-                tracing::error!(write = ?e.0, "Slack outbox bookkeeping is gone; write dropped")
+                tracing::error!(write = ?e.0, "Slack outbox bookkeeping is gone; write dropped");
+                false
             }
         }
     }

@@ -62,19 +62,8 @@ impl GatewayState {
     /// Hands the operation to bookkeeping (write-ahead) and queues it; it
     /// may be sent once its push committed ([`Self::on_booked`]).
     async fn append(&mut self, lane: &str, op: OutboundOp, text: Option<String>) {
-        let id = self.ticket();
-        self.books.hand(Write::Push {
-            ticket: id,
-            lane: lane.to_owned(),
-            op: op.clone(),
-        });
         let now = Instant::now();
-        let entry = OutboxEntry {
-            id,
-            lane: lane.to_owned(),
-            op,
-        };
-        let mut q = Queued::unpersisted(entry, now);
+        let mut q = self.written_ahead(lane, op, now);
         q.text = text;
         if q.class == Class::Status && !self.pacer.policy().status_settle.is_zero() {
             q.ready_at = Some(now + self.pacer.policy().status_settle);
@@ -147,6 +136,28 @@ impl GatewayState {
     /// Hands the removal of a delivered (or moot) operation to bookkeeping.
     pub(super) fn delete_row(&mut self, ticket: i64) {
         self.books.hand(Write::Delete { ticket });
+    }
+
+    /// A new operation under a fresh ticket, its push handed to
+    /// bookkeeping; it waits for the push to commit. Should bookkeeping be
+    /// gone (a bug), it is sent without a row rather than never.
+    pub(super) fn written_ahead(&mut self, lane: &str, op: OutboundOp, now: Instant) -> Queued {
+        let id = self.ticket();
+        let handed = self.books.hand(Write::Push {
+            ticket: id,
+            lane: lane.to_owned(),
+            op: op.clone(),
+        });
+        let entry = OutboxEntry {
+            id,
+            lane: lane.to_owned(),
+            op,
+        };
+        if handed {
+            Queued::unpersisted(entry, now)
+        } else {
+            Queued::new(entry, now)
+        }
     }
 
     /// The next operation's ticket.

@@ -20,7 +20,7 @@ use super::pacing::{Bucket, Method};
 use super::queue::{Class, Queued};
 use super::{GatewayMsg, GatewayState, ROOT_KEY};
 use crate::model::SessionId;
-use crate::slack_port::{MessageBody, OutboundOp, OutboxEntry, SlackApi, SlackApiError, Snippet};
+use crate::slack_port::{MessageBody, OutboundOp, SlackApi, SlackApiError, Snippet};
 
 /// A call resolved against known message timestamps.
 pub(super) enum Call {
@@ -401,21 +401,8 @@ impl GatewayState {
             key,
             body: MessageBody::text(text),
         };
-        let id = self.ticket();
-        self.books.hand(Write::Push {
-            ticket: id,
-            lane: lane.to_owned(),
-            op: op.clone(),
-        });
-        let entry = OutboxEntry {
-            id,
-            lane: lane.to_owned(),
-            op,
-        };
-        self.lanes
-            .entry(lane.to_owned())
-            .or_default()
-            .push_front(Queued::unpersisted(entry, Instant::now()));
+        let q = self.written_ahead(lane, op, Instant::now());
+        self.lanes.entry(lane.to_owned()).or_default().push_front(q);
     }
 
     /// Remembers the ts of a keyed message (in memory at once, in the
