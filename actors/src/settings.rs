@@ -61,6 +61,8 @@ pub struct WorkspaceEntry {
 pub struct Limits {
     /// Live sessions at once.
     pub max_sessions: usize,
+    /// Sessions spawning and handshaking at once; later starts wait their turn.
+    pub max_concurrent_starts: usize,
     /// Spawn + handshake must finish within this.
     pub startup_timeout_secs: u64,
     /// A prompt with no answer within this is noted (the session stays active).
@@ -85,6 +87,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_sessions: 5,
+            max_concurrent_starts: 4,
             startup_timeout_secs: 30,
             prompt_timeout_secs: 60,
             idle_timeout_secs: 1800,

@@ -28,6 +28,7 @@ use crate::session::{
 };
 use crate::settings::{AgentProfile, SupervisionPolicy};
 
+mod admission;
 pub mod directory;
 mod operator;
 pub mod threads;
@@ -140,6 +141,8 @@ pub enum SupervisorMsg {
     },
     /// A restart's backoff elapsed.
     RestartDue(SessionId),
+    /// A start that was admitted finished (ready or failed): admit the next.
+    StartFinished,
     /// Steer a session: handed to its actor, or, while the session waits
     /// for a restart, stored for the restarted agent (answered `queued`).
     Steer {
@@ -273,6 +276,8 @@ pub struct SupervisorState {
     sessions: HashMap<SessionId, Entry>,
     bridge_tokens: HashMap<String, SessionId>,
     shutdown: Option<RpcReplyPort<()>>,
+    /// Starts in flight and the ones waiting for their turn.
+    admission: admission::Admission,
 }
 
 /// The SessionSupervisor handler.
@@ -296,6 +301,7 @@ impl Actor for SessionSupervisor {
             sessions: HashMap::new(),
             bridge_tokens: HashMap::new(),
             shutdown: None,
+            admission: admission::Admission::default(),
         })
     }
 
@@ -306,7 +312,8 @@ impl Actor for SessionSupervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SupervisorMsg::Start { req, reply } => state.start(req, reply).await,
+            SupervisorMsg::Start { req, reply } => state.request_start(req, reply).await,
+            SupervisorMsg::StartFinished => state.start_finished().await,
             SupervisorMsg::Attach { req, reply } => state.attach(req, reply).await,
             SupervisorMsg::ResolveBridgeToken { token, reply } => {
                 let id = state
@@ -560,7 +567,10 @@ impl SupervisorState {
         }
     }
 
-    async fn start(
+    /// A start as asked: refused at once when it cannot succeed, run now
+    /// when fewer than `limits.max_concurrent_starts` are starting, queued
+    /// otherwise ([`admission`]).
+    async fn request_start(
         &mut self,
         req: StartRequest,
         reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
@@ -569,15 +579,53 @@ impl SupervisorState {
             let _ = reply.send(Err(SupervisorError::ShuttingDown));
             return;
         }
+        let max = self.args.settings.limits.max_sessions;
+        if self.agent_sessions() + self.admission.waiting() >= max {
+            tracing::warn!(max, "session limit reached");
+            let _ = reply.send(Err(SupervisorError::LimitReached { max }));
+            return;
+        }
+        let limit = self.args.settings.limits.max_concurrent_starts;
+        let start = admission::WaitingStart { req, reply };
+        if let Some(now) = self.admission.admit(start, limit) {
+            self.start(now.req, now.reply).await;
+        }
+    }
+
+    /// An admitted start finished: the next waiting one runs.
+    async fn start_finished(&mut self) {
+        let limit = self.args.settings.limits.max_concurrent_starts;
+        if let Some(next) = self.admission.finished(limit) {
+            self.start(next.req, next.reply).await;
+        }
+    }
+
+    /// Tells the supervisor that the start it is running finished.
+    fn start_done(&self) {
+        let _ = self.myself.send_message(SupervisorMsg::StartFinished);
+    }
+
+    async fn start(
+        &mut self,
+        req: StartRequest,
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    ) {
+        if self.shutdown.is_some() {
+            let _ = reply.send(Err(SupervisorError::ShuttingDown));
+            self.start_done();
+            return;
+        }
         let prompt = req.prompt.trim().to_owned();
         if crate::model::is_blank_prompt(&prompt) {
             let _ = reply.send(Err(SupervisorError::EmptyPrompt));
+            self.start_done();
             return;
         }
         let max = self.args.settings.limits.max_sessions;
         if self.agent_sessions() >= max {
             tracing::warn!(max, "session limit reached");
             let _ = reply.send(Err(SupervisorError::LimitReached { max }));
+            self.start_done();
             return;
         }
         let record = new_record(
@@ -592,6 +640,7 @@ impl SupervisorState {
 
         if let Err(e) = self.args.store.create_session(&record).await {
             let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
+            self.start_done();
             return;
         }
         if let Some(mode) = req.mode
@@ -599,6 +648,7 @@ impl SupervisorState {
         {
             let _ = self.args.store.delete_session(&record.id).await;
             let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
+            self.start_done();
             return;
         }
         self.args.sink.emit(OperatorEvent::SessionStarted {
@@ -621,6 +671,7 @@ impl SupervisorState {
                     reason: Some(err.to_string()),
                 });
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
+                self.start_done();
                 return;
             }
         };
@@ -638,6 +689,7 @@ impl SupervisorState {
         );
         // Wait for the handshake off the supervisor's mailbox.
         let sink = self.args.sink.clone();
+        let me = self.myself.clone();
         tokio::spawn(async move {
             let outcome = match rx.await {
                 Ok(Ok(())) => match store.get_session(&id).await {
@@ -667,6 +719,7 @@ impl SupervisorState {
                 }
             };
             let _ = reply.send(outcome);
+            let _ = me.send_message(SupervisorMsg::StartFinished);
         });
     }
 
@@ -1116,6 +1169,9 @@ impl SupervisorState {
 
     async fn begin_shutdown(&mut self, reply: RpcReplyPort<()>) {
         self.shutdown = Some(reply);
+        for waiting in self.admission.drain() {
+            let _ = waiting.reply.send(Err(SupervisorError::ShuttingDown));
+        }
         let ids: Vec<SessionId> = self.sessions.keys().cloned().collect();
         for id in ids {
             let actor = self.sessions.get(&id).and_then(|e| e.actor.clone());

@@ -895,3 +895,70 @@ async fn agent_and_operator_activity_move_last_activity_at() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn starts_past_max_concurrent_starts_wait_for_a_start_to_finish() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            max_concurrent_starts: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    // A: admitted, its agent stuck in the handshake.
+    let stuck = h.request(h.profile(json!({"handshake_delay_ms": 120_000})), "stuck");
+    let (a_tx, a_rx) = ractor::concurrency::oneshot();
+    h.sup
+        .send_message(SupervisorMsg::Start {
+            req: stuck,
+            reply: a_tx.into(),
+        })
+        .expect("send A");
+    let a_id = match h
+        .until("A started", |e| {
+            matches!(e, OperatorEvent::SessionStarted { .. })
+        })
+        .await
+    {
+        OperatorEvent::SessionStarted { session } => session.id,
+        _ => unreachable!("matched above"),
+    };
+    // B: asked while A is starting.
+    let quick = h.request(
+        h.profile(json!({"turns": [[{"chunk": "b here"}]]})),
+        "quick",
+    );
+    let (b_tx, b_rx) = ractor::concurrency::oneshot();
+    h.sup
+        .send_message(SupervisorMsg::Start {
+            req: quick,
+            reply: b_tx.into(),
+        })
+        .expect("send B");
+    // The supervisor handles messages in order: once it answers this, it
+    // has taken B's start, and must have queued it.
+    assert_eq!(h.live_count().await, 1, "only A runs");
+    let started = h
+        .sink
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, OperatorEvent::SessionStarted { .. }))
+        .count();
+    assert_eq!(started, 1, "B waits for A's start to finish");
+
+    // A's start ends (stopped mid-handshake): B is admitted and starts.
+    let stopped = ractor::call!(h.sup, |reply| SupervisorMsg::Stop {
+        id: a_id,
+        caller: Caller::local(),
+        reply,
+    })
+    .expect("stop call");
+    assert!(stopped.is_ok(), "{stopped:?}");
+    assert!(
+        a_rx.await.expect("A answered").is_err(),
+        "A never got ready"
+    );
+    let b = b_rx.await.expect("B answered").expect("B started");
+    h.until_transcript(&b.id, "b here").await;
+}

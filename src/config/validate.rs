@@ -463,6 +463,12 @@ fn limits(l: &super::Limits) -> Result<()> {
             "must be at least 1 (the agent could never ask anything)",
         ));
     }
+    if l.max_concurrent_starts == 0 {
+        return Err(ConfigError::invalid(
+            "limits.max_concurrent_starts",
+            "must be at least 1 (no session could ever start)",
+        ));
+    }
     Ok(())
 }
 
