@@ -167,10 +167,10 @@ impl RowId {
     /// append failed), without waiting.
     pub(super) fn refresh(&mut self) {
         if let RowId::Pending(answer) = self
-            && let Some(arrived) = answer.peek()
+            && let Some(arrived) = answer.clone().now_or_never()
         {
             *self = match arrived {
-                Ok(Some(id)) => RowId::Known(*id),
+                Ok(Some(id)) => RowId::Known(id),
                 _ => RowId::None,
             };
         }
@@ -391,6 +391,26 @@ mod tests {
             *log.0.lock().expect("log"),
             vec!["wrote first".to_owned(), "event still here".to_owned()]
         );
+    }
+
+    #[tokio::test]
+    async fn a_row_id_arrives_or_its_failure_is_noticed() {
+        let (send, answer) = oneshot::channel();
+        let mut row = RowId::pending(answer);
+        row.refresh();
+        assert!(!row.is_none(), "still on its way");
+        let later = row.later();
+        send.send(Some(7)).expect("send");
+        assert_eq!(later.await, Some(7));
+        row.refresh();
+        assert!(matches!(row, RowId::Known(7)));
+
+        // A failed append: the next update appends a new row instead.
+        let (send, answer) = oneshot::channel();
+        let mut failed = RowId::pending(answer);
+        send.send(None).expect("send");
+        failed.refresh();
+        assert!(failed.is_none());
     }
 
     #[tokio::test]
