@@ -30,6 +30,9 @@ impl SessionState {
     pub(super) async fn on_child_event(&mut self, ev: ChildEvent) {
         match ev {
             ChildEvent::Frame(frame, _credit) => {
+                // Holding the credit while the ledger drains slows the
+                // agent's pipe down: queued writes stay bounded.
+                self.ledger.make_room().await;
                 self.count_frame();
                 self.on_activity().await;
                 match frame {

@@ -42,6 +42,13 @@ use crate::ports::{OperatorEvent, OperatorSink, StoreError};
 /// At most this many entries are in flight at once; more wait in the queue.
 const MAX_IN_FLIGHT: usize = 256;
 
+/// With this many entries not yet done, the session takes no more agent
+/// input until they are ([`Ledger::make_room`]): an agent that writes faster
+/// than the store commits is slowed down by its pipe, as when every write
+/// was awaited, instead of growing the queue without bound. The same size
+/// as the pipe reader's window (`child::INBOUND_FRAMES_IN_FLIGHT`).
+pub(super) const HIGH_WATER: usize = 64;
+
 /// What an entry leaves to do once every entry before it is done.
 enum Completion {
     /// Nothing (a queued write that finished).
@@ -125,6 +132,14 @@ impl Ledger {
                 message: "the write failed inside the session's ledger".into(),
             })
         })
+    }
+
+    /// Waits for the queue to drain when [`HIGH_WATER`] entries are not
+    /// yet done (called before each frame from the agent is handled).
+    pub(super) async fn make_room(&self) {
+        if self.in_flight.load(Ordering::Acquire) >= HIGH_WATER {
+            self.settle().await;
+        }
     }
 
     /// Waits until everything queued so far is done.
@@ -411,6 +426,31 @@ mod tests {
         send.send(None).expect("send");
         failed.refresh();
         assert!(failed.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_full_ledger_holds_the_next_frame_until_it_drained() {
+        let log = Arc::new(Recorder::default());
+        let ledger = Ledger::start(log.clone());
+        let mut gates = Vec::new();
+        for _ in 0..HIGH_WATER - 1 {
+            let (go, write) = slow_write(&log, "w");
+            gates.push(go);
+            ledger.queue(write);
+        }
+        // Below the high-water mark: room at once.
+        ledger.make_room().await;
+        let (go, write) = slow_write(&log, "w");
+        gates.push(go);
+        ledger.queue(write);
+        tokio::time::timeout(Duration::from_millis(50), ledger.make_room())
+            .await
+            .expect_err("a full ledger makes the session wait");
+        for go in gates {
+            let _ = go.send(());
+        }
+        ledger.make_room().await;
+        assert_eq!(log.0.lock().expect("log").len(), HIGH_WATER);
     }
 
     #[tokio::test]
