@@ -122,6 +122,17 @@ impl Stmt {
     }
 }
 
+impl SqliteStore {
+    /// One outbox statement as a write of its own (the same SQL a batch
+    /// runs, [`Stmt::run`]).
+    async fn outbox_one(&self, stmt: Stmt) -> Result<Option<i64>, StoreError> {
+        self.write((stmt, now_ms()), |(stmt, now), conn| {
+            Box::pin(stmt.run(*now, conn))
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl Outbox for SqliteStore {
     /// One write through the store's writer: the whole batch runs in one
@@ -141,28 +152,14 @@ impl Outbox for SqliteStore {
     }
 
     async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
-        let json = serde_json::to_string(op).map_err(|e| StoreError::Backend {
+        let stmt = Stmt::Push {
+            lane: lane.to_owned(),
+            json: encode(op, "push outbox")?,
+        };
+        self.outbox_one(stmt).await?.ok_or(StoreError::Backend {
             op: "push outbox",
-            message: format!("cannot encode JSON: {e}"),
-        })?;
-        self.write(
-            (lane.to_owned(), json, now_ms()),
-            |(lane, json, now), conn| {
-                Box::pin(async move {
-                    let done = sqlx::query(
-                        "INSERT INTO slack_outbox (lane, op, created_at) VALUES (?, ?, ?)",
-                    )
-                    .bind(lane)
-                    .bind(json)
-                    .bind(now)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("push outbox"))?;
-                    Ok(done.last_insert_rowid())
-                })
-            },
-        )
-        .await
+            message: "the insert returned no row id".into(),
+        })
     }
 
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -187,72 +184,28 @@ impl Outbox for SqliteStore {
     }
 
     async fn delete(&self, id: i64) -> Result<(), StoreError> {
-        self.write(id, |id, conn| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM slack_outbox WHERE id = ?")
-                    .bind(id)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("delete outbox row"))?;
-                Ok(())
-            })
-        })
-        .await
+        self.outbox_one(Stmt::Delete { id }).await.map(|_| ())
     }
 
     async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
-        let json = serde_json::to_string(op).map_err(|e| StoreError::Backend {
-            op: "replace outbox row",
-            message: format!("cannot encode JSON: {e}"),
-        })?;
-        self.write((id, json), |(id, json), conn| {
-            Box::pin(async move {
-                sqlx::query("UPDATE slack_outbox SET op = ? WHERE id = ? AND status = 'pending'")
-                    .bind(json)
-                    .bind(id)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("replace outbox row"))?;
-                Ok(())
-            })
-        })
-        .await
+        let json = encode(op, "replace outbox row")?;
+        self.outbox_one(Stmt::Replace { id, json })
+            .await
+            .map(|_| ())
     }
 
     async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        self.write((id, error.to_owned()), |(id, error), conn| {
-            Box::pin(async move {
-                sqlx::query("UPDATE slack_outbox SET status = 'failed', error = ? WHERE id = ?")
-                    .bind(error)
-                    .bind(id)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("fail outbox row"))?;
-                Ok(())
-            })
-        })
-        .await
+        let error = error.to_owned();
+        self.outbox_one(Stmt::Fail { id, error }).await.map(|_| ())
     }
 
     async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError> {
-        let data = (lane.to_owned(), key.to_owned(), ts.to_owned(), now_ms());
-        self.write(data, |(lane, key, ts, now), conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO slack_messages (lane, key, ts, created_at) VALUES (?, ?, ?, ?) \
-                     ON CONFLICT (lane, key) DO UPDATE SET ts = excluded.ts",
-                )
-                .bind(lane)
-                .bind(key)
-                .bind(ts)
-                .bind(now)
-                .execute(conn)
-                .await
-                .map_err(backend("remember slack message"))?;
-                Ok(())
-            })
-        })
-        .await
+        let stmt = Stmt::Remember {
+            lane: lane.to_owned(),
+            key: key.to_owned(),
+            ts: ts.to_owned(),
+        };
+        self.outbox_one(stmt).await.map(|_| ())
     }
 
     async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError> {
