@@ -415,6 +415,12 @@ fn validation_errors_name_their_key() {
             "at least 1",
         ),
         (
+            "max_concurrent_starts 0",
+            "[limits]\nmax_concurrent_starts = 0\n".into(),
+            "limits.max_concurrent_starts",
+            "at least 1",
+        ),
+        (
             "max_line_bytes too small",
             "[limits]\nmax_line_bytes = 1023\n".into(),
             "limits.max_line_bytes",
