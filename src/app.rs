@@ -811,7 +811,12 @@ impl App {
         let decision = calls::decide(&actor, answer, CALL_TIMEOUT_MS)
             .await
             .map_err(|e| AppError::actor("session", e))??;
-        let (req, _) = self.approval(global_id).await?;
+        // The session answers only once the decision is stored, and a
+        // decision changes nothing else in the row: no second read needed.
+        let req = PendingRequest {
+            status: RequestStatus::Decided,
+            ..req
+        };
         tracing::info!(request = global_id, option = %decision.option_id, approved = decision.approved, by = %decision.decided_by, "request decided");
         Ok((req, decision))
     }
