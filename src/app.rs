@@ -1152,6 +1152,11 @@ impl crate::slack::RulesAdmin for App {
     fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
         App::workspace_mode(self, workspace)
     }
+
+    fn tell(&self, session: &SessionId, text: &str) -> bool {
+        self.notice(session, text.to_owned());
+        true
+    }
 }
 
 /// The config file used when `--config` is not given.

@@ -801,6 +801,13 @@ async fn allow_always_remembered_for_the_session_answers_matching_requests() {
             .contains(&format!("Rule {} created by {OWNER}", rule.id))
     })
     .await;
+    // It went out through the operator fan-out (console and event stream
+    // too), as a rule remembered from the console does, not to Slack alone.
+    let told = rig.rules.told();
+    assert!(
+        told.iter().any(|t| t.contains(&rule.id)),
+        "the notice was told to every operator side: {told:?}"
+    );
     let audit = rig.store.audit_log(Some(&id)).await.expect("audit");
     assert!(
         audit

@@ -44,6 +44,13 @@ pub trait RulesAdmin: Send + Sync + 'static {
     async fn delete_rule(&self, id: &str, by: &str) -> Result<(), String>;
     /// The approval mode configured for a workspace; `None` means `ask`.
     fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode>;
+    /// Tells every operator side (the session's Slack thread, the console,
+    /// `/api/events`) `text` about `session`, as the server's notices go;
+    /// false when there is no such fan-out here (the caller then posts to
+    /// the Slack thread itself).
+    fn tell(&self, _session: &SessionId, _text: &str) -> bool {
+        false
+    }
 }
 
 /// No rule management (benches, tools): no rules, changes refused.
@@ -482,7 +489,12 @@ pub async fn remember(
         );
         return Ok(());
     }
-    notice(ctx, &session, &remembered_notice(&rule, &reply.user));
+    // Every operator side hears of the new rule, as when it is made from
+    // the console or the API; Slack alone only without the server's fan-out.
+    let told = remembered_notice(&rule, &reply.user);
+    if !ctx.rules.tell(&session, &told) {
+        notice(ctx, &session, &told);
+    }
     let summary = render::rule_summary(&rule);
     reply.send(
         ctx,

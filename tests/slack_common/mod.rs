@@ -17,7 +17,7 @@ use agent_intercom::storage::SqliteStore;
 use intercom_actors::gateway::RetryPolicy;
 use intercom_actors::gateway::pacing::PacingPolicy;
 use intercom_actors::model::{Framing, Protocol, SessionId, SessionRecord};
-use intercom_actors::ports::SessionStore;
+use intercom_actors::ports::{NoticeLevel, OperatorEvent, OperatorSink, SessionStore};
 use intercom_actors::registry::{RegistryMsg, WorkspaceMap, WorkspaceRegistry};
 use intercom_actors::rules::{ApprovalMode, Rule, SharedRules};
 use intercom_actors::session::SessionSettings;
@@ -91,6 +91,17 @@ pub struct HarnessRules {
     config: Vec<Rule>,
     shared: SharedRules,
     sup: RwLock<Option<ActorRef<SupervisorMsg>>>,
+    /// The operator fan-out (here: the Slack event channel), as `App` has.
+    sink: RwLock<Option<Arc<dyn OperatorSink>>>,
+    /// What was told through [`RulesAdmin::tell`].
+    told: RwLock<Vec<String>>,
+}
+
+impl HarnessRules {
+    /// The notices told to every operator side so far.
+    pub fn told(&self) -> Vec<String> {
+        self.told.read().expect("lock").clone()
+    }
 }
 
 impl HarnessRules {
@@ -144,6 +155,19 @@ impl RulesAdmin for HarnessRules {
 
     fn workspace_mode(&self, _workspace: &str) -> Option<ApprovalMode> {
         None
+    }
+
+    fn tell(&self, session: &SessionId, text: &str) -> bool {
+        let Some(sink) = self.sink.read().expect("lock").clone() else {
+            return false;
+        };
+        self.told.write().expect("lock").push(text.to_owned());
+        sink.emit(OperatorEvent::Notice {
+            session_id: session.clone(),
+            level: NoticeLevel::Info,
+            text: text.to_owned(),
+        });
+        true
     }
 }
 
@@ -217,6 +241,8 @@ impl Rig {
             config: options.config_rules.clone(),
             shared: SharedRules::default(),
             sup: RwLock::new(None),
+            sink: RwLock::new(None),
+            told: RwLock::new(Vec::new()),
         });
         rules.refresh().await.expect("load rules");
         let (sup, events) = spawn_supervisor(store.clone(), &options, &rules).await;
@@ -251,6 +277,7 @@ async fn spawn_supervisor(
     rules: &HarnessRules,
 ) -> (ActorRef<SupervisorMsg>, slack::SlackEvents) {
     let (sink, events) = slack::event_channel();
+    let sink_for_rules = Arc::clone(&sink);
     let mut limits = Limits {
         startup_timeout_secs: 20,
         shutdown_grace_secs: 1,
@@ -287,6 +314,7 @@ async fn spawn_supervisor(
         .await
         .expect("supervisor");
     *rules.sup.write().expect("lock") = Some(sup.clone());
+    *rules.sink.write().expect("lock") = Some(sink_for_rules);
     (sup, events)
 }
 
