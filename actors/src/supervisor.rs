@@ -588,7 +588,7 @@ impl SupervisorState {
         let limit = self.args.settings.limits.max_concurrent_starts;
         let start = admission::WaitingStart { req, reply };
         if let Some(now) = self.admission.admit(start, limit) {
-            self.start(now.req, now.reply).await;
+            self.run_admitted(now).await;
         }
     }
 
@@ -596,37 +596,39 @@ impl SupervisorState {
     async fn start_finished(&mut self) {
         let limit = self.args.settings.limits.max_concurrent_starts;
         if let Some(next) = self.admission.finished(limit) {
-            self.start(next.req, next.reply).await;
+            self.run_admitted(next).await;
         }
     }
 
-    /// Tells the supervisor that the start it is running finished.
-    fn start_done(&self) {
-        let _ = self.myself.send_message(SupervisorMsg::StartFinished);
+    /// Runs an admitted start; one that ended at once frees its slot.
+    async fn run_admitted(&mut self, admitted: admission::WaitingStart) {
+        if !self.start(admitted.req, admitted.reply).await {
+            let _ = self.myself.send_message(SupervisorMsg::StartFinished);
+        }
     }
 
+    /// Runs an admitted start; false when it ended here (refused or failed
+    /// to spawn), true when its handshake is awaited aside (that task
+    /// reports `StartFinished`).
     async fn start(
         &mut self,
         req: StartRequest,
         reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
-    ) {
+    ) -> bool {
         if self.shutdown.is_some() {
             let _ = reply.send(Err(SupervisorError::ShuttingDown));
-            self.start_done();
-            return;
+            return false;
         }
         let prompt = req.prompt.trim().to_owned();
         if crate::model::is_blank_prompt(&prompt) {
             let _ = reply.send(Err(SupervisorError::EmptyPrompt));
-            self.start_done();
-            return;
+            return false;
         }
         let max = self.args.settings.limits.max_sessions;
         if self.agent_sessions() >= max {
             tracing::warn!(max, "session limit reached");
             let _ = reply.send(Err(SupervisorError::LimitReached { max }));
-            self.start_done();
-            return;
+            return false;
         }
         let record = new_record(
             req.workspace.clone(),
@@ -640,16 +642,14 @@ impl SupervisorState {
 
         if let Err(e) = self.args.store.create_session(&record).await {
             let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
-            self.start_done();
-            return;
+            return false;
         }
         if let Some(mode) = req.mode
             && let Err(e) = self.args.store.set_approval_mode(&record.id, mode).await
         {
             let _ = self.args.store.delete_session(&record.id).await;
             let _ = reply.send(Err(SupervisorError::Storage(e.to_string())));
-            self.start_done();
-            return;
+            return false;
         }
         self.args.sink.emit(OperatorEvent::SessionStarted {
             session: record.clone(),
@@ -671,8 +671,7 @@ impl SupervisorState {
                     reason: Some(err.to_string()),
                 });
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
-                self.start_done();
-                return;
+                return false;
             }
         };
         self.sessions.insert(
@@ -721,6 +720,7 @@ impl SupervisorState {
             let _ = reply.send(outcome);
             let _ = me.send_message(SupervisorMsg::StartFinished);
         });
+        true
     }
 
     async fn on_exit(&mut self, id: SessionId, exit: SessionExit) {
