@@ -303,7 +303,7 @@ impl SessionState {
             NoticeLevel::Error => MessageKind::Error,
             _ => MessageKind::Text,
         };
-        self.note(Role::System, kind, text).await;
+        self.note(Role::System, kind, text);
         self.emit(OperatorEvent::Notice {
             session_id: self.id().clone(),
             level,

@@ -43,7 +43,7 @@ impl SessionState {
                             self.profile.id, self.settings.limits.max_line_bytes
                         );
                         tracing::warn!(session = %self.record.id, "{text}");
-                        self.note(Role::System, MessageKind::Error, &text).await;
+                        self.note(Role::System, MessageKind::Error, &text);
                     }
                 }
             }
@@ -462,7 +462,7 @@ impl SessionState {
         if text.trim().is_empty() {
             return;
         }
-        self.note(Role::Agent, MessageKind::Thought, &text).await;
+        self.note(Role::Agent, MessageKind::Thought, &text);
         self.emit(OperatorEvent::AgentThought {
             session_id: self.id().clone(),
             text,
@@ -510,19 +510,10 @@ impl SessionState {
             self.text.flushed_at = Instant::now();
             let store = Arc::clone(&self.store);
             let (id, sid) = (self.text.message_id, self.id().clone());
-            let text = self.text.text[self.text.stored..].to_owned();
+            let tail = self.text.text[self.text.stored..].to_owned();
             let written = self
                 .ledger
-                .wait(async move {
-                    match id {
-                        Some(id) => store.append_to_message(id, &text).await.map(|()| id),
-                        None => {
-                            store
-                                .append_message(&sid, Role::Agent, MessageKind::Text, &text)
-                                .await
-                        }
-                    }
-                })
+                .wait(store_text(store, sid, id, tail))
                 .await
                 .map(|id| self.text.message_id = Some(id));
             if let Err(e) = &written {
@@ -643,7 +634,7 @@ impl SessionState {
                 .await;
             }
             DialectIn::Status { message } => {
-                self.note(Role::Agent, MessageKind::Text, &message).await;
+                self.note(Role::Agent, MessageKind::Text, &message);
                 self.emit(OperatorEvent::AgentText {
                     session_id: self.id().clone(),
                     text: message,
@@ -662,7 +653,7 @@ impl SessionState {
         let now = Instant::now();
         self.last_inbound = now;
         self.last_any = now;
-        self.touch_if(true, false).await;
+        self.touch_if(true, false);
         let was_alerted = self.stall.alerted_at.is_some();
         self.stall = Default::default();
         if self.status == SessionStatus::Stalled && self.phase == Phase::Ready {
@@ -714,14 +705,7 @@ impl SessionState {
         let (id, whole) = (self.text.message_id, self.text.text.clone());
         let tail = self.text.text[self.text.stored..].to_owned();
         self.ledger.queue(async move {
-            let written = match id {
-                Some(id) => store.append_to_message(id, &tail).await,
-                None => store
-                    .append_message(&sid, Role::Agent, MessageKind::Text, &whole)
-                    .await
-                    .map(|_| ()),
-            };
-            if let Err(e) = written {
+            if let Err(e) = store_text(store, sid.clone(), id, tail).await {
                 tracing::warn!(session = %sid, "agent text not stored yet, kept for a retry: {e}");
                 let _ = me.send_message(super::SessionMsg::TextNotStored {
                     message_id: id,
@@ -754,5 +738,23 @@ impl SessionState {
                 tracing::warn!(session = %sid, "transcript update failed: {e}");
             }
         });
+    }
+}
+
+/// Stores the part of a text block not yet stored: appended to its row
+/// `id`, or as a new row (`tail` is then the whole block); the row's id.
+async fn store_text(
+    store: Arc<dyn crate::ports::SessionStore>,
+    session: crate::model::SessionId,
+    id: Option<i64>,
+    tail: String,
+) -> Result<i64, crate::ports::StoreError> {
+    match id {
+        Some(id) => store.append_to_message(id, &tail).await.map(|()| id),
+        None => {
+            store
+                .append_message(&session, Role::Agent, MessageKind::Text, &tail)
+                .await
+        }
     }
 }

@@ -219,11 +219,9 @@ fn finish(done: Completion, sink: &dyn OperatorSink) {
     }
 }
 
-/// An entry whose panic is caught: a bug in one write must not take the
+/// The entry with its panic caught: a bug in one write must not take the
 /// session's later writes and events down with the task.
-type CaughtEntry = BoxFuture<'static, Completion>;
-
-fn caught(entry: Entry) -> CaughtEntry {
+fn caught(entry: Entry) -> Entry {
     Box::pin(async move {
         match std::panic::AssertUnwindSafe(entry).catch_unwind().await {
             Ok(done) => done,
@@ -245,7 +243,7 @@ async fn run(
     sink: Arc<dyn OperatorSink>,
     in_flight: Arc<AtomicUsize>,
 ) {
-    let mut running: FuturesOrdered<CaughtEntry> = FuturesOrdered::new();
+    let mut running: FuturesOrdered<Entry> = FuturesOrdered::new();
     let mut open = true;
     while open || !running.is_empty() {
         tokio::select! {

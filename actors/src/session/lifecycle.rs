@@ -336,7 +336,7 @@ impl SessionState {
             format!("agent exited unexpectedly ({exit}); stderr: {stderr}")
         };
         tracing::warn!(session = %self.record.id, "{reason}");
-        self.note(Role::System, MessageKind::Error, &reason).await;
+        self.note(Role::System, MessageKind::Error, &reason);
         self.audit("system", "session.agent_exited", json!({"exit": exit}))
             .await;
         self.phase = Phase::Ended;

@@ -168,7 +168,7 @@ impl SessionState {
             }
             McpCall::Standby { message, reply } => {
                 if let Some(m) = message.filter(|m| !m.is_empty()) {
-                    self.note(Role::Agent, MessageKind::Text, &m).await;
+                    self.note(Role::Agent, MessageKind::Text, &m);
                 }
                 if let Some(next) = self.queue.pop_front() {
                     self.hand_over(&next).await;
@@ -196,7 +196,7 @@ impl SessionState {
                     }));
                 }
                 if let Some(s) = status.filter(|s| !s.is_empty()) {
-                    self.note(Role::Agent, MessageKind::Text, &s).await;
+                    self.note(Role::Agent, MessageKind::Text, &s);
                 }
                 if !progress.is_empty() {
                     self.emit(OperatorEvent::Plan {
@@ -212,7 +212,7 @@ impl SessionState {
                 let _ = reply.send(handed);
             }
             McpCall::Broadcast { message, level } => {
-                self.note(Role::Agent, MessageKind::Text, &message).await;
+                self.note(Role::Agent, MessageKind::Text, &message);
                 self.emit(OperatorEvent::Notice {
                     session_id: self.id().clone(),
                     level,
@@ -275,8 +275,7 @@ impl SessionState {
         if let Err(e) = self.store.mark_steering_delivered(steering.id).await {
             tracing::error!(session = %self.record.id, "marking steering delivered: {e}");
         }
-        self.note(Role::User, MessageKind::Text, &steering.text)
-            .await;
+        self.note(Role::User, MessageKind::Text, &steering.text);
         self.audit(
             "system",
             "steering.delivered",

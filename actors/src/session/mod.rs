@@ -746,7 +746,7 @@ impl Actor for SessionActor {
                 reply,
             } => {
                 let r = state.decide(&request_id, choice, reason, &caller).await;
-                state.touch_if(r.is_ok(), true).await;
+                state.touch_if(r.is_ok(), true);
                 let _ = reply.send(r);
             }
             SessionMsg::Steer {
@@ -756,17 +756,17 @@ impl Actor for SessionActor {
                 reply,
             } => {
                 let r = state.steer(text, interrupt, &caller).await;
-                state.touch_if(r.is_ok(), true).await;
+                state.touch_if(r.is_ok(), true);
                 let _ = reply.send(r);
             }
             SessionMsg::Pause { caller, reply } => {
                 let r = state.pause(&caller).await;
-                state.touch_if(r.is_ok(), true).await;
+                state.touch_if(r.is_ok(), true);
                 let _ = reply.send(r);
             }
             SessionMsg::Resume { caller, reply } => {
                 let r = state.resume(&caller).await;
-                state.touch_if(r.is_ok(), true).await;
+                state.touch_if(r.is_ok(), true);
                 let _ = reply.send(r);
             }
             SessionMsg::Nudge { caller, reply } => {
@@ -804,7 +804,7 @@ impl Actor for SessionActor {
                 reply,
             } => {
                 let r = state.set_mode(mode, &caller).await;
-                state.touch_if(r.is_ok(), true).await;
+                state.touch_if(r.is_ok(), true);
                 let _ = reply.send(r);
             }
             SessionMsg::RulesChanged => state.reapply_rules().await,
@@ -933,7 +933,7 @@ impl SessionState {
     }
 
     /// Adds a transcript entry (queued: nothing waits for it).
-    async fn note(&self, role: crate::model::Role, kind: crate::model::MessageKind, text: &str) {
+    fn note(&self, role: crate::model::Role, kind: crate::model::MessageKind, text: &str) {
         let (store, id, text) = (Arc::clone(&self.store), self.id().clone(), text.to_owned());
         self.ledger.queue(async move {
             if let Err(e) = store.append_message(&id, role, kind, &text).await {
@@ -967,7 +967,7 @@ impl SessionState {
     /// Bumps `last_activity_at` (Slack's "most recent session" and cleanup
     /// rely on it): always for operator actions, at most every
     /// [`TOUCH_EVERY`] for agent traffic.
-    async fn touch_if(&mut self, happened: bool, operator: bool) {
+    fn touch_if(&mut self, happened: bool, operator: bool) {
         let now = Instant::now();
         let recent = self
             .touched_at

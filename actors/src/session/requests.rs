@@ -179,7 +179,7 @@ impl SessionState {
         } else {
             format!("Writing {rel} (approved in {}) failed.", cover.request)
         };
-        self.note(Role::System, MessageKind::Text, &text).await;
+        self.note(Role::System, MessageKind::Text, &text);
         self.last_any = std::time::Instant::now();
     }
 }

@@ -76,7 +76,7 @@ impl SessionState {
         if !sent {
             return false;
         }
-        self.note(role, MessageKind::Text, &text).await;
+        self.note(role, MessageKind::Text, &text);
         // Tool call ids are per turn: a new turn's `t1` is a new entry.
         self.tools.clear();
         self.last_any = Instant::now();
