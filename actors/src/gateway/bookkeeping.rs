@@ -41,15 +41,18 @@ use ractor::ActorRef;
 use tokio::sync::{Mutex, OwnedMutexGuard, mpsc};
 use tokio::task::JoinHandle;
 
-use super::GatewayMsg;
+use super::{GatewayMsg, RetryPolicy};
 use crate::slack_port::{OutboundOp, Outbox, OutboxWrite};
 
 /// The most writes one batch takes.
 const MAX_BATCH: usize = 256;
 /// Attempts per write once its batch failed.
 const ATTEMPTS: u32 = 4;
-/// First delay between attempts (doubles).
-const RETRY_INITIAL: Duration = Duration::from_millis(50);
+/// Delays between those attempts: 50, 100, 200 ms.
+const RETRY: RetryPolicy = RetryPolicy {
+    initial: Duration::from_millis(50),
+    max: Duration::from_millis(200),
+};
 
 /// Passed from one gateway incarnation to the next (it lives in the
 /// gateway's arguments): held by the running bookkeeping task, so a new
@@ -282,7 +285,7 @@ impl Books {
                     Ok(mut ids) => break Ok(ids.pop().flatten()),
                     Err(e) if attempt >= ATTEMPTS => break Err(e.to_string()),
                     Err(_) => {
-                        tokio::time::sleep(RETRY_INITIAL * (1 << (attempt - 1))).await;
+                        tokio::time::sleep(RETRY.delay(attempt)).await;
                         attempt += 1;
                     }
                 }

@@ -54,7 +54,7 @@ impl GatewayState {
         match &rec.thread_ts {
             Some(ts) => {
                 self.ts_cache
-                    .insert((id.0.clone(), ROOT_KEY.to_owned()), ts.clone());
+                    .insert((id.0.clone(), ROOT_KEY.to_owned()), Some(ts.clone()));
             }
             None => {
                 let known = self.ts_of(&id.0, ROOT_KEY).await.is_some();
@@ -98,7 +98,6 @@ impl GatewayState {
             // Nothing more is expected; late events reload from the store
             // and the outbox remembers every message ts.
             self.ts_cache.retain(|(lane, _), _| lane != &id.0);
-            self.unposted.retain(|(lane, _)| lane != &id.0);
             self.shown.remove(&id.0);
         } else {
             self.views.insert(id.clone(), Some(view));

@@ -40,7 +40,7 @@ pub mod pacing;
 pub mod queue;
 mod send;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -229,9 +229,10 @@ pub struct GatewayState {
     lanes: HashMap<String, Lane>,
     /// `None`: a session without a channel (its events are skipped).
     views: HashMap<SessionId, Option<View>>,
-    ts_cache: HashMap<(String, String), String>,
-    /// Keys known not to be posted yet (so resolving does not re-read the store).
-    unposted: HashSet<(String, String)>,
+    /// Known `ts` of keyed messages; `None`: known not to be posted yet
+    /// (the gateway is the only writer of remembered ts, so a key found
+    /// absent stays absent until it is posted: no store read per pump).
+    ts_cache: HashMap<(String, String), Option<String>>,
     /// What each lane's thread root shows now (an equal update is moot).
     shown: HashMap<String, MessageBody>,
     pacer: Pacer,
@@ -281,7 +282,6 @@ impl Actor for SlackGateway {
             lanes: HashMap::new(),
             views: HashMap::new(),
             ts_cache: HashMap::new(),
-            unposted: HashSet::new(),
             shown: HashMap::new(),
             pacer,
             wake_at: None,

@@ -103,22 +103,13 @@ impl Call {
 impl GatewayState {
     pub(super) async fn ts_of(&mut self, lane: &str, key: &str) -> Option<String> {
         let k = (lane.to_owned(), key.to_owned());
-        if let Some(ts) = self.ts_cache.get(&k) {
-            return Some(ts.clone());
-        }
-        // The gateway is the only writer of remembered ts, so a key found
-        // absent stays absent until `on_posted` (no store read per pump).
-        if self.unposted.contains(&k) {
-            return None;
+        if let Some(known) = self.ts_cache.get(&k) {
+            return known.clone();
         }
         match self.args.outbox.recall(lane, key).await {
-            Ok(Some(ts)) => {
-                self.ts_cache.insert(k, ts.clone());
-                Some(ts)
-            }
-            Ok(None) => {
-                self.unposted.insert(k);
-                None
+            Ok(found) => {
+                self.ts_cache.insert(k, found.clone());
+                found
             }
             Err(e) => {
                 tracing::error!(%lane, %key, "cannot read a Slack message ts: {e}");
@@ -413,13 +404,12 @@ impl GatewayState {
             _ => return,
         };
         let k = (lane.to_owned(), key.clone());
-        self.unposted.remove(&k);
-        if self.ts_cache.get(&k) == Some(&ts) {
+        if self.ts_cache.get(&k).and_then(Option::as_deref) == Some(ts.as_str()) {
             // An update of a message whose ts is already stored: nothing new
             // to remember (this saved a store commit per update).
             return;
         }
-        self.ts_cache.insert(k, ts.clone());
+        self.ts_cache.insert(k, Some(ts.clone()));
         // Handed over before the row's delete (bookkeeping keeps order), so
         // the outbox never forgets the ts of a message it no longer holds.
         self.books.hand(Write::Remember {
