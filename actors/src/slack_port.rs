@@ -240,39 +240,55 @@ pub enum OutboxWrite {
 /// messages. A write returns only once it is durable.
 #[async_trait]
 pub trait Outbox: Send + Sync + 'static {
-    /// Applies `writes` in order as one durable unit (one commit where the
-    /// store can: all of them or none); returns, for each write, the id of
-    /// the row a push created (`None` for the others).
-    ///
-    /// The default applies them one by one (not atomic); stores override it.
-    async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
-        let mut ids = Vec::with_capacity(writes.len());
-        for w in writes {
-            ids.push(match w {
-                OutboxWrite::Push { lane, op } => Some(self.push(lane, op).await?),
-                OutboxWrite::Replace { id, op } => self.replace(*id, op).await.map(|()| None)?,
-                OutboxWrite::Delete { id } => self.delete(*id).await.map(|()| None)?,
-                OutboxWrite::Fail { id, error } => self.fail(*id, error).await.map(|()| None)?,
-                OutboxWrite::Remember { lane, key, ts } => {
-                    self.remember(lane, key, ts).await.map(|()| None)?
-                }
-            });
-        }
-        Ok(ids)
-    }
+    /// Applies `writes` in order as one durable unit (one commit: all of
+    /// them or none); returns, for each write, the id of the row a push
+    /// created (`None` for the others). Every write goes through here.
+    async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError>;
     /// Stores an operation; returns its id.
-    async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError>;
+    async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
+        let push = OutboxWrite::Push {
+            lane: lane.to_owned(),
+            op: op.clone(),
+        };
+        self.apply(&[push])
+            .await?
+            .pop()
+            .flatten()
+            .ok_or_else(|| StoreError::Backend {
+                op: "push outbox",
+                message: "the insert returned no row id".into(),
+            })
+    }
     /// Every pending operation, oldest first.
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError>;
     /// Removes an operation (delivered, or superseded).
-    async fn delete(&self, id: i64) -> Result<(), StoreError>;
+    async fn delete(&self, id: i64) -> Result<(), StoreError> {
+        self.apply(&[OutboxWrite::Delete { id }]).await.map(drop)
+    }
     /// Replaces a pending operation's content (a newer version of the same
     /// message merged into it while it waited); it keeps its id and place.
-    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError>;
+    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
+        let op = op.clone();
+        self.apply(&[OutboxWrite::Replace { id, op }])
+            .await
+            .map(drop)
+    }
     /// Marks an operation failed for good; it is kept for inspection, not re-sent.
-    async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError>;
+    async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
+        let error = error.to_owned();
+        self.apply(&[OutboxWrite::Fail { id, error }])
+            .await
+            .map(drop)
+    }
     /// Remembers the `ts` of a keyed message.
-    async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError>;
+    async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError> {
+        let remember = OutboxWrite::Remember {
+            lane: lane.to_owned(),
+            key: key.to_owned(),
+            ts: ts.to_owned(),
+        };
+        self.apply(&[remember]).await.map(drop)
+    }
     /// The `ts` of a keyed message, if it was posted.
     async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError>;
 }
@@ -338,8 +354,6 @@ pub struct MemoryOutbox {
 #[derive(Debug, Default)]
 struct MemoryOutboxInner {
     next: i64,
-    /// Calls of `apply` (each one commit in a real store).
-    batches: usize,
     rows: Vec<(OutboxEntry, Option<String>)>,
     keys: HashMap<(String, String), String>,
 }
@@ -357,12 +371,6 @@ impl MemoryOutbox {
             .iter()
             .filter_map(|(e, err)| err.clone().map(|err| (e.clone(), err)))
             .collect()
-    }
-
-    /// How many batches [`Outbox::apply`] took (a real store commits each
-    /// batch once).
-    pub fn batches(&self) -> usize {
-        self.lock().batches
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryOutboxInner> {
@@ -409,38 +417,26 @@ impl MemoryOutboxInner {
     }
 }
 
+impl MemoryOutboxInner {
+    /// One write; the row id a push created.
+    fn apply_one(&mut self, w: &OutboxWrite) -> Option<i64> {
+        match w {
+            OutboxWrite::Push { lane, op } => return Some(self.push(lane, op)),
+            OutboxWrite::Replace { id, op } => self.replace(*id, op),
+            OutboxWrite::Delete { id } => self.rows.retain(|(e, _)| e.id != *id),
+            OutboxWrite::Fail { id, error } => self.fail(*id, error),
+            OutboxWrite::Remember { lane, key, ts } => self.remember(lane, key, ts),
+        }
+        None
+    }
+}
+
 #[async_trait]
 impl Outbox for MemoryOutbox {
+    /// Under one lock: atomic like a real store's commit.
     async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
         let mut inner = self.lock();
-        inner.batches += 1;
-        let mut ids = Vec::with_capacity(writes.len());
-        for w in writes {
-            ids.push(match w {
-                OutboxWrite::Push { lane, op } => Some(inner.push(lane, op)),
-                OutboxWrite::Replace { id, op } => {
-                    inner.replace(*id, op);
-                    None
-                }
-                OutboxWrite::Delete { id } => {
-                    inner.rows.retain(|(e, _)| e.id != *id);
-                    None
-                }
-                OutboxWrite::Fail { id, error } => {
-                    inner.fail(*id, error);
-                    None
-                }
-                OutboxWrite::Remember { lane, key, ts } => {
-                    inner.remember(lane, key, ts);
-                    None
-                }
-            });
-        }
-        Ok(ids)
-    }
-
-    async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
-        Ok(self.lock().push(lane, op))
+        Ok(writes.iter().map(|w| inner.apply_one(w)).collect())
     }
 
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -451,26 +447,6 @@ impl Outbox for MemoryOutbox {
             .filter(|(_, err)| err.is_none())
             .map(|(e, _)| e.clone())
             .collect())
-    }
-
-    async fn delete(&self, id: i64) -> Result<(), StoreError> {
-        self.lock().rows.retain(|(e, _)| e.id != id);
-        Ok(())
-    }
-
-    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
-        self.lock().replace(id, op);
-        Ok(())
-    }
-
-    async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        self.lock().fail(id, error);
-        Ok(())
-    }
-
-    async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError> {
-        self.lock().remember(lane, key, ts);
-        Ok(())
     }
 
     async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError> {

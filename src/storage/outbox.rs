@@ -122,17 +122,6 @@ impl Stmt {
     }
 }
 
-impl SqliteStore {
-    /// One outbox statement as a write of its own (the same SQL a batch
-    /// runs, [`Stmt::run`]).
-    async fn outbox_one(&self, stmt: Stmt) -> Result<Option<i64>, StoreError> {
-        self.write((stmt, now_ms()), |(stmt, now), conn| {
-            Box::pin(stmt.run(*now, conn))
-        })
-        .await
-    }
-}
-
 #[async_trait]
 impl Outbox for SqliteStore {
     /// One write through the store's writer: the whole batch runs in one
@@ -149,17 +138,6 @@ impl Outbox for SqliteStore {
             })
         })
         .await
-    }
-
-    async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
-        let stmt = Stmt::Push {
-            lane: lane.to_owned(),
-            json: encode(op, "push outbox")?,
-        };
-        self.outbox_one(stmt).await?.ok_or(StoreError::Backend {
-            op: "push outbox",
-            message: "the insert returned no row id".into(),
-        })
     }
 
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -181,31 +159,6 @@ impl Outbox for SqliteStore {
             }
         }
         Ok(out)
-    }
-
-    async fn delete(&self, id: i64) -> Result<(), StoreError> {
-        self.outbox_one(Stmt::Delete { id }).await.map(|_| ())
-    }
-
-    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
-        let json = encode(op, "replace outbox row")?;
-        self.outbox_one(Stmt::Replace { id, json })
-            .await
-            .map(|_| ())
-    }
-
-    async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        let error = error.to_owned();
-        self.outbox_one(Stmt::Fail { id, error }).await.map(|_| ())
-    }
-
-    async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError> {
-        let stmt = Stmt::Remember {
-            lane: lane.to_owned(),
-            key: key.to_owned(),
-            ts: ts.to_owned(),
-        };
-        self.outbox_one(stmt).await.map(|_| ())
     }
 
     async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError> {

@@ -83,23 +83,8 @@ impl Outbox for GatedOutbox {
         self.batches.lock().expect("lock").push(writes.to_vec());
         self.inner.apply(writes).await
     }
-    async fn push(&self, lane: &str, op: &OutboundOp) -> Result<i64, StoreError> {
-        self.inner.push(lane, op).await
-    }
     async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
         self.inner.pending().await
-    }
-    async fn delete(&self, id: i64) -> Result<(), StoreError> {
-        self.inner.delete(id).await
-    }
-    async fn replace(&self, id: i64, op: &OutboundOp) -> Result<(), StoreError> {
-        self.inner.replace(id, op).await
-    }
-    async fn fail(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        self.inner.fail(id, error).await
-    }
-    async fn remember(&self, lane: &str, key: &str, ts: &str) -> Result<(), StoreError> {
-        self.inner.remember(lane, key, ts).await
     }
     async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError> {
         self.inner.recall(lane, key).await
