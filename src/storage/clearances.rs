@@ -13,7 +13,7 @@ use intercom_actors::model::{SessionId, now_ms};
 use intercom_actors::ports::{Clearance, StoreError};
 use sqlx::Row;
 
-use super::{SqliteStore, backend};
+use super::{SqliteStore, backend, exec};
 
 type Files = Vec<(String, Option<[u8; 32]>)>;
 
@@ -68,21 +68,15 @@ impl SqliteStore {
             now_ms(),
         );
         self.write(data, |(request, session, files, now), conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO mcp_clearances (request_id, session_id, files, created_at) \
-                     VALUES (?, ?, ?, ?) \
-                     ON CONFLICT (request_id) DO UPDATE SET files = excluded.files",
-                )
-                .bind(request)
-                .bind(session)
-                .bind(files)
-                .bind(now)
-                .execute(conn)
-                .await
-                .map_err(backend("record clearance"))?;
-                Ok(())
-            })
+            exec(
+                conn,
+                "record clearance",
+                "INSERT INTO mcp_clearances (request_id, session_id, files, created_at) \
+                 VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (request_id) DO UPDATE SET files = excluded.files",
+                rusqlite::params![request, session, files, now],
+            )?;
+            Ok(())
         })
         .await
     }
@@ -118,22 +112,16 @@ impl SqliteStore {
     ) -> Result<bool, StoreError> {
         let data = (request_id.to_owned(), session_id.0.clone(), at);
         self.write(data, |(request, session, at), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "INSERT INTO mcp_clearances (request_id, session_id, files, created_at, applied_at) \
-                     VALUES (?, ?, '[]', ?, ?) \
-                     ON CONFLICT (request_id) DO UPDATE SET applied_at = excluded.applied_at \
-                     WHERE mcp_clearances.applied_at IS NULL",
-                )
-                .bind(request)
-                .bind(session)
-                .bind(at)
-                .bind(at)
-                .execute(conn)
-                .await
-                .map_err(backend("mark clearance applied"))?;
-                Ok(done.rows_affected() == 1)
-            })
+            let changed = exec(
+                conn,
+                "mark clearance applied",
+                "INSERT INTO mcp_clearances (request_id, session_id, files, created_at, applied_at) \
+                 VALUES (?, ?, '[]', ?, ?) \
+                 ON CONFLICT (request_id) DO UPDATE SET applied_at = excluded.applied_at \
+                 WHERE mcp_clearances.applied_at IS NULL",
+                rusqlite::params![request, session, at, at],
+            )?;
+            Ok(changed == 1)
         })
         .await
     }
@@ -143,14 +131,13 @@ impl SqliteStore {
         request_id: &str,
     ) -> Result<(), StoreError> {
         self.write(request_id.to_owned(), |request, conn| {
-            Box::pin(async move {
-                sqlx::query("UPDATE mcp_clearances SET applied_at = NULL WHERE request_id = ?")
-                    .bind(request)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("release clearance"))?;
-                Ok(())
-            })
+            exec(
+                conn,
+                "release clearance",
+                "UPDATE mcp_clearances SET applied_at = NULL WHERE request_id = ?",
+                [request],
+            )?;
+            Ok(())
         })
         .await
     }

@@ -9,7 +9,7 @@
 use intercom_actors::model::now_ms;
 use intercom_actors::ports::StoreError;
 
-use super::{SqliteStore, backend};
+use super::{SqliteStore, backend, exec};
 
 /// A live console login.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -35,25 +35,20 @@ impl SqliteStore {
             now_ms(),
         );
         self.write(data, |(cookie_hash, csrf, expires_at, now), conn| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM console_logins WHERE expires_at < ?")
-                    .bind(now)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(backend("drop expired console logins"))?;
-                sqlx::query(
-                    "INSERT INTO console_logins (cookie_hash, csrf, created_at, expires_at) \
-                     VALUES (?, ?, ?, ?)",
-                )
-                .bind(cookie_hash)
-                .bind(csrf)
-                .bind(now)
-                .bind(expires_at)
-                .execute(conn)
-                .await
-                .map_err(backend("insert console login"))?;
-                Ok(())
-            })
+            exec(
+                conn,
+                "drop expired console logins",
+                "DELETE FROM console_logins WHERE expires_at < ?",
+                [now],
+            )?;
+            exec(
+                conn,
+                "insert console login",
+                "INSERT INTO console_logins (cookie_hash, csrf, created_at, expires_at) \
+                 VALUES (?, ?, ?, ?)",
+                rusqlite::params![cookie_hash, csrf, now, expires_at],
+            )?;
+            Ok(())
         })
         .await
     }
@@ -76,14 +71,13 @@ impl SqliteStore {
     /// Ends a login (logout); unknown hashes are fine.
     pub async fn delete_console_login(&self, cookie_hash: &str) -> Result<(), StoreError> {
         self.write(cookie_hash.to_owned(), |cookie_hash, conn| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM console_logins WHERE cookie_hash = ?")
-                    .bind(cookie_hash)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("delete console login"))?;
-                Ok(())
-            })
+            exec(
+                conn,
+                "delete console login",
+                "DELETE FROM console_logins WHERE cookie_hash = ?",
+                [cookie_hash],
+            )?;
+            Ok(())
         })
         .await
     }

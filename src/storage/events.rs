@@ -11,7 +11,7 @@
 
 use intercom_actors::ports::StoreError;
 
-use super::{SqliteStore, backend};
+use super::{SqliteStore, backend, exec, write_error};
 
 /// One event ready to be stored: its session, its kind (the event's tag) and
 /// the whole event as JSON.
@@ -51,35 +51,25 @@ impl SqliteStore {
             return Ok(Vec::new());
         }
         self.write(events.to_vec(), |events, conn| {
-            Box::pin(async move {
-                let mut insert =
-                    sqlx::QueryBuilder::new("INSERT INTO events (at, session_id, kind, payload) ");
-                insert.push_values(events, |mut row, e| {
-                    row.push_bind(e.at)
-                        .push_bind(&e.session_id)
-                        .push_bind(&e.kind)
-                        .push_bind(&e.payload);
+            let mut insert = conn
+                .prepare_cached(
+                    "INSERT INTO events (at, session_id, kind, payload) VALUES (?, ?, ?, ?)",
+                )
+                .map_err(write_error("append events"))?;
+            let mut stored = Vec::with_capacity(events.len());
+            for e in events {
+                let id = insert
+                    .insert(rusqlite::params![e.at, e.session_id, e.kind, e.payload])
+                    .map_err(write_error("append events"))?;
+                stored.push(StoredEvent {
+                    id,
+                    at: e.at,
+                    session_id: e.session_id.clone(),
+                    kind: e.kind.clone(),
+                    payload: e.payload.clone(),
                 });
-                insert.push(" RETURNING id");
-                let mut ids: Vec<i64> = insert
-                    .build_query_scalar()
-                    .fetch_all(conn)
-                    .await
-                    .map_err(backend("append events"))?;
-                // Rows get increasing ids in VALUES order; RETURNING's order is unspecified.
-                ids.sort_unstable();
-                Ok(ids
-                    .into_iter()
-                    .zip(events)
-                    .map(|(id, e)| StoredEvent {
-                        id,
-                        at: e.at,
-                        session_id: e.session_id.clone(),
-                        kind: e.kind.clone(),
-                        payload: e.payload.clone(),
-                    })
-                    .collect())
-            })
+            }
+            Ok(stored)
         })
         .await
     }
@@ -130,15 +120,13 @@ impl SqliteStore {
     /// Deletes all but the newest `keep` events; returns how many went.
     pub async fn prune_events(&self, keep: i64) -> Result<u64, StoreError> {
         self.write(keep, |keep, conn| {
-            Box::pin(async move {
-                let done =
-                    sqlx::query("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?")
-                        .bind(keep)
-                        .execute(conn)
-                        .await
-                        .map_err(backend("prune events"))?;
-                Ok(done.rows_affected())
-            })
+            let gone = exec(
+                conn,
+                "prune events",
+                "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?",
+                [keep],
+            )?;
+            Ok(gone as u64)
         })
         .await
     }

@@ -4,9 +4,11 @@
 //! decisions, queued steering and the audit log must survive a restart of the
 //! server. This module opens (and migrates) one SQLite file, makes sure only
 //! one agent-intercom instance uses it, and funnels every write through one
-//! writer task that commits whatever is waiting as one transaction (group
+//! writer thread that commits whatever is waiting as one transaction (group
 //! commit), so concurrent actors never fight over SQLite's write lock and a
-//! busy server pays one commit for many writes.
+//! busy server pays one commit for many writes. Reads go through a small
+//! sqlx pool; writes run on the writer's own `rusqlite` connection
+//! (`writer.rs` says why).
 //!
 //! Layout: [`SqliteStore`] and opening live here; the trait implementation is
 //! in `store.rs`, the writer in `writer.rs`, row decoding in `rows.rs`, the
@@ -23,8 +25,6 @@ mod store;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use intercom_actors::model::{AuditEntry, SessionId, Steering};
@@ -36,7 +36,8 @@ use sqlx::sqlite::{
 
 use lock::{InstanceLock, LockFailure};
 use rows::AuditRow;
-use writer::{WriteFn, Writer};
+pub(crate) use writer::WriteFn;
+use writer::Writer;
 
 /// The schema, embedded at build time from `migrations/`.
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -76,10 +77,18 @@ pub enum StorageOpenError {
     /// The database file could not be created or opened.
     #[error("cannot open database {}: {source}; check the [database] path, its permissions and free disk space", .path.display())]
     Open {
-        /// The database file (`:memory:` for in-memory stores).
+        /// The database file.
         path: PathBuf,
         /// The driver error.
         source: sqlx::Error,
+    },
+    /// The writer's connection could not be opened, or its thread started.
+    #[error("cannot open the writer's connection to database {}: {source}; check the [database] path, its permissions and free disk space", .path.display())]
+    Writer {
+        /// The database file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
     },
     /// Applying the schema failed.
     #[error("migration failed on database {}: {source}; if a newer agent-intercom wrote this file, upgrade or point [database] path elsewhere", .path.display())]
@@ -94,22 +103,21 @@ pub enum StorageOpenError {
 /// The SQLite-backed [`SessionStore`](intercom_actors::ports::SessionStore).
 ///
 /// Cheap to share behind an `Arc`. Reads use a small pool; every write is
-/// queued to the one writer, which batches what is waiting into one
+/// queued to the one writer thread, which batches what is waiting into one
 /// transaction and answers each write once that transaction committed (WAL,
 /// `synchronous = NORMAL`: durable across a process crash, the last commits
 /// may be lost on power loss).
 #[derive(Debug)]
 pub struct SqliteStore {
-    /// Connections to the database.
+    /// Connections for reading (and for migrating, before the writer starts).
     pool: SqlitePool,
-    /// Held by the writer while its transaction is open; a write that cannot
-    /// go through the writer (migrations) takes it too, so there is still
-    /// one writer at a time and no SQLITE_BUSY between our own actors.
-    write_gate: Arc<tokio::sync::Mutex<()>>,
-    /// The one writer task.
+    /// The one writer thread.
     writer: Writer,
-    /// Held for the life of the store (None for in-memory stores).
-    instance_lock: Option<InstanceLock>,
+    /// Held for the life of the store.
+    instance_lock: InstanceLock,
+    /// The directory of a temporary store, deleted after everything else
+    /// closed (None for a store on a file the operator chose).
+    _temporary: Option<tempfile::TempDir>,
 }
 
 impl SqliteStore {
@@ -162,60 +170,44 @@ impl SqliteStore {
                 source,
             })?;
 
-        let store = SqliteStore::with_pool(pool, Some(instance_lock));
-        store.migrate(path).await?;
+        migrate(&pool, path).await?;
+        let writer =
+            Writer::start(path, BUSY_TIMEOUT).map_err(|source| StorageOpenError::Writer {
+                path: path.to_owned(),
+                source,
+            })?;
         tracing::debug!(
             db = %path.display(),
             lock = %lock_path.display(),
             "storage opened"
         );
-        Ok(store)
-    }
-
-    /// Opens a fresh, private in-memory database (for tests): one connection
-    /// that lives as long as the store, so the data does too.
-    pub async fn open_in_memory() -> Result<SqliteStore, StorageOpenError> {
-        let memory = Path::new(":memory:");
-        let options = SqliteConnectOptions::from_str("sqlite::memory:")
-            .map_err(|source| StorageOpenError::Open {
-                path: memory.to_owned(),
-                source,
-            })?
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options)
-            .await
-            .map_err(|source| StorageOpenError::Open {
-                path: memory.to_owned(),
-                source,
-            })?;
-        let store = SqliteStore::with_pool(pool, None);
-        store.migrate(memory).await?;
-        Ok(store)
-    }
-
-    /// The store over an open pool, with its writer started.
-    fn with_pool(pool: SqlitePool, instance_lock: Option<InstanceLock>) -> SqliteStore {
-        let write_gate = Arc::new(tokio::sync::Mutex::new(()));
-        let writer = Writer::start(pool.clone(), Arc::clone(&write_gate));
-        SqliteStore {
+        Ok(SqliteStore {
             pool,
-            write_gate,
             writer,
             instance_lock,
-        }
+            _temporary: None,
+        })
+    }
+
+    /// Opens a fresh, private database in a temporary directory that is
+    /// deleted with the store (for tests and benches). It is a real file,
+    /// so it behaves exactly like an operator's database: WAL, the writer's
+    /// own connection, readers that see only committed rows.
+    pub async fn open_in_memory() -> Result<SqliteStore, StorageOpenError> {
+        let dir = tempfile::tempdir().map_err(|source| StorageOpenError::CreateDir {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let mut store = SqliteStore::open(&dir.path().join("intercom.db")).await?;
+        store._temporary = Some(dir);
+        Ok(store)
     }
 
     /// Queues one write to the writer and waits until the transaction that
-    /// holds it committed. `f` runs inside its own savepoint: if it fails,
-    /// only its own changes are undone.
+    /// holds it committed. If `f` fails, only its own changes are undone.
     pub(crate) async fn write<D, T>(&self, data: D, f: WriteFn<D, T>) -> Result<T, StoreError>
     where
-        D: Send + Sync + 'static,
+        D: Send + 'static,
         T: Send + 'static,
     {
         self.writer.write(data, f).await
@@ -239,20 +231,7 @@ impl SqliteStore {
     pub async fn close(self) {
         self.writer.close().await;
         self.pool.close().await;
-        if let Some(lock) = &self.instance_lock {
-            tracing::debug!(lock = %lock.path().display(), "storage closed");
-        }
-    }
-
-    async fn migrate(&self, path: &Path) -> Result<(), StorageOpenError> {
-        let _gate = self.write_gate.lock().await;
-        MIGRATOR
-            .run(&self.pool)
-            .await
-            .map_err(|source| StorageOpenError::Migrate {
-                path: path.to_owned(),
-                source,
-            })
+        tracing::debug!(lock = %self.instance_lock.path().display(), "storage closed");
     }
 
     /// The audit log, oldest first, as `(unix ms, entry)`; optionally only
@@ -305,21 +284,16 @@ impl SqliteStore {
             intercom_actors::model::now_ms(),
         );
         self.write(data, |(id, mode, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE sessions SET approval_mode = ?, updated_at = ? WHERE id = ?",
-                )
-                .bind(mode)
-                .bind(now)
-                .bind(&id.0)
-                .execute(conn)
-                .await
-                .map_err(backend("set approval mode"))?;
-                if done.rows_affected() == 0 {
-                    return Err(session_not_found(id));
-                }
-                Ok(())
-            })
+            let done = exec(
+                conn,
+                "set approval mode",
+                "UPDATE sessions SET approval_mode = ?, updated_at = ? WHERE id = ?",
+                rusqlite::params![mode, now, id.0],
+            )?;
+            if done == 0 {
+                return Err(session_not_found(id));
+            }
+            Ok(())
         })
         .await
     }
@@ -373,6 +347,38 @@ fn backend(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
         op,
         message: e.to_string(),
     }
+}
+
+/// Maps a driver error on the writer's connection to the port's error.
+fn write_error(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |e| StoreError::Backend {
+        op,
+        message: e.to_string(),
+    }
+}
+
+/// Runs one write statement (prepared once, cached on the writer's
+/// connection); how many rows it changed.
+fn exec(
+    conn: &rusqlite::Connection,
+    op: &'static str,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<usize, StoreError> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params))
+        .map_err(write_error(op))
+}
+
+/// Applies the schema (before the writer starts, so nothing writes beside it).
+async fn migrate(pool: &SqlitePool, path: &Path) -> Result<(), StorageOpenError> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .map_err(|source| StorageOpenError::Migrate {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// The error for a session id with no row.
@@ -451,15 +457,23 @@ pub(crate) mod tests {
         }
     }
 
+    impl SqliteStore {
+        /// Runs `sql` (a pragma) on the writer's connection.
+        async fn on_writer(&self, sql: &'static str) {
+            self.write(sql, |sql, conn| {
+                conn.execute_batch(sql).map_err(write_error("pragma"))
+            })
+            .await
+            .expect("pragma on the writer's connection");
+        }
+    }
+
     #[tokio::test]
     async fn disk_full_surfaces_as_backend_error() {
         let store = SqliteStore::open_in_memory().await.expect("open");
         store.create_session(&rec("s-1")).await.expect("create");
         // Cap the database at its current size: the next growth is SQLITE_FULL.
-        sqlx::query("PRAGMA max_page_count = 1")
-            .execute(&store.pool)
-            .await
-            .expect("pragma");
+        store.on_writer("PRAGMA max_page_count = 1").await;
         let big = "x".repeat(64 * 1024);
         let err = store
             .append_message(
@@ -490,10 +504,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn read_only_database_surfaces_as_backend_error() {
         let store = SqliteStore::open_in_memory().await.expect("open");
-        sqlx::query("PRAGMA query_only = ON")
-            .execute(&store.pool)
-            .await
-            .expect("pragma");
+        store.on_writer("PRAGMA query_only = ON").await;
         let err = store
             .create_session(&rec("s-1"))
             .await
@@ -518,8 +529,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn migrations_are_idempotent() {
         let store = SqliteStore::open_in_memory().await.expect("open");
-        store
-            .migrate(Path::new(":memory:"))
+        migrate(&store.pool, Path::new("again"))
             .await
             .expect("second run");
     }

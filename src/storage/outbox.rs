@@ -12,9 +12,9 @@ use async_trait::async_trait;
 use intercom_actors::model::now_ms;
 use intercom_actors::ports::StoreError;
 use intercom_actors::slack_port::{OutboundOp, Outbox, OutboxEntry, OutboxWrite};
-use sqlx::sqlite::SqliteConnection;
+use rusqlite::{Connection, params};
 
-use super::{SqliteStore, backend};
+use super::{SqliteStore, backend, exec, write_error};
 
 /// An [`OutboxWrite`] ready for SQL (operations encoded as JSON).
 enum Stmt {
@@ -72,53 +72,44 @@ impl Stmt {
     }
 
     /// Runs the statement; a push returns its row id.
-    async fn run(&self, now: i64, conn: &mut SqliteConnection) -> Result<Option<i64>, StoreError> {
-        let done = match self {
+    fn run(&self, now: i64, conn: &Connection) -> Result<Option<i64>, StoreError> {
+        match self {
             Stmt::Push { lane, json } => {
-                let done =
-                    sqlx::query("INSERT INTO slack_outbox (lane, op, created_at) VALUES (?, ?, ?)")
-                        .bind(lane)
-                        .bind(json)
-                        .bind(now)
-                        .execute(conn)
-                        .await
-                        .map_err(backend("push outbox"))?;
-                return Ok(Some(done.last_insert_rowid()));
+                return conn
+                    .prepare_cached(
+                        "INSERT INTO slack_outbox (lane, op, created_at) VALUES (?, ?, ?)",
+                    )
+                    .and_then(|mut s| s.insert(params![lane, json, now]))
+                    .map(Some)
+                    .map_err(write_error("push outbox"));
             }
-            Stmt::Replace { id, json } => {
-                sqlx::query("UPDATE slack_outbox SET op = ? WHERE id = ? AND status = 'pending'")
-                    .bind(json)
-                    .bind(id)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("replace outbox row"))
-            }
-            Stmt::Delete { id } => sqlx::query("DELETE FROM slack_outbox WHERE id = ?")
-                .bind(id)
-                .execute(conn)
-                .await
-                .map_err(backend("delete outbox row")),
-            Stmt::Fail { id, error } => {
-                sqlx::query("UPDATE slack_outbox SET status = 'failed', error = ? WHERE id = ?")
-                    .bind(error)
-                    .bind(id)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("fail outbox row"))
-            }
-            Stmt::Remember { lane, key, ts } => sqlx::query(
+            Stmt::Replace { id, json } => exec(
+                conn,
+                "replace outbox row",
+                "UPDATE slack_outbox SET op = ? WHERE id = ? AND status = 'pending'",
+                params![json, id],
+            ),
+            Stmt::Delete { id } => exec(
+                conn,
+                "delete outbox row",
+                "DELETE FROM slack_outbox WHERE id = ?",
+                [id],
+            ),
+            Stmt::Fail { id, error } => exec(
+                conn,
+                "fail outbox row",
+                "UPDATE slack_outbox SET status = 'failed', error = ? WHERE id = ?",
+                params![error, id],
+            ),
+            Stmt::Remember { lane, key, ts } => exec(
+                conn,
+                "remember slack message",
                 "INSERT INTO slack_messages (lane, key, ts, created_at) VALUES (?, ?, ?, ?) \
                  ON CONFLICT (lane, key) DO UPDATE SET ts = excluded.ts",
-            )
-            .bind(lane)
-            .bind(key)
-            .bind(ts)
-            .bind(now)
-            .execute(conn)
-            .await
-            .map_err(backend("remember slack message")),
-        };
-        done.map(|_| None)
+                params![lane, key, ts, now],
+            ),
+        }
+        .map(|_| None)
     }
 }
 
@@ -129,13 +120,7 @@ impl Outbox for SqliteStore {
     async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
         let stmts = writes.iter().map(Stmt::of).collect::<Result<Vec<_>, _>>()?;
         self.write((stmts, now_ms()), |(stmts, now), conn| {
-            Box::pin(async move {
-                let mut ids = Vec::with_capacity(stmts.len());
-                for stmt in stmts {
-                    ids.push(stmt.run(*now, &mut *conn).await?);
-                }
-                Ok(ids)
-            })
+            stmts.iter().map(|stmt| stmt.run(*now, conn)).collect()
         })
         .await
     }

@@ -15,7 +15,7 @@ use intercom_actors::model::{SessionId, now_ms};
 use intercom_actors::ports::StoreError;
 use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope};
 
-use super::{SqliteStore, backend};
+use super::{SqliteStore, backend, exec};
 
 /// A fresh operator rule id: `r-` and 8 hex digits.
 pub fn new_rule_id() -> String {
@@ -124,23 +124,14 @@ impl SqliteStore {
         self.write(
             data,
             |(id, scope, scope_id, matcher, action, by, now), conn| {
-                Box::pin(async move {
-                    sqlx::query(
-                        "INSERT INTO rules (id, scope, scope_id, \"match\", action, created_by, \
+                exec(
+                    conn,
+                    OP,
+                    "INSERT INTO rules (id, scope, scope_id, \"match\", action, created_by, \
                      created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    )
-                    .bind(id)
-                    .bind(*scope)
-                    .bind(scope_id)
-                    .bind(matcher)
-                    .bind(*action)
-                    .bind(by)
-                    .bind(now)
-                    .execute(conn)
-                    .await
-                    .map_err(backend(OP))?;
-                    Ok(())
-                })
+                    rusqlite::params![id, scope, scope_id, matcher, action, by, now],
+                )?;
+                Ok(())
             },
         )
         .await
@@ -149,14 +140,7 @@ impl SqliteStore {
     /// Deletes the operator rule `id`; `false` when there was none.
     pub async fn delete_rule(&self, id: &str) -> Result<bool, StoreError> {
         self.write(id.to_owned(), |id, conn| {
-            Box::pin(async move {
-                let done = sqlx::query("DELETE FROM rules WHERE id = ?")
-                    .bind(id)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("delete rule"))?;
-                Ok(done.rows_affected() > 0)
-            })
+            Ok(exec(conn, "delete rule", "DELETE FROM rules WHERE id = ?", [id])? > 0)
         })
         .await
     }

@@ -13,27 +13,32 @@ use intercom_actors::model::{
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
 use intercom_actors::ports::{Clearance, SessionStore, StoreError};
-use sqlx::sqlite::{SqliteConnection, SqliteQueryResult};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::rows::{
     MessageRow, RequestRow, SessionRow, SteeringRow, request_columns, session_columns,
 };
-use super::{SqliteStore, backend, session_not_found};
+use super::{SqliteStore, backend, exec, session_not_found, write_error};
 
-/// Like [`backend`], but a foreign-key violation means the session is missing.
-fn insert_for_session<'a>(
+/// Runs an insert that names session `id`; a foreign-key violation means
+/// the session is missing. Returns the new row's id.
+fn insert_for_session(
+    conn: &Connection,
     op: &'static str,
-    id: &'a SessionId,
-) -> impl FnOnce(sqlx::Error) -> StoreError + 'a {
-    move |e| {
-        let fk = e
-            .as_database_error()
-            .is_some_and(|d| d.is_foreign_key_violation());
-        if fk {
-            session_not_found(id)
-        } else {
-            backend(op)(e)
+    id: &SessionId,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<i64, StoreError> {
+    match conn.prepare_cached(sql).and_then(|mut s| s.insert(params)) {
+        Ok(row) => Ok(row),
+        Err(e)
+            if e.sqlite_error().is_some_and(|d| {
+                d.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY
+            }) =>
+        {
+            Err(session_not_found(id))
         }
+        Err(e) => Err(write_error(op)(e)),
     }
 }
 
@@ -49,16 +54,16 @@ pub(super) fn to_json<T: serde::Serialize>(
 }
 
 /// NotFound for session `id` when an `UPDATE` of it touched no row.
-fn one_session(done: SqliteQueryResult, id: &SessionId) -> Result<(), StoreError> {
-    if done.rows_affected() == 0 {
+fn one_session(changed: usize, id: &SessionId) -> Result<(), StoreError> {
+    if changed == 0 {
         return Err(session_not_found(id));
     }
     Ok(())
 }
 
 /// NotFound for message `id` when an `UPDATE` of it touched no row.
-fn one_message(done: SqliteQueryResult, id: i64) -> Result<(), StoreError> {
-    if done.rows_affected() == 0 {
+fn one_message(changed: usize, id: i64) -> Result<(), StoreError> {
+    if changed == 0 {
         return Err(StoreError::NotFound {
             what: format!("message {id}"),
         });
@@ -70,47 +75,47 @@ fn one_message(done: SqliteQueryResult, id: i64) -> Result<(), StoreError> {
 impl SessionStore for SqliteStore {
     async fn create_session(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         self.write(rec.clone(), |rec, conn| {
-            Box::pin(async move {
-                sqlx::query(concat!(
+            exec(
+                conn,
+                "insert session",
+                concat!(
                     "INSERT INTO sessions (",
                     session_columns!(),
                     ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                ))
-                .bind(&rec.id.0)
-                .bind(&rec.workspace)
-                .bind(&rec.cwd)
-                .bind(&rec.agent)
-                .bind(rec.protocol.as_str())
-                .bind(rec.status.as_str())
-                .bind(&rec.status_reason)
-                .bind(&rec.title)
-                .bind(&rec.owner)
-                .bind(&rec.acp_session_id)
-                .bind(&rec.channel_id)
-                .bind(&rec.thread_ts)
-                .bind(i64::from(rec.restart_count))
-                .bind(rec.created_at)
-                .bind(rec.updated_at)
-                .bind(rec.last_activity_at)
-                .execute(conn)
-                .await
-                .map_err(backend("insert session"))?;
-                Ok(())
-            })
+                ),
+                params![
+                    rec.id.0,
+                    rec.workspace,
+                    rec.cwd,
+                    rec.agent,
+                    rec.protocol.as_str(),
+                    rec.status.as_str(),
+                    rec.status_reason,
+                    rec.title,
+                    rec.owner,
+                    rec.acp_session_id,
+                    rec.channel_id,
+                    rec.thread_ts,
+                    i64::from(rec.restart_count),
+                    rec.created_at,
+                    rec.updated_at,
+                    rec.last_activity_at,
+                ],
+            )?;
+            Ok(())
         })
         .await
     }
 
     async fn delete_session(&self, id: &SessionId) -> Result<(), StoreError> {
         self.write(id.clone(), |id, conn| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM sessions WHERE id = ?")
-                    .bind(&id.0)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("delete session"))?;
-                Ok(())
-            })
+            exec(
+                conn,
+                "delete session",
+                "DELETE FROM sessions WHERE id = ?",
+                [&id.0],
+            )?;
+            Ok(())
         })
         .await
     }
@@ -158,19 +163,13 @@ impl SessionStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let data = (id.clone(), status, reason.map(str::to_owned), now_ms());
         self.write(data, |(id, status, reason, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE sessions SET status = ?, status_reason = ?, updated_at = ? WHERE id = ?",
-                )
-                .bind(status.as_str())
-                .bind(reason)
-                .bind(now)
-                .bind(&id.0)
-                .execute(conn)
-                .await
-                .map_err(backend("set session status"))?;
-                one_session(done, id)
-            })
+            let changed = exec(
+                conn,
+                "set session status",
+                "UPDATE sessions SET status = ?, status_reason = ?, updated_at = ? WHERE id = ?",
+                params![status.as_str(), reason, now, id.0],
+            )?;
+            one_session(changed, id)
         })
         .await
     }
@@ -178,18 +177,13 @@ impl SessionStore for SqliteStore {
     async fn set_acp_session_id(&self, id: &SessionId, acp_id: &str) -> Result<(), StoreError> {
         let data = (id.clone(), acp_id.to_owned(), now_ms());
         self.write(data, |(id, acp_id, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE sessions SET acp_session_id = ?, updated_at = ? WHERE id = ?",
-                )
-                .bind(acp_id)
-                .bind(now)
-                .bind(&id.0)
-                .execute(conn)
-                .await
-                .map_err(backend("set acp session id"))?;
-                one_session(done, id)
-            })
+            let changed = exec(
+                conn,
+                "set acp session id",
+                "UPDATE sessions SET acp_session_id = ?, updated_at = ? WHERE id = ?",
+                params![acp_id, now, id.0],
+            )?;
+            one_session(changed, id)
         })
         .await
     }
@@ -198,33 +192,25 @@ impl SessionStore for SqliteStore {
         const OP: &str = "set session thread";
         let data = (id.clone(), channel.to_owned(), ts.to_owned(), now_ms());
         self.write(data, |(id, channel, ts, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE sessions SET channel_id = ?, thread_ts = ?, updated_at = ? \
-                     WHERE id = ? AND thread_ts IS NULL",
-                )
-                .bind(channel)
-                .bind(ts)
-                .bind(now)
-                .bind(&id.0)
-                .execute(&mut *conn)
-                .await
-                .map_err(backend(OP))?;
-                if done.rows_affected() == 0 {
-                    // Either the thread is already set (immutable: ignore) or no such session.
-                    let found: Option<i64> =
-                        sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ?")
-                            .bind(&id.0)
-                            .fetch_optional(conn)
-                            .await
-                            .map_err(backend(OP))?;
-                    if found.is_none() {
-                        return Err(session_not_found(id));
-                    }
-                    tracing::debug!(session = %id, "thread already set; keeping the first one");
+            let changed = exec(
+                conn,
+                OP,
+                "UPDATE sessions SET channel_id = ?, thread_ts = ?, updated_at = ? \
+                 WHERE id = ? AND thread_ts IS NULL",
+                params![channel, ts, now, id.0],
+            )?;
+            if changed == 0 {
+                // Either the thread is already set (immutable: ignore) or no such session.
+                let found: Option<i64> = conn
+                    .prepare_cached("SELECT 1 FROM sessions WHERE id = ?")
+                    .and_then(|mut s| s.query_row([&id.0], |r| r.get(0)).optional())
+                    .map_err(write_error(OP))?;
+                if found.is_none() {
+                    return Err(session_not_found(id));
                 }
-                Ok(())
-            })
+                tracing::debug!(session = %id, "thread already set; keeping the first one");
+            }
+            Ok(())
         })
         .await
     }
@@ -232,18 +218,13 @@ impl SessionStore for SqliteStore {
     async fn set_restart_count(&self, id: &SessionId, count: u32) -> Result<(), StoreError> {
         let data = (id.clone(), count, now_ms());
         self.write(data, |(id, count, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE sessions SET restart_count = ?, updated_at = ? WHERE id = ?",
-                )
-                .bind(i64::from(*count))
-                .bind(now)
-                .bind(&id.0)
-                .execute(conn)
-                .await
-                .map_err(backend("set restart count"))?;
-                one_session(done, id)
-            })
+            let changed = exec(
+                conn,
+                "set restart count",
+                "UPDATE sessions SET restart_count = ?, updated_at = ? WHERE id = ?",
+                params![i64::from(*count), now, id.0],
+            )?;
+            one_session(changed, id)
         })
         .await
     }
@@ -254,17 +235,17 @@ impl SessionStore for SqliteStore {
         process: Option<(i32, u64)>,
     ) -> Result<(), StoreError> {
         self.write((id.clone(), process), |(id, process), conn| {
-            Box::pin(async move {
-                let done =
-                    sqlx::query("UPDATE sessions SET agent_pid = ?, agent_start = ? WHERE id = ?")
-                        .bind(process.map(|p| i64::from(p.0)))
-                        .bind(process.map(|p| p.1 as i64))
-                        .bind(&id.0)
-                        .execute(conn)
-                        .await
-                        .map_err(backend("record agent process"))?;
-                one_session(done, id)
-            })
+            let changed = exec(
+                conn,
+                "record agent process",
+                "UPDATE sessions SET agent_pid = ?, agent_start = ? WHERE id = ?",
+                params![
+                    process.map(|p| i64::from(p.0)),
+                    process.map(|p| p.1 as i64),
+                    id.0
+                ],
+            )?;
+            one_session(changed, id)
         })
         .await
     }
@@ -287,15 +268,13 @@ impl SessionStore for SqliteStore {
 
     async fn touch(&self, id: &SessionId) -> Result<(), StoreError> {
         self.write((id.clone(), now_ms()), |(id, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query("UPDATE sessions SET last_activity_at = ? WHERE id = ?")
-                    .bind(now)
-                    .bind(&id.0)
-                    .execute(conn)
-                    .await
-                    .map_err(backend("touch session"))?;
-                one_session(done, id)
-            })
+            let changed = exec(
+                conn,
+                "touch session",
+                "UPDATE sessions SET last_activity_at = ? WHERE id = ?",
+                params![now, id.0],
+            )?;
+            one_session(changed, id)
         })
         .await
     }
@@ -309,22 +288,14 @@ impl SessionStore for SqliteStore {
     ) -> Result<i64, StoreError> {
         let data = (id.clone(), role, kind, content.to_owned(), now_ms());
         self.write(data, |(id, role, kind, content, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "INSERT INTO messages (session_id, role, kind, content, created_at, updated_at) \
-                     VALUES (?, ?, ?, ?, ?, ?)",
-                )
-                .bind(&id.0)
-                .bind(role.as_str())
-                .bind(kind.as_str())
-                .bind(content)
-                .bind(now)
-                .bind(now)
-                .execute(conn)
-                .await
-                .map_err(insert_for_session("append message", id))?;
-                Ok(done.last_insert_rowid())
-            })
+            insert_for_session(
+                conn,
+                "append message",
+                id,
+                "INSERT INTO messages (session_id, role, kind, content, created_at, updated_at) \
+                 VALUES (?, ?, ?, ?, ?, ?)",
+                params![id.0, role.as_str(), kind.as_str(), content, now, now],
+            )
         })
         .await
     }
@@ -332,18 +303,13 @@ impl SessionStore for SqliteStore {
     async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError> {
         let data = (message_id, tail.to_owned(), now_ms());
         self.write(data, |(message_id, tail, now), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE messages SET content = content || ?, updated_at = ? WHERE id = ?",
-                )
-                .bind(tail)
-                .bind(now)
-                .bind(message_id)
-                .execute(conn)
-                .await
-                .map_err(backend("append to message"))?;
-                one_message(done, *message_id)
-            })
+            let changed = exec(
+                conn,
+                "append to message",
+                "UPDATE messages SET content = content || ?, updated_at = ? WHERE id = ?",
+                params![tail, now, message_id],
+            )?;
+            one_message(changed, *message_id)
         })
         .await
     }
@@ -351,17 +317,13 @@ impl SessionStore for SqliteStore {
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
         let data = (message_id, content.to_owned(), now_ms());
         self.write(data, |(message_id, content, now), conn| {
-            Box::pin(async move {
-                let done =
-                    sqlx::query("UPDATE messages SET content = ?, updated_at = ? WHERE id = ?")
-                        .bind(content)
-                        .bind(now)
-                        .bind(message_id)
-                        .execute(conn)
-                        .await
-                        .map_err(backend("update message"))?;
-                one_message(done, *message_id)
-            })
+            let changed = exec(
+                conn,
+                "update message",
+                "UPDATE messages SET content = ?, updated_at = ? WHERE id = ?",
+                params![content, now, message_id],
+            )?;
+            one_message(changed, *message_id)
         })
         .await
     }
@@ -382,35 +344,38 @@ impl SessionStore for SqliteStore {
         const OP: &str = "insert request";
         let paths = to_json(OP, &req.paths)?;
         let options = to_json(OP, &req.options)?;
-        self.write((req.clone(), paths, options), |(req, paths, options), conn| {
-            Box::pin(async move {
-                sqlx::query(
+        self.write(
+            (req.clone(), paths, options),
+            |(req, paths, options), conn| {
+                insert_for_session(
+                    conn,
+                    OP,
+                    &req.session_id,
                     "INSERT INTO requests (id, session_id, request_id, kind, title, diff, paths, \
-                     options, status, wire_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                )
-                .bind(&req.id)
-                .bind(&req.session_id.0)
-                .bind(&req.request_id)
-                .bind(req.kind.as_str())
-                .bind(&req.title)
-                .bind(&req.diff)
-                .bind(paths)
-                .bind(options)
-                .bind(req.status.as_str())
-                .bind(&req.wire_id)
-                .bind(req.created_at)
-                .execute(conn)
-                .await
-                .map_err(insert_for_session(OP, &req.session_id))?;
+                 options, status, wire_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    params![
+                        req.id,
+                        req.session_id.0,
+                        req.request_id,
+                        req.kind.as_str(),
+                        req.title,
+                        req.diff,
+                        paths,
+                        options,
+                        req.status.as_str(),
+                        req.wire_id,
+                        req.created_at,
+                    ],
+                )?;
                 Ok(())
-            })
-        })
+            },
+        )
         .await
     }
 
     async fn decide_request(&self, id: &str, decision: &Decision) -> Result<(), StoreError> {
         self.write((id.to_owned(), decision.clone()), |(id, decision), conn| {
-            Box::pin(decide_on(conn, id, decision))
+            decide_on(conn, id, decision)
         })
         .await
     }
@@ -423,10 +388,8 @@ impl SessionStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let data = (id.to_owned(), decision.clone(), AuditRow::of(entry)?);
         self.write(data, |(id, decision, row), conn| {
-            Box::pin(async move {
-                decide_on(&mut *conn, id, decision).await?;
-                row.insert_on(conn).await
-            })
+            decide_on(conn, id, decision)?;
+            row.insert_on(conn)
         })
         .await
     }
@@ -440,30 +403,24 @@ impl SessionStore for SqliteStore {
             });
         }
         self.write((id.to_owned(), status), |(id, status), conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "UPDATE requests SET status = ? WHERE id = ? AND status = 'pending'",
-                )
-                .bind(status.as_str())
-                .bind(id)
-                .execute(&mut *conn)
-                .await
-                .map_err(backend(OP))?;
-                if done.rows_affected() == 0 {
-                    let exists: Option<i64> =
-                        sqlx::query_scalar("SELECT 1 FROM requests WHERE id = ?")
-                            .bind(id)
-                            .fetch_optional(conn)
-                            .await
-                            .map_err(backend(OP))?;
-                    if exists.is_none() {
-                        return Err(StoreError::NotFound {
-                            what: format!("request {id}"),
-                        });
-                    }
+            let changed = exec(
+                conn,
+                OP,
+                "UPDATE requests SET status = ? WHERE id = ? AND status = 'pending'",
+                params![status.as_str(), id],
+            )?;
+            if changed == 0 {
+                let exists: Option<i64> = conn
+                    .prepare_cached("SELECT 1 FROM requests WHERE id = ?")
+                    .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+                    .map_err(write_error(OP))?;
+                if exists.is_none() {
+                    return Err(StoreError::NotFound {
+                        what: format!("request {id}"),
+                    });
                 }
-                Ok(())
-            })
+            }
+            Ok(())
         })
         .await
     }
@@ -521,22 +478,22 @@ impl SessionStore for SqliteStore {
             created_at: now_ms(),
         };
         self.write(steering, |steering, conn| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "INSERT INTO steering (session_id, text, author, created_at) \
-                     VALUES (?, ?, ?, ?)",
-                )
-                .bind(&steering.session_id.0)
-                .bind(&steering.text)
-                .bind(&steering.author)
-                .bind(steering.created_at)
-                .execute(conn)
-                .await
-                .map_err(insert_for_session("enqueue steering", &steering.session_id))?;
-                Ok(Steering {
-                    id: done.last_insert_rowid(),
-                    ..steering.clone()
-                })
+            let id = insert_for_session(
+                conn,
+                "enqueue steering",
+                &steering.session_id,
+                "INSERT INTO steering (session_id, text, author, created_at) \
+                 VALUES (?, ?, ?, ?)",
+                params![
+                    steering.session_id.0,
+                    steering.text,
+                    steering.author,
+                    steering.created_at
+                ],
+            )?;
+            Ok(Steering {
+                id,
+                ..steering.clone()
             })
         })
         .await
@@ -556,23 +513,19 @@ impl SessionStore for SqliteStore {
 
     async fn mark_steering_delivered(&self, steering_id: i64) -> Result<(), StoreError> {
         self.write((steering_id, now_ms()), |(steering_id, now), conn| {
-            Box::pin(async move {
-                // COALESCE keeps the first delivery time if this is called twice.
-                let done = sqlx::query(
-                    "UPDATE steering SET delivered_at = COALESCE(delivered_at, ?) WHERE id = ?",
-                )
-                .bind(now)
-                .bind(steering_id)
-                .execute(conn)
-                .await
-                .map_err(backend("mark steering delivered"))?;
-                if done.rows_affected() == 0 {
-                    return Err(StoreError::NotFound {
-                        what: format!("steering {steering_id}"),
-                    });
-                }
-                Ok(())
-            })
+            // COALESCE keeps the first delivery time if this is called twice.
+            let changed = exec(
+                conn,
+                "mark steering delivered",
+                "UPDATE steering SET delivered_at = COALESCE(delivered_at, ?) WHERE id = ?",
+                params![now, steering_id],
+            )?;
+            if changed == 0 {
+                return Err(StoreError::NotFound {
+                    what: format!("steering {steering_id}"),
+                });
+            }
+            Ok(())
         })
         .await
     }
@@ -616,44 +569,38 @@ impl SessionStore for SqliteStore {
     }
 
     async fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        self.write(AuditRow::of(entry)?, |row, conn| {
-            Box::pin(row.insert_on(conn))
-        })
-        .await
+        self.write(AuditRow::of(entry)?, |row, conn| row.insert_on(conn))
+            .await
     }
 }
 
 /// Records `decision` on request `id` if it is still pending (on the
 /// writer's connection, inside its transaction).
-async fn decide_on(
-    conn: &mut SqliteConnection,
-    id: &str,
-    decision: &Decision,
-) -> Result<(), StoreError> {
+fn decide_on(conn: &Connection, id: &str, decision: &Decision) -> Result<(), StoreError> {
     const OP: &str = "decide request";
-    let done = sqlx::query(
+    let changed = exec(
+        conn,
+        OP,
         "UPDATE requests SET status = 'decided', option_id = ?, approved = ?, \
          reason = ?, decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
-    )
-    .bind(&decision.option_id)
-    .bind(decision.approved)
-    .bind(&decision.reason)
-    .bind(&decision.decided_by)
-    .bind(decision.decided_at)
-    .bind(id)
-    .execute(&mut *conn)
-    .await
-    .map_err(backend(OP))?;
-    if done.rows_affected() == 1 {
+        params![
+            decision.option_id,
+            decision.approved,
+            decision.reason,
+            decision.decided_by,
+            decision.decided_at,
+            id
+        ],
+    )?;
+    if changed == 1 {
         return Ok(());
     }
     // Same transaction, so the status read here is the one that made the
     // update miss.
-    let status: Option<String> = sqlx::query_scalar("SELECT status FROM requests WHERE id = ?")
-        .bind(id)
-        .fetch_optional(conn)
-        .await
-        .map_err(backend(OP))?;
+    let status: Option<String> = conn
+        .prepare_cached("SELECT status FROM requests WHERE id = ?")
+        .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+        .map_err(write_error(OP))?;
     match status {
         None => Err(StoreError::NotFound {
             what: format!("request {id}"),
@@ -686,18 +633,19 @@ impl AuditRow {
     }
 
     /// Appends the row (on the writer's connection).
-    async fn insert_on(&self, conn: &mut SqliteConnection) -> Result<(), StoreError> {
-        sqlx::query(
+    fn insert_on(&self, conn: &Connection) -> Result<(), StoreError> {
+        exec(
+            conn,
+            "append audit entry",
             "INSERT INTO audit (at, session_id, actor, action, detail) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(self.at)
-        .bind(self.session_id.as_ref().map(|s| s.0.as_str()))
-        .bind(&self.actor)
-        .bind(&self.action)
-        .bind(&self.detail)
-        .execute(conn)
-        .await
-        .map_err(backend("append audit entry"))?;
+            params![
+                self.at,
+                self.session_id.as_ref().map(|s| s.0.as_str()),
+                self.actor,
+                self.action,
+                self.detail
+            ],
+        )?;
         Ok(())
     }
 }
