@@ -606,11 +606,12 @@ mod tests {
         })
     }
 
-    #[tokio::test]
-    async fn a_write_that_loses_the_transaction_does_not_lose_the_others() {
+    /// Queues "before", the write `f` and "after" behind a parked writer,
+    /// so the three run in one batch; checks that both neighbours committed
+    /// and the store still writes, and returns `f`'s error.
+    async fn fails_alone(f: WriteFn<(), ()>) -> StoreError {
         let (_dir, path, store) = file_store().await;
         let (release, plug) = park_writer(&store).await;
-
         let append = |text: &'static str| {
             let s = Arc::clone(&store);
             tokio::spawn(async move {
@@ -625,18 +626,14 @@ mod tests {
         };
         let before = append("before");
         let s = Arc::clone(&store);
-        let aborting = tokio::spawn(async move { s.write((), aborting_write).await });
+        let failing = tokio::spawn(async move { s.write((), f).await });
         let after = append("after");
         until("all writes to queue", || store.writer.queued() == 3).await;
         release.send(()).expect("release");
         plug.await.expect("join").expect("plug");
 
         before.await.expect("join").expect("before commits");
-        let err = aborting.await.expect("join").expect_err("aborted");
-        assert!(
-            matches!(err, StoreError::Backend { op: "abort", .. }),
-            "{err}"
-        );
+        let err = failing.await.expect("join").expect_err("the write fails");
         after.await.expect("join").expect("after commits");
 
         let mut outside = outsider(&path).await;
@@ -645,8 +642,20 @@ mod tests {
             .await
             .expect("read");
         assert_eq!(texts, vec!["before", "after"]);
-        // The store still works afterwards.
-        store.touch(&SessionId::from("s-1")).await.expect("touch");
+        store
+            .touch(&SessionId::from("s-1"))
+            .await
+            .expect("the store still writes afterwards");
+        err
+    }
+
+    #[tokio::test]
+    async fn a_write_that_loses_the_transaction_does_not_lose_the_others() {
+        let err = fails_alone(aborting_write).await;
+        assert!(
+            matches!(err, StoreError::Backend { op: "abort", .. }),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -672,37 +681,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_that_panics_fails_alone_and_the_writer_goes_on() {
-        let (_dir, path, store) = file_store().await;
-        let (release, plug) = park_writer(&store).await;
-        let append = |text: &'static str| {
-            let s = Arc::clone(&store);
-            tokio::spawn(async move {
-                s.append_message(
-                    &SessionId::from("s-1"),
-                    Role::Agent,
-                    MessageKind::Text,
-                    text,
-                )
-                .await
-            })
-        };
-        let before = append("before");
-        let s = Arc::clone(&store);
-        let panicking = tokio::spawn(async move { s.write((), panicking_write).await });
-        let after = append("after");
-        until("all writes to queue", || store.writer.queued() == 3).await;
-        release.send(()).expect("release");
-        plug.await.expect("join").expect("plug");
-
-        before.await.expect("join").expect("before commits");
-        let err = panicking.await.expect("join").expect_err("panicked");
+        let err = fails_alone(panicking_write).await;
         assert!(err.to_string().contains("panicked"), "{err}");
-        after.await.expect("join").expect("after commits");
-        let mut outside = outsider(&path).await;
-        assert_eq!(visible_messages(&mut outside).await, 2);
-        store
-            .touch(&SessionId::from("s-1"))
-            .await
-            .expect("still writing");
     }
 }
