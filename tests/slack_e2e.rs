@@ -18,12 +18,20 @@ use serde_json::json;
 use slack::ConnectionState;
 use slack_common::{CHANNEL, OWNER, Rig, RigOptions, STRANGER, WAIT, permission_scenario};
 
+/// The agent's texts in the thread, in order. The gateway may merge
+/// consecutive texts that wait together into one message (joined by a blank
+/// line), so a message is split back into the texts it carries.
 fn agent_texts(rig: &Rig, root: &str) -> Vec<String> {
     rig.emu
         .thread(CHANNEL, root)
         .into_iter()
         .filter(|m| m.text.starts_with("prompt: "))
-        .map(|m| m.text)
+        .flat_map(|m| {
+            m.text
+                .split("\n\n")
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
