@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use intercom_actors::model::{
-    Decision, PendingRequest, RequestStatus, SessionId, SessionRecord, SessionStatus,
+    Decided, Decision, PendingRequest, RequestStatus, SessionId, SessionRecord, SessionStatus,
     TranscriptEntry,
 };
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore, StoreError};
@@ -784,41 +784,34 @@ impl App {
         reason: Option<String>,
         caller: Caller,
     ) -> Result<(PendingRequest, Decision), AppError> {
-        let (session, _) = split_request_id(global_id)
+        let (session, request_id) = split_request_id(global_id)
             .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))?;
-        let (req, _) = self.approval(global_id).await?;
-        if req.status != RequestStatus::Pending {
+        // The live session knows its pending requests and answers with the
+        // request it closed (or why not): no read of the row on this path.
+        // Only without a running agent is the row read, to say why.
+        let Some(actor) = self.actor(&session).await? else {
+            let (req, _) = self.approval(global_id).await?;
             return Err(AppError::Conflict {
-                message: format!("request {global_id} is already {}", req.status.as_str()),
+                message: match req.status {
+                    RequestStatus::Pending => format!(
+                        "session {session} has no running agent to answer request {global_id}"
+                    ),
+                    status => format!("request {global_id} is already {}", status.as_str()),
+                },
                 status: None,
             });
-        }
-        let actor = self
-            .actor(&session)
-            .await?
-            .ok_or_else(|| AppError::Conflict {
-                message: format!(
-                    "session {session} has no running agent to answer request {global_id}"
-                ),
-                status: None,
-            })?;
+        };
         let answer = Answer {
-            request_id: req.request_id.clone(),
+            request_id: request_id.to_owned(),
             choice,
             reason,
             caller,
         };
-        let decision = calls::decide(&actor, answer, CALL_TIMEOUT_MS)
+        let Decided { request, decision } = calls::decide(&actor, answer, CALL_TIMEOUT_MS)
             .await
             .map_err(|e| AppError::actor("session", e))??;
-        // The session answers only once the decision is stored, and a
-        // decision changes nothing else in the row: no second read needed.
-        let req = PendingRequest {
-            status: RequestStatus::Decided,
-            ..req
-        };
         tracing::info!(request = global_id, option = %decision.option_id, approved = decision.approved, by = %decision.decided_by, "request decided");
-        Ok((req, decision))
+        Ok((request, decision))
     }
 
     /// Stops a session (idempotent). Waits briefly for it to end and returns

@@ -127,6 +127,14 @@ fn a_session_with_a_permission_round_trip() {
     assert_eq!(again.body["code"], "conflict");
     let stored = http.get(&format!("/api/approvals/{id}:req-1"));
     assert_eq!(stored.body["decision"]["option_id"], "allow-once");
+    // The decide answer comes from the session, not from a read of the row:
+    // it must be the row as stored, field for field.
+    assert_eq!(decided.body, stored.body);
+    let unknown = http.post(
+        &format!("/api/approvals/{id}:req-99"),
+        &json!({"decision": "approve"}),
+    );
+    assert_eq!(unknown.status, 404, "{}", unknown.text);
 
     // A second turn asks again; this time reject it with a reason.
     let steer = http.post(

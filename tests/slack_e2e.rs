@@ -26,12 +26,7 @@ fn agent_texts(rig: &Rig, root: &str) -> Vec<String> {
         .thread(CHANNEL, root)
         .into_iter()
         .filter(|m| m.text.starts_with("prompt: "))
-        .flat_map(|m| {
-            m.text
-                .split("\n\n")
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|m| m.text.split("\n\n").map(str::to_owned).collect::<Vec<_>>())
         .collect()
 }
 

@@ -329,6 +329,17 @@ pub struct Decision {
     pub decided_at: i64,
 }
 
+/// A decision as the session recorded it, with the request it closed (as
+/// stored: status `decided`), so a front end can show both without reading
+/// the row back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The request, now decided.
+    pub request: PendingRequest,
+    /// What was decided.
+    pub decision: Decision,
+}
+
 /// A steering message waiting for (or already given to) the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Steering {

@@ -72,7 +72,8 @@ async fn clearance_blocks_until_the_operator_decides() {
         reply
     })
     .expect("call")
-    .expect("decided");
+    .expect("decided")
+    .decision;
     assert!(!decision.approved);
     match rx.await.expect("answer") {
         McpAnswer::Decided(d) => assert_eq!(

@@ -271,6 +271,7 @@ impl Harness {
         })
         .expect("call")
         .expect("decided")
+        .decision
     }
 
     /// The operator steers a session.

@@ -4,7 +4,7 @@
 use ractor::{ActorRef, RactorErr};
 
 use super::{Caller, Choice, SessionError, SessionMsg, StopCause};
-use crate::model::Decision;
+use crate::model::Decided;
 use crate::rules::ApprovalMode;
 
 /// What an operator decided on one pending request.
@@ -21,12 +21,12 @@ pub struct Answer {
 }
 
 /// Asks `actor` to record `answer`, waiting at most `timeout_ms` for the
-/// recorded decision (or the session's refusal).
+/// recorded decision and the request it closed (or the session's refusal).
 pub async fn decide(
     actor: &ActorRef<SessionMsg>,
     answer: Answer,
     timeout_ms: u64,
-) -> Result<Result<Decision, SessionError>, RactorErr<SessionMsg>> {
+) -> Result<Result<Decided, SessionError>, RactorErr<SessionMsg>> {
     let Answer {
         request_id,
         choice,

@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 use crate::child::{AgentChild, ChildEvent, ChildSpec, SpawnError};
 use crate::model::{
-    AuditEntry, Decision, PendingRequest, Protocol, SessionId, SessionRecord, SessionStatus,
+    AuditEntry, Decided, PendingRequest, Protocol, SessionId, SessionRecord, SessionStatus,
     Steering,
 };
 use crate::ports::{OperatorEvent, OperatorSink, SessionStore, StoreError};
@@ -356,8 +356,8 @@ pub enum SessionMsg {
         reason: Option<String>,
         /// Who.
         caller: Caller,
-        /// The recorded decision.
-        reply: RpcReplyPort<Result<Decision, SessionError>>,
+        /// The recorded decision, with the request it closed.
+        reply: RpcReplyPort<Result<Decided, SessionError>>,
     },
     /// The operator steers the agent.
     Steer {

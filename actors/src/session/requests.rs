@@ -12,7 +12,8 @@ use serde_json::json;
 use super::toolcalls::Cover;
 use super::{Caller, Choice, Pending, SessionError, SessionState};
 use crate::model::{
-    AuditEntry, Decision, MessageKind, OptionKind, RequestKind, RequestStatus, Role, now_ms,
+    AuditEntry, Decided, Decision, MessageKind, OptionKind, PendingRequest, RequestKind,
+    RequestStatus, Role, now_ms,
 };
 use crate::ports::OperatorEvent;
 use crate::protocol::acp;
@@ -32,14 +33,14 @@ impl SessionState {
         choice: Choice,
         reason: Option<String>,
         caller: &Caller,
-    ) -> Result<Decision, SessionError> {
+    ) -> Result<Decided, SessionError> {
         self.authorize(caller, "decide").await?;
         let Some(n) = self.find_pending(request_id) else {
             let prefix = format!("{}:", self.id());
             let global = if request_id.starts_with(&prefix) {
                 request_id.to_owned()
             } else {
-                crate::model::PendingRequest::global_id(self.id(), request_id)
+                PendingRequest::global_id(self.id(), request_id)
             };
             return match self.store.get_request(&global).await {
                 Ok(Some((req, _))) => Err(SessionError::AlreadyResolved {
@@ -59,7 +60,7 @@ impl SessionState {
         choice: &Choice,
         reason: Option<String>,
         decided_by: &str,
-    ) -> Result<Decision, SessionError> {
+    ) -> Result<Decided, SessionError> {
         let Some(pending) = self.pending.get(&n).cloned() else {
             return Err(SessionError::NotFound(format!("req-{n}")));
         };
@@ -105,7 +106,11 @@ impl SessionState {
         if self.pending.is_empty() {
             self.show_activity("working", None);
         }
-        Ok(decision)
+        let request = PendingRequest {
+            status: RequestStatus::Decided,
+            ..pending.record
+        };
+        Ok(Decided { request, decision })
     }
 
     /// Writes the decision to the agent in its protocol.

@@ -306,4 +306,5 @@ pub async fn decide_as(
         reply
     })
     .expect("decide call")
+    .map(|decided| decided.decision)
 }
