@@ -14,6 +14,7 @@
 //! in `store.rs`, the writer in `writer.rs`, row decoding in `rows.rs`, the
 //! instance lock in `lock.rs`.
 
+mod checkpointer;
 mod clearances;
 pub mod console;
 pub mod events;

@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 
 use intercom_actors::ports::StoreError;
 use rusqlite::Connection;
+
+use super::checkpointer::Checkpointer;
 use tokio::sync::{mpsc, oneshot};
 
 /// How many writes may wait for the writer before callers wait to queue.
@@ -90,6 +92,7 @@ impl Writer {
     /// created and migrated) and starts its thread.
     pub(crate) fn start(path: &Path, busy_timeout: Duration) -> std::io::Result<Writer> {
         let conn = open_connection(path, busy_timeout).map_err(std::io::Error::other)?;
+        let checkpointer = Checkpointer::start(path, busy_timeout)?;
         let (jobs, queue) = mpsc::channel(QUEUE);
         let (stop_signal, stopped) = oneshot::channel();
         let counters = Arc::new(Counters::default());
@@ -98,6 +101,7 @@ impl Writer {
             busy_timeout,
             conn: Some(conn),
             counters: Arc::clone(&counters),
+            checkpointer,
             _stop_signal: stop_signal,
         };
         std::thread::Builder::new()
@@ -155,11 +159,13 @@ impl Writer {
 
 /// Opens a connection with the settings every write relies on (the
 /// journal mode is the file's and already WAL; the rest is per connection).
+/// It never checkpoints: the checkpointer thread does, off the writes' path.
 fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(busy_timeout)?;
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
+         PRAGMA wal_autocheckpoint = 0;",
     )?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
@@ -232,6 +238,9 @@ struct Thread {
     /// proven out of a failed transaction (reopened for the next batch).
     conn: Option<Connection>,
     counters: Arc<Counters>,
+    /// Copies the WAL into the database file, nudged after each commit
+    /// (dropped, and so joined, before the stop signal).
+    checkpointer: Checkpointer,
     /// Dropped when the thread ends, which is what `Writer::close` awaits.
     _stop_signal: oneshot::Sender<()>,
 }
@@ -261,6 +270,7 @@ impl Thread {
             let busy = !queue.is_empty();
             match &outcome {
                 Ok(committed) => {
+                    self.checkpointer.committed();
                     self.counters.commits.fetch_add(1, Ordering::Relaxed);
                     self.counters
                         .writes

@@ -1,0 +1,188 @@
+//! The WAL checkpointer: copies committed pages from the write-ahead log
+//! into the database file on a thread and connection of its own.
+//!
+//! Why this exists: SQLite checkpoints by itself inside the `COMMIT` that
+//! takes the WAL past 1,000 pages, on the connection that committed. Here
+//! that is the one writer, so every few hundred commits one commit also
+//! copied the whole WAL into the database file and synced it, and every
+//! write queued behind it waited: a single session saw every sixtieth
+//! approval take 4 to 6 ms instead of 0.7 (the load bench, issue 13). The
+//! writer's connection therefore never checkpoints (`wal_autocheckpoint =
+//! 0`); after a commit it nudges this thread, which runs a `PASSIVE`
+//! checkpoint (it copies what it can without waiting for anyone, and never
+//! blocks the writer, which keeps appending to the WAL meanwhile) at most
+//! once per [`INTERVAL`]. Once a checkpoint has copied everything, the
+//! writer's next transaction starts the WAL over from its beginning, so the
+//! file stays small under a steady load too.
+//!
+//! A failed checkpoint is logged and tried again after the next commit:
+//! nothing is lost by it (the pages are in the WAL, which readers read and
+//! which SQLite checkpoints when the last connection closes).
+
+use std::path::Path;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+/// At most one checkpoint this often: commits in between share it.
+const INTERVAL: Duration = Duration::from_millis(200);
+
+/// The writer's handle: nudge after a commit; dropped, it stops the thread
+/// and waits for it (its connection closed).
+#[derive(Debug)]
+pub(crate) struct Checkpointer {
+    /// One pending nudge is enough: a checkpoint covers every commit
+    /// before it.
+    nudge: Option<SyncSender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    /// Opens the checkpointer's own connection to `path` and starts its
+    /// thread.
+    pub(crate) fn start(path: &Path, busy_timeout: Duration) -> std::io::Result<Checkpointer> {
+        let conn = Connection::open(path).map_err(std::io::Error::other)?;
+        conn.busy_timeout(busy_timeout)
+            .map_err(std::io::Error::other)?;
+        let (nudge, nudged) = sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("sqlite-checkpoint".into())
+            .spawn(move || run(&conn, &nudged))?;
+        Ok(Checkpointer {
+            nudge: Some(nudge),
+            thread: Some(thread),
+        })
+    }
+
+    /// Something committed: checkpoint soon. Never blocks.
+    pub(crate) fn committed(&self) {
+        if let Some(nudge) = &self.nudge
+            && let Err(TrySendError::Disconnected(())) = nudge.try_send(())
+        {
+            tracing::warn!("the WAL checkpointer has stopped; SQLite checkpoints at close");
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.nudge.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the WAL checkpointer panicked");
+        }
+    }
+}
+
+/// How a pause between two checkpoints ended.
+enum Pause {
+    /// Nothing committed during it.
+    Quiet,
+    /// Something committed during it: checkpoint again now.
+    Committed,
+    /// The writer is gone: stop.
+    Gone,
+}
+
+/// Waits for a commit, checkpoints, pauses; until the writer is gone.
+fn run(conn: &Connection, nudged: &Receiver<()>) {
+    while nudged.recv().is_ok() {
+        loop {
+            checkpoint(conn);
+            match pause(nudged, Instant::now() + INTERVAL) {
+                Pause::Quiet => break,
+                Pause::Committed => continue,
+                Pause::Gone => return,
+            }
+        }
+    }
+}
+
+/// Sleeps until `until`, noting commits meanwhile; returns at once when the
+/// writer is gone.
+fn pause(nudged: &Receiver<()>, until: Instant) -> Pause {
+    let mut committed = false;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return if committed {
+                Pause::Committed
+            } else {
+                Pause::Quiet
+            };
+        }
+        match nudged.recv_timeout(left) {
+            Ok(()) => committed = true,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Pause::Gone,
+        }
+    }
+}
+
+/// One `PASSIVE` checkpoint; a failure is logged (the next one retries).
+fn checkpoint(conn: &Connection) {
+    let outcome = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+    });
+    match outcome {
+        Ok((log, copied)) => tracing::trace!(log, copied, "WAL checkpoint"),
+        Err(e) => tracing::warn!("WAL checkpoint failed (retried after the next commit): {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use intercom_actors::model::{MessageKind, Role, SessionId};
+    use intercom_actors::ports::{SessionStore, StoreError};
+
+    use super::*;
+    use crate::storage::SqliteStore;
+    use crate::storage::tests::rec;
+
+    /// The writer's own setting, read on the writer's connection.
+    fn autocheckpoint(_: &(), conn: &Connection) -> Result<i64, StoreError> {
+        conn.query_row("PRAGMA wal_autocheckpoint", [], |row| row.get(0))
+            .map_err(|e| StoreError::Backend {
+                op: "read pragma",
+                message: e.to_string(),
+            })
+    }
+
+    #[tokio::test]
+    async fn commits_reach_the_database_file_without_the_writer_checkpointing() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("db.sqlite");
+        let store = Arc::new(SqliteStore::open(&path).await.expect("open"));
+        assert_eq!(
+            store.write((), autocheckpoint).await.expect("pragma"),
+            0,
+            "the writer's commits must never checkpoint"
+        );
+        store.create_session(&rec("s-1")).await.expect("create");
+        let before = std::fs::metadata(&path).expect("db file").len();
+        let text = "x".repeat(2_000);
+        for _ in 0..40 {
+            store
+                .append_message(
+                    &SessionId::from("s-1"),
+                    Role::Agent,
+                    MessageKind::Text,
+                    &text,
+                )
+                .await
+                .expect("append");
+        }
+        // Those pages are only in the WAL until a checkpoint copies them into
+        // the database file, and the writer does not: the checkpointer does.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::metadata(&path).expect("db file").len() <= before {
+            assert!(Instant::now() < deadline, "nothing was checkpointed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
