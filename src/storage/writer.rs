@@ -55,11 +55,16 @@ const STATEMENT_CACHE: usize = 128;
 /// callers at once), the next commit starts no sooner than this after the
 /// previous one began, so the writes that arrive meanwhile share it. A
 /// caller alone (nothing arrived while its last write committed) never
-/// waits. Under load this bounds commits to about 2,500 a second, each one
+/// waits. Under load this bounds commits to about 1,700 a second, each one
 /// writing every page it changed into the WAL once for all the writes it
 /// holds, instead of once per write; the cost is at most this much latency
-/// per write, and only when the writer is busy anyway.
-const COMMIT_WINDOW: Duration = Duration::from_micros(400);
+/// per write, and only when the writer is busy anyway. Measured at 500
+/// agents (about 2,000 approvals a second, BENCHMARKS.md): 400 µs gave 1.07
+/// to 1.14 commits per approval once checkpoints left the writer (each
+/// commit got cheaper, so more of them fit), 700 µs 0.81 to 0.85 for about
+/// 0.7 ms more at p50; 600 µs keeps the bound of one commit per
+/// approval under load with room to spare.
+const COMMIT_WINDOW: Duration = Duration::from_micros(600);
 
 /// One write: plain function of its (owned) data and the writer's
 /// connection, run inside the open transaction. A plain `fn` (not a
