@@ -7,27 +7,51 @@
 //! copied the whole WAL into the database file and synced it, and every
 //! write queued behind it waited: a single session saw every sixtieth
 //! approval take 4 to 6 ms instead of 0.7 (the load bench, issue 13). The
-//! writer's connection therefore never checkpoints (`wal_autocheckpoint =
-//! 0`); after a commit it nudges this thread, which runs a `PASSIVE`
-//! checkpoint (it copies what it can without waiting for anyone, and never
-//! blocks the writer, which keeps appending to the WAL meanwhile) at most
-//! once per [`INTERVAL`]. Once a checkpoint has copied everything, the
-//! writer's next transaction starts the WAL over from its beginning, so the
-//! file stays small under a steady load too.
+//! writer's connection therefore never checkpoints: its WAL hook
+//! ([`wal_size`]) replaces SQLite's automatic checkpoint and only notes how
+//! many pages the WAL holds. Past [`THRESHOLD`] pages (SQLite's own default)
+//! the writer nudges this thread, which runs a `PASSIVE` checkpoint (it
+//! copies what it can without waiting for anyone, and never blocks the
+//! writer, which keeps appending to the WAL meanwhile), at most once per
+//! [`INTERVAL`]. Once a checkpoint has copied everything, the writer's next
+//! transaction starts the WAL over from its beginning, so the file stays
+//! about as small as SQLite alone keeps it.
 //!
 //! A failed checkpoint is logged and tried again after the next commit:
 //! nothing is lost by it (the pages are in the WAL, which readers read and
 //! which SQLite checkpoints when the last connection closes).
 
+use std::cell::Cell;
+use std::ffi::c_int;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
+use rusqlite::hooks::Wal;
+
+/// Checkpoint once the WAL holds this many pages (SQLite's default for its
+/// automatic checkpoint).
+const THRESHOLD: c_int = 1000;
 
 /// At most one checkpoint this often: commits in between share it.
 const INTERVAL: Duration = Duration::from_millis(200);
+
+thread_local! {
+    /// Pages in the WAL after the last commit on this thread's connection
+    /// (set by [`wal_size`]; only the writer's thread registers it).
+    static WAL_PAGES: Cell<c_int> = const { Cell::new(0) };
+}
+
+/// The writer connection's WAL hook: runs on the writer's thread inside each
+/// `COMMIT` and notes the WAL's size, read back by
+/// [`Checkpointer::committed`] on the same thread. Registering it replaces
+/// SQLite's automatic checkpoint (which is itself a WAL hook).
+pub(crate) fn wal_size(_: &Wal, pages: c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.with(|p| p.set(pages));
+    Ok(())
+}
 
 /// The writer's handle: nudge after a commit; dropped, it stops the thread
 /// and waits for it (its connection closed).
@@ -56,8 +80,13 @@ impl Checkpointer {
         })
     }
 
-    /// Something committed: checkpoint soon. Never blocks.
+    /// Something committed (on this thread's connection, whose WAL hook is
+    /// [`wal_size`]): checkpoint soon if the WAL is past [`THRESHOLD`].
+    /// Never blocks.
     pub(crate) fn committed(&self) {
+        if WAL_PAGES.with(Cell::get) < THRESHOLD {
+            return;
+        }
         if let Some(nudge) = &self.nudge
             && let Err(TrySendError::Disconnected(())) = nudge.try_send(())
         {
@@ -165,8 +194,9 @@ mod tests {
         );
         store.create_session(&rec("s-1")).await.expect("create");
         let before = std::fs::metadata(&path).expect("db file").len();
-        let text = "x".repeat(2_000);
-        for _ in 0..40 {
+        // About 1,200 pages: past the threshold.
+        let text = "x".repeat(100_000);
+        for _ in 0..50 {
             store
                 .append_message(
                     &SessionId::from("s-1"),

@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 
 use intercom_actors::ports::StoreError;
 use rusqlite::Connection;
-
-use super::checkpointer::Checkpointer;
 use tokio::sync::{mpsc, oneshot};
+
+use super::checkpointer::{self, Checkpointer};
 
 /// How many writes may wait for the writer before callers wait to queue.
 const QUEUE: usize = 4096;
@@ -55,16 +55,18 @@ const STATEMENT_CACHE: usize = 128;
 /// callers at once), the next commit starts no sooner than this after the
 /// previous one began, so the writes that arrive meanwhile share it. A
 /// caller alone (nothing arrived while its last write committed) never
-/// waits. Under load this bounds commits to about 1,700 a second, each one
+/// waits. Under load this bounds commits to about 1,400 a second, each one
 /// writing every page it changed into the WAL once for all the writes it
 /// holds, instead of once per write; the cost is at most this much latency
-/// per write, and only when the writer is busy anyway. Measured at 500
-/// agents (about 2,000 approvals a second, BENCHMARKS.md): 400 µs gave 1.07
-/// to 1.14 commits per approval once checkpoints left the writer (each
-/// commit got cheaper, so more of them fit), 700 µs 0.81 to 0.85 for about
-/// 0.7 ms more at p50; 600 µs keeps the issue's bound of one commit per
-/// approval under load with room to spare.
-const COMMIT_WINDOW: Duration = Duration::from_micros(600);
+/// per write, and only when the writer is busy anyway.
+///
+/// Why 700 µs: at 500 agents the server decides about 2,000 approvals a
+/// second, each about 5.5 writes, so one commit per approval (issue 13's
+/// bound) means about 5.5 writes per commit, which take about 500 µs to
+/// arrive. Measured there once checkpoints left the writer (each commit got
+/// cheaper, so more of them fit; BENCHMARKS.md): 400 µs gave 1.07 to 1.14
+/// commits per approval, 600 µs 0.93 to 1.02, 700 µs 0.8 to 0.85.
+const COMMIT_WINDOW: Duration = Duration::from_micros(700);
 
 /// One write: plain function of its (owned) data and the writer's
 /// connection, run inside the open transaction. A plain `fn` (not a
@@ -164,14 +166,16 @@ impl Writer {
 
 /// Opens a connection with the settings every write relies on (the
 /// journal mode is the file's and already WAL; the rest is per connection).
-/// It never checkpoints: the checkpointer thread does, off the writes' path.
+/// It never checkpoints: its WAL hook only notes the WAL's size, and the
+/// checkpointer thread checkpoints, off the writes' path.
 fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(busy_timeout)?;
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
-         PRAGMA wal_autocheckpoint = 0;",
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
     )?;
+    // Replaces SQLite's automatic checkpoint (also a WAL hook).
+    conn.wal_hook(Some(checkpointer::wal_size));
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
@@ -243,7 +247,7 @@ struct Thread {
     /// proven out of a failed transaction (reopened for the next batch).
     conn: Option<Connection>,
     counters: Arc<Counters>,
-    /// Copies the WAL into the database file, nudged after each commit
+    /// Copies the WAL into the database file, told of each commit
     /// (dropped, and so joined, before the stop signal).
     checkpointer: Checkpointer,
     /// Dropped when the thread ends, which is what `Writer::close` awaits.
