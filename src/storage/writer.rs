@@ -55,18 +55,20 @@ const STATEMENT_CACHE: usize = 128;
 /// callers at once), the next commit starts no sooner than this after the
 /// previous one began, so the writes that arrive meanwhile share it. A
 /// caller alone (nothing arrived while its last write committed) never
-/// waits. Under load this bounds commits to about 1,400 a second, each one
+/// waits. Under load this bounds commits to about 1,700 a second, each one
 /// writing every page it changed into the WAL once for all the writes it
 /// holds, instead of once per write; the cost is at most this much latency
 /// per write, and only when the writer is busy anyway.
 ///
-/// Why 700 µs: at 500 agents the server decides about 2,000 approvals a
+/// Why 600 µs: at 500 agents the server decides about 2,000 approvals a
 /// second, each about 5.5 writes, so one commit per approval (issue 13's
 /// bound) means about 5.5 writes per commit, which take about 500 µs to
 /// arrive. Measured there once checkpoints left the writer (each commit got
-/// cheaper, so more of them fit; BENCHMARKS.md): 400 µs gave 1.07 to 1.14
-/// commits per approval, 600 µs 0.93 to 1.02, 700 µs 0.8 to 0.85.
-const COMMIT_WINDOW: Duration = Duration::from_micros(700);
+/// cheaper, so more of them fit; BENCHMARKS.md, three runs each): 400 µs
+/// gave 1.07 to 1.14 commits per approval; 600 µs 0.97 (0.93 to 1.02) with
+/// rtt p99 8.4 ms; 700 µs 0.82 (0.81 to 0.85) but rtt p99 18 ms and p50
+/// 2.4 ms instead of 1.9.
+const COMMIT_WINDOW: Duration = Duration::from_micros(600);
 
 /// One write: plain function of its (owned) data and the writer's
 /// connection, run inside the open transaction. A plain `fn` (not a
