@@ -19,7 +19,9 @@
 //!
 //! A failed checkpoint is logged and tried again after the next commit:
 //! nothing is lost by it (the pages are in the WAL, which readers read and
-//! which SQLite checkpoints when the last connection closes).
+//! which SQLite checkpoints when the last connection closes). Should the
+//! thread be gone, the writer checkpoints on its own connection again, as
+//! SQLite would have: slower commits, but the WAL never grows without bound.
 
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -61,6 +63,8 @@ pub(crate) struct Checkpointer {
     /// before it.
     nudge: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// The thread is gone and that was logged (once).
+    said_gone: bool,
 }
 
 impl Checkpointer {
@@ -77,20 +81,30 @@ impl Checkpointer {
         Ok(Checkpointer {
             nudge: Some(nudge),
             thread: Some(thread),
+            said_gone: false,
         })
     }
 
-    /// Something committed (on this thread's connection, whose WAL hook is
+    /// Something committed on `writer` (on this thread; its WAL hook is
     /// [`wal_size`]): checkpoint soon if the WAL is past [`THRESHOLD`].
-    /// Never blocks.
-    pub(crate) fn committed(&self) {
+    /// Never blocks, unless the thread is gone: then `writer` checkpoints
+    /// here and now.
+    pub(crate) fn committed(&mut self, writer: &Connection) {
         if WAL_PAGES.with(Cell::get) < THRESHOLD {
             return;
         }
-        if let Some(nudge) = &self.nudge
-            && let Err(TrySendError::Disconnected(())) = nudge.try_send(())
-        {
-            tracing::warn!("the WAL checkpointer has stopped; SQLite checkpoints at close");
+        let gone = match &self.nudge {
+            Some(nudge) => matches!(nudge.try_send(()), Err(TrySendError::Disconnected(()))),
+            None => true,
+        };
+        if gone {
+            if !self.said_gone {
+                self.said_gone = true;
+                tracing::error!(
+                    "the WAL checkpointer thread has stopped; the writer checkpoints by itself from now on"
+                );
+            }
+            checkpoint(writer);
         }
     }
 }
@@ -180,6 +194,31 @@ mod tests {
                 op: "read pragma",
                 message: e.to_string(),
             })
+    }
+
+    #[test]
+    fn without_its_thread_the_writer_checkpoints_by_itself() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("db.sqlite");
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x)")
+            .expect("setup");
+        conn.wal_hook(Some(wal_size));
+        // About 1,250 pages, past the threshold, only in the WAL so far.
+        conn.execute_batch("INSERT INTO t VALUES (zeroblob(5000000))")
+            .expect("insert");
+        let before = std::fs::metadata(&path).expect("db file").len();
+        let mut gone = Checkpointer {
+            nudge: None,
+            thread: None,
+            said_gone: false,
+        };
+        gone.committed(&conn);
+        assert!(gone.said_gone);
+        assert!(
+            std::fs::metadata(&path).expect("db file").len() > before + 4_000_000,
+            "the writer did not checkpoint"
+        );
     }
 
     #[tokio::test]

@@ -281,7 +281,9 @@ impl Thread {
             let busy = !queue.is_empty();
             match &outcome {
                 Ok(committed) => {
-                    self.checkpointer.committed();
+                    if let Some(conn) = &self.conn {
+                        self.checkpointer.committed(conn);
+                    }
                     self.counters.commits.fetch_add(1, Ordering::Relaxed);
                     self.counters
                         .writes
