@@ -178,14 +178,11 @@ fn checkpoint(conn: &Connection) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use intercom_actors::model::{MessageKind, Role, SessionId};
     use intercom_actors::ports::{SessionStore, StoreError};
 
     use super::*;
-    use crate::storage::SqliteStore;
-    use crate::storage::tests::rec;
+    use crate::storage::tests::file_store;
 
     /// The writer's own setting, read on the writer's connection.
     fn autocheckpoint(_: &(), conn: &Connection) -> Result<i64, StoreError> {
@@ -223,15 +220,12 @@ mod tests {
 
     #[tokio::test]
     async fn commits_reach_the_database_file_without_the_writer_checkpointing() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("db.sqlite");
-        let store = Arc::new(SqliteStore::open(&path).await.expect("open"));
+        let (_dir, path, store) = file_store().await;
         assert_eq!(
             store.write((), autocheckpoint).await.expect("pragma"),
             0,
             "the writer's commits must never checkpoint"
         );
-        store.create_session(&rec("s-1")).await.expect("create");
         let before = std::fs::metadata(&path).expect("db file").len();
         // About 1,200 pages: past the threshold.
         let text = "x".repeat(100_000);

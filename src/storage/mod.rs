@@ -458,6 +458,21 @@ pub(crate) mod tests {
         }
     }
 
+    /// A store in a file of its own (deleted with the returned directory)
+    /// holding session `s-1`; also used by the writer's and the
+    /// checkpointer's tests.
+    pub(crate) async fn file_store() -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::sync::Arc<SqliteStore>,
+    ) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("db.sqlite");
+        let store = SqliteStore::open(&path).await.expect("open");
+        store.create_session(&rec("s-1")).await.expect("create");
+        (dir, path, std::sync::Arc::new(store))
+    }
+
     impl SqliteStore {
         /// Runs `sql` (a pragma) on the writer's connection.
         async fn on_writer(&self, sql: &'static str) {

@@ -457,7 +457,7 @@ mod tests {
 
     use super::*;
     use crate::storage::SqliteStore;
-    use crate::storage::tests::rec;
+    use crate::storage::tests::file_store;
 
     /// Polls `cond` until it holds; panics after a generous deadline.
     async fn until(what: &str, cond: impl Fn() -> bool) {
@@ -506,14 +506,6 @@ mod tests {
             .expect("join")
             .expect("the plug write started");
         (release, task)
-    }
-
-    async fn file_store() -> (tempfile::TempDir, std::path::PathBuf, Arc<SqliteStore>) {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("db.sqlite");
-        let store = SqliteStore::open(&path).await.expect("open");
-        store.create_session(&rec("s-1")).await.expect("create");
-        (dir, path, Arc::new(store))
     }
 
     #[tokio::test]
