@@ -56,7 +56,9 @@
 //! permission requests per second (first Start call -> last session idle),
 //! CPU (this process, of which the bench-side threads, and the whole
 //! machine), peak RSS (`VmHWM`, reset per run), memory per idle session
-//! ((RSS with every session idle - RSS before the first start) / N) and
+//! ((RSS with every session idle - RSS before the first start) / N),
+//! in api mode the server's own time per decision (`POST /api/approvals`,
+//! router in -> response out, beside the operator's delay it is part of) and
 //! session start time (Start call or `POST /api/sessions` -> answer, which
 //! comes after the handshake and the first prompt). The bench process is the
 //! server (in-process); the emulator, proxy, HTTP client and operator run on
@@ -164,6 +166,11 @@ struct Observed {
     sup: OnceLock<ActorRef<SupervisorMsg>>,
     /// Operator delay per answered request.
     delays: Mutex<Vec<Duration>>,
+    /// Api mode: how long the server took per `POST /api/approvals/{id}`
+    /// (request handed to the router -> response built), so the operator's
+    /// delay splits into the server's part and the rest (client, loopback,
+    /// waiting for a core).
+    served: Mutex<Vec<Duration>>,
     /// Sessions whose turn ended (activity `idle`).
     idle: Mutex<HashSet<SessionId>>,
     /// When the last session went idle.
@@ -697,7 +704,10 @@ async fn rig_api(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
     let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(serve_on(
         listener,
-        router(app.clone(), ApiToken::new(TOKEN)),
+        router(app.clone(), ApiToken::new(TOKEN)).layer(axum::middleware::from_fn_with_state(
+            obs.clone(),
+            time_decisions,
+        )),
         async {
             let _ = stop_rx.await;
         },
@@ -805,6 +815,22 @@ async fn call(
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     ))
+}
+
+/// Times the server's handling of each decision (`POST /api/approvals/..`).
+async fn time_decisions(
+    State(obs): State<Arc<Observed>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let decision =
+        req.method() == axum::http::Method::POST && req.uri().path().starts_with("/api/approvals/");
+    let began = Instant::now();
+    let response = next.run(req).await;
+    if decision && let Ok(mut v) = obs.served.lock() {
+        v.push(began.elapsed());
+    }
+    response
 }
 
 async fn approve(client: &HttpClient, base: &str, id: &str, obs: &Observed) {
@@ -1390,6 +1416,21 @@ async fn run(
         .unwrap_or_default();
     op_us.sort_unstable();
     start_ms.sort_unstable();
+    let mut served_us: Vec<u64> = obs
+        .served
+        .lock()
+        .map(|d| d.iter().map(|x| x.as_micros() as u64).collect())
+        .unwrap_or_default();
+    if !served_us.is_empty() {
+        served_us.sort_unstable();
+        notes.push(format!(
+            "server-side handling of POST /api/approvals (router in -> response out): p50 {} µs, p99 {} µs, of the operator's delay p50 {} µs, p99 {} µs",
+            pct(&served_us, 0.5),
+            pct(&served_us, 0.99),
+            pct(&op_us, 0.5),
+            pct(&op_us, 0.99)
+        ));
+    }
     let op_errors = obs.op_errors.load(Ordering::Relaxed);
     if op_errors > 0 {
         errors += op_errors;
