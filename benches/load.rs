@@ -817,6 +817,16 @@ async fn call(
     ))
 }
 
+/// Durations recorded in `m`, in µs, sorted (for [`pct`]).
+fn sorted_us(m: &Mutex<Vec<Duration>>) -> Vec<u64> {
+    let mut us: Vec<u64> = m
+        .lock()
+        .map(|d| d.iter().map(|x| x.as_micros() as u64).collect())
+        .unwrap_or_default();
+    us.sort_unstable();
+    us
+}
+
 /// Times the server's handling of each decision (`POST /api/approvals/..`).
 async fn time_decisions(
     State(obs): State<Arc<Observed>>,
@@ -1409,20 +1419,10 @@ async fn run(
     if rtt_us.len() < want {
         errors += want - rtt_us.len();
     }
-    let mut op_us: Vec<u64> = obs
-        .delays
-        .lock()
-        .map(|d| d.iter().map(|x| x.as_micros() as u64).collect())
-        .unwrap_or_default();
-    op_us.sort_unstable();
+    let op_us = sorted_us(&obs.delays);
     start_ms.sort_unstable();
-    let mut served_us: Vec<u64> = obs
-        .served
-        .lock()
-        .map(|d| d.iter().map(|x| x.as_micros() as u64).collect())
-        .unwrap_or_default();
+    let served_us = sorted_us(&obs.served);
     if !served_us.is_empty() {
-        served_us.sort_unstable();
         notes.push(format!(
             "server-side handling of POST /api/approvals (router in -> response out): p50 {} µs, p99 {} µs, of the operator's delay p50 {} µs, p99 {} µs",
             pct(&served_us, 0.5),
