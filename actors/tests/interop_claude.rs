@@ -202,6 +202,33 @@ async fn auto_edits_answers_the_edit_permission_itself() {
     stop(&h, &id).await;
 }
 
+/// Waits until one of Claude Code's session files under the fresh HOME
+/// (`.claude/projects/<cwd>/<session>.jsonl`) holds `text` on a whole line.
+async fn until_claude_stored(dir: &Path, text: &str) {
+    let projects = dir.join("home/.claude/projects");
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while !session_files(&projects).iter().any(|body| {
+        body.split_inclusive('\n')
+            .any(|line| line.ends_with('\n') && line.contains(text))
+    }) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Claude Code session file under {} ever held {text:?}",
+            projects.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The text of every `*.jsonl` one level under `projects`.
+fn session_files(projects: &Path) -> Vec<String> {
+    let dirs = std::fs::read_dir(projects).into_iter().flatten().flatten();
+    dirs.flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .filter(|f| f.path().extension().is_some_and(|e| e == "jsonl"))
+        .filter_map(|f| std::fs::read_to_string(f.path()).ok())
+        .collect()
+}
+
 #[tokio::test]
 #[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
 async fn a_crash_mid_turn_resumes_with_session_load() {
@@ -214,6 +241,9 @@ async fn a_crash_mid_turn_resumes_with_session_load() {
     h.until_transcript(&id, "done").await;
     steer(&h, &id, "now the second file").await;
     request_opened(&h, 2).await;
+    // Claude Code writes its session file behind the turn; kill it only once
+    // the file holds the second turn's write, or there is nothing to load.
+    until_claude_stored(h.dir.path(), "second.txt").await;
     let group = pid(&h, &id).await;
     // SAFETY: signals the agent's own process group, which this test started.
     unsafe { libc::kill(-group, libc::SIGKILL) };
