@@ -119,19 +119,14 @@ impl OperatorSink for EventJournal {
     }
 }
 
-/// Encodes an event for the table: (session, kind, JSON).
+/// Encodes an event for the table: (session, kind, JSON), serializing it
+/// once, straight to text.
 pub fn encode(event: &OperatorEvent) -> Result<NewEvent, serde_json::Error> {
-    let value = serde_json::to_value(event)?;
-    let kind = value
-        .get("event")
-        .and_then(|k| k.as_str())
-        .unwrap_or("unknown")
-        .to_owned();
     Ok(NewEvent {
         at: now_ms(),
         session_id: event.session_id().0.clone(),
-        kind,
-        payload: value.to_string(),
+        kind: event.kind().to_owned(),
+        payload: serde_json::to_string(event)?,
     })
 }
 
@@ -240,6 +235,97 @@ mod tests {
         let payload: serde_json::Value = serde_json::from_str(&first.payload).expect("json");
         assert_eq!(payload["text"], "one");
         assert_eq!(first.session_id, "s-1");
+    }
+
+    /// The kind column is the payload's own `event` field, for every kind
+    /// the server emits (a variant added to `OperatorEvent` without its
+    /// name in `kind()` fails to compile; a misspelt name fails here).
+    #[test]
+    fn the_kind_column_is_the_payloads_event_field() {
+        use intercom_actors::model::{Decision, RequestStatus};
+        use serde_json::json;
+        let s = || SessionId("s-1".into());
+        let session = serde_json::from_value(json!({
+            "id": "s-1", "workspace": "w", "cwd": "/w", "agent": "a", "protocol": "acp",
+            "status": "active", "status_reason": null, "title": "t", "owner": "U1",
+            "acp_session_id": null, "channel_id": null, "thread_ts": null,
+            "restart_count": 0, "created_at": 0, "updated_at": 0, "last_activity_at": 0
+        }))
+        .expect("a session record");
+        let request = serde_json::from_value(json!({
+            "id": "s-1:req-1", "session_id": "s-1", "request_id": "req-1",
+            "kind": "permission", "title": "t", "diff": null, "paths": [], "options": [],
+            "status": "pending", "wire_id": null, "created_at": 0
+        }))
+        .expect("a pending request");
+        let events = vec![
+            OperatorEvent::SessionStarted { session },
+            OperatorEvent::StatusChanged {
+                session_id: s(),
+                status: SessionStatus::Active,
+                activity: "working".into(),
+                reason: None,
+            },
+            OperatorEvent::AgentText {
+                session_id: s(),
+                text: "t".into(),
+            },
+            OperatorEvent::AgentThought {
+                session_id: s(),
+                text: "t".into(),
+            },
+            OperatorEvent::Usage {
+                session_id: s(),
+                usage: intercom_actors::protocol::acp::Usage {
+                    used: 1,
+                    size: 2,
+                    cost: None,
+                    currency: None,
+                },
+            },
+            OperatorEvent::ToolCall {
+                session_id: s(),
+                tool_call_id: "c".into(),
+                title: "t".into(),
+                status: "pending".into(),
+            },
+            OperatorEvent::Plan {
+                session_id: s(),
+                entries: vec![],
+            },
+            OperatorEvent::RequestOpened { request },
+            OperatorEvent::RequestClosed {
+                session_id: s(),
+                id: "r".into(),
+                status: RequestStatus::Decided,
+                decision: None::<Decision>,
+            },
+            OperatorEvent::SteeringQueued {
+                session_id: s(),
+                steering: intercom_actors::model::Steering {
+                    id: 1,
+                    session_id: s(),
+                    text: "t".into(),
+                    author: "U1".into(),
+                    created_at: 0,
+                },
+            },
+            OperatorEvent::SteeringDelivered {
+                session_id: s(),
+                steering_id: 1,
+            },
+            notice("s-1", "n"),
+            OperatorEvent::SessionEnded {
+                session_id: s(),
+                status: SessionStatus::Completed,
+                reason: None,
+            },
+        ];
+        for event in &events {
+            let row = encode(event).expect("encodes");
+            let payload: serde_json::Value = serde_json::from_str(&row.payload).expect("json");
+            assert_eq!(payload["event"], row.kind.as_str(), "{event:?}");
+        }
     }
 
     #[tokio::test]

@@ -307,6 +307,26 @@ pub enum OperatorEvent {
 }
 
 impl OperatorEvent {
+    /// The event's name, as its serialized `event` field spells it (the
+    /// journal stores it in its own column without parsing the JSON back).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OperatorEvent::SessionStarted { .. } => "session_started",
+            OperatorEvent::StatusChanged { .. } => "status_changed",
+            OperatorEvent::AgentText { .. } => "agent_text",
+            OperatorEvent::AgentThought { .. } => "agent_thought",
+            OperatorEvent::Usage { .. } => "usage",
+            OperatorEvent::ToolCall { .. } => "tool_call",
+            OperatorEvent::Plan { .. } => "plan",
+            OperatorEvent::RequestOpened { .. } => "request_opened",
+            OperatorEvent::RequestClosed { .. } => "request_closed",
+            OperatorEvent::SteeringQueued { .. } => "steering_queued",
+            OperatorEvent::SteeringDelivered { .. } => "steering_delivered",
+            OperatorEvent::Notice { .. } => "notice",
+            OperatorEvent::SessionEnded { .. } => "session_ended",
+        }
+    }
+
     /// The session an event concerns.
     pub fn session_id(&self) -> &SessionId {
         match self {
