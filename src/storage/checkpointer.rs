@@ -26,9 +26,9 @@
 use std::cell::Cell;
 use std::ffi::c_int;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use rusqlite::hooks::Wal;
@@ -55,13 +55,84 @@ pub(crate) fn wal_size(_: &Wal, pages: c_int) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// What the writer and the checkpointer thread tell each other.
+///
+/// Why not a channel: a commit past the threshold happens thousands of times
+/// a second under load, and a channel the thread waits on during its pause
+/// woke it (a context switch) for every one of them, only to note "again".
+/// Here the writer wakes the thread only when it sleeps waiting for work;
+/// during a pause a commit just sets a flag the thread reads afterwards.
+#[derive(Debug, Default)]
+struct Signal {
+    flags: Mutex<Flags>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Flags {
+    /// Something committed past the threshold since the last checkpoint began.
+    committed: bool,
+    /// The thread sleeps until the next such commit (not in a pause).
+    waiting: bool,
+    /// The writer is gone: stop.
+    stopped: bool,
+}
+
+impl Signal {
+    fn flags(&self) -> MutexGuard<'_, Flags> {
+        // Nothing is left half-changed by a panic while holding it.
+        self.flags.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A commit left the WAL past the threshold; true when that woke the
+    /// thread (at most once per wait).
+    fn nudge(&self) -> bool {
+        let mut flags = self.flags();
+        flags.committed = true;
+        let wake = std::mem::take(&mut flags.waiting);
+        if wake {
+            self.wake.notify_one();
+        }
+        wake
+    }
+
+    fn stop(&self) {
+        self.flags().stopped = true;
+        self.wake.notify_one();
+    }
+
+    /// Sleeps until a nudge (true: checkpoint now) or a stop (false).
+    fn until_nudged(&self) -> bool {
+        let mut flags = self.flags();
+        while !flags.committed && !flags.stopped {
+            flags.waiting = true;
+            flags = self
+                .wake
+                .wait(flags)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        flags.waiting = false;
+        flags.committed = false;
+        !flags.stopped
+    }
+
+    /// Sleeps for `pause` unless stopped meanwhile (false then). Nudges
+    /// during it do not wake the thread.
+    fn pause(&self, pause: Duration) -> bool {
+        let flags = self.flags();
+        let (flags, _) = self
+            .wake
+            .wait_timeout_while(flags, pause, |f| !f.stopped)
+            .unwrap_or_else(PoisonError::into_inner);
+        !flags.stopped
+    }
+}
+
 /// The writer's handle: nudge after a commit; dropped, it stops the thread
 /// and waits for it (its connection closed).
 #[derive(Debug)]
 pub(crate) struct Checkpointer {
-    /// One pending nudge is enough: a checkpoint covers every commit
-    /// before it.
-    nudge: Option<SyncSender<()>>,
+    signal: Arc<Signal>,
     thread: Option<JoinHandle<()>>,
     /// The thread is gone and that was logged (once).
     said_gone: bool,
@@ -74,12 +145,13 @@ impl Checkpointer {
         let conn = Connection::open(path).map_err(std::io::Error::other)?;
         conn.busy_timeout(busy_timeout)
             .map_err(std::io::Error::other)?;
-        let (nudge, nudged) = sync_channel(1);
+        let signal = Arc::new(Signal::default());
+        let theirs = signal.clone();
         let thread = std::thread::Builder::new()
             .name("sqlite-checkpoint".into())
-            .spawn(move || run(&conn, &nudged))?;
+            .spawn(move || run(&conn, &theirs))?;
         Ok(Checkpointer {
-            nudge: Some(nudge),
+            signal,
             thread: Some(thread),
             said_gone: false,
         })
@@ -93,25 +165,23 @@ impl Checkpointer {
         if WAL_PAGES.with(Cell::get) < THRESHOLD {
             return;
         }
-        let gone = match &self.nudge {
-            Some(nudge) => matches!(nudge.try_send(()), Err(TrySendError::Disconnected(()))),
-            None => true,
-        };
-        if gone {
-            if !self.said_gone {
-                self.said_gone = true;
-                tracing::error!(
-                    "the WAL checkpointer thread has stopped; the writer checkpoints by itself from now on"
-                );
-            }
-            checkpoint(writer);
+        if self.thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            self.signal.nudge();
+            return;
         }
+        if !self.said_gone {
+            self.said_gone = true;
+            tracing::error!(
+                "the WAL checkpointer thread has stopped; the writer checkpoints by itself from now on"
+            );
+        }
+        checkpoint(writer);
     }
 }
 
 impl Drop for Checkpointer {
     fn drop(&mut self) {
-        drop(self.nudge.take());
+        self.signal.stop();
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
@@ -120,47 +190,13 @@ impl Drop for Checkpointer {
     }
 }
 
-/// How a pause between two checkpoints ended.
-enum Pause {
-    /// Nothing committed during it.
-    Quiet,
-    /// Something committed during it: checkpoint again now.
-    Committed,
-    /// The writer is gone: stop.
-    Gone,
-}
-
-/// Waits for a commit, checkpoints, pauses; until the writer is gone.
-fn run(conn: &Connection, nudged: &Receiver<()>) {
-    while nudged.recv().is_ok() {
-        loop {
-            checkpoint(conn);
-            match pause(nudged, Instant::now() + INTERVAL) {
-                Pause::Quiet => break,
-                Pause::Committed => continue,
-                Pause::Gone => return,
-            }
-        }
-    }
-}
-
-/// Sleeps until `until`, noting commits meanwhile; returns at once when the
-/// writer is gone.
-fn pause(nudged: &Receiver<()>, until: Instant) -> Pause {
-    let mut committed = false;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return if committed {
-                Pause::Committed
-            } else {
-                Pause::Quiet
-            };
-        }
-        match nudged.recv_timeout(left) {
-            Ok(()) => committed = true,
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return Pause::Gone,
+/// Waits for a commit past the threshold, checkpoints, pauses (commits
+/// meanwhile make the next wait return at once); until the writer is gone.
+fn run(conn: &Connection, signal: &Signal) {
+    while signal.until_nudged() {
+        checkpoint(conn);
+        if !signal.pause(INTERVAL) {
+            return;
         }
     }
 }
@@ -180,6 +216,8 @@ fn checkpoint(conn: &Connection) {
 mod tests {
     use intercom_actors::model::{MessageKind, Role, SessionId};
     use intercom_actors::ports::{SessionStore, StoreError};
+
+    use std::time::Instant;
 
     use super::*;
     use crate::storage::tests::file_store;
@@ -206,7 +244,7 @@ mod tests {
             .expect("insert");
         let before = std::fs::metadata(&path).expect("db file").len();
         let mut gone = Checkpointer {
-            nudge: None,
+            signal: Arc::default(),
             thread: None,
             said_gone: false,
         };
@@ -216,6 +254,49 @@ mod tests {
             std::fs::metadata(&path).expect("db file").len() > before + 4_000_000,
             "the writer did not checkpoint"
         );
+    }
+
+    #[test]
+    fn a_nudge_wakes_the_thread_only_when_it_waits_for_work() {
+        let signal = Signal::default();
+        // In a pause (not waiting): commits only leave a note.
+        assert!(!signal.nudge());
+        assert!(!signal.nudge());
+        // The note makes the next wait return at once, without sleeping.
+        assert!(signal.until_nudged());
+        // Waiting: the first commit wakes it, the ones after it do not.
+        signal.flags().waiting = true;
+        assert!(signal.nudge());
+        assert!(!signal.nudge());
+        assert!(signal.until_nudged());
+        signal.stop();
+        assert!(!signal.until_nudged());
+        assert!(!signal.pause(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn dropping_the_writers_handle_stops_the_thread_waiting_or_pausing() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("db.sqlite");
+        Connection::open(&path)
+            .expect("open")
+            .execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x)")
+            .expect("setup");
+        for nudged in [false, true] {
+            let handle = Checkpointer::start(&path, Duration::from_secs(1)).expect("start");
+            if nudged {
+                // It checkpoints, then pauses for INTERVAL.
+                handle.signal.nudge();
+            }
+            let (done, dropped) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                drop(handle);
+                let _ = done.send(());
+            });
+            dropped
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("the thread never stopped (nudged: {nudged})"));
+        }
     }
 
     #[tokio::test]
