@@ -343,8 +343,17 @@ struct Cpu {
 }
 
 /// CPU seconds per live thread group (thread name without its number).
-fn cpu_by_thread() -> HashMap<String, f64> {
-    let mut out = HashMap::new();
+/// What one group of threads (same name but for a trailing number) used.
+#[derive(Debug, Default, Clone, Copy)]
+struct ThreadUse {
+    /// CPU seconds.
+    cpu: f64,
+    /// Context switches, voluntary (it waited) and not (it was preempted).
+    switches: u64,
+}
+
+fn cpu_by_thread() -> HashMap<String, ThreadUse> {
+    let mut out: HashMap<String, ThreadUse> = HashMap::new();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
@@ -353,7 +362,15 @@ fn cpu_by_thread() -> HashMap<String, f64> {
                 .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
                 .to_owned();
             let cpu = stat_cpu(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default());
-            *out.entry(group).or_insert(0.0) += cpu;
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            let switches: u64 = status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum();
+            let used = out.entry(group).or_default();
+            used.cpu += cpu;
+            used.switches += switches;
         }
     }
     out
@@ -1401,20 +1418,37 @@ async fn run(
     let mut rtt_later: Vec<u64> = rtt_us.iter().skip(rtt_us.len() / 2).copied().collect();
     rtt_later.sort_unstable();
     rtt_us.sort_unstable();
-    let mut groups: Vec<(String, f64)> = threads1
+    let mut groups: Vec<(String, ThreadUse)> = threads1
         .iter()
-        .map(|(g, c)| (g.clone(), c - threads0.get(g).copied().unwrap_or(0.0)))
-        .filter(|(_, c)| *c >= 0.005)
+        .map(|(g, u)| {
+            let before = threads0.get(g).copied().unwrap_or_default();
+            let used = ThreadUse {
+                cpu: u.cpu - before.cpu,
+                switches: u.switches.saturating_sub(before.switches),
+            };
+            (g.clone(), used)
+        })
+        .filter(|(_, u)| u.cpu >= 0.005)
         .collect();
-    groups.sort_by(|a, b| b.1.total_cmp(&a.1));
-    notes.push(format!(
-        "CPU seconds by thread over {wall:.2} s: {} (process total {:.2})",
+    groups.sort_by(|a, b| b.1.cpu.total_cmp(&a.1.cpu));
+    let listed = |f: &dyn Fn(&ThreadUse) -> String| {
         groups
             .iter()
-            .map(|(g, c)| format!("{g} {c:.2}"))
+            .map(|(g, u)| format!("{g} {}", f(u)))
             .collect::<Vec<_>>()
-            .join(", "),
+            .join(", ")
+    };
+    notes.push(format!(
+        "CPU seconds by thread over {wall:.2} s: {} (process total {:.2})",
+        listed(&|u| format!("{:.2}", u.cpu)),
         cpu1.process - cpu0.process
+    ));
+    // Every hand-off between threads that finds the other one asleep costs
+    // a switch (a wake-up): fewer is less CPU and less latency.
+    let approvals = rtt_us.len().max(1) as f64;
+    notes.push(format!(
+        "context switches per approval by thread: {} (threads that ended during the run not counted)",
+        listed(&|u| format!("{:.1}", u.switches as f64 / approvals)),
     ));
     if rtt_us.len() < want {
         errors += want - rtt_us.len();
