@@ -350,6 +350,8 @@ struct ThreadUse {
     cpu: f64,
     /// Context switches, voluntary (it waited) and not (it was preempted).
     switches: u64,
+    /// Seconds it was ready to run but waited for a CPU (`schedstat`).
+    runnable: f64,
 }
 
 fn cpu_by_thread() -> HashMap<String, ThreadUse> {
@@ -368,9 +370,14 @@ fn cpu_by_thread() -> HashMap<String, ThreadUse> {
                 .filter(|l| l.contains("ctxt_switches:"))
                 .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
                 .sum();
+            let runnable = std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                .map_or(0.0, |ns| ns / 1e9);
             let used = out.entry(group).or_default();
             used.cpu += cpu;
             used.switches += switches;
+            used.runnable += runnable;
         }
     }
     out
@@ -1425,6 +1432,7 @@ async fn run(
             let used = ThreadUse {
                 cpu: u.cpu - before.cpu,
                 switches: u.switches.saturating_sub(before.switches),
+                runnable: u.runnable - before.runnable,
             };
             (g.clone(), used)
         })
@@ -1444,12 +1452,16 @@ async fn run(
         cpu1.process - cpu0.process
     ));
     // Every hand-off between threads that finds the other one asleep costs
-    // a switch (a wake-up): fewer is less CPU and less latency.
-    let approvals = rtt_us.len().max(1) as f64;
-    notes.push(format!(
-        "context switches per approval by thread: {} (threads that ended during the run not counted)",
-        listed(&|u| format!("{:.1}", u.switches as f64 / approvals)),
-    ));
+    // a switch (a wake-up): fewer is less CPU and less latency. Time spent
+    // runnable but waiting for a core is what the machine adds.
+    if !rtt_us.is_empty() {
+        let approvals = rtt_us.len() as f64;
+        notes.push(format!(
+            "per approval by thread (threads that ended during the run not counted): context switches {}; µs runnable but waiting for a core {}",
+            listed(&|u| format!("{:.1}", u.switches as f64 / approvals)),
+            listed(&|u| format!("{:.0}", u.runnable * 1e6 / approvals)),
+        ));
+    }
     if rtt_us.len() < want {
         errors += want - rtt_us.len();
     }
