@@ -298,147 +298,9 @@ impl OperatorSink for BenchSink {
 mod scripted_agent;
 use scripted_agent::agent_bin;
 
-// ---- measurement ----------------------------------------------------------
-
-/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
-fn ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as f64 } else { 100.0 }
-}
-
-/// utime + stime in seconds from a `/proc/.../stat` line.
-fn stat_cpu(stat: &str) -> f64 {
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let f = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (f(11) + f(12)) / ticks()
-}
-
-fn status_kb(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU seconds: (whole process, bench-side threads, machine busy).
-#[derive(Clone, Copy)]
-struct Cpu {
-    process: f64,
-    bench: f64,
-    machine: f64,
-}
-
-/// CPU seconds per live thread group (thread name without its number).
-/// What one group of threads (same name but for a trailing number) used.
-#[derive(Debug, Default, Clone, Copy)]
-struct ThreadUse {
-    /// CPU seconds.
-    cpu: f64,
-    /// Context switches, voluntary (it waited) and not (it was preempted).
-    switches: u64,
-    /// Seconds it was ready to run but waited for a CPU (`schedstat`).
-    runnable: f64,
-}
-
-fn cpu_by_thread() -> HashMap<String, ThreadUse> {
-    let mut out: HashMap<String, ThreadUse> = HashMap::new();
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for t in tasks.flatten() {
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            let group = comm
-                .trim_end()
-                .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
-                .to_owned();
-            let cpu = stat_cpu(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default());
-            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            let switches: u64 = status
-                .lines()
-                .filter(|l| l.contains("ctxt_switches:"))
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .sum();
-            let runnable = std::fs::read_to_string(t.path().join("schedstat"))
-                .ok()
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-                .map_or(0.0, |ns| ns / 1e9);
-            let used = out.entry(group).or_default();
-            used.cpu += cpu;
-            used.switches += switches;
-            used.runnable += runnable;
-        }
-    }
-    out
-}
-
-fn cpu_now() -> Cpu {
-    let process = stat_cpu(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default());
-    let mut bench = 0.0;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for t in tasks.flatten() {
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if comm.trim_end().starts_with(BENCH_THREAD) {
-                bench +=
-                    stat_cpu(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default());
-            }
-        }
-    }
-    let machine = std::fs::read_to_string("/proc/stat")
-        .unwrap_or_default()
-        .lines()
-        .next()
-        .map(|l| {
-            let v: Vec<f64> = l
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            // user nice system idle iowait irq softirq steal
-            let total: f64 = v.iter().take(8).sum();
-            let idle = v.get(3).copied().unwrap_or(0.0) + v.get(4).copied().unwrap_or(0.0);
-            (total - idle) / ticks()
-        })
-        .unwrap_or(0.0);
-    Cpu {
-        process,
-        bench,
-        machine,
-    }
-}
-
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0.0)
-}
-
-/// Waits (up to `limit`) until the rest of the machine is quiet: less than
-/// 0.15 of a core busy over 2 s. Returns the busy cores last seen.
-fn wait_quiet(limit: Duration) -> f64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let a = cpu_now();
-        std::thread::sleep(Duration::from_secs(2));
-        let b = cpu_now();
-        let others = ((b.machine - a.machine) - (b.process - a.process)) / 2.0;
-        if others < 0.15 || Instant::now() > deadline {
-            return others;
-        }
-    }
-}
+#[path = "load_parts/procstat.rs"]
+mod procstat;
+use procstat::{cpu_by_thread, cpu_now, loadavg, status_kb, wait_quiet};
 
 fn pct(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
@@ -1425,43 +1287,13 @@ async fn run(
     let mut rtt_later: Vec<u64> = rtt_us.iter().skip(rtt_us.len() / 2).copied().collect();
     rtt_later.sort_unstable();
     rtt_us.sort_unstable();
-    let mut groups: Vec<(String, ThreadUse)> = threads1
-        .iter()
-        .map(|(g, u)| {
-            let before = threads0.get(g).copied().unwrap_or_default();
-            let used = ThreadUse {
-                cpu: u.cpu - before.cpu,
-                switches: u.switches.saturating_sub(before.switches),
-                runnable: u.runnable - before.runnable,
-            };
-            (g.clone(), used)
-        })
-        .filter(|(_, u)| u.cpu >= 0.005)
-        .collect();
-    groups.sort_by(|a, b| b.1.cpu.total_cmp(&a.1.cpu));
-    let listed = |f: &dyn Fn(&ThreadUse) -> String| {
-        groups
-            .iter()
-            .map(|(g, u)| format!("{g} {}", f(u)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    notes.push(format!(
-        "CPU seconds by thread over {wall:.2} s: {} (process total {:.2})",
-        listed(&|u| format!("{:.2}", u.cpu)),
-        cpu1.process - cpu0.process
+    notes.extend(procstat::thread_notes(
+        &threads0,
+        &threads1,
+        wall,
+        cpu1.process - cpu0.process,
+        rtt_us.len(),
     ));
-    // Every hand-off between threads that finds the other one asleep costs
-    // a switch (a wake-up): fewer is less CPU and less latency. Time spent
-    // runnable but waiting for a core is what the machine adds.
-    if !rtt_us.is_empty() {
-        let approvals = rtt_us.len() as f64;
-        notes.push(format!(
-            "per approval by thread (threads that ended during the run not counted): context switches {}; µs runnable but waiting for a core {}",
-            listed(&|u| format!("{:.1}", u.switches as f64 / approvals)),
-            listed(&|u| format!("{:.0}", u.runnable * 1e6 / approvals)),
-        ));
-    }
     if rtt_us.len() < want {
         errors += want - rtt_us.len();
     }
