@@ -248,27 +248,9 @@ impl Default for LocalEvents {
 
 impl OperatorSink for LocalEvents {
     fn emit(&self, event: OperatorEvent) {
-        tracing::debug!(session = %event.session_id(), event = ?event_name(&event), "operator event");
+        tracing::debug!(session = %event.session_id(), event = ?event.kind(), "operator event");
         // No subscriber is fine: the store has everything.
         let _ = self.tx.send(event);
-    }
-}
-
-fn event_name(event: &OperatorEvent) -> &'static str {
-    match event {
-        OperatorEvent::SessionStarted { .. } => "session_started",
-        OperatorEvent::StatusChanged { .. } => "status_changed",
-        OperatorEvent::AgentText { .. } => "agent_text",
-        OperatorEvent::AgentThought { .. } => "agent_thought",
-        OperatorEvent::Usage { .. } => "usage",
-        OperatorEvent::ToolCall { .. } => "tool_call",
-        OperatorEvent::Plan { .. } => "plan",
-        OperatorEvent::RequestOpened { .. } => "request_opened",
-        OperatorEvent::RequestClosed { .. } => "request_closed",
-        OperatorEvent::SteeringQueued { .. } => "steering_queued",
-        OperatorEvent::SteeringDelivered { .. } => "steering_delivered",
-        OperatorEvent::Notice { .. } => "notice",
-        OperatorEvent::SessionEnded { .. } => "session_ended",
     }
 }
 

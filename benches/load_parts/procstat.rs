@@ -93,16 +93,9 @@ pub fn cpu_by_thread() -> HashMap<String, ThreadUse> {
 
 pub fn cpu_now() -> Cpu {
     let process = stat_cpu(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default());
-    let mut bench = 0.0;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for t in tasks.flatten() {
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if comm.trim_end().starts_with(BENCH_THREAD) {
-                bench +=
-                    stat_cpu(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default());
-            }
-        }
-    }
+    let bench = cpu_by_thread()
+        .get(BENCH_THREAD)
+        .map_or(0.0, |used| used.cpu);
     let machine = std::fs::read_to_string("/proc/stat")
         .unwrap_or_default()
         .lines()
