@@ -9,9 +9,10 @@
 //! with its diff, asks `session/request_permission`, and after Allow writes
 //! through `fs/write_text_file`. These tests hold the server to one approval
 //! per change, carrying the diff and the workspace-relative file; reject,
-//! cancel, a second turn, `auto-edits` and a crash mid-turn (Gemini's
-//! `session/load` does not find the session; the restart runs fresh and
-//! says so) are covered too.
+//! cancel, a second turn, `auto-edits` and a crash mid-turn (the restart
+//! resumes Gemini's session or, when its `session/load` does not find it,
+//! runs fresh and says so; either way the interrupted write is finished)
+//! are covered too.
 //!
 //! Gemini 0.61.0 cannot create a *new* file through an ACP client: its
 //! existence check only recognises a missing file by an `Error` carrying
@@ -51,8 +52,8 @@ const ENV: &[&str] = &[
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// One harness with the fake model: writes `hello.txt` when asked (the
-/// content [`SECOND`] when the prompt mentions "second", `new.txt` when it
-/// mentions "new"), and says "done" once told how the write went.
+/// content [`SECOND`] once the user has mentioned "second", `new.txt` when
+/// the prompt mentions "new"), and says "done" once told how the write went.
 async fn setup(knobs: Knobs) -> (Harness, FakeGemini) {
     let h = Harness::new(knobs).await;
     fresh_home(h.dir.path());
@@ -69,7 +70,7 @@ async fn setup(knobs: Knobs) -> (Harness, FakeGemini) {
         };
         if fake_gemini::answers_a_tool(req) {
             Reply::text("done")
-        } else if fake_gemini::prompt_mentions(req, "second") {
+        } else if fake_gemini::conversation_mentions(req, "second") {
             write(&file, SECOND)
         } else if fake_gemini::prompt_mentions(req, "new") {
             write(&new, CONTENT)
@@ -249,16 +250,18 @@ async fn a_new_file_fails_inside_gemini_before_any_approval() {
     stop(&h, &id).await;
 }
 
-/// Gemini 0.61.0 offers `loadSession`, but answers `session/load` of a
-/// session whose chat file is in `$HOME/.gemini/tmp/<project>/chats` with
-/// "No previous sessions found for this project." (seen from the server and
-/// from a direct probe with the same HOME and cwd). The restart then starts
-/// a fresh agent session, says so, and the interrupted prompt is run again.
-/// If this starts failing on "starting a fresh one", resuming works: assert
-/// the resume instead.
+/// Gemini 0.61.0 offers `loadSession`. After a SIGKILL mid-turn its
+/// `session/load` mostly answers "No previous sessions found for this
+/// project." (the restart then starts a fresh agent session, says so, and
+/// runs the interrupted prompt again), but sometimes finds the chat and
+/// resumes it (seen in CI; then the server re-prompts with its "continue"
+/// text). Which one happens is decided inside Gemini, so the test takes
+/// either, checks the operator was told which, and holds both to the same
+/// end: one more approval carrying the second version's diff, the file
+/// written, the restart counted.
 #[tokio::test]
 #[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
-async fn a_crash_mid_turn_restarts_fresh_and_redoes_the_turn() {
+async fn a_crash_mid_turn_restarts_and_finishes_the_write() {
     let _serial = SERIAL.lock().await;
     let (h, _fake) = setup(knobs()).await;
     let id = start(&h, "update hello.txt", None).await;
@@ -271,13 +274,16 @@ async fn a_crash_mid_turn_restarts_fresh_and_redoes_the_turn() {
     // SAFETY: signals the agent's own process group, which this test started.
     unsafe { libc::kill(-group, libc::SIGKILL) };
     until_group_gone(group).await;
-    let text = h.until_transcript(&id, "starting a fresh one").await;
+    let text = h.until_transcript(&id, "the agent's session").await;
+    let fresh = "No previous sessions found for this project.\"}); starting a fresh one";
     assert!(
-        text.contains("No previous sessions found for this project."),
+        text.contains(fresh) || text.contains("Agent restarted: resumed the agent's session."),
         "{text}"
     );
     let again = request_opened(&h, 3).await;
     assert_eq!(again.paths, vec!["hello.txt".to_owned()]);
+    let diff = again.diff.as_deref().expect("the diff is shown");
+    assert!(diff.contains("+second turn"), "{diff}");
     decide(&h, &id, &again.request_id, Choice::Approve).await;
     until_content(&h.workspace.join("hello.txt"), SECOND).await;
     h.until_record(&id, "active after the restart", |r| r.restart_count == 1)

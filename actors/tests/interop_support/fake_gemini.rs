@@ -213,3 +213,19 @@ pub fn tool_result_text(request: &Value) -> String {
 pub fn prompt_mentions(request: &Value, word: &str) -> bool {
     last_content(request).to_string().contains(word)
 }
+
+/// Whether any prompt the user typed in this conversation mentions `word`:
+/// the user's text parts, leaving out Gemini's own `<session_context>`
+/// preamble. A resumed chat is re-prompted with the server's "continue"
+/// text, so the last content alone no longer says what the turn was about.
+pub fn conversation_mentions(request: &Value, word: &str) -> bool {
+    let contents = request["contents"].as_array().map(Vec::as_slice);
+    contents
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c["role"] == "user")
+        .filter_map(|c| c["parts"].as_array())
+        .flatten()
+        .filter_map(|p| p["text"].as_str())
+        .any(|t| !t.contains("<session_context>") && t.contains(word))
+}
