@@ -13,7 +13,8 @@ use std::time::Duration;
 use ractor::{ActorRef, MessagingErr, RactorErr, RpcReplyPort};
 use serde_json::json;
 
-use super::{RestartPlan, SupervisorMsg, SupervisorState};
+use super::restarts::RestartPlan;
+use super::{SupervisorMsg, SupervisorState};
 use crate::model::{SessionId, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::session::{Caller, SessionError, SessionMsg, SteerOutcome};

@@ -1,0 +1,216 @@
+//! Sessions that outlive a process: after a server restart, the ones
+//! stored as live are resumed (or marked interrupted, saying why), and a
+//! session ended by idle timeout can be revived on request.
+
+use std::time::{Duration, Instant};
+
+use ractor::RpcReplyPort;
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use super::restarts::RestartPlan;
+use super::starting::answer_when_ready;
+use super::{Entry, SupervisorError, SupervisorState, threads};
+use crate::model::{Protocol, SessionId, SessionRecord, SessionStatus};
+use crate::ports::NoticeLevel;
+use crate::session::{Caller, StartMode};
+use crate::settings::AgentProfile;
+
+impl SupervisorState {
+    /// After a server restart: resumes each session stored as live, or marks
+    /// it interrupted when it cannot be; (resumed, interrupted).
+    pub(super) async fn recover(&mut self, profiles: Vec<AgentProfile>) -> (usize, usize) {
+        let live = match self.args.store.list_sessions(true).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("recovery could not list sessions: {e}");
+                return (0, 0);
+            }
+        };
+        let (mut resumed, mut interrupted) = (0, 0);
+        for rec in live {
+            if self.recover_one(rec, &profiles).await {
+                resumed += 1;
+            } else {
+                interrupted += 1;
+            }
+        }
+        (resumed, interrupted)
+    }
+
+    /// One session stored as live: true when its agent runs again.
+    async fn recover_one(&mut self, rec: SessionRecord, profiles: &[AgentProfile]) -> bool {
+        let id = rec.id.clone();
+        self.end_orphan_group(&id).await;
+        // The agent process died with the old server: its open requests
+        // cannot be answered any more. Say so explicitly.
+        self.expire_open_requests(&id).await;
+        let profile = profiles.iter().find(|p| p.id == rec.agent).cloned();
+        let resumable = match rec.protocol {
+            Protocol::Acp => rec.acp_session_id.is_some(),
+            Protocol::Intercom => true,
+            Protocol::Mcp => false,
+        };
+        let (Some(profile), true) = (profile, resumable) else {
+            let reason = "server restarted; the session could not be resumed";
+            self.sessions.insert(id.clone(), placeholder_entry(&rec));
+            self.end_session(&id, SessionStatus::Interrupted, reason)
+                .await;
+            return false;
+        };
+        let plan = RestartPlan {
+            resume: rec.acp_session_id.clone(),
+            reprompt: None,
+            mid_turn: false,
+            require_resume: rec.protocol == Protocol::Acp,
+        };
+        let entry = Entry::recovering(profile, rec.restart_count, plan);
+        self.sessions.insert(id.clone(), entry);
+        if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
+            threads::posted(&self.myself, &id, ch, ts);
+        }
+        self.notice(
+            &id,
+            NoticeLevel::Info,
+            "The server restarted; resuming this session.".into(),
+        );
+        self.restart(id.clone()).await;
+        self.sessions.get(&id).is_some_and(|e| e.actor.is_some())
+    }
+
+    /// The old server died with its agents still running (SIGKILL): their
+    /// process groups are orphans now. Ends the session's, if any, before
+    /// anything is respawned.
+    async fn end_orphan_group(&self, id: &SessionId) {
+        let store = &self.args.store;
+        let Ok(Some((pid, start))) = store.agent_process(id).await else {
+            return;
+        };
+        if crate::child::kill_orphan_group(pid, start) {
+            tracing::warn!(session = %id, pid, "killed the agent process group left by the previous server");
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while crate::child::group_alive(pid) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let _ = store.set_agent_process(id, None).await;
+    }
+
+    /// Brings back a session ended by idle timeout: its agent respawned in
+    /// the same session, resumed with `session/load` where supported.
+    pub(super) async fn revive(
+        &mut self,
+        id: SessionId,
+        profile: AgentProfile,
+        caller: Caller,
+        reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    ) {
+        let record = match self.revivable(&id, &caller).await {
+            Ok(record) => record,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let store = self.args.store.clone();
+        let _ = store
+            .set_status(&id, SessionStatus::Starting, Some("revived"))
+            .await;
+        self.audit(&id, "session.revived", json!({"by": caller.id}))
+            .await;
+        let start = StartMode::Restart {
+            resume: record.acp_session_id.clone(),
+            reprompt: None,
+            was_mid_turn: false,
+            require_resume: false,
+        };
+        let (tx, rx) = oneshot::channel();
+        let mut fresh = record.clone();
+        fresh.status = SessionStatus::Starting;
+        match self
+            .spawn_session(fresh, profile.clone(), start, Some(tx))
+            .await
+        {
+            Ok(actor) => {
+                let entry = Entry::revived(actor, profile, record.restart_count);
+                self.sessions.insert(id.clone(), entry);
+                if let (Some(ch), Some(ts)) = (&record.channel_id, &record.thread_ts) {
+                    threads::posted(&self.myself, &id, ch, ts);
+                }
+                answer_when_ready(store, record, rx, reply);
+            }
+            Err(err) => {
+                let _ = store
+                    .set_status(&id, SessionStatus::Completed, Some("idle_timeout"))
+                    .await;
+                let _ = reply.send(Err(SupervisorError::StartFailed(err)));
+            }
+        }
+    }
+
+    /// The stored record of a session `caller` may revive now, or why not.
+    async fn revivable(
+        &self,
+        id: &SessionId,
+        caller: &Caller,
+    ) -> Result<SessionRecord, SupervisorError> {
+        let refuse = |why: String| Err(SupervisorError::NotRevivable(why));
+        if self.shutdown.is_some() {
+            return Err(SupervisorError::ShuttingDown);
+        }
+        if self.sessions.contains_key(id) {
+            return refuse(format!("session {id} is still live"));
+        }
+        let record = match self.args.store.get_session(id).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return refuse(format!("no session {id}")),
+            Err(e) => return Err(SupervisorError::Storage(e.to_string())),
+        };
+        let idle_ended = record.status == SessionStatus::Completed
+            && record.status_reason.as_deref() == Some("idle_timeout");
+        if !idle_ended {
+            return refuse(format!(
+                "session {id} is {} ({}); only sessions ended by idle timeout come back — start a new one",
+                record.status,
+                record.status_reason.as_deref().unwrap_or("no reason")
+            ));
+        }
+        let allowed = caller.operator
+            || caller.id == record.owner
+            || self.args.settings.operators.contains(&caller.id);
+        if !allowed {
+            return Err(SupervisorError::Unauthorized {
+                user: caller.id.clone(),
+                session: id.clone(),
+                owner: record.owner,
+            });
+        }
+        let max = self.args.settings.limits.max_sessions;
+        if self.agent_sessions() >= max {
+            return Err(SupervisorError::LimitReached { max });
+        }
+        Ok(record)
+    }
+}
+
+/// The entry of a stored session that has no agent profile any more (or
+/// cannot be resumed): enough to end it through the usual path.
+pub(super) fn placeholder_entry(rec: &SessionRecord) -> Entry {
+    Entry {
+        actor: None,
+        profile: AgentProfile {
+            id: rec.agent.clone(),
+            command: String::new(),
+            args: vec![],
+            env: vec![],
+            protocol: rec.protocol,
+            framing: Default::default(),
+            auth_method: None,
+        },
+        restarts: Vec::new(),
+        total_restarts: rec.restart_count,
+        plan: None,
+        recovering: true,
+        first_start: false,
+    }
+}

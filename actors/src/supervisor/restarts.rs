@@ -1,0 +1,214 @@
+//! Bringing a session back after its agent went away: what the exit means
+//! (finished, failed first start, crash, operator's restart), the restart
+//! budget and its backoff, and the respawn that resumes the agent's session
+//! where it can.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{SupervisorMsg, SupervisorState};
+use crate::model::{Protocol, SessionId, SessionStatus};
+use crate::ports::{NoticeLevel, OperatorEvent};
+use crate::session::{SessionExit, StartMode};
+
+/// What a restart needs to know.
+#[derive(Debug, Clone)]
+pub(super) struct RestartPlan {
+    pub(super) resume: Option<String>,
+    pub(super) reprompt: Option<String>,
+    pub(super) mid_turn: bool,
+    pub(super) require_resume: bool,
+}
+
+impl RestartPlan {
+    /// How to bring back an agent that went away (crash or operator restart):
+    /// resume its ACP session when it had one, else re-send the cut turn.
+    pub(super) fn after_exit(
+        acp_session: Option<String>,
+        prompt: Option<String>,
+        mid_turn: bool,
+    ) -> Self {
+        RestartPlan {
+            resume: acp_session,
+            reprompt: prompt,
+            mid_turn,
+            require_resume: false,
+        }
+    }
+}
+
+impl SupervisorState {
+    pub(super) async fn on_exit(&mut self, id: SessionId, exit: SessionExit) {
+        let Some(entry) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if entry.profile.protocol == Protocol::Mcp {
+            // MCP clients are not restarted: they reconnect on their own.
+            self.sessions.remove(&id);
+            self.bridge_tokens.retain(|_, s| s != &id);
+            self.check_shutdown_done();
+            return;
+        }
+        entry.actor = None;
+        match exit {
+            SessionExit::Finished(_) => {
+                self.sessions.remove(&id);
+                self.bridge_tokens.retain(|_, s| s != &id);
+            }
+            SessionExit::StartFailed(err) if entry.first_start => {
+                tracing::info!(session = %id, "first start failed: {err}");
+                self.sessions.remove(&id);
+            }
+            SessionExit::StartFailed(err) if entry.recovering => {
+                let reason = format!("could not resume after a server restart: {err}");
+                self.end_session(&id, SessionStatus::Interrupted, &reason)
+                    .await;
+            }
+            SessionExit::StartFailed(err) => {
+                let plan = entry
+                    .plan
+                    .clone()
+                    .unwrap_or(RestartPlan::after_exit(None, None, false));
+                self.maybe_restart(id, err.to_string(), plan).await;
+            }
+            SessionExit::RestartRequested {
+                by,
+                acp_session,
+                interrupted_prompt,
+                mid_turn,
+            } => {
+                entry.first_start = false;
+                let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
+                self.restart_on_request(id, by, plan).await;
+            }
+            SessionExit::Crashed {
+                reason,
+                acp_session,
+                interrupted_prompt,
+                mid_turn,
+            } => {
+                entry.first_start = false;
+                let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
+                self.maybe_restart(id, reason, plan).await;
+            }
+        }
+        self.check_shutdown_done();
+    }
+
+    pub(super) async fn maybe_restart(&mut self, id: SessionId, reason: String, plan: RestartPlan) {
+        if self.shutdown.is_some() {
+            self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                .await;
+            return;
+        }
+        let policy = self.args.policy.clone();
+        let window = Duration::from_secs(policy.restart_window_secs);
+        let Some(entry) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        let now = Instant::now();
+        entry.restarts.retain(|t| now.duration_since(*t) < window);
+        if entry.restarts.len() as u32 >= policy.max_restarts {
+            let text = format!(
+                "{reason}. Restart budget spent ({} restarts within {} s); the session is marked crashed.",
+                policy.max_restarts, policy.restart_window_secs
+            );
+            self.notice(&id, NoticeLevel::Error, text);
+            self.end_session(&id, SessionStatus::Crashed, &reason).await;
+            return;
+        }
+        entry.restarts.push(now);
+        entry.total_restarts += 1;
+        entry.plan = Some(plan);
+        let attempt = entry.restarts.len() as u32;
+        let total = entry.total_restarts;
+        let delay = policy.backoff(attempt);
+        let store = self.args.store.clone();
+        let _ = store.set_restart_count(&id, total).await;
+        let why = format!(
+            "restarting after a crash (attempt {attempt} of {})",
+            policy.max_restarts
+        );
+        let _ = store
+            .set_status(&id, SessionStatus::Starting, Some(&why))
+            .await;
+        self.args.sink.emit(OperatorEvent::StatusChanged {
+            session_id: id.clone(),
+            status: SessionStatus::Starting,
+            activity: "crashed, restarting".into(),
+            reason: Some(why.clone()),
+        });
+        self.notice(
+            &id,
+            NoticeLevel::Warning,
+            format!(
+                "{reason}. Restarting in {} s (attempt {attempt} of {}).",
+                delay.as_secs(),
+                policy.max_restarts
+            ),
+        );
+        self.audit(
+            &id,
+            "session.restart_scheduled",
+            json!({"attempt": attempt, "delay_secs": delay.as_secs()}),
+        )
+        .await;
+        let id2 = id.clone();
+        self.myself
+            .send_after(delay, move || SupervisorMsg::RestartDue(id2.clone()));
+    }
+
+    pub(super) async fn restart(&mut self, id: SessionId) {
+        if self.shutdown.is_some() {
+            self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                .await;
+            self.check_shutdown_done();
+            return;
+        }
+        let Some(entry) = self.sessions.get(&id) else {
+            return;
+        };
+        if entry.actor.is_some() {
+            // Already restarted (an operator's restart beat the backoff).
+            return;
+        }
+        let profile = entry.profile.clone();
+        let plan = entry.plan.clone().unwrap_or(RestartPlan {
+            resume: None,
+            reprompt: None,
+            mid_turn: false,
+            require_resume: false,
+        });
+        let record = match self.args.store.get_session(&id).await {
+            Ok(Some(r)) if r.status.is_live() => r,
+            _ => {
+                self.sessions.remove(&id);
+                return;
+            }
+        };
+        let start = StartMode::Restart {
+            resume: plan.resume.clone(),
+            reprompt: plan.reprompt.clone(),
+            was_mid_turn: plan.mid_turn,
+            require_resume: plan.require_resume,
+        };
+        match self.spawn_session(record, profile, start, None).await {
+            Ok(actor) => {
+                if let Some(e) = self.sessions.get_mut(&id) {
+                    e.actor = Some(actor);
+                }
+            }
+            Err(err) => {
+                let recovering = self.sessions.get(&id).is_some_and(|e| e.recovering);
+                if recovering {
+                    let reason = format!("could not resume after a server restart: {err}");
+                    self.end_session(&id, SessionStatus::Interrupted, &reason)
+                        .await;
+                } else {
+                    self.maybe_restart(id, err.to_string(), plan).await;
+                }
+            }
+        }
+    }
+}
