@@ -298,9 +298,20 @@ impl OperatorSink for BenchSink {
 mod scripted_agent;
 use scripted_agent::agent_bin;
 
+#[path = "load_parts/api.rs"]
+mod api;
+#[path = "load_parts/floor.rs"]
+mod floor;
 #[path = "load_parts/procstat.rs"]
 mod procstat;
+#[path = "load_parts/report.rs"]
+mod report;
+#[path = "load_parts/slack.rs"]
+mod slack_rig;
+use api::{call, rig_api, sorted_us};
+use floor::{Floor, measure_commit, measure_pipe};
 use procstat::{cpu_by_thread, cpu_now, loadavg, status_kb, wait_quiet};
+use slack_rig::{SlackEdge, rig_slack, slack_edge};
 
 fn pct(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
@@ -316,92 +327,6 @@ fn read_rtts(path: &Path) -> Vec<u64> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect()
-}
-
-/// The floor: what one durable approval cannot go below on this machine,
-/// measured in the same run as the load. A pipe round trip to a trivial
-/// child (`cat`: one line out, the same line back) and one store commit
-/// (a one-row update through `SqliteStore`, nothing else in flight).
-struct Floor {
-    pipe_us: Vec<u64>,
-    commit_us: Vec<u64>,
-}
-
-impl Floor {
-    /// The floor at percentile `p`: pipe round trip + one commit.
-    fn at(&self, p: f64) -> u64 {
-        pct(&self.pipe_us, p) + pct(&self.commit_us, p)
-    }
-
-    /// `us` as a multiple of the floor at percentile `p`.
-    fn times(&self, us: u64, p: f64) -> String {
-        format!("{:.1}", us as f64 / self.at(p).max(1) as f64)
-    }
-}
-
-/// Round trips of one short line through `cat` over pipes.
-fn measure_pipe(rounds: usize) -> Vec<u64> {
-    use std::io::{BufRead, BufReader, Write};
-    let mut child = std::process::Command::new("cat")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn cat");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    let mut out = Vec::with_capacity(rounds);
-    for i in 0..rounds {
-        let t = Instant::now();
-        writeln!(stdin, "{{\"jsonrpc\":\"2.0\",\"id\":{i}}}").expect("write");
-        stdin.flush().expect("flush");
-        line.clear();
-        stdout.read_line(&mut line).expect("read");
-        out.push(t.elapsed().as_micros() as u64);
-    }
-    drop(stdin);
-    let _ = child.wait();
-    out.sort_unstable();
-    out
-}
-
-/// One commit at a time (nothing to batch with) through the real store on
-/// a file in `dir`.
-async fn measure_commit(dir: &Path, rounds: usize) -> Vec<u64> {
-    let store = SqliteStore::open(&dir.join("floor.db"))
-        .await
-        .expect("floor store");
-    let id = SessionId::from("floor");
-    store
-        .create_session(&intercom_actors::model::SessionRecord {
-            id: id.clone(),
-            workspace: "ws".into(),
-            cwd: dir.display().to_string(),
-            agent: "none".into(),
-            protocol: Protocol::Acp,
-            status: SessionStatus::Active,
-            status_reason: None,
-            title: "floor".into(),
-            owner: OWNER.into(),
-            acp_session_id: None,
-            channel_id: None,
-            thread_ts: None,
-            restart_count: 0,
-            created_at: 0,
-            updated_at: 0,
-            last_activity_at: 0,
-        })
-        .await
-        .expect("floor session");
-    let mut out = Vec::with_capacity(rounds);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        store.touch(&id).await.expect("touch");
-        out.push(t.elapsed().as_micros() as u64);
-    }
-    store.close().await;
-    out.sort_unstable();
-    out
 }
 
 struct Figures {
@@ -549,418 +474,6 @@ async fn rig_core(env: &Env, obs: &Arc<Observed>) -> Rig {
     let sup = supervisor(env, store.clone(), sink).await;
     let _ = obs.sup.set(sup.clone());
     Rig::Core { sup, store }
-}
-
-async fn rig_api(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
-    let text = format!(
-        "workspace_root = {root:?}\ndefault_agent = \"scripted\"\n\n[database]\npath = {db:?}\n\n\
-         [[agent]]\nid = \"scripted\"\ncommand = {cmd:?}\nargs = {args:?}\n\n\
-         [[workspace]]\nid = \"ws\"\npath = {ws:?}\n\n\
-         [limits]\nmax_sessions = {max}\nstartup_timeout_secs = 120\nidle_timeout_secs = 3600\n\n\
-         [stall]\ninactivity_secs = 0\n",
-        root = env.dir.display().to_string(),
-        db = env.dir.join("api.db").display().to_string(),
-        cmd = env.profile.command,
-        args = env.profile.args,
-        ws = env.workspace.display().to_string(),
-        max = env.n + 1,
-    );
-    let config = Config::from_toml_str(&text, &env.dir).expect("bench config");
-    let store = SqliteStore::open(&config.database.path)
-        .await
-        .expect("store");
-    let tracker: Arc<dyn OperatorSink> = Arc::new(BenchSink {
-        obs: obs.clone(),
-        answer: false,
-    });
-    let app = App::start(
-        &config,
-        store,
-        AppOptions {
-            extra_sinks: vec![tracker],
-            bridge_url: None,
-        },
-    )
-    .await
-    .expect("app");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(serve_on(
-        listener,
-        router(app.clone(), ApiToken::new(TOKEN)).layer(axum::middleware::from_fn_with_state(
-            obs.clone(),
-            time_decisions,
-        )),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    let client = {
-        let _g = bench.enter();
-        http_client()
-    };
-    let mut bench_tasks = Vec::new();
-    // The operator: learns of requests from the local feed, answers over HTTP.
-    let mut events = app.subscribe();
-    {
-        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
-        bench_tasks.push(bench.spawn(async move {
-            loop {
-                match events.recv().await {
-                    Ok(OperatorEvent::RequestOpened { request }) => {
-                        let seen = Instant::now();
-                        obs.saw(&request.id, seen);
-                        if let Ok(mut h) = obs.handled.lock()
-                            && !h.insert(request.id.clone())
-                        {
-                            continue;
-                        }
-                        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
-                        tokio::spawn(async move {
-                            approve(&client, &base, &request.id, &obs).await;
-                            obs.delay(seen.elapsed());
-                        });
-                    }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(k)) => {
-                        obs.lagged.fetch_add(k, Ordering::Relaxed);
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        }));
-    }
-    // After lag only: sweeps the pending list so a lost event cannot hang the run.
-    {
-        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
-        bench_tasks.push(bench.spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                if obs.lagged.load(Ordering::Relaxed) == 0 {
-                    continue;
-                }
-                let Ok((200, list)) =
-                    call(&client, "GET", &base, "/api/approvals?status=pending", None).await
-                else {
-                    continue;
-                };
-                for a in list.as_array().cloned().unwrap_or_default() {
-                    let Some(id) = a["id"].as_str().map(str::to_owned) else {
-                        continue;
-                    };
-                    let fresh = obs
-                        .handled
-                        .lock()
-                        .map(|mut h| h.insert(id.clone()))
-                        .unwrap_or(false);
-                    if fresh {
-                        obs.swept.fetch_add(1, Ordering::Relaxed);
-                        let (obs, client, base) = (obs.clone(), client.clone(), base.clone());
-                        tokio::spawn(async move {
-                            approve(&client, &base, &id, &obs).await;
-                        });
-                    }
-                }
-            }
-        }));
-    }
-    Rig::Api {
-        app,
-        base,
-        client,
-        stop: Some(stop),
-        served,
-        bench_tasks,
-    }
-}
-
-/// One API call; returns (status, body as JSON).
-async fn call(
-    client: &HttpClient,
-    method: &str,
-    base: &str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(u16, Value), String> {
-    let req = axum::http::Request::builder()
-        .method(method)
-        .uri(format!("{base}{path}"))
-        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-        .map_err(|e| e.to_string())?;
-    let resp = client.request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let bytes = axum::body::to_bytes(Body::new(resp.into_body()), usize::MAX)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    ))
-}
-
-/// Durations recorded in `m`, in µs, sorted (for [`pct`]).
-fn sorted_us(m: &Mutex<Vec<Duration>>) -> Vec<u64> {
-    let mut us: Vec<u64> = m
-        .lock()
-        .map(|d| d.iter().map(|x| x.as_micros() as u64).collect())
-        .unwrap_or_default();
-    us.sort_unstable();
-    us
-}
-
-/// Times the server's handling of each decision (`POST /api/approvals/..`).
-async fn time_decisions(
-    State(obs): State<Arc<Observed>>,
-    req: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let decision =
-        req.method() == axum::http::Method::POST && req.uri().path().starts_with("/api/approvals/");
-    let began = Instant::now();
-    let response = next.run(req).await;
-    if decision && let Ok(mut v) = obs.served.lock() {
-        v.push(began.elapsed());
-    }
-    response
-}
-
-async fn approve(client: &HttpClient, base: &str, id: &str, obs: &Observed) {
-    let path = format!("/api/approvals/{id}");
-    match call(
-        client,
-        "POST",
-        base,
-        &path,
-        Some(json!({"decision": "approve"})),
-    )
-    .await
-    {
-        Ok((200, _)) => {}
-        Ok((status, body)) => obs.error(format!("POST {path}: {status} {body}")),
-        Err(e) => obs.error(format!("POST {path}: {e}")),
-    }
-}
-
-/// A permission message the proxy saw the emulator accept.
-struct Posted {
-    seen: Instant,
-    msg: emulator::Msg,
-}
-
-#[derive(Clone)]
-struct Proxy {
-    client: HttpClient,
-    upstream: String,
-    posted: mpsc::UnboundedSender<Posted>,
-}
-
-/// Forwards a Web API call to the emulator; reports permission posts.
-async fn forward(State(p): State<Proxy>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, usize::MAX).await else {
-        return StatusCode::BAD_REQUEST.into_response();
-    };
-    let pq = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |x| x.as_str())
-        .to_owned();
-    let mut up = axum::http::Request::builder()
-        .method(parts.method.clone())
-        .uri(format!("{}{pq}", p.upstream));
-    for (k, v) in &parts.headers {
-        if k != header::HOST {
-            up = up.header(k, v);
-        }
-    }
-    let Ok(up) = up.body(Body::from(body.clone())) else {
-        return StatusCode::BAD_GATEWAY.into_response();
-    };
-    let Ok(resp) = p.client.request(up).await else {
-        return StatusCode::BAD_GATEWAY.into_response();
-    };
-    let (mut rparts, rbody) = resp.into_parts();
-    let Ok(rbytes) = axum::body::to_bytes(Body::new(rbody), usize::MAX).await else {
-        return StatusCode::BAD_GATEWAY.into_response();
-    };
-    if parts.uri.path().ends_with("/chat.postMessage")
-        && body.windows(7).any(|w| w == b"decide:")
-        && let (Ok(sent), Ok(answer)) = (
-            serde_json::from_slice::<Value>(&body),
-            serde_json::from_slice::<Value>(&rbytes),
-        )
-        && answer["ok"] == true
-    {
-        let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-        let _ = p.posted.send(Posted {
-            seen: Instant::now(),
-            msg: emulator::Msg {
-                channel: s(&sent["channel"]),
-                ts: s(&answer["ts"]),
-                thread_ts: sent["thread_ts"].as_str().map(str::to_owned),
-                user: "UBOT".into(),
-                text: s(&sent["text"]),
-                blocks: sent["blocks"].as_array().cloned().unwrap_or_default(),
-                reactions: vec![],
-                updates: 0,
-                file: None,
-            },
-        });
-    }
-    rparts.headers.remove(header::TRANSFER_ENCODING);
-    rparts.headers.remove(header::CONNECTION);
-    Response::from_parts(rparts, Body::from(rbytes))
-}
-
-/// The server side of a Slack bench run: the registry (one workspace bound
-/// to [`CHANNEL`]), a SQLite store, the supervisor and the Slack edge,
-/// connected over Socket Mode to the emulator whose Web API is `api_url`.
-struct SlackEdge {
-    sup: ActorRef<SupervisorMsg>,
-    registry: ActorRef<RegistryMsg>,
-    store: Arc<SqliteStore>,
-    handle: SlackHandle,
-}
-
-async fn slack_edge(
-    env: &Env,
-    obs: &Arc<Observed>,
-    db: &str,
-    api_url: String,
-    pacing: PacingPolicy,
-) -> SlackEdge {
-    let map = WorkspaceMap {
-        workspace_root: env.dir.clone(),
-        workspaces: vec![WorkspaceEntry {
-            id: "ws".into(),
-            path: env.workspace.clone(),
-            channel_id: CHANNEL.into(),
-            label: None,
-            default_agent: None,
-        }],
-        agents: vec![env.profile.clone()],
-        default_agent: Some(env.profile.id.clone()),
-    };
-    let (registry, _) = Actor::spawn(None, WorkspaceRegistry, map)
-        .await
-        .expect("registry");
-    let store = Arc::new(SqliteStore::open(&env.dir.join(db)).await.expect("store"));
-    let (slack_sink, events) = slack::event_channel();
-    let tracker: Arc<dyn OperatorSink> = Arc::new(BenchSink {
-        obs: obs.clone(),
-        answer: false,
-    });
-    let sup = supervisor(
-        env,
-        store.clone(),
-        Arc::new(FanOut(vec![slack_sink, tracker])),
-    )
-    .await;
-    let opts = SlackOptions {
-        tokens: SlackTokens {
-            bot: "xoxb-bench".into(),
-            app: "xapp-bench".into(),
-        },
-        api_url: Some(api_url),
-        operators: vec![OWNER.to_owned()],
-        supervisor: sup.clone(),
-        registry: registry.clone().into(),
-        root: None,
-        store: store.clone(),
-        outbox: store.clone(),
-        tuning: SlackTuning {
-            pacing,
-            ..SlackTuning::default()
-        },
-    };
-    let handle = slack::spawn_slack(opts, events).await.expect("spawn_slack");
-    let mut status = handle.status();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        status.wait_for(|s| s == ConnectionState::Connected),
-    )
-    .await
-    .expect("Socket Mode connects");
-    SlackEdge {
-        sup,
-        registry,
-        store,
-        handle,
-    }
-}
-
-async fn rig_slack(env: &Env, obs: &Arc<Observed>, bench: &Handle) -> Rig {
-    let (emu, proxy_url, posted_rx, proxy_task) = bench
-        .spawn(async move {
-            let emu = emulator::Emulator::start().await;
-            let upstream = emu
-                .api_url
-                .trim_end_matches('/')
-                .trim_end_matches("/api")
-                .to_owned();
-            let (tx, rx) = mpsc::unbounded_channel();
-            let proxy = Proxy {
-                client: http_client(),
-                upstream,
-                posted: tx,
-            };
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind proxy");
-            let url = format!("http://{}/api/", listener.local_addr().expect("addr"));
-            let app = axum::Router::new().fallback(forward).with_state(proxy);
-            let task = tokio::spawn(async move {
-                let _ = axum::serve(listener, app).await;
-            });
-            (emu, url, rx, task)
-        })
-        .await
-        .expect("emulator");
-    // The plain emulator has no rate limits: measure the server, not Slack's pace.
-    let SlackEdge {
-        sup,
-        registry,
-        store,
-        handle,
-    } = slack_edge(env, obs, "slack.db", proxy_url, PacingPolicy::unpaced()).await;
-    // The operator: clicks allow-once on every permission message it sees.
-    let mut posted_rx = posted_rx;
-    let (obs2, emu2) = (obs.clone(), emu.clone());
-    let operator = bench.spawn(async move {
-        while let Some(Posted { seen, msg }) = posted_rx.recv().await {
-            let button = msg.button("allow-once").or_else(|| {
-                msg.buttons().into_iter().find(|b| {
-                    b["action_id"]
-                        .as_str()
-                        .is_some_and(|a| a.starts_with("decide:"))
-                })
-            });
-            match button {
-                Some(b) => {
-                    if let Some((global, _)) = b["value"].as_str().and_then(|v| v.rsplit_once('|'))
-                    {
-                        obs2.saw(global, seen);
-                    }
-                    emu2.click(OWNER, &msg, &b);
-                    obs2.delay(seen.elapsed());
-                }
-                None => obs2.error(format!("no decision button in {}", msg.all_text())),
-            }
-        }
-    });
-    Rig::Slack {
-        sup,
-        registry,
-        store,
-        handle: Some(handle),
-        emu,
-        bench_tasks: vec![proxy_task, operator],
-    }
 }
 
 impl Rig {
@@ -1138,6 +651,142 @@ impl Rig {
 
 // ---- one run --------------------------------------------------------------
 
+/// The scripted agent's scenario: `m` requests, each after `pace_ms` of
+/// think time, five text chunks and a tool call.
+fn scenario(dir: &Path, m: usize, pace_ms: u64) -> Value {
+    let mut turn = Vec::new();
+    for i in 0..m {
+        if pace_ms > 0 {
+            turn.push(json!({"sleep_ms": pace_ms}));
+        }
+        for _ in 0..5 {
+            turn.push(json!({"chunk": "streaming some agent text for the operator to read. "}));
+        }
+        turn.push(json!({"tool_call": {"id": format!("t{i}"), "title": "Edit file", "kind": "edit", "status": "pending"}}));
+        turn.push(json!({"permission": {"tool_call_id": format!("t{i}"), "title": "Edit file", "kind": "edit"}}));
+    }
+    json!({"rtt_log": dir.join("rtt.log"), "turns": [turn]})
+}
+
+/// How the session starts went: each one's time, and the failures.
+#[derive(Default)]
+struct Starts {
+    ms: Vec<u64>,
+    errors: usize,
+    notes: Vec<String>,
+}
+
+/// Starts `n` sessions spread evenly over `ramp_ms` (0: all at once) and
+/// waits for every Start call's answer.
+async fn start_sessions(
+    rig: &Rig,
+    env: &Env,
+    (n, ramp_ms): (usize, u64),
+    on_bench: Option<&Handle>,
+) -> Starts {
+    let start = rig.starter(env);
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let fut = start(i);
+        let offset = Duration::from_millis(ramp_ms * i as u64 / n.max(1) as u64);
+        let task = async move {
+            tokio::time::sleep(offset).await;
+            let t = Instant::now();
+            let r = fut.await;
+            (t.elapsed(), r)
+        };
+        tasks.push(match on_bench {
+            Some(bench) => bench.spawn(task),
+            None => tokio::spawn(task),
+        });
+    }
+    let mut out = Starts::default();
+    for task in tasks {
+        match task.await {
+            Ok((d, Ok(()))) => out.ms.push(d.as_millis() as u64),
+            Ok((_, Err(e))) => {
+                if out.errors == 0 {
+                    out.notes.push(format!("start failed: {e}"));
+                }
+                out.errors += 1;
+            }
+            Err(e) => {
+                out.notes.push(format!("start task: {e}"));
+                out.errors += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Waits (up to 15 minutes) until `want` round trips are logged and
+/// `started` sessions are idle; a note when they never were.
+async fn wait_for_round_trips(
+    rtt_log: &Path,
+    obs: &Observed,
+    want: usize,
+    started: usize,
+) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let logged = read_rtts(rtt_log).len();
+        if logged >= want && obs.idle_count() >= started {
+            return None;
+        }
+        if Instant::now() > deadline {
+            return Some(format!(
+                "timed out: {logged} of {want} round trips, {} of {started} idle",
+                obs.idle_count()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What the operator side saw go wrong (and the server's own time per
+/// decision, in api mode): notes, and how many errors they count for.
+fn operator_notes(obs: &Observed, op_us: &[u64], rig: &Rig) -> (Vec<String>, usize) {
+    let (mut notes, mut errors) = (Vec::new(), 0);
+    let served_us = sorted_us(&obs.served);
+    if !served_us.is_empty() {
+        notes.push(format!(
+            "server-side handling of POST /api/approvals (router in -> response out): p50 {} µs, p99 {} µs, of the operator's delay p50 {} µs, p99 {} µs",
+            pct(&served_us, 0.5),
+            pct(&served_us, 0.99),
+            pct(op_us, 0.5),
+            pct(op_us, 0.99)
+        ));
+    }
+    let op_errors = obs.op_errors.load(Ordering::Relaxed);
+    if op_errors > 0 {
+        errors += op_errors;
+        let first = obs.first_error.lock().ok().and_then(|f| f.clone());
+        notes.push(format!(
+            "{op_errors} operator errors, first: {}",
+            first.unwrap_or_default()
+        ));
+    }
+    if let Some(calls) = rig.slack_calls() {
+        notes.push(format!("Slack Web API calls: {calls}"));
+    }
+    let (visible, first) = rig.operator_visible_errors();
+    if visible > 0 {
+        errors += visible;
+        notes.push(format!(
+            "{visible} problem replies to the operator, first: {}",
+            first.unwrap_or_default()
+        ));
+    }
+    let lagged = obs.lagged.load(Ordering::Relaxed);
+    if lagged > 0 {
+        notes.push(format!(
+            "local feed lagged by {lagged} events; {} requests answered by the sweep",
+            obs.swept.load(Ordering::Relaxed)
+        ));
+    }
+    (notes, errors)
+}
+
 async fn run(
     mode: Mode,
     n: usize,
@@ -1153,18 +802,7 @@ async fn run(
         _ => 0,
     };
     let env = Env::prepare(n, &root.join(&tag), n + burst_count, |dir| {
-        let mut turn = Vec::new();
-        for i in 0..m {
-            if pace_ms > 0 {
-                turn.push(json!({"sleep_ms": pace_ms}));
-            }
-            for _ in 0..5 {
-                turn.push(json!({"chunk": "streaming some agent text for the operator to read. "}));
-            }
-            turn.push(json!({"tool_call": {"id": format!("t{i}"), "title": "Edit file", "kind": "edit", "status": "pending"}}));
-            turn.push(json!({"permission": {"tool_call_id": format!("t{i}"), "title": "Edit file", "kind": "edit"}}));
-        }
-        json!({"rtt_log": dir.join("rtt.log"), "turns": [turn]})
+        scenario(dir, m, pace_ms)
     });
     let rtt_log = env.dir.join("rtt.log");
     let obs = Arc::new(Observed::default());
@@ -1173,7 +811,6 @@ async fn run(
         Mode::Api => rig_api(&env, &obs, bench).await,
         Mode::Slack => rig_slack(&env, &obs, bench).await,
     };
-    let start = rig.starter(&env);
     let load0 = loadavg();
     // Let the rig settle, then reset the peak RSS counter for this run.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1183,46 +820,17 @@ async fn run(
     let threads0 = cpu_by_thread();
     let counts0 = rig.store_counts();
     let t0 = Instant::now();
-    let mut starts = Vec::new();
-    for i in 0..n {
-        let fut = start(i);
-        // Spread the starts evenly over `ramp_ms` (0: all at once).
-        let offset = Duration::from_millis(ramp_ms * i as u64 / n.max(1) as u64);
-        let task = async move {
-            tokio::time::sleep(offset).await;
-            let t = Instant::now();
-            let r = fut.await;
-            (t.elapsed(), r)
-        };
-        starts.push(if mode == Mode::Api {
-            bench.spawn(task)
-        } else {
-            tokio::spawn(task)
-        });
-    }
-    let mut start_ms = Vec::new();
-    let mut errors = 0;
-    let mut notes = Vec::new();
-    for s in starts {
-        match s.await {
-            Ok((d, Ok(()))) => start_ms.push(d.as_millis() as u64),
-            Ok((_, Err(e))) => {
-                if errors == 0 {
-                    notes.push(format!("start failed: {e}"));
-                }
-                errors += 1;
-            }
-            Err(e) => {
-                notes.push(format!("start task: {e}"));
-                errors += 1;
-            }
-        }
-    }
+    let on_bench = (mode == Mode::Api).then_some(bench);
+    let Starts {
+        ms: mut start_ms,
+        mut errors,
+        mut notes,
+    } = start_sessions(&rig, &env, (n, ramp_ms), on_bench).await;
     let started = n - errors;
-    let lines_at_started = read_rtts(&rtt_log).len();
     notes.push(format!(
-        "all Start calls answered after {} ms; {lines_at_started} round trips done by then",
-        t0.elapsed().as_millis()
+        "all Start calls answered after {} ms; {} round trips done by then",
+        t0.elapsed().as_millis(),
+        read_rtts(&rtt_log).len()
     ));
     let mut burst_started = 0;
     if burst_count > 0
@@ -1233,22 +841,9 @@ async fn run(
         notes.push(b.note());
     }
     let want = started * m;
-    let deadline = Instant::now() + Duration::from_secs(900);
-    loop {
-        let done = read_rtts(&rtt_log).len() >= want && obs.idle_count() >= started;
-        if done {
-            break;
-        }
-        if Instant::now() > deadline {
-            notes.push(format!(
-                "timed out: {} of {want} round trips, {} of {started} idle",
-                read_rtts(&rtt_log).len(),
-                obs.idle_count()
-            ));
-            errors += 1;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Some(timed_out) = wait_for_round_trips(&rtt_log, &obs, want, started).await {
+        notes.push(timed_out);
+        errors += 1;
     }
     let end = obs
         .last_idle
@@ -1294,51 +889,12 @@ async fn run(
         cpu1.process - cpu0.process,
         rtt_us.len(),
     ));
-    if rtt_us.len() < want {
-        errors += want - rtt_us.len();
-    }
+    errors += want.saturating_sub(rtt_us.len());
     let op_us = sorted_us(&obs.delays);
     start_ms.sort_unstable();
-    let served_us = sorted_us(&obs.served);
-    if !served_us.is_empty() {
-        notes.push(format!(
-            "server-side handling of POST /api/approvals (router in -> response out): p50 {} µs, p99 {} µs, of the operator's delay p50 {} µs, p99 {} µs",
-            pct(&served_us, 0.5),
-            pct(&served_us, 0.99),
-            pct(&op_us, 0.5),
-            pct(&op_us, 0.99)
-        ));
-    }
-    let op_errors = obs.op_errors.load(Ordering::Relaxed);
-    if op_errors > 0 {
-        errors += op_errors;
-        notes.push(format!(
-            "{op_errors} operator errors, first: {}",
-            obs.first_error
-                .lock()
-                .ok()
-                .and_then(|f| f.clone())
-                .unwrap_or_default()
-        ));
-    }
-    if let Some(calls) = rig.slack_calls() {
-        notes.push(format!("Slack Web API calls: {calls}"));
-    }
-    let (visible, first) = rig.operator_visible_errors();
-    if visible > 0 {
-        errors += visible;
-        notes.push(format!(
-            "{visible} problem replies to the operator, first: {}",
-            first.unwrap_or_default()
-        ));
-    }
-    let lagged = obs.lagged.load(Ordering::Relaxed);
-    if lagged > 0 {
-        notes.push(format!(
-            "local feed lagged by {lagged} events; {} requests answered by the sweep",
-            obs.swept.load(Ordering::Relaxed)
-        ));
-    }
+    let (more, op_errors) = operator_notes(&obs, &op_us, &rig);
+    notes.extend(more);
+    errors += op_errors;
     let live = rig.live_count().await;
     let started = started + burst_started;
     if live != started {
@@ -1400,23 +956,26 @@ fn raise_nofile() -> (u64, u64) {
     }
 }
 
+/// The operators named by `--operator` (`slack-limits` runs apart).
+fn parse_modes(spec: &str) -> Vec<Mode> {
+    let mut modes = Vec::new();
+    for s in spec.split(',') {
+        match s.trim() {
+            "core" => modes.push(Mode::Core),
+            "api" => modes.push(Mode::Api),
+            "slack" => modes.push(Mode::Slack),
+            "slack-limits" => {}
+            "all" => modes.extend([Mode::Core, Mode::Api, Mode::Slack]),
+            other => panic!("--operator: core, api, slack, slack-limits or all, not {other:?}"),
+        }
+    }
+    modes
+}
+
 fn main() {
     let spec = arg("--operator").unwrap_or_else(|| "core".into());
     let paced_run = spec.split(',').any(|s| s.trim() == "slack-limits");
-    let modes: Vec<Mode> = {
-        let mut v = Vec::new();
-        for s in spec.split(',') {
-            match s.trim() {
-                "core" => v.push(Mode::Core),
-                "api" => v.push(Mode::Api),
-                "slack" => v.push(Mode::Slack),
-                "slack-limits" => {}
-                "all" => v.extend([Mode::Core, Mode::Api, Mode::Slack]),
-                other => panic!("--operator: core, api, slack, slack-limits or all, not {other:?}"),
-            }
-        }
-        v
-    };
+    let modes = parse_modes(&spec);
     // slack-limits: Slack's rate limits sped up this many times (1: real).
     let pace_factor: u32 = arg("--pace-factor")
         .and_then(|s| s.parse().ok())
@@ -1466,12 +1025,7 @@ fn main() {
     );
     if !modes.is_empty() {
         println!();
-        println!(
-            "| operator | N | pace ms | ramp ms | requests | rtt p50 µs | rtt p99 µs | rtt max µs | rtt p99 2nd half µs | floor p50 µs | floor p99 µs | rtt p50 ×floor | rtt p99 ×floor | rtt p99 2nd half ×floor | commits/approval | writes/approval | notify p50 µs | notify p99 µs | op p50 µs | op p99 µs | rtt−op p50 µs | req/s | cpu % | bench-side cpu % | machine cpu % | peak RSS MiB | KiB/idle session | start p50 ms | start p99 ms | start max ms | errors |"
-        );
-        println!(
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-        );
+        println!("{}", report::header());
     }
     let mut notes = Vec::new();
     for mode in &modes {
@@ -1492,63 +1046,8 @@ fn main() {
                 commit_us: server.block_on(measure_commit(floor_dir.path(), FLOOR_COMMITS)),
             };
             let f = server.block_on(run(*mode, n, m, (pace_ms, ramp_ms), dir.path(), &handle));
-            let (r50, o50) = (pct(&f.rtt_us, 0.5), pct(&f.op_us, 0.5));
-            let (r99, later99) = (pct(&f.rtt_us, 0.99), pct(&f.rtt_later, 0.99));
-            let approvals = f.rtt_us.len().max(1) as f64;
-            println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {} | {} | {} |",
-                f.mode.name(),
-                f.n,
-                f.pace_ms,
-                f.ramp_ms,
-                f.rtt_us.len(),
-                r50,
-                r99,
-                f.rtt_us.last().copied().unwrap_or(0),
-                later99,
-                floor.at(0.5),
-                floor.at(0.99),
-                floor.times(r50, 0.5),
-                floor.times(r99, 0.99),
-                floor.times(later99, 0.99),
-                f.commits as f64 / approvals,
-                f.writes as f64 / approvals,
-                pct(&f.notify_us, 0.5),
-                pct(&f.notify_us, 0.99),
-                o50,
-                pct(&f.op_us, 0.99),
-                r50 as i64 - o50 as i64,
-                f.rps,
-                f.cpu_pct,
-                f.bench_cpu_pct,
-                f.machine_pct,
-                f.peak_rss_mb,
-                f.idle_kib_per_session,
-                pct(&f.start_ms, 0.5),
-                pct(&f.start_ms, 0.99),
-                f.start_ms.last().copied().unwrap_or(0),
-                f.errors
-            );
-            notes.push(format!(
-                "{} N={n}: load average {:.2} before, {:.2} after; machine busy outside this process {:.0}% of a core (agents, kernel, anything else)",
-                f.mode.name(),
-                f.load.0,
-                f.load.1,
-                f.machine_pct - f.cpu_pct
-            ));
-            notes.push(format!(
-                "{} N={n}: floor measured just before the run: pipe round trip to cat p50 {} µs p99 {} µs ({FLOOR_PIPE_ROUNDS} rounds), one store commit p50 {} µs p99 {} µs ({FLOOR_COMMITS} commits); {} commits for {} writes during the run",
-                f.mode.name(),
-                pct(&floor.pipe_us, 0.5),
-                pct(&floor.pipe_us, 0.99),
-                pct(&floor.commit_us, 0.5),
-                pct(&floor.commit_us, 0.99),
-                f.commits,
-                f.writes
-            ));
-            for note in f.notes {
-                notes.push(format!("{} N={n}: {note}", f.mode.name()));
-            }
+            println!("{}", report::row(&f, &floor));
+            notes.extend(report::notes(f, &floor));
         }
     }
     if paced_run {
