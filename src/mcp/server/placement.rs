@@ -1,0 +1,234 @@
+//! Where an MCP connection's calls land: the core session it is bound to.
+//!
+//! A bridged connection (an ACP agent's own MCP client) acts for that agent's
+//! session. Any other connection attaches a session of its own on its first
+//! tool call, in the workspace its query string names (`workspace_id`, or a
+//! directory under the workspace root), and keeps it until the MCP session
+//! goes away, when the core session is told `Disconnected`.
+
+use super::*;
+
+/// Where a connection's session belongs.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Place {
+    /// Workspace id, or empty (local only).
+    workspace: String,
+    /// The workspace directory, when there is one.
+    cwd: Option<PathBuf>,
+    /// Slack channel, when there is one.
+    channel: Option<String>,
+}
+
+/// The core session a connection created.
+pub(super) struct Own {
+    id: SessionId,
+    actor: ActorRef<SessionMsg>,
+    place: Place,
+}
+
+/// One MCP session's binding; tells the core session when it goes away.
+pub(super) struct Connection {
+    pub(super) bound: tokio::sync::Mutex<Option<Own>>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(own) = self.bound.get_mut().take() {
+            tracing::info!(session = %own.id, "MCP session closed");
+            let _ = own
+                .actor
+                .send_message(SessionMsg::Mcp(McpCall::Disconnected));
+        }
+    }
+}
+
+/// The connection's query string; a workspace-scoped token pins the workspace.
+pub(super) fn query_of(parts: Option<&Parts>) -> HashMap<String, String> {
+    let mut query: HashMap<String, String> = parts
+        .and_then(|p| Query::<HashMap<String, String>>::try_from_uri(&p.uri).ok())
+        .map(|Query(q)| q)
+        .unwrap_or_default();
+    if let Some(crate::mcp::auth::ScopedWorkspace(ws)) =
+        parts.and_then(|p| p.extensions.get::<crate::mcp::auth::ScopedWorkspace>())
+    {
+        query.remove("channel_id");
+        query.insert("workspace_id".into(), ws.clone());
+    }
+    query
+}
+
+pub(super) fn parts_of(ctx: &RequestContext<RoleServer>) -> Option<&Parts> {
+    ctx.extensions.get::<Parts>()
+}
+
+/// The title of a session: the client's name and version.
+pub(super) fn client_title(ctx: &RequestContext<RoleServer>) -> String {
+    match ctx.peer.peer_info() {
+        Some(info) => {
+            let c = &info.client_info;
+            format!("{} {} (MCP)", c.name, c.version)
+        }
+        None => "MCP client".into(),
+    }
+}
+
+impl IntercomMcp {
+    pub(super) async fn lookup(
+        &self,
+        id: &SessionId,
+    ) -> Result<Option<ActorRef<SessionMsg>>, Fail> {
+        // The named registry, not the supervisor's mailbox (no waiting
+        // behind session starts).
+        Ok(directory::find(&self.deps().supervisor, id))
+    }
+
+    /// Where a new session belongs, from the connection's query string.
+    pub(super) async fn place(&self, query: &HashMap<String, String>) -> Place {
+        let pick = |k: &str| query.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let workspace = pick("workspace_id");
+        let channel = pick("channel_id");
+        match (workspace, channel) {
+            (Some(ws), Some(ch)) => tracing::warn!(
+                workspace = ws,
+                channel = ch,
+                "MCP client gave both workspace_id and the deprecated channel_id; workspace_id wins"
+            ),
+            (None, Some(ch)) => tracing::warn!(
+                channel = ch,
+                "MCP client connected with the deprecated ?channel_id=; use ?workspace_id=<id>"
+            ),
+            _ => {}
+        }
+        // The map, not RegistryMsg::Resolve: resolving also picks an agent
+        // profile, which an MCP session does not have (a config without
+        // agents must still serve MCP clients).
+        let map = match ask(
+            &self.deps().registry.get(),
+            "workspace registry",
+            ACTOR_TIMEOUT,
+            RegistryMsg::Get,
+        )
+        .await
+        {
+            Ok(map) => map,
+            Err(e) => {
+                tracing::error!("cannot read the workspace map: {e}; the session is local only");
+                return Place::default();
+            }
+        };
+        let entry = match (workspace, channel) {
+            (Some(ws), _) => map.workspaces.iter().find(|w| w.id == ws),
+            (None, Some(ch)) => map.by_channel(ch),
+            (None, None) => None,
+        };
+        match entry {
+            Some(e) => {
+                let cwd = match map.contain(&e.path) {
+                    Ok(p) => Some(p),
+                    Err(err) => {
+                        tracing::warn!(workspace = %e.id, "workspace directory {} cannot be used: {err}; files cannot be applied", e.path.display());
+                        None
+                    }
+                };
+                Place {
+                    workspace: e.id.clone(),
+                    cwd,
+                    channel: Some(e.channel_id.clone()).filter(|c| !c.is_empty()),
+                }
+            }
+            None => match (workspace, channel) {
+                (Some(ws), _) => {
+                    tracing::warn!(
+                        workspace = ws,
+                        "MCP client named an unknown workspace; the session is local only (no channel, no workspace)"
+                    );
+                    Place::default()
+                }
+                (None, Some(ch)) => {
+                    tracing::warn!(
+                        channel = ch,
+                        "channel_id maps to no configured workspace; the session posts there but has no workspace"
+                    );
+                    Place {
+                        channel: Some(ch.to_owned()),
+                        ..Place::default()
+                    }
+                }
+                (None, None) => {
+                    tracing::info!(
+                        "MCP client connected without ?workspace_id=; the session is local only"
+                    );
+                    Place::default()
+                }
+            },
+        }
+    }
+
+    /// The session this call acts on: the bridged ACP session, or this
+    /// connection's own one (attached on first use, again if it ended).
+    pub(super) async fn target(&self, ctx: &RequestContext<RoleServer>) -> Result<Target, Fail> {
+        let parts = parts_of(ctx);
+        if let Some(BridgedSession(id)) = parts.and_then(|p| p.extensions.get::<BridgedSession>()) {
+            let actor = self.lookup(id).await?.ok_or_else(|| {
+                Fail::refused(
+                    "session_ended",
+                    format!("session {id} behind this bridge token has ended"),
+                )
+            })?;
+            let record = self.deps().store.get_session(id).await.map_err(storage)?;
+            let (workspace, cwd) = record
+                .map(|r| (r.workspace, PathBuf::from(r.cwd)))
+                .unwrap_or_default();
+            return Ok(Target {
+                id: id.clone(),
+                actor,
+                workspace,
+                cwd: Some(cwd).filter(|p| !p.as_os_str().is_empty()),
+            });
+        }
+        let mut bound = self.conn.bound.lock().await;
+        if let Some(own) = bound.as_ref() {
+            if let Some(actor) = self.lookup(&own.id).await? {
+                return Ok(Target {
+                    id: own.id.clone(),
+                    actor,
+                    workspace: own.place.workspace.clone(),
+                    cwd: own.place.cwd.clone(),
+                });
+            }
+            tracing::info!(session = %own.id, "this MCP client's session has ended; attaching a new one");
+        }
+        let place = match bound.as_ref() {
+            Some(own) => own.place.clone(),
+            None => self.place(&query_of(parts)).await,
+        };
+        let req = AttachRequest {
+            workspace: place.workspace.clone(),
+            cwd: place.cwd.clone().unwrap_or_default(),
+            channel_id: place.channel.clone(),
+            title: client_title(ctx),
+            owner: OWNER.into(),
+        };
+        let record = ask(
+            &self.deps().supervisor,
+            "supervisor (attach)",
+            ATTACH_TIMEOUT,
+            |reply| SupervisorMsg::Attach { req, reply },
+        )
+        .await?
+        .map_err(|e| Fail::refused("attach_failed", format!("could not create a session: {e}")))?;
+        let actor = self.lookup(&record.id).await?.ok_or_else(Fail::ended)?;
+        tracing::info!(session = %record.id, workspace = %place.workspace, "MCP client attached");
+        *bound = Some(Own {
+            id: record.id.clone(),
+            actor: actor.clone(),
+            place: place.clone(),
+        });
+        Ok(Target {
+            id: record.id,
+            actor,
+            workspace: place.workspace,
+            cwd: place.cwd,
+        })
+    }
+}
