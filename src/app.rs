@@ -9,25 +9,22 @@
 //! machine-readable code the HTTP API sends.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use intercom_actors::model::{
-    Decided, Decision, PendingRequest, RequestStatus, SessionId, SessionRecord, SessionStatus,
-    TranscriptEntry,
+    Decided, Decision, PendingRequest, RequestStatus, SessionId, SessionRecord, TranscriptEntry,
 };
-use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore, StoreError};
-use intercom_actors::registry::{RegistryMsg, ResolveError, Target};
+use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore};
+use intercom_actors::registry::{RegistryMsg, Target};
 use intercom_actors::session::calls::{self, Answer};
 use intercom_actors::session::{
-    Caller, Choice, SessionError, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
+    Caller, Choice, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
 };
 use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
-    OPERATOR_CALL, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg, directory,
-    steer_session,
+    OPERATOR_CALL, StartRequest, SupervisorArgs, SupervisorMsg, directory, steer_session,
 };
 use ractor::{Actor, ActorRef};
 use tokio::sync::{broadcast, watch};
@@ -38,6 +35,13 @@ use crate::storage::SqliteStore;
 use intercom_actors::rules::{ApprovalMode, Rule, SharedRules};
 use std::collections::BTreeMap;
 use std::sync::RwLock;
+
+mod config_choice;
+mod config_rules;
+mod errors;
+
+pub use config_choice::{ConfigChoice, DEFAULT_CONFIG, EXAMPLE_CONFIG, choose_config};
+pub use errors::{AppError, AppStartError};
 
 /// Owner recorded for sessions started through the local API.
 pub const LOCAL_OWNER: &str = "local";
@@ -70,155 +74,6 @@ const RECOVER_TIMEOUT_MS: u64 = 300_000;
 /// A start or revive answers after the agent's handshake: the startup
 /// timeout plus this margin.
 const START_MARGIN_MS: u64 = 10_000;
-
-/// Why an operation was refused. The variant decides the HTTP status; the
-/// message is shown to the operator as is.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum AppError {
-    /// The request itself is wrong (empty prompt, bad option, no target).
-    #[error("{0}")]
-    BadRequest(String),
-    /// No such session, request, workspace, agent or path.
-    #[error("{0}")]
-    NotFound(String),
-    /// Not allowed (a path outside `workspace_root`, not the owner).
-    #[error("{0}")]
-    Forbidden(String),
-    /// `limits.max_sessions` reached.
-    #[error("{0}")]
-    LimitReached(String),
-    /// The agent did not start; no session was kept.
-    #[error("{0}")]
-    AgentStartFailed(String),
-    /// The target is not in a state that allows it (ended session, decided request).
-    #[error("{message}")]
-    Conflict {
-        /// What is wrong.
-        message: String,
-        /// The session's current status, when that is the reason.
-        status: Option<SessionStatus>,
-    },
-    /// Storage failed: nothing was acknowledged.
-    #[error("storage unavailable, nothing was done: {0}")]
-    Storage(String),
-    /// The server is shutting down.
-    #[error("{0}")]
-    Unavailable(String),
-    /// An actor did not answer (a bug or a crash).
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-impl AppError {
-    /// The stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            AppError::BadRequest(_) => "bad_request",
-            AppError::NotFound(_) => "not_found",
-            AppError::Forbidden(_) => "forbidden",
-            AppError::LimitReached(_) => "limit_reached",
-            AppError::AgentStartFailed(_) => "agent_start_failed",
-            AppError::Conflict { .. } => "conflict",
-            AppError::Storage(_) => "storage_error",
-            AppError::Unavailable(_) => "unavailable",
-            AppError::Internal(_) => "internal",
-        }
-    }
-
-    fn conflict_status(status: SessionStatus, message: String) -> Self {
-        AppError::Conflict {
-            message,
-            status: Some(status),
-        }
-    }
-
-    fn ended(status: SessionStatus) -> Self {
-        Self::conflict_status(status, format!("session is {status}; start a new one"))
-    }
-
-    fn actor(what: &str, e: impl std::fmt::Display) -> Self {
-        AppError::Internal(format!("{what}: {e}"))
-    }
-}
-
-impl From<StoreError> for AppError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::NotFound { what } => AppError::NotFound(format!("{what} not found")),
-            StoreError::AlreadyResolved { id, status } => AppError::Conflict {
-                message: format!("request {id} is already {status}"),
-                status: None,
-            },
-            other @ StoreError::Backend { .. } => AppError::Storage(other.to_string()),
-        }
-    }
-}
-
-impl From<ResolveError> for AppError {
-    fn from(e: ResolveError) -> Self {
-        match e {
-            ResolveError::NoTarget => AppError::BadRequest(e.to_string()),
-            ResolveError::OutsideRoot { .. } => AppError::Forbidden(e.to_string()),
-            ResolveError::UnknownWorkspace(..)
-            | ResolveError::UnknownAgent(..)
-            | ResolveError::NoAgent
-            | ResolveError::PathNotFound(_) => AppError::NotFound(e.to_string()),
-        }
-    }
-}
-
-impl From<SupervisorError> for AppError {
-    fn from(e: SupervisorError) -> Self {
-        let message = e.to_string();
-        match e {
-            SupervisorError::LimitReached { .. } => AppError::LimitReached(message),
-            SupervisorError::EmptyPrompt => AppError::BadRequest(message),
-            SupervisorError::StartFailed(_) => AppError::AgentStartFailed(message),
-            SupervisorError::Storage(_) => AppError::Storage(message),
-            SupervisorError::ShuttingDown => AppError::Unavailable(message),
-            SupervisorError::NotRevivable(_) => AppError::Conflict {
-                message,
-                status: None,
-            },
-            SupervisorError::Unauthorized { .. } => AppError::Forbidden(message),
-        }
-    }
-}
-
-impl From<SessionError> for AppError {
-    fn from(e: SessionError) -> Self {
-        let message = e.to_string();
-        match e {
-            SessionError::Unauthorized { .. } => AppError::Forbidden(message),
-            SessionError::NotFound(_) => AppError::NotFound(message),
-            SessionError::InvalidOption { .. } => AppError::BadRequest(message),
-            SessionError::AlreadyResolved { .. } => AppError::Conflict {
-                message,
-                status: None,
-            },
-            SessionError::NotLive(status) => AppError::conflict_status(status, message),
-            SessionError::Storage(_) => AppError::Storage(message),
-            SessionError::NotOffered(_) => AppError::BadRequest(message),
-            SessionError::AgentRefused(_) => AppError::Conflict {
-                message,
-                status: None,
-            },
-        }
-    }
-}
-
-/// Why the application could not be started.
-#[derive(Debug, thiserror::Error)]
-pub enum AppStartError {
-    /// An actor failed to spawn.
-    #[error("cannot start the {actor} actor: {message}")]
-    Spawn {
-        /// Which actor.
-        actor: &'static str,
-        /// ractor's message.
-        message: String,
-    },
-}
 
 /// The local operator feed: every [`OperatorEvent`] on a broadcast channel
 /// (for `cancel` waiting on the end of a session, and future streaming).
@@ -840,130 +695,6 @@ impl App {
         })
     }
 
-    /// The configured approval mode of a workspace (`None` = ask).
-    fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
-        self.inner
-            .modes
-            .read()
-            .ok()
-            .and_then(|m| m.get(workspace).copied())
-            .filter(|m| *m != ApprovalMode::Ask)
-    }
-
-    /// Applies a reloaded config: the workspace map (whole), the config
-    /// rules and workspace modes. Live sessions keep their channel; pending
-    /// requests are re-evaluated against the new rules.
-    pub async fn apply_config(&self, config: &Config) {
-        let map = Box::new(config.workspace_map());
-        if let Err(e) = self.inner.root.send_message(RootMsg::ConfigReloaded(map)) {
-            tracing::error!("cannot reload the workspace registry: {e}");
-            return;
-        }
-        if let Ok(mut m) = self.inner.modes.write() {
-            *m = config.workspace_modes.clone();
-        }
-        if let Ok(mut r) = self.inner.config_rules.write() {
-            *r = config.rules.clone();
-        }
-        self.refresh_rules().await;
-        self.inner.config_status.ok();
-        tracing::info!("{}", config.summary());
-        for w in config.warnings() {
-            tracing::warn!("{w}");
-        }
-    }
-
-    /// Marks the config stale after a bad edit (the previous map stays).
-    pub fn config_stale(&self, error: &dyn std::fmt::Display) {
-        tracing::error!("config reload failed, keeping the previous one: {error}");
-        self.inner.config_status.stale(error);
-    }
-
-    /// `None` when the config is fresh, else the last reload error.
-    pub fn config_error(&self) -> Option<String> {
-        self.inner.config_status.current()
-    }
-
-    async fn refresh_rules(&self) {
-        let operator = match self.inner.store.list_rules().await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("cannot load operator rules: {e}");
-                return;
-            }
-        };
-        let config = self
-            .inner
-            .config_rules
-            .read()
-            .map(|r| r.clone())
-            .unwrap_or_default();
-        self.inner
-            .rules
-            .set(config.into_iter().chain(operator).collect());
-        if let Err(e) = self
-            .inner
-            .supervisor
-            .send_message(SupervisorMsg::RulesChanged)
-        {
-            tracing::error!("live sessions were not told about the changed rules: {e}");
-        }
-    }
-
-    /// Every rule in force, with where it comes from (`config` or the creator).
-    pub async fn rules(&self) -> Result<Vec<(Rule, String)>, AppError> {
-        let config = self
-            .inner
-            .config_rules
-            .read()
-            .map(|r| r.clone())
-            .unwrap_or_default();
-        let stored = self.inner.store.list_stored_rules().await?;
-        Ok(config
-            .into_iter()
-            .map(|r| (r, "config".to_owned()))
-            .chain(stored.into_iter().map(|s| (s.rule, s.created_by)))
-            .collect())
-    }
-
-    /// Adds an operator rule (persisted) and applies it at once, also to
-    /// requests that are already pending.
-    pub async fn add_rule(&self, mut rule: Rule, created_by: &str) -> Result<Rule, AppError> {
-        if rule.id.is_empty() {
-            rule.id = crate::storage::rules::new_rule_id();
-        }
-        rule.validate()
-            .map_err(|e| AppError::BadRequest(e.to_string()))?;
-        self.inner.store.insert_rule(&rule, created_by).await?;
-        self.audit(created_by, "rule.added", serde_json::json!({"rule": rule}))
-            .await;
-        self.refresh_rules().await;
-        Ok(rule)
-    }
-
-    /// Removes an operator rule; config rules are removed by editing the file.
-    pub async fn delete_rule(&self, id: &str, by: &str) -> Result<(), AppError> {
-        if !self.inner.store.delete_rule(id).await? {
-            let in_config = self
-                .inner
-                .config_rules
-                .read()
-                .map(|r| r.iter().any(|x| x.id == id))
-                .unwrap_or(false);
-            return Err(if in_config {
-                AppError::BadRequest(format!(
-                    "rule {id} comes from the config file; remove it there"
-                ))
-            } else {
-                AppError::NotFound(format!("no rule {id}"))
-            });
-        }
-        self.audit(by, "rule.removed", serde_json::json!({"rule": id}))
-            .await;
-        self.refresh_rules().await;
-        Ok(())
-    }
-
     /// Brings back a session that ended by idle timeout (respawn + resume).
     pub async fn revive(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
         let record = self.session(id).await?;
@@ -1102,75 +833,6 @@ impl App {
     }
 }
 
-/// Slack reaches the server's rule management (and workspace modes) through
-/// the App, so a rule created from a button is stored, applied to every
-/// session and re-evaluated against pending requests exactly like one from
-/// the API.
-#[async_trait::async_trait]
-impl crate::slack::RulesAdmin for App {
-    async fn rules(&self) -> Result<Vec<(Rule, String)>, String> {
-        App::rules(self).await.map_err(|e| e.to_string())
-    }
-
-    async fn add_rule(&self, rule: Rule, created_by: &str) -> Result<Rule, String> {
-        App::add_rule(self, rule, created_by)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn delete_rule(&self, id: &str, by: &str) -> Result<(), String> {
-        App::delete_rule(self, id, by)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
-        App::workspace_mode(self, workspace)
-    }
-
-    fn tell(&self, session: &SessionId, text: &str) -> bool {
-        self.notice(session, text.to_owned());
-        true
-    }
-}
-
-/// The config file used when `--config` is not given.
-pub const DEFAULT_CONFIG: &str = "config.toml";
-/// The fallback when [`DEFAULT_CONFIG`] does not exist (a fresh clone).
-pub const EXAMPLE_CONFIG: &str = "config.toml.example";
-
-/// Which config file to load, and whether it is the example fallback.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigChoice {
-    /// The file.
-    pub path: PathBuf,
-    /// True when `./config.toml` is missing and `./config.toml.example` is used.
-    pub fallback: bool,
-}
-
-/// `explicit` when given; else `./config.toml`, or `./config.toml.example`
-/// when only that exists (so one command works on a fresh clone).
-pub fn choose_config(explicit: Option<&Path>) -> ConfigChoice {
-    if let Some(path) = explicit {
-        return ConfigChoice {
-            path: path.to_path_buf(),
-            fallback: false,
-        };
-    }
-    let default = PathBuf::from(DEFAULT_CONFIG);
-    let example = PathBuf::from(EXAMPLE_CONFIG);
-    if !default.exists() && example.is_file() {
-        return ConfigChoice {
-            path: example,
-            fallback: true,
-        };
-    }
-    ConfigChoice {
-        path: default,
-        fallback: false,
-    }
-}
-
 fn root_gone() -> TreeFailure {
     TreeFailure {
         actor: "root",
@@ -1207,6 +869,7 @@ async fn wait_for_end(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use intercom_actors::model::SessionStatus;
 
     #[test]
     fn request_ids_split_at_the_last_colon() {
@@ -1217,34 +880,6 @@ mod tests {
         assert!(split_request_id("nocolon").is_none());
         assert!(split_request_id(":req-1").is_none());
         assert!(split_request_id("s-1:").is_none());
-    }
-
-    #[test]
-    fn errors_have_stable_codes() {
-        let limit: AppError = SupervisorError::LimitReached { max: 1 }.into();
-        assert_eq!(limit.code(), "limit_reached");
-        let outside: AppError = ResolveError::OutsideRoot {
-            path: "/".into(),
-            root: "/r".into(),
-        }
-        .into();
-        assert_eq!(outside.code(), "forbidden");
-        let missing: AppError = ResolveError::PathNotFound("x".into()).into();
-        assert_eq!(missing.code(), "not_found");
-        let ended: AppError = SessionError::NotLive(SessionStatus::Completed).into();
-        assert_eq!(
-            ended,
-            AppError::Conflict {
-                message: "session is completed; start a new one".into(),
-                status: Some(SessionStatus::Completed)
-            }
-        );
-        let storage: AppError = StoreError::Backend {
-            op: "x",
-            message: "disk full".into(),
-        }
-        .into();
-        assert_eq!(storage.code(), "storage_error");
     }
 
     #[tokio::test]

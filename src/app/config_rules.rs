@@ -1,0 +1,165 @@
+//! Configuration and approval rules at run time: a reloaded `config.toml`
+//! applied to the running tree (workspaces, agents, rules), a broken edit
+//! reported without dropping the last good config, and the rules an
+//! operator adds or removes (from the API or Slack), persisted and shared
+//! with every session.
+
+use super::*;
+
+impl App {
+    /// Applies a reloaded config: the workspace map (whole), the config
+    /// rules and workspace modes. Live sessions keep their channel; pending
+    /// requests are re-evaluated against the new rules.
+    pub async fn apply_config(&self, config: &Config) {
+        let map = Box::new(config.workspace_map());
+        if let Err(e) = self.inner.root.send_message(RootMsg::ConfigReloaded(map)) {
+            tracing::error!("cannot reload the workspace registry: {e}");
+            return;
+        }
+        if let Ok(mut m) = self.inner.modes.write() {
+            *m = config.workspace_modes.clone();
+        }
+        if let Ok(mut r) = self.inner.config_rules.write() {
+            *r = config.rules.clone();
+        }
+        self.refresh_rules().await;
+        self.inner.config_status.ok();
+        tracing::info!("{}", config.summary());
+        for w in config.warnings() {
+            tracing::warn!("{w}");
+        }
+    }
+
+    /// Marks the config stale after a bad edit (the previous map stays).
+    pub fn config_stale(&self, error: &dyn std::fmt::Display) {
+        tracing::error!("config reload failed, keeping the previous one: {error}");
+        self.inner.config_status.stale(error);
+    }
+
+    /// `None` when the config is fresh, else the last reload error.
+    pub fn config_error(&self) -> Option<String> {
+        self.inner.config_status.current()
+    }
+
+    pub(super) async fn refresh_rules(&self) {
+        let operator = match self.inner.store.list_rules().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot load operator rules: {e}");
+                return;
+            }
+        };
+        let config = self
+            .inner
+            .config_rules
+            .read()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        self.inner
+            .rules
+            .set(config.into_iter().chain(operator).collect());
+        if let Err(e) = self
+            .inner
+            .supervisor
+            .send_message(SupervisorMsg::RulesChanged)
+        {
+            tracing::error!("live sessions were not told about the changed rules: {e}");
+        }
+    }
+
+    /// Every rule in force, with where it comes from (`config` or the creator).
+    pub async fn rules(&self) -> Result<Vec<(Rule, String)>, AppError> {
+        let config = self
+            .inner
+            .config_rules
+            .read()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        let stored = self.inner.store.list_stored_rules().await?;
+        Ok(config
+            .into_iter()
+            .map(|r| (r, "config".to_owned()))
+            .chain(stored.into_iter().map(|s| (s.rule, s.created_by)))
+            .collect())
+    }
+
+    /// Adds an operator rule (persisted) and applies it at once, also to
+    /// requests that are already pending.
+    pub async fn add_rule(&self, mut rule: Rule, created_by: &str) -> Result<Rule, AppError> {
+        if rule.id.is_empty() {
+            rule.id = crate::storage::rules::new_rule_id();
+        }
+        rule.validate()
+            .map_err(|e| AppError::BadRequest(e.to_string()))?;
+        self.inner.store.insert_rule(&rule, created_by).await?;
+        self.audit(created_by, "rule.added", serde_json::json!({"rule": rule}))
+            .await;
+        self.refresh_rules().await;
+        Ok(rule)
+    }
+
+    /// Removes an operator rule; config rules are removed by editing the file.
+    pub async fn delete_rule(&self, id: &str, by: &str) -> Result<(), AppError> {
+        if !self.inner.store.delete_rule(id).await? {
+            let in_config = self
+                .inner
+                .config_rules
+                .read()
+                .map(|r| r.iter().any(|x| x.id == id))
+                .unwrap_or(false);
+            return Err(if in_config {
+                AppError::BadRequest(format!(
+                    "rule {id} comes from the config file; remove it there"
+                ))
+            } else {
+                AppError::NotFound(format!("no rule {id}"))
+            });
+        }
+        self.audit(by, "rule.removed", serde_json::json!({"rule": id}))
+            .await;
+        self.refresh_rules().await;
+        Ok(())
+    }
+
+    /// The configured approval mode of a workspace (`None` = ask).
+    pub(crate) fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
+        self.inner
+            .modes
+            .read()
+            .ok()
+            .and_then(|m| m.get(workspace).copied())
+            .filter(|m| *m != ApprovalMode::Ask)
+    }
+}
+
+/// Slack reaches the server's rule management (and workspace modes) through
+/// the App, so a rule created from a button is stored, applied to every
+/// session and re-evaluated against pending requests exactly like one from
+/// the API.
+#[async_trait::async_trait]
+impl crate::slack::RulesAdmin for App {
+    async fn rules(&self) -> Result<Vec<(Rule, String)>, String> {
+        App::rules(self).await.map_err(|e| e.to_string())
+    }
+
+    async fn add_rule(&self, rule: Rule, created_by: &str) -> Result<Rule, String> {
+        App::add_rule(self, rule, created_by)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn delete_rule(&self, id: &str, by: &str) -> Result<(), String> {
+        App::delete_rule(self, id, by)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
+        App::workspace_mode(self, workspace)
+    }
+
+    fn tell(&self, session: &SessionId, text: &str) -> bool {
+        self.notice(session, text.to_owned());
+        true
+    }
+}

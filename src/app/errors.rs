@@ -1,0 +1,191 @@
+//! What the server's operations answer when they fail: [`AppError`], whose
+//! [`AppError::code`] is the stable machine-readable code the HTTP API sends,
+//! built from the actors' own errors so each keeps its advice to the caller.
+
+use intercom_actors::model::SessionStatus;
+use intercom_actors::ports::StoreError;
+use intercom_actors::registry::ResolveError;
+use intercom_actors::session::SessionError;
+use intercom_actors::supervisor::SupervisorError;
+
+/// Why an operation was refused. The variant decides the HTTP status; the
+/// message is shown to the operator as is.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum AppError {
+    /// The request itself is wrong (empty prompt, bad option, no target).
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such session, request, workspace, agent or path.
+    #[error("{0}")]
+    NotFound(String),
+    /// Not allowed (a path outside `workspace_root`, not the owner).
+    #[error("{0}")]
+    Forbidden(String),
+    /// `limits.max_sessions` reached.
+    #[error("{0}")]
+    LimitReached(String),
+    /// The agent did not start; no session was kept.
+    #[error("{0}")]
+    AgentStartFailed(String),
+    /// The target is not in a state that allows it (ended session, decided request).
+    #[error("{message}")]
+    Conflict {
+        /// What is wrong.
+        message: String,
+        /// The session's current status, when that is the reason.
+        status: Option<SessionStatus>,
+    },
+    /// Storage failed: nothing was acknowledged.
+    #[error("storage unavailable, nothing was done: {0}")]
+    Storage(String),
+    /// The server is shutting down.
+    #[error("{0}")]
+    Unavailable(String),
+    /// An actor did not answer (a bug or a crash).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl AppError {
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AppError::BadRequest(_) => "bad_request",
+            AppError::NotFound(_) => "not_found",
+            AppError::Forbidden(_) => "forbidden",
+            AppError::LimitReached(_) => "limit_reached",
+            AppError::AgentStartFailed(_) => "agent_start_failed",
+            AppError::Conflict { .. } => "conflict",
+            AppError::Storage(_) => "storage_error",
+            AppError::Unavailable(_) => "unavailable",
+            AppError::Internal(_) => "internal",
+        }
+    }
+
+    pub(super) fn conflict_status(status: SessionStatus, message: String) -> Self {
+        AppError::Conflict {
+            message,
+            status: Some(status),
+        }
+    }
+
+    pub(super) fn ended(status: SessionStatus) -> Self {
+        Self::conflict_status(status, format!("session is {status}; start a new one"))
+    }
+
+    pub(super) fn actor(what: &str, e: impl std::fmt::Display) -> Self {
+        AppError::Internal(format!("{what}: {e}"))
+    }
+}
+
+impl From<StoreError> for AppError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { what } => AppError::NotFound(format!("{what} not found")),
+            StoreError::AlreadyResolved { id, status } => AppError::Conflict {
+                message: format!("request {id} is already {status}"),
+                status: None,
+            },
+            other @ StoreError::Backend { .. } => AppError::Storage(other.to_string()),
+        }
+    }
+}
+
+impl From<ResolveError> for AppError {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::NoTarget => AppError::BadRequest(e.to_string()),
+            ResolveError::OutsideRoot { .. } => AppError::Forbidden(e.to_string()),
+            ResolveError::UnknownWorkspace(..)
+            | ResolveError::UnknownAgent(..)
+            | ResolveError::NoAgent
+            | ResolveError::PathNotFound(_) => AppError::NotFound(e.to_string()),
+        }
+    }
+}
+
+impl From<SupervisorError> for AppError {
+    fn from(e: SupervisorError) -> Self {
+        let message = e.to_string();
+        match e {
+            SupervisorError::LimitReached { .. } => AppError::LimitReached(message),
+            SupervisorError::EmptyPrompt => AppError::BadRequest(message),
+            SupervisorError::StartFailed(_) => AppError::AgentStartFailed(message),
+            SupervisorError::Storage(_) => AppError::Storage(message),
+            SupervisorError::ShuttingDown => AppError::Unavailable(message),
+            SupervisorError::NotRevivable(_) => AppError::Conflict {
+                message,
+                status: None,
+            },
+            SupervisorError::Unauthorized { .. } => AppError::Forbidden(message),
+        }
+    }
+}
+
+impl From<SessionError> for AppError {
+    fn from(e: SessionError) -> Self {
+        let message = e.to_string();
+        match e {
+            SessionError::Unauthorized { .. } => AppError::Forbidden(message),
+            SessionError::NotFound(_) => AppError::NotFound(message),
+            SessionError::InvalidOption { .. } => AppError::BadRequest(message),
+            SessionError::AlreadyResolved { .. } => AppError::Conflict {
+                message,
+                status: None,
+            },
+            SessionError::NotLive(status) => AppError::conflict_status(status, message),
+            SessionError::Storage(_) => AppError::Storage(message),
+            SessionError::NotOffered(_) => AppError::BadRequest(message),
+            SessionError::AgentRefused(_) => AppError::Conflict {
+                message,
+                status: None,
+            },
+        }
+    }
+}
+
+/// Why the application could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum AppStartError {
+    /// An actor failed to spawn.
+    #[error("cannot start the {actor} actor: {message}")]
+    Spawn {
+        /// Which actor.
+        actor: &'static str,
+        /// ractor's message.
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_have_stable_codes() {
+        let limit: AppError = SupervisorError::LimitReached { max: 1 }.into();
+        assert_eq!(limit.code(), "limit_reached");
+        let outside: AppError = ResolveError::OutsideRoot {
+            path: "/".into(),
+            root: "/r".into(),
+        }
+        .into();
+        assert_eq!(outside.code(), "forbidden");
+        let missing: AppError = ResolveError::PathNotFound("x".into()).into();
+        assert_eq!(missing.code(), "not_found");
+        let ended: AppError = SessionError::NotLive(SessionStatus::Completed).into();
+        assert_eq!(
+            ended,
+            AppError::Conflict {
+                message: "session is completed; start a new one".into(),
+                status: Some(SessionStatus::Completed)
+            }
+        );
+        let storage: AppError = StoreError::Backend {
+            op: "x",
+            message: "disk full".into(),
+        }
+        .into();
+        assert_eq!(storage.code(), "storage_error");
+    }
+}
