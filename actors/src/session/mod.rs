@@ -10,6 +10,7 @@
 
 mod agent_settings;
 pub mod calls;
+mod errors;
 mod files;
 mod flood;
 mod handshake;
@@ -36,13 +37,15 @@ use crate::model::{
     AuditEntry, Decided, PendingRequest, Protocol, SessionId, SessionRecord, SessionStatus,
     Steering,
 };
-use crate::ports::{OperatorEvent, OperatorSink, SessionStore, StoreError};
+use crate::ports::{OperatorEvent, OperatorSink, SessionStore};
 use crate::protocol::acp::{AgentInfo, McpHttpServer};
 use crate::protocol::intercom::DialectWriter;
 use crate::protocol::jsonrpc::RpcId;
 use crate::rules::ApprovalMode;
 use crate::settings::{AgentProfile, Limits, StallPolicy};
 use crate::supervisor::SupervisorMsg;
+
+pub use errors::{SessionError, StartError};
 
 /// How often the actor checks its clocks (stall, idle, prompt timeout).
 pub const TICK: Duration = Duration::from_millis(250);
@@ -104,127 +107,6 @@ pub enum StartMode {
         /// (server restart recovery: better `interrupted` than amnesiac).
         require_resume: bool,
     },
-}
-
-/// Why starting failed.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum StartError {
-    /// Could not spawn.
-    #[error("{0}")]
-    Spawn(String),
-    /// The handshake did not finish in time.
-    #[error(
-        "agent `{agent}` did not finish the ACP handshake within {secs} s{}",
-        stderr_suffix(.stderr)
-    )]
-    Timeout {
-        /// Profile.
-        agent: String,
-        /// Seconds.
-        secs: u64,
-        /// The last of what the agent wrote to stderr (why it is stuck).
-        stderr: String,
-    },
-    /// The agent exited during startup.
-    #[error("agent `{agent}` exited during startup ({exit}); stderr: {stderr}")]
-    Exited {
-        /// Profile.
-        agent: String,
-        /// Exit description.
-        exit: String,
-        /// stderr tail.
-        stderr: String,
-    },
-    /// The agent requires authentication and none is configured (or it failed).
-    #[error(
-        "agent `{agent}` requires authentication ({detail}); it offers: {methods}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`"
-    )]
-    AuthRequired {
-        /// Profile.
-        agent: String,
-        /// Offered methods.
-        methods: String,
-        /// What the agent said.
-        detail: String,
-    },
-    /// A handshake call failed.
-    #[error("agent `{agent}` failed {method}: {error}")]
-    Handshake {
-        /// Profile.
-        agent: String,
-        /// Method.
-        method: String,
-        /// Error.
-        error: String,
-    },
-    /// Storage failed.
-    #[error("storage: {0}")]
-    Storage(String),
-}
-
-fn stderr_suffix(stderr: &str) -> String {
-    if stderr.is_empty() {
-        "; it wrote nothing to stderr".to_owned()
-    } else {
-        format!("; stderr: {stderr}")
-    }
-}
-
-/// Why an operator action was refused.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum SessionError {
-    /// Not the owner and not an operator.
-    #[error("{user} may not act on session {session}: only its owner ({owner}) and operators may")]
-    Unauthorized {
-        /// Who tried.
-        user: String,
-        /// Which session.
-        session: SessionId,
-        /// Its owner.
-        owner: String,
-    },
-    /// No such pending request.
-    #[error("no pending request {0} in this session")]
-    NotFound(String),
-    /// The option is not one the agent offered.
-    #[error("option {option:?} is not offered; choose one of: {valid}")]
-    InvalidOption {
-        /// Given.
-        option: String,
-        /// Offered.
-        valid: String,
-    },
-    /// Already decided / cancelled / expired.
-    #[error("request {id} is already {status}")]
-    AlreadyResolved {
-        /// Global id.
-        id: String,
-        /// Its status.
-        status: String,
-    },
-    /// The session no longer runs an agent.
-    #[error("session is {0}; start a new one")]
-    NotLive(SessionStatus),
-    /// Storage refused the write; nothing was sent to the agent.
-    #[error("could not record it, so nothing was sent to the agent: {0}")]
-    Storage(String),
-    /// The agent does not offer that mode, model or option value.
-    #[error("{0}")]
-    NotOffered(String),
-    /// The agent answered the switch with an error.
-    #[error("{0}")]
-    AgentRefused(String),
-}
-
-impl From<StoreError> for SessionError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::AlreadyResolved { id, status } => {
-                SessionError::AlreadyResolved { id, status }
-            }
-            other => SessionError::Storage(other.to_string()),
-        }
-    }
 }
 
 /// Result of a steering request.
