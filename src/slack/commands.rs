@@ -307,169 +307,183 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
         Command::Start { agent, mode, text } => {
             let mode = match mode.as_deref().map(parse_mode).transpose() {
                 Ok(m) => m,
-                Err(e) => {
-                    reply.send(ctx, render::problem(&e));
-                    return;
-                }
+                Err(e) => return reply.send(ctx, render::problem(&e)),
             };
             let ctx = ctx.clone();
             tokio::spawn(async move { start(&ctx, reply, agent, mode, text).await });
         }
-        Command::Sessions { all } => match ctx.store.list_sessions(!all).await {
-            Ok(list) => {
-                let paused = paused_among(ctx, &list).await;
-                reply.send(ctx, render::session_list(&list, all, &paused))
-            }
-            Err(e) => reply.send(ctx, render::problem(&format!("Cannot list sessions: {e}"))),
-        },
-        Command::Status(id) => {
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let snapshot = snapshot(ctx, &rec.id).await;
-            let mut body = render::session_status(&rec, snapshot.as_ref());
-            append_hint(&mut body, hint);
-            reply.send(ctx, body);
-        }
-        Command::Stop(id) => {
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let r = ctx.stop(&rec.id, &reply.user).await;
-            let mut body = match r {
-                Ok(()) => MessageBody::text(format!("Stopping `{}`.", rec.id)),
-                Err(e) => render::problem(&e),
-            };
-            append_hint(&mut body, hint);
-            reply.send(ctx, body);
-        }
-        Command::Pause(id) => {
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let mut body = match ctx.pause(&rec.id, true, &reply.user).await {
-                Ok(()) => MessageBody::text(format!(
-                    ":double_vertical_bar: Paused `{}`: its running turn was cancelled, and replies and `steer` are held until `/intercom resume {}`.",
-                    rec.id, rec.id
-                )),
-                Err(e) => render::problem(&e),
-            };
-            append_hint(&mut body, hint);
-            reply.send(ctx, body);
-        }
-        Command::Resume(id) => {
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let mut body = match ctx.pause(&rec.id, false, &reply.user).await {
-                Ok(()) => MessageBody::text(format!(
-                    ":arrow_forward: Resumed `{}`: held instructions are delivered in order (or the agent continues where the pause cut it off).",
-                    rec.id
-                )),
-                Err(e) => render::problem(&e),
-            };
-            append_hint(&mut body, hint);
-            reply.send(ctx, body);
-        }
-        Command::Mode { mode, id } => {
-            let mode = match mode.as_deref().map(parse_mode).transpose() {
-                Ok(m) => m,
-                Err(e) => {
-                    reply.send(ctx, render::problem(&e));
-                    return;
+        Command::Sessions { all } => {
+            let body = match ctx.store.list_sessions(!all).await {
+                Ok(list) => {
+                    let paused = paused_among(ctx, &list).await;
+                    render::session_list(&list, all, &paused)
                 }
+                Err(e) => render::problem(&format!("Cannot list sessions: {e}")),
             };
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let mut body = match mode {
-                None => match snapshot(ctx, &rec.id).await {
-                    Some(s) => MessageBody::text(format!(
-                        "`{}` is in mode `{}`: {}. Change it with `/intercom mode <ask|auto-edits|auto>`.",
-                        rec.id,
-                        s.mode.as_str(),
-                        mode_meaning(s.mode)
-                    )),
-                    None => render::problem(&format!(
-                        "Session `{}` has no running agent right now.",
-                        rec.id
-                    )),
-                },
-                Some(m) => match ctx.set_mode(&rec.id, m, &reply.user).await {
-                    Ok(()) => MessageBody::text(format!(
-                        ":gear: `{}` is now in mode `{}`: {}.",
-                        rec.id,
-                        m.as_str(),
-                        mode_meaning(m)
-                    )),
-                    Err(e) => render::problem(&e),
-                },
-            };
-            append_hint(&mut body, hint);
             reply.send(ctx, body);
         }
         Command::AgentMode(cmd) => super::agent_mode::run(ctx, reply, cmd).await,
         Command::Rules => super::rules::list(ctx, &reply).await,
         Command::RuleRm(id) => super::rules::remove(ctx, &reply, id).await,
-        Command::Steer { id, text } => {
-            if text.is_empty() {
-                reply.send(
-                    ctx,
-                    render::problem("Say what to tell the agent: `/intercom steer [id] <text>`."),
-                );
-                return;
+        Command::Cleanup => cleanup(ctx, reply).await,
+        Command::Mode { mode, id } => match mode.as_deref().map(parse_mode).transpose() {
+            Ok(mode) => {
+                on_session(ctx, &reply, id, |rec| {
+                    mode_body(ctx, rec, mode, &reply.user)
+                })
+                .await
             }
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let r = ctx.steer(&rec.id, &text, &reply.user).await;
-            let paused = match &r {
-                Ok(o) if o.queued => snapshot(ctx, &rec.id).await.is_some_and(|s| s.paused),
-                _ => false,
-            };
-            let mut body = match r {
-                Ok(_) if paused => MessageBody::text(format!(
-                    ":double_vertical_bar: Held for `{}`: the session is paused; `/intercom resume` delivers it.",
-                    rec.id
-                )),
-                Ok(o) if o.queued => MessageBody::text(format!(
-                    ":hourglass_flowing_sand: Queued for `{}`: the agent gets it when its current turn ends.",
-                    rec.id
-                )),
-                Ok(_) => {
-                    MessageBody::text(format!(":white_check_mark: Delivered to `{}`.", rec.id))
-                }
-                Err(e) => render::problem(&e),
-            };
-            append_hint(&mut body, hint);
-            reply.send(ctx, body);
+            Err(e) => reply.send(ctx, render::problem(&e)),
+        },
+        Command::Steer { text, .. } if text.is_empty() => reply.send(
+            ctx,
+            render::problem("Say what to tell the agent: `/intercom steer [id] <text>`."),
+        ),
+        Command::Steer { id, text } => {
+            on_session(ctx, &reply, id, |rec| {
+                steer_body(ctx, rec, &text, &reply.user)
+            })
+            .await
+        }
+        Command::Status(id) => on_session(ctx, &reply, id, |rec| status_body(ctx, rec)).await,
+        Command::Stop(id) => {
+            on_session(ctx, &reply, id, |rec| stop_body(ctx, rec, &reply.user)).await
+        }
+        Command::Pause(id) => {
+            on_session(ctx, &reply, id, |rec| {
+                pause_body(ctx, rec, true, &reply.user)
+            })
+            .await
+        }
+        Command::Resume(id) => {
+            on_session(ctx, &reply, id, |rec| {
+                pause_body(ctx, rec, false, &reply.user)
+            })
+            .await
         }
         Command::Nudge(id) => {
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let mut body = match ctx.nudge(&rec.id, &reply.user).await {
-                Ok(()) => MessageBody::text(format!("Nudged `{}`.", rec.id)),
-                Err(e) => render::problem(&e),
-            };
-            append_hint(&mut body, hint);
-            reply.send(ctx, body);
+            on_session(ctx, &reply, id, |rec| nudge_body(ctx, rec, &reply.user)).await
         }
         Command::Restart(id) => {
-            let Some((rec, hint)) = resolve(ctx, &reply, id.as_deref()).await else {
-                return;
-            };
-            let mut body = match ctx.restart(&rec.id, &reply.user).await {
-                Ok(()) => MessageBody::text(format!(
-                    ":arrows_counterclockwise: Restarting the agent of `{}`: it resumes in its thread.",
-                    rec.id
-                )),
-                Err(e) => render::problem(&e),
-            };
-            append_hint(&mut body, hint);
-            reply.send(ctx, body);
+            on_session(ctx, &reply, id, |rec| restart_body(ctx, rec, &reply.user)).await
         }
-        Command::Cleanup => cleanup(ctx, reply).await,
+    }
+}
+
+/// Resolves the session a command concerns (`id`, else the channel's most
+/// recently active one), runs `act` on it and replies with what it says,
+/// plus the hint naming the channel's other sessions.
+async fn on_session<F, Fut>(ctx: &Ctx, reply: &Reply, id: Option<String>, act: F)
+where
+    F: FnOnce(SessionRecord) -> Fut,
+    Fut: std::future::Future<Output = MessageBody>,
+{
+    let Some((rec, hint)) = resolve(ctx, reply, id.as_deref()).await else {
+        return;
+    };
+    let mut body = act(rec).await;
+    append_hint(&mut body, hint);
+    reply.send(ctx, body);
+}
+
+/// `/intercom status`.
+async fn status_body(ctx: &Ctx, rec: SessionRecord) -> MessageBody {
+    let snapshot = snapshot(ctx, &rec.id).await;
+    render::session_status(&rec, snapshot.as_ref())
+}
+
+/// `/intercom stop`.
+async fn stop_body(ctx: &Ctx, rec: SessionRecord, user: &str) -> MessageBody {
+    match ctx.stop(&rec.id, user).await {
+        Ok(()) => MessageBody::text(format!("Stopping `{}`.", rec.id)),
+        Err(e) => render::problem(&e),
+    }
+}
+
+/// `/intercom pause` (`pause`) and `/intercom resume`.
+async fn pause_body(ctx: &Ctx, rec: SessionRecord, pause: bool, user: &str) -> MessageBody {
+    match ctx.pause(&rec.id, pause, user).await {
+        Ok(()) if pause => MessageBody::text(format!(
+            ":double_vertical_bar: Paused `{}`: its running turn was cancelled, and replies and `steer` are held until `/intercom resume {}`.",
+            rec.id, rec.id
+        )),
+        Ok(()) => MessageBody::text(format!(
+            ":arrow_forward: Resumed `{}`: held instructions are delivered in order (or the agent continues where the pause cut it off).",
+            rec.id
+        )),
+        Err(e) => render::problem(&e),
+    }
+}
+
+/// `/intercom mode [mode]`: shows the session's mode, or sets it.
+async fn mode_body(
+    ctx: &Ctx,
+    rec: SessionRecord,
+    mode: Option<ApprovalMode>,
+    user: &str,
+) -> MessageBody {
+    match mode {
+        None => match snapshot(ctx, &rec.id).await {
+            Some(s) => MessageBody::text(format!(
+                "`{}` is in mode `{}`: {}. Change it with `/intercom mode <ask|auto-edits|auto>`.",
+                rec.id,
+                s.mode.as_str(),
+                mode_meaning(s.mode)
+            )),
+            None => render::problem(&format!(
+                "Session `{}` has no running agent right now.",
+                rec.id
+            )),
+        },
+        Some(m) => match ctx.set_mode(&rec.id, m, user).await {
+            Ok(()) => MessageBody::text(format!(
+                ":gear: `{}` is now in mode `{}`: {}.",
+                rec.id,
+                m.as_str(),
+                mode_meaning(m)
+            )),
+            Err(e) => render::problem(&e),
+        },
+    }
+}
+
+/// `/intercom steer`: delivered, queued behind the turn, or held by a pause.
+async fn steer_body(ctx: &Ctx, rec: SessionRecord, text: &str, user: &str) -> MessageBody {
+    let r = ctx.steer(&rec.id, text, user).await;
+    let paused = match &r {
+        Ok(o) if o.queued => snapshot(ctx, &rec.id).await.is_some_and(|s| s.paused),
+        _ => false,
+    };
+    match r {
+        Ok(_) if paused => MessageBody::text(format!(
+            ":double_vertical_bar: Held for `{}`: the session is paused; `/intercom resume` delivers it.",
+            rec.id
+        )),
+        Ok(o) if o.queued => MessageBody::text(format!(
+            ":hourglass_flowing_sand: Queued for `{}`: the agent gets it when its current turn ends.",
+            rec.id
+        )),
+        Ok(_) => MessageBody::text(format!(":white_check_mark: Delivered to `{}`.", rec.id)),
+        Err(e) => render::problem(&e),
+    }
+}
+
+/// `/intercom nudge`.
+async fn nudge_body(ctx: &Ctx, rec: SessionRecord, user: &str) -> MessageBody {
+    match ctx.nudge(&rec.id, user).await {
+        Ok(()) => MessageBody::text(format!("Nudged `{}`.", rec.id)),
+        Err(e) => render::problem(&e),
+    }
+}
+
+/// `/intercom restart`.
+async fn restart_body(ctx: &Ctx, rec: SessionRecord, user: &str) -> MessageBody {
+    match ctx.restart(&rec.id, user).await {
+        Ok(()) => MessageBody::text(format!(
+            ":arrows_counterclockwise: Restarting the agent of `{}`: it resumes in its thread.",
+            rec.id
+        )),
+        Err(e) => render::problem(&e),
     }
 }
 
