@@ -132,16 +132,9 @@ impl SessionState {
                     option("approve", "Approve", OptionKind::AllowOnce),
                     option("reject", "Reject", OptionKind::RejectOnce),
                 ];
-                self.open_mcp_request(
-                    RequestKind::Permission,
-                    title,
-                    diff,
-                    vec![file_path],
-                    options,
-                    opened,
-                    reply,
-                )
-                .await;
+                let (kind, paths) = (RequestKind::Permission, vec![file_path]);
+                self.open_mcp_request(kind, title, diff, paths, options, opened, reply)
+                    .await;
             }
             McpCall::Transmit {
                 text,
@@ -155,62 +148,17 @@ impl SessionState {
                     option("stop", "Stop", OptionKind::RejectOnce),
                 ];
                 let title = format!("[{kind}] {text}");
-                self.open_mcp_request(
-                    RequestKind::ForwardedPrompt,
-                    title,
-                    None,
-                    vec![],
-                    options,
-                    opened,
-                    reply,
-                )
-                .await;
+                let kind = RequestKind::ForwardedPrompt;
+                self.open_mcp_request(kind, title, None, vec![], options, opened, reply)
+                    .await;
             }
-            McpCall::Standby { message, reply } => {
-                if let Some(m) = message.filter(|m| !m.is_empty()) {
-                    self.note(Role::Agent, MessageKind::Text, &m);
-                }
-                if let Some(next) = self.queue.pop_front() {
-                    self.hand_over(&next).await;
-                    let _ = reply.send(Some(next.text));
-                } else {
-                    self.standby = Some(reply);
-                    self.show_activity("needs input", Some("waiting for an instruction"));
-                }
-            }
+            McpCall::Standby { message, reply } => self.on_standby(message, reply).await,
             McpCall::StandbyAbandoned => self.standby = None,
             McpCall::Ping {
                 status,
                 progress,
                 reply,
-            } => {
-                if status.is_some() || !progress.is_empty() {
-                    let items: Vec<serde_json::Value> = progress
-                        .iter()
-                        .map(|(label, status)| json!({"label": label, "status": status}))
-                        .collect();
-                    self.last_progress = Some(json!({
-                        "status_message": status,
-                        "progress_snapshot": items,
-                        "at": crate::model::now_ms(),
-                    }));
-                }
-                if let Some(s) = status.filter(|s| !s.is_empty()) {
-                    self.note(Role::Agent, MessageKind::Text, &s);
-                }
-                if !progress.is_empty() {
-                    self.emit(OperatorEvent::Plan {
-                        session_id: self.id().clone(),
-                        entries: progress,
-                    });
-                }
-                let mut handed = Vec::new();
-                while let Some(s) = self.queue.pop_front() {
-                    self.hand_over(&s).await;
-                    handed.push(s);
-                }
-                let _ = reply.send(handed);
-            }
+            } => self.on_ping(status, progress, reply).await,
             McpCall::Broadcast { message, level } => {
                 self.note(Role::Agent, MessageKind::Text, &message);
                 self.emit(OperatorEvent::Notice {
@@ -219,24 +167,81 @@ impl SessionState {
                     text: message,
                 });
             }
-            McpCall::Abandon { request_id, status } => {
-                if let Some(n) = self.find_pending(&request_id)
-                    && let Some(pending) = self.pending.remove(&n)
-                {
-                    self.mcp_waiters.remove(&n);
-                    let why = if status == RequestStatus::Expired {
-                        "approval timed out"
-                    } else {
-                        "client cancelled the call"
-                    };
-                    self.close_request(&pending, status, why).await;
-                }
-            }
+            McpCall::Abandon { request_id, status } => self.on_abandon(&request_id, status).await,
             McpCall::Disconnected => {
                 if self.record.protocol == crate::model::Protocol::Mcp {
                     self.begin_stop(StopCause::Disconnected).await;
                 }
             }
+        }
+    }
+
+    /// `standby`: the next queued instruction at once, else wait for one.
+    async fn on_standby(
+        &mut self,
+        message: Option<String>,
+        reply: oneshot::Sender<Option<String>>,
+    ) {
+        if let Some(m) = message.filter(|m| !m.is_empty()) {
+            self.note(Role::Agent, MessageKind::Text, &m);
+        }
+        if let Some(next) = self.queue.pop_front() {
+            self.hand_over(&next).await;
+            let _ = reply.send(Some(next.text));
+        } else {
+            self.standby = Some(reply);
+            self.show_activity("needs input", Some("waiting for an instruction"));
+        }
+    }
+
+    /// `ping`: records the client's progress, shows it, and hands over every
+    /// queued instruction.
+    async fn on_ping(
+        &mut self,
+        status: Option<String>,
+        progress: Vec<(String, String)>,
+        reply: oneshot::Sender<Vec<Steering>>,
+    ) {
+        if status.is_some() || !progress.is_empty() {
+            let items: Vec<serde_json::Value> = progress
+                .iter()
+                .map(|(label, status)| json!({"label": label, "status": status}))
+                .collect();
+            self.last_progress = Some(json!({
+                "status_message": status,
+                "progress_snapshot": items,
+                "at": crate::model::now_ms(),
+            }));
+        }
+        if let Some(s) = status.filter(|s| !s.is_empty()) {
+            self.note(Role::Agent, MessageKind::Text, &s);
+        }
+        if !progress.is_empty() {
+            self.emit(OperatorEvent::Plan {
+                session_id: self.id().clone(),
+                entries: progress,
+            });
+        }
+        let mut handed = Vec::new();
+        while let Some(s) = self.queue.pop_front() {
+            self.hand_over(&s).await;
+            handed.push(s);
+        }
+        let _ = reply.send(handed);
+    }
+
+    /// The client stopped waiting for a request (cancelled, timed out).
+    async fn on_abandon(&mut self, request_id: &str, status: RequestStatus) {
+        if let Some(n) = self.find_pending(request_id)
+            && let Some(pending) = self.pending.remove(&n)
+        {
+            self.mcp_waiters.remove(&n);
+            let why = if status == RequestStatus::Expired {
+                "approval timed out"
+            } else {
+                "client cancelled the call"
+            };
+            self.close_request(&pending, status, why).await;
         }
     }
 
