@@ -163,19 +163,9 @@ impl SocketLoop {
         down_notified: &mut bool,
         failures: &mut u32,
     ) -> Ended {
-        if self.ctx.bot_identity().is_none() {
-            match self.api.identity().await {
-                Ok(id) => self.ctx.set_bot_identity(id),
-                Err(e) => return Ended::Lost(format!("auth.test failed: {e}")),
-            }
-        }
-        let url = match self.api.open_socket_url().await {
-            Ok(u) => u,
-            Err(e) => return Ended::Lost(format!("apps.connections.open failed: {e}")),
-        };
-        let mut ws = match tokio_tungstenite::connect_async(url.as_str()).await {
-            Ok((ws, _)) => ws,
-            Err(e) => return Ended::Lost(format!("cannot open the WebSocket: {e}")),
+        let mut ws = match self.open().await {
+            Ok(ws) => ws,
+            Err(lost) => return lost,
         };
         let mut ping = tokio::time::interval(self.tuning.ping_interval);
         ping.tick().await;
@@ -227,12 +217,7 @@ impl SocketLoop {
                 "hello" => {
                     hello = true;
                     *failures = 0;
-                    let _ = self.status.send(ConnectionState::Connected);
-                    tracing::info!("connected to Slack (Socket Mode)");
-                    if *down_notified {
-                        self.notify(true).await;
-                        *down_notified = false;
-                    }
+                    self.connected(down_notified).await;
                     continue;
                 }
                 "disconnect" => {
@@ -250,42 +235,87 @@ impl SocketLoop {
             if let Err(e) = send_ack(&mut ws, &envelope).await {
                 return Ended::Lost(e);
             }
-            let payload = frame.payload.unwrap_or(Value::Null);
-            let inbound = match frame.kind.as_str() {
-                "slash_commands" => {
-                    serde_json::from_value(payload).map(|p| Inbound::Command(Box::new(p)))
-                }
-                "interactive" => {
-                    serde_json::from_value(payload).map(|p| Inbound::Interaction(Box::new(p)))
-                }
-                "events_api" => {
-                    serde_json::from_value(payload).map(|p| Inbound::Event(Box::new(p)))
-                }
-                other => {
-                    tracing::debug!(kind = other, "ignoring an unknown envelope type");
-                    continue;
-                }
-            };
-            let inbound = match inbound {
-                Ok(i) => i,
-                Err(e) => {
-                    tracing::warn!(kind = %frame.kind, "unreadable Socket Mode payload: {e}");
-                    continue;
-                }
-            };
-            if seen.contains(&envelope) {
-                tracing::debug!(%envelope, "dropping a redelivered envelope");
+            let Some(inbound) = decode(&frame.kind, frame.payload) else {
                 continue;
-            }
-            seen.push_back(envelope);
-            if seen.len() > SEEN_ENVELOPES {
-                seen.pop_front();
+            };
+            if !first_delivery(seen, envelope) {
+                continue;
             }
             if self.inbound.send(inbound).await.is_err() {
                 return Ended::Stop;
             }
         }
     }
+
+    /// The bot's identity (asked once), a fresh Socket Mode URL, and the
+    /// WebSocket opened on it.
+    async fn open(
+        &mut self,
+    ) -> Result<
+        tokio_tungstenite::WebSocketStream<
+            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+        >,
+        Ended,
+    > {
+        if self.ctx.bot_identity().is_none() {
+            match self.api.identity().await {
+                Ok(id) => self.ctx.set_bot_identity(id),
+                Err(e) => return Err(Ended::Lost(format!("auth.test failed: {e}"))),
+            }
+        }
+        let url = self
+            .api
+            .open_socket_url()
+            .await
+            .map_err(|e| Ended::Lost(format!("apps.connections.open failed: {e}")))?;
+        match tokio_tungstenite::connect_async(url.as_str()).await {
+            Ok((ws, _)) => Ok(ws),
+            Err(e) => Err(Ended::Lost(format!("cannot open the WebSocket: {e}"))),
+        }
+    }
+
+    /// Slack said hello: connected, and the channels told so if they heard
+    /// the connection was down.
+    async fn connected(&mut self, down_notified: &mut bool) {
+        let _ = self.status.send(ConnectionState::Connected);
+        tracing::info!("connected to Slack (Socket Mode)");
+        if *down_notified {
+            self.notify(true).await;
+            *down_notified = false;
+        }
+    }
+}
+
+/// An envelope's payload as what the server handles, or `None` (logged)
+/// for a type it does not handle or a payload it cannot read.
+fn decode(kind: &str, payload: Option<Value>) -> Option<Inbound> {
+    let payload = payload.unwrap_or(Value::Null);
+    let inbound = match kind {
+        "slash_commands" => serde_json::from_value(payload).map(|p| Inbound::Command(Box::new(p))),
+        "interactive" => serde_json::from_value(payload).map(|p| Inbound::Interaction(Box::new(p))),
+        "events_api" => serde_json::from_value(payload).map(|p| Inbound::Event(Box::new(p))),
+        other => {
+            tracing::debug!(kind = other, "ignoring an unknown envelope type");
+            return None;
+        }
+    };
+    inbound
+        .map_err(|e| tracing::warn!(kind, "unreadable Socket Mode payload: {e}"))
+        .ok()
+}
+
+/// Whether `envelope` is new (remembered among the last [`SEEN_ENVELOPES`]);
+/// false for a redelivery, which is dropped.
+fn first_delivery(seen: &mut VecDeque<String>, envelope: String) -> bool {
+    if seen.contains(&envelope) {
+        tracing::debug!(%envelope, "dropping a redelivered envelope");
+        return false;
+    }
+    seen.push_back(envelope);
+    if seen.len() > SEEN_ENVELOPES {
+        seen.pop_front();
+    }
+    true
 }
 
 /// The Socket Mode envelope around a payload.
