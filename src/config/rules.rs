@@ -93,23 +93,7 @@ fn rule(i: usize, r: RawRule, workspaces: &[&str], agents: &[AgentProfile]) -> R
         }
     };
     let scope = scope(i, r.scope.as_deref(), r.workspace, workspaces)?;
-    let action = match r.action.as_deref() {
-        None => {
-            return Err(ConfigError::invalid(
-                key("action"),
-                "is required: \"allow\", \"ask\" or \"deny\"",
-            ));
-        }
-        Some("allow") => RuleAction::Allow,
-        Some("ask") => RuleAction::Ask,
-        Some("deny") => RuleAction::Deny,
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                key("action"),
-                format!("{other:?} is not an action; use \"allow\", \"ask\" or \"deny\""),
-            ));
-        }
-    };
+    let action = action(r.action.as_deref(), &key("action"))?;
     if let Some(kind) = &r.kind
         && !RULE_KINDS.contains(&kind.as_str())
     {
@@ -122,62 +106,10 @@ fn rule(i: usize, r: RawRule, workspaces: &[&str], agents: &[AgentProfile]) -> R
         ));
     }
     for (k, glob) in r.paths.iter().enumerate() {
-        let key = format!("rule[{i}].paths[{k}]");
-        if glob.trim().is_empty() {
-            return Err(ConfigError::invalid(key, "must not be empty"));
-        }
-        if glob.starts_with('/') {
-            return Err(ConfigError::invalid(
-                key,
-                format!(
-                    "{glob:?} is absolute; globs match paths relative to the workspace (e.g. \"src/**\")"
-                ),
-            ));
-        }
-        let probe = probe_rule(
-            &id,
-            RuleMatch {
-                paths: vec![glob.clone()],
-                ..RuleMatch::default()
-            },
-        );
-        probe
-            .validate()
-            .map_err(|e| ConfigError::invalid(key, e.reason))?;
+        check_glob(&id, glob, format!("rule[{i}].paths[{k}]"))?;
     }
-    let not_execute = r.kind.as_deref().filter(|k| *k != "execute");
-    for (field, value) in [
-        ("command_prefix", &r.command_prefix),
-        ("command_regex", &r.command_regex),
-    ] {
-        let Some(value) = value else { continue };
-        if value.is_empty() {
-            return Err(ConfigError::invalid(
-                key(field),
-                "must not be empty (omit it to match any command)",
-            ));
-        }
-        if let Some(kind) = not_execute {
-            return Err(ConfigError::invalid(
-                key(field),
-                format!(
-                    "only execute requests have a command, so a rule with kind = {kind:?} and {field} never matches; use kind = \"execute\" or drop {field}"
-                ),
-            ));
-        }
-    }
-    if let Some(re) = &r.command_regex {
-        let probe = probe_rule(
-            &id,
-            RuleMatch {
-                command_regex: Some(re.clone()),
-                ..RuleMatch::default()
-            },
-        );
-        probe
-            .validate()
-            .map_err(|e| ConfigError::invalid(key("command_regex"), e.reason))?;
-    }
+    let command = (&r.command_prefix, &r.command_regex);
+    check_command(&id, r.kind.as_deref(), command, &key)?;
     if let Some(agent) = &r.agent
         && !agents.iter().any(|a| &a.id == agent)
     {
@@ -203,6 +135,90 @@ fn rule(i: usize, r: RawRule, workspaces: &[&str], agents: &[AgentProfile]) -> R
     rule.validate()
         .map_err(|e| ConfigError::invalid(format!("rule[{i}]"), e.reason))?;
     Ok(rule)
+}
+
+/// `action`: required, one of "allow", "ask", "deny".
+fn action(action: Option<&str>, key: &str) -> Result<RuleAction> {
+    match action {
+        None => Err(ConfigError::invalid(
+            key,
+            "is required: \"allow\", \"ask\" or \"deny\"",
+        )),
+        Some("allow") => Ok(RuleAction::Allow),
+        Some("ask") => Ok(RuleAction::Ask),
+        Some("deny") => Ok(RuleAction::Deny),
+        Some(other) => Err(ConfigError::invalid(
+            key,
+            format!("{other:?} is not an action; use \"allow\", \"ask\" or \"deny\""),
+        )),
+    }
+}
+
+/// One `paths` glob: not empty, relative to the workspace, and one the
+/// rule engine accepts.
+fn check_glob(id: &str, glob: &str, key: String) -> Result<()> {
+    if glob.trim().is_empty() {
+        return Err(ConfigError::invalid(key, "must not be empty"));
+    }
+    if glob.starts_with('/') {
+        return Err(ConfigError::invalid(
+            key,
+            format!(
+                "{glob:?} is absolute; globs match paths relative to the workspace (e.g. \"src/**\")"
+            ),
+        ));
+    }
+    let probe = probe_rule(
+        id,
+        RuleMatch {
+            paths: vec![glob.to_owned()],
+            ..RuleMatch::default()
+        },
+    );
+    probe
+        .validate()
+        .map_err(|e| ConfigError::invalid(key, e.reason))
+}
+
+/// `command_prefix` / `command_regex`: not empty, only on execute rules
+/// (nothing else has a command), and a regex the rule engine accepts.
+fn check_command(
+    id: &str,
+    kind: Option<&str>,
+    (prefix, regex): (&Option<String>, &Option<String>),
+    key: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    let not_execute = kind.filter(|k| *k != "execute");
+    for (field, value) in [("command_prefix", prefix), ("command_regex", regex)] {
+        let Some(value) = value else { continue };
+        if value.is_empty() {
+            return Err(ConfigError::invalid(
+                key(field),
+                "must not be empty (omit it to match any command)",
+            ));
+        }
+        if let Some(kind) = not_execute {
+            return Err(ConfigError::invalid(
+                key(field),
+                format!(
+                    "only execute requests have a command, so a rule with kind = {kind:?} and {field} never matches; use kind = \"execute\" or drop {field}"
+                ),
+            ));
+        }
+    }
+    let Some(re) = regex else {
+        return Ok(());
+    };
+    let probe = probe_rule(
+        id,
+        RuleMatch {
+            command_regex: Some(re.clone()),
+            ..RuleMatch::default()
+        },
+    );
+    probe
+        .validate()
+        .map_err(|e| ConfigError::invalid(key("command_regex"), e.reason))
 }
 
 /// The scope: `scope` defaults to `"workspace"` when `workspace` is set and
