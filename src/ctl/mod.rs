@@ -283,18 +283,7 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             id,
             text,
             interrupt,
-        } => {
-            let url = format!("/api/sessions/{}/prompt", segment(id));
-            let body = json!({"text": text, "interrupt": interrupt});
-            let (raw, answer) = client.post_as::<PromptAccepted>(&url, &body)?;
-            emit(json, &raw, || {
-                if answer.queued {
-                    "queued: it is delivered when the running turn ends\n".to_owned()
-                } else {
-                    "delivered\n".to_owned()
-                }
-            });
-        }
+        } => prompt(client, json, id, text, *interrupt)?,
         CtlCommand::Cancel { id } => {
             let url = format!("/api/sessions/{}/cancel", segment(id));
             let (raw, answer) = client.post_as::<Value>(&url, &json!({}))?;
@@ -323,23 +312,13 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             option,
             value,
         } => {
-            let body = match (mode, model, option, value) {
-                (Some(m), _, _, _) => json!({"mode": m}),
-                (_, Some(m), _, _) => json!({"model": m}),
-                (_, _, Some(o), Some(v)) => json!({"option": o, "value": v}),
-                _ => {
-                    let (raw, detail) = client
-                        .get_as::<SessionDetailView>(&format!("/api/sessions/{}", segment(id)))?;
-                    let options = detail.live.map(|l| l.agent_options).unwrap_or_default();
-                    emit(json, &raw, || render::agent_options(&options));
-                    return Ok(());
-                }
-            };
-            let url = format!("/api/sessions/{}/agent-mode", segment(id));
-            let (raw, answer) = client.post_as::<Value>(&url, &body)?;
-            let options =
-                serde_json::from_value(answer["agent_options"].clone()).unwrap_or_default();
-            emit(json, &raw, || render::agent_options(&options));
+            let choice = (
+                mode.as_deref(),
+                model.as_deref(),
+                option.as_deref(),
+                value.as_deref(),
+            );
+            agent_mode(client, json, id, choice)?
         }
         CtlCommand::Pending => {
             let (raw, list) =
@@ -364,6 +343,54 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             decide(client, json, id, &body)?;
         }
     }
+    Ok(())
+}
+
+/// `ctl prompt`: steers a session; says whether it was delivered or queued.
+fn prompt(
+    client: &Client,
+    json: bool,
+    id: &str,
+    text: &str,
+    interrupt: bool,
+) -> Result<(), CtlError> {
+    let url = format!("/api/sessions/{}/prompt", segment(id));
+    let body = json!({"text": text, "interrupt": interrupt});
+    let (raw, answer) = client.post_as::<PromptAccepted>(&url, &body)?;
+    emit(json, &raw, || {
+        if answer.queued {
+            "queued: it is delivered when the running turn ends\n".to_owned()
+        } else {
+            "delivered\n".to_owned()
+        }
+    });
+    Ok(())
+}
+
+/// `ctl agent-mode`: switches the agent's own mode, model or a config
+/// option; with nothing to switch, lists what the agent offers.
+fn agent_mode(
+    client: &Client,
+    json: bool,
+    id: &str,
+    (mode, model, option, value): (Option<&str>, Option<&str>, Option<&str>, Option<&str>),
+) -> Result<(), CtlError> {
+    let body = match (mode, model, option, value) {
+        (Some(m), _, _, _) => json!({"mode": m}),
+        (_, Some(m), _, _) => json!({"model": m}),
+        (_, _, Some(o), Some(v)) => json!({"option": o, "value": v}),
+        _ => {
+            let url = format!("/api/sessions/{}", segment(id));
+            let (raw, detail) = client.get_as::<SessionDetailView>(&url)?;
+            let options = detail.live.map(|l| l.agent_options).unwrap_or_default();
+            emit(json, &raw, || render::agent_options(&options));
+            return Ok(());
+        }
+    };
+    let url = format!("/api/sessions/{}/agent-mode", segment(id));
+    let (raw, answer) = client.post_as::<Value>(&url, &body)?;
+    let options = serde_json::from_value(answer["agent_options"].clone()).unwrap_or_default();
+    emit(json, &raw, || render::agent_options(&options));
     Ok(())
 }
 
