@@ -545,77 +545,82 @@ async fn start(
     mode: Option<ApprovalMode>,
     text: String,
 ) {
-    if !ctx.is_operator(&reply.user) {
-        reply.send(
-            ctx,
-            render::problem(
-                "Only operators may start sessions. Ask an operator to add your Slack user id to SLACK_MEMBER_IDS or `[slack] operators`.",
-            ),
-        );
-        return;
-    }
-    let map = match ractor::call_t!(ctx.registry.get(), RegistryMsg::Get, CALL_TIMEOUT_MS) {
-        Ok(m) => m,
-        Err(e) => {
-            reply.send(
-                ctx,
-                render::problem(&format!("The workspace registry did not answer: {e}")),
+    let body = match start_request(ctx, &reply, agent, mode, &text).await {
+        Ok((req, channel)) => {
+            let mode = req.mode;
+            let outcome = ractor::call_t!(
+                ctx.supervisor,
+                |r| SupervisorMsg::Start { req, reply: r },
+                START_TIMEOUT_MS
             );
-            return;
+            match outcome {
+                Ok(Ok(rec)) => started(&rec, mode, channel, &reply.channel),
+                Ok(Err(e)) => render::problem(&format!("Could not start the session: {e}")),
+                Err(e) => render::problem(&format!("The supervisor did not answer: {e}")),
+            }
         }
+        Err(problem) => problem,
     };
+    reply.send(ctx, body);
+}
+
+/// What `/intercom start` asks the supervisor for (and the session's Slack
+/// channel), or the problem to show: only operators start sessions, in the
+/// workspace named first in `text` or the one this channel is bound to.
+async fn start_request(
+    ctx: &Ctx,
+    reply: &Reply,
+    agent: Option<String>,
+    mode: Option<ApprovalMode>,
+    text: &str,
+) -> Result<(StartRequest, Option<String>), MessageBody> {
+    if !ctx.is_operator(&reply.user) {
+        return Err(render::problem(
+            "Only operators may start sessions. Ask an operator to add your Slack user id to SLACK_MEMBER_IDS or `[slack] operators`.",
+        ));
+    }
+    let no_answer = |e: &dyn std::fmt::Display| {
+        render::problem(&format!("The workspace registry did not answer: {e}"))
+    };
+    let map = ractor::call_t!(ctx.registry.get(), RegistryMsg::Get, CALL_TIMEOUT_MS)
+        .map_err(|e| no_answer(&e))?;
     let known: HashSet<String> = map.workspaces.iter().map(|w| w.id.clone()).collect();
-    let (named, prompt) = split_workspace(&text, &known);
+    let (named, prompt) = split_workspace(text, &known);
     let workspace = match named {
         Some(w) => w.to_owned(),
         None => match map.by_channel(&reply.channel) {
             Some(w) => w.id.clone(),
             None => {
                 let ids: Vec<&str> = map.workspaces.iter().map(|w| w.id.as_str()).collect();
-                reply.send(
-                    ctx,
-                    render::problem(&format!(
-                        "This channel is not bound to a workspace; name one: `/intercom start <workspace> <prompt>` (configured: {}).",
-                        if ids.is_empty() { "none".to_owned() } else { ids.join(", ") }
-                    )),
-                );
-                return;
+                return Err(render::problem(&format!(
+                    "This channel is not bound to a workspace; name one: `/intercom start <workspace> <prompt>` (configured: {}).",
+                    if ids.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        ids.join(", ")
+                    }
+                )));
             }
         },
     };
     if intercom_actors::model::is_blank_prompt(prompt) {
-        reply.send(
-            ctx,
-            render::problem(
-                "Say what the agent should do: `/intercom start [workspace] [--agent A] [--mode M] <prompt>`.",
-            ),
-        );
-        return;
+        return Err(render::problem(
+            "Say what the agent should do: `/intercom start [workspace] [--agent A] [--mode M] <prompt>`.",
+        ));
     }
     let target = Target {
-        workspace: Some(workspace.clone()),
+        workspace: Some(workspace),
         path: None,
         agent,
     };
-    let resolved = match ractor::call_t!(
+    let resolved = ractor::call_t!(
         ctx.registry.get(),
         RegistryMsg::Resolve,
         CALL_TIMEOUT_MS,
         target
-    ) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            reply.send(ctx, render::problem(&format!("{e}.")));
-            return;
-        }
-        Err(e) => {
-            reply.send(
-                ctx,
-                render::problem(&format!("The workspace registry did not answer: {e}")),
-            );
-            return;
-        }
-    };
+    )
+    .map_err(|e| no_answer(&e))?
+    .map_err(|e| render::problem(&format!("{e}.")))?;
     let channel = resolved.channel_id.clone();
     let mode = mode.or_else(|| ctx.rules.workspace_mode(&resolved.workspace));
     let req = StartRequest {
@@ -627,31 +632,29 @@ async fn start(
         owner: reply.user.clone(),
         mode,
     };
-    let outcome = ractor::call_t!(
-        ctx.supervisor,
-        |r| SupervisorMsg::Start { req, reply: r },
-        START_TIMEOUT_MS
-    );
-    let body = match outcome {
-        Ok(Ok(rec)) => {
-            let place = match channel {
-                Some(c) if c == reply.channel => "in its thread in this channel".to_owned(),
-                Some(c) => format!("in its thread in <#{c}>"),
-                None => "locally only (the workspace has no Slack channel)".to_owned(),
-            };
-            let mode = match mode {
-                Some(m) if m != ApprovalMode::Ask => format!(" (mode `{}`)", m.as_str()),
-                _ => String::new(),
-            };
-            MessageBody::text(format!(
-                ":rocket: Started `{}` in workspace `{}`{mode}; follow it {place}.",
-                rec.id, rec.workspace
-            ))
-        }
-        Ok(Err(e)) => render::problem(&format!("Could not start the session: {e}")),
-        Err(e) => render::problem(&format!("The supervisor did not answer: {e}")),
+    Ok((req, channel))
+}
+
+/// The reply to a start that worked: where to follow the session.
+fn started(
+    rec: &SessionRecord,
+    mode: Option<ApprovalMode>,
+    channel: Option<String>,
+    here: &str,
+) -> MessageBody {
+    let place = match channel {
+        Some(c) if c == here => "in its thread in this channel".to_owned(),
+        Some(c) => format!("in its thread in <#{c}>"),
+        None => "locally only (the workspace has no Slack channel)".to_owned(),
     };
-    reply.send(ctx, body);
+    let mode = match mode {
+        Some(m) if m != ApprovalMode::Ask => format!(" (mode `{}`)", m.as_str()),
+        _ => String::new(),
+    };
+    MessageBody::text(format!(
+        ":rocket: Started `{}` in workspace `{}`{mode}; follow it {place}.",
+        rec.id, rec.workspace
+    ))
 }
 
 /// Marks sessions stored as live but without a running agent as interrupted.
