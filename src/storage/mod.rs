@@ -23,7 +23,6 @@ mod outbox;
 mod rows;
 pub mod rules;
 mod store;
-mod write_rate;
 mod writer;
 
 use std::path::{Path, PathBuf};

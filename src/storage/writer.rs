@@ -40,7 +40,6 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::checkpointer::{self, Checkpointer};
-use super::write_rate::WriteRate;
 
 /// How many writes may wait for the writer before callers wait to queue.
 const QUEUE: usize = 4096;
@@ -52,12 +51,11 @@ const MAX_BATCH: usize = 512;
 /// has, with room to spare).
 const STATEMENT_CACHE: usize = 128;
 
-/// The commit window: under load (writes arriving faster than
-/// [`super::write_rate::UNDER_LOAD`] a second) and while writes keep arriving during
-/// commits, the next commit starts no sooner than this after the previous
-/// one began, so the writes that arrive meanwhile share it. Below that load,
-/// and for a caller alone (nothing arrived while its last write committed),
-/// a commit never waits. Under load this bounds commits to about 1,700 a second, each one
+/// The commit window: while writes keep arriving during commits (several
+/// callers at once), the next commit starts no sooner than this after the
+/// previous one began, so the writes that arrive meanwhile share it. A
+/// caller alone (nothing arrived while its last write committed) never
+/// waits. Under load this bounds commits to about 1,700 a second, each one
 /// writing every page it changed into the WAL once for all the writes it
 /// holds, instead of once per write; the cost is at most this much latency
 /// per write, and only when the writer is busy anyway.
@@ -265,7 +263,6 @@ impl Thread {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         // When the last commit began, if writes arrived while it ran.
         let mut busy_since: Option<Instant> = None;
-        let mut rate = WriteRate::new(Instant::now());
         while let Some(job) = queue.blocking_recv() {
             batch.push(job);
             if let Some(wait) = busy_since.and_then(|at| COMMIT_WINDOW.checked_sub(at.elapsed())) {
@@ -291,7 +288,6 @@ impl Thread {
                     self.counters
                         .writes
                         .fetch_add(*committed, Ordering::Relaxed);
-                    rate.committed(Instant::now(), *committed);
                 }
                 Err(e) => tracing::error!(writes = batch.len(), "storage commit failed: {e}"),
             }
@@ -299,7 +295,7 @@ impl Thread {
             for job in batch.drain(..) {
                 job.answer(commit);
             }
-            busy_since = (busy && rate.under_load()).then_some(began);
+            busy_since = busy.then_some(began);
         }
     }
 
