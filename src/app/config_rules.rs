@@ -7,6 +7,15 @@
 use super::*;
 
 impl App {
+    /// The rules `config.toml` holds now.
+    fn config_rules(&self) -> Vec<Rule> {
+        self.inner
+            .config_rules
+            .read()
+            .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
     /// Applies a reloaded config: the workspace map (whole), the config
     /// rules and workspace modes. Live sessions keep their channel; pending
     /// requests are re-evaluated against the new rules.
@@ -49,12 +58,7 @@ impl App {
                 return;
             }
         };
-        let config = self
-            .inner
-            .config_rules
-            .read()
-            .map(|r| r.clone())
-            .unwrap_or_default();
+        let config = self.config_rules();
         self.inner
             .rules
             .set(config.into_iter().chain(operator).collect());
@@ -69,12 +73,7 @@ impl App {
 
     /// Every rule in force, with where it comes from (`config` or the creator).
     pub async fn rules(&self) -> Result<Vec<(Rule, String)>, AppError> {
-        let config = self
-            .inner
-            .config_rules
-            .read()
-            .map(|r| r.clone())
-            .unwrap_or_default();
+        let config = self.config_rules();
         let stored = self.inner.store.list_stored_rules().await?;
         Ok(config
             .into_iter()

@@ -204,18 +204,8 @@ impl SupervisorState {
         entry.plan = Some(plan);
         entry.total_restarts += 1;
         let total = entry.total_restarts;
-        let store = self.args.store.clone();
-        let _ = store.set_restart_count(&id, total).await;
         let why = format!("restarting at the request of {by}");
-        let _ = store
-            .set_status(&id, SessionStatus::Starting, Some(&why))
-            .await;
-        self.args.sink.emit(OperatorEvent::StatusChanged {
-            session_id: id.clone(),
-            status: SessionStatus::Starting,
-            activity: "restarting".into(),
-            reason: Some(why),
-        });
+        self.mark_restarting(&id, total, "restarting", why).await;
         self.audit(
             &id,
             "session.restart_scheduled",

@@ -124,21 +124,12 @@ impl SupervisorState {
         let attempt = entry.restarts.len() as u32;
         let total = entry.total_restarts;
         let delay = policy.backoff(attempt);
-        let store = self.args.store.clone();
-        let _ = store.set_restart_count(&id, total).await;
         let why = format!(
             "restarting after a crash (attempt {attempt} of {})",
             policy.max_restarts
         );
-        let _ = store
-            .set_status(&id, SessionStatus::Starting, Some(&why))
+        self.mark_restarting(&id, total, "crashed, restarting", why)
             .await;
-        self.args.sink.emit(OperatorEvent::StatusChanged {
-            session_id: id.clone(),
-            status: SessionStatus::Starting,
-            activity: "crashed, restarting".into(),
-            reason: Some(why.clone()),
-        });
         self.notice(
             &id,
             NoticeLevel::Warning,
@@ -157,6 +148,28 @@ impl SupervisorState {
         let id2 = id.clone();
         self.myself
             .send_after(delay, move || SupervisorMsg::RestartDue(id2.clone()));
+    }
+
+    /// Stores the session as `starting` again (with its restart count) and
+    /// tells the operator why.
+    pub(super) async fn mark_restarting(
+        &self,
+        id: &SessionId,
+        total: u32,
+        activity: &str,
+        why: String,
+    ) {
+        let store = &self.args.store;
+        let _ = store.set_restart_count(id, total).await;
+        let _ = store
+            .set_status(id, SessionStatus::Starting, Some(&why))
+            .await;
+        self.args.sink.emit(OperatorEvent::StatusChanged {
+            session_id: id.clone(),
+            status: SessionStatus::Starting,
+            activity: activity.into(),
+            reason: Some(why),
+        });
     }
 
     pub(super) async fn restart(&mut self, id: SessionId) {
