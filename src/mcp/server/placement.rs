@@ -85,82 +85,25 @@ impl IntercomMcp {
     /// Where a new session belongs, from the connection's query string.
     pub(super) async fn place(&self, query: &HashMap<String, String>) -> Place {
         let pick = |k: &str| query.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
-        let workspace = pick("workspace_id");
-        let channel = pick("channel_id");
-        match (workspace, channel) {
-            (Some(ws), Some(ch)) => tracing::warn!(
-                workspace = ws,
-                channel = ch,
-                "MCP client gave both workspace_id and the deprecated channel_id; workspace_id wins"
-            ),
-            (None, Some(ch)) => tracing::warn!(
-                channel = ch,
-                "MCP client connected with the deprecated ?channel_id=; use ?workspace_id=<id>"
-            ),
-            _ => {}
-        }
+        let (workspace, channel) = (pick("workspace_id"), pick("channel_id"));
+        warn_deprecated(workspace, channel);
         // The map, not RegistryMsg::Resolve: resolving also picks an agent
         // profile, which an MCP session does not have (a config without
         // agents must still serve MCP clients).
-        let map = match ask(
-            &self.deps().registry.get(),
+        let registry = self.deps().registry.get();
+        match ask(
+            &registry,
             "workspace registry",
             ACTOR_TIMEOUT,
             RegistryMsg::Get,
         )
         .await
         {
-            Ok(map) => map,
+            Ok(map) => place_in(&map, workspace, channel),
             Err(e) => {
                 tracing::error!("cannot read the workspace map: {e}; the session is local only");
-                return Place::default();
+                Place::default()
             }
-        };
-        let entry = match (workspace, channel) {
-            (Some(ws), _) => map.workspaces.iter().find(|w| w.id == ws),
-            (None, Some(ch)) => map.by_channel(ch),
-            (None, None) => None,
-        };
-        match entry {
-            Some(e) => {
-                let cwd = match map.contain(&e.path) {
-                    Ok(p) => Some(p),
-                    Err(err) => {
-                        tracing::warn!(workspace = %e.id, "workspace directory {} cannot be used: {err}; files cannot be applied", e.path.display());
-                        None
-                    }
-                };
-                Place {
-                    workspace: e.id.clone(),
-                    cwd,
-                    channel: Some(e.channel_id.clone()).filter(|c| !c.is_empty()),
-                }
-            }
-            None => match (workspace, channel) {
-                (Some(ws), _) => {
-                    tracing::warn!(
-                        workspace = ws,
-                        "MCP client named an unknown workspace; the session is local only (no channel, no workspace)"
-                    );
-                    Place::default()
-                }
-                (None, Some(ch)) => {
-                    tracing::warn!(
-                        channel = ch,
-                        "channel_id maps to no configured workspace; the session posts there but has no workspace"
-                    );
-                    Place {
-                        channel: Some(ch.to_owned()),
-                        ..Place::default()
-                    }
-                }
-                (None, None) => {
-                    tracing::info!(
-                        "MCP client connected without ?workspace_id=; the session is local only"
-                    );
-                    Place::default()
-                }
-            },
         }
     }
 
@@ -230,5 +173,150 @@ impl IntercomMcp {
             workspace: place.workspace,
             cwd: place.cwd,
         })
+    }
+}
+
+/// Says so when a client still uses the deprecated `?channel_id=`.
+fn warn_deprecated(workspace: Option<&str>, channel: Option<&str>) {
+    match (workspace, channel) {
+        (Some(ws), Some(ch)) => tracing::warn!(
+            workspace = ws,
+            channel = ch,
+            "MCP client gave both workspace_id and the deprecated channel_id; workspace_id wins"
+        ),
+        (None, Some(ch)) => tracing::warn!(
+            channel = ch,
+            "MCP client connected with the deprecated ?channel_id=; use ?workspace_id=<id>"
+        ),
+        _ => {}
+    }
+}
+
+/// Where a connection naming `workspace` (or, deprecated, `channel`)
+/// belongs in `map`: a known workspace with its directory (when it can be
+/// used) and channel; an unknown workspace or none is local only.
+fn place_in(
+    map: &intercom_actors::registry::WorkspaceMap,
+    workspace: Option<&str>,
+    channel: Option<&str>,
+) -> Place {
+    let entry = match (workspace, channel) {
+        (Some(ws), _) => map.workspaces.iter().find(|w| w.id == ws),
+        (None, Some(ch)) => map.by_channel(ch),
+        (None, None) => None,
+    };
+    if let Some(e) = entry {
+        let cwd = match map.contain(&e.path) {
+            Ok(p) => Some(p),
+            Err(err) => {
+                tracing::warn!(workspace = %e.id, "workspace directory {} cannot be used: {err}; files cannot be applied", e.path.display());
+                None
+            }
+        };
+        return Place {
+            workspace: e.id.clone(),
+            cwd,
+            channel: Some(e.channel_id.clone()).filter(|c| !c.is_empty()),
+        };
+    }
+    match (workspace, channel) {
+        (Some(ws), _) => {
+            tracing::warn!(
+                workspace = ws,
+                "MCP client named an unknown workspace; the session is local only (no channel, no workspace)"
+            );
+            Place::default()
+        }
+        (None, Some(ch)) => {
+            tracing::warn!(
+                channel = ch,
+                "channel_id maps to no configured workspace; the session posts there but has no workspace"
+            );
+            Place {
+                channel: Some(ch.to_owned()),
+                ..Place::default()
+            }
+        }
+        (None, None) => {
+            tracing::info!(
+                "MCP client connected without ?workspace_id=; the session is local only"
+            );
+            Place::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use intercom_actors::registry::WorkspaceMap;
+    use intercom_actors::settings::WorkspaceEntry;
+
+    use super::*;
+
+    /// A root with `inside/` (workspace `ws`, channel C1) and a workspace
+    /// `gone` whose directory does not exist.
+    fn map(root: &Path) -> WorkspaceMap {
+        std::fs::create_dir_all(root.join("inside")).expect("inside");
+        let entry = |id: &str, dir: &str, channel: &str| WorkspaceEntry {
+            id: id.into(),
+            path: root.join(dir),
+            channel_id: channel.into(),
+            label: None,
+            default_agent: None,
+        };
+        WorkspaceMap {
+            workspace_root: root.to_path_buf(),
+            workspaces: vec![entry("ws", "inside", "C1"), entry("gone", "missing", "")],
+            agents: Vec::new(),
+            default_agent: None,
+        }
+    }
+
+    #[test]
+    fn a_known_workspace_gives_its_directory_and_channel() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let p = place_in(&map(&root), Some("ws"), None);
+        assert_eq!(p.workspace, "ws");
+        assert_eq!(p.cwd, Some(root.join("inside")));
+        assert_eq!(p.channel.as_deref(), Some("C1"));
+        // workspace_id wins over the deprecated channel_id.
+        let p = place_in(&map(&root), Some("ws"), Some("C-other"));
+        assert_eq!(
+            (p.workspace.as_str(), p.channel.as_deref()),
+            ("ws", Some("C1"))
+        );
+    }
+
+    #[test]
+    fn an_unknown_or_unusable_workspace_gives_no_directory() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        // Unknown: local only, even with a channel named beside it.
+        let p = place_in(&map(&root), Some("nope"), Some("C1"));
+        assert_eq!(
+            (p.workspace.as_str(), &p.cwd, &p.channel),
+            ("", &None, &None)
+        );
+        // Configured but its directory is missing: no files can be applied.
+        let p = place_in(&map(&root), Some("gone"), None);
+        assert_eq!((p.workspace.as_str(), &p.cwd), ("gone", &None));
+        // Nothing named: local only.
+        let p = place_in(&map(&root), None, None);
+        assert_eq!(
+            (p.workspace.as_str(), &p.cwd, &p.channel),
+            ("", &None, &None)
+        );
+    }
+
+    #[test]
+    fn the_deprecated_channel_finds_its_workspace() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let p = place_in(&map(&root), None, Some("C1"));
+        assert_eq!(
+            (p.workspace.as_str(), p.cwd),
+            ("ws", Some(root.join("inside")))
+        );
     }
 }
