@@ -318,5 +318,10 @@ mod tests {
             (p.workspace.as_str(), p.cwd),
             ("ws", Some(root.join("inside")))
         );
+        // A channel bound to no workspace is used as given (the seed's
+        // backward compatibility), with no workspace and no directory.
+        let p = place_in(&map(&root), None, Some("C-unbound"));
+        assert_eq!((p.workspace.as_str(), &p.cwd), ("", &None));
+        assert_eq!(p.channel.as_deref(), Some("C-unbound"));
     }
 }
