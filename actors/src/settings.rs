@@ -83,11 +83,24 @@ pub struct Limits {
     pub max_pending_requests: usize,
 }
 
+/// The default of `limits.max_concurrent_starts`: one start per CPU core,
+/// at least 2 and at most 4. A start is CPU-bound (an exec, a runtime to
+/// boot, a CPU-second for Node-based agents), so more starts at once than
+/// cores only take CPU from the sessions already running: on 2 cores, a
+/// burst of 500 starts took about as long with 2 at once as with 4, and the
+/// running sessions' decisions waited less meanwhile (BENCHMARKS.md, issue
+/// 13 session 8).
+pub fn default_concurrent_starts() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 4)
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_sessions: 5,
-            max_concurrent_starts: 4,
+            max_concurrent_starts: default_concurrent_starts(),
             startup_timeout_secs: 30,
             prompt_timeout_secs: 60,
             idle_timeout_secs: 1800,
