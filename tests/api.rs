@@ -9,6 +9,7 @@ use common::api_server::in_process::open_app;
 use common::api_server::{Server, sid, with_permission};
 use common::{Http, Layout, Setup, until};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 #[test]
 fn health_needs_no_token_but_the_api_does() {
@@ -584,4 +585,66 @@ async fn healthz_answers_503_when_the_supervisor_is_stuck() {
     .await
     .expect("healthz answers while the supervisor is stuck");
     assert_eq!(stuck.status(), 503);
+}
+
+/// Sends `method path` with `body` on `conn`, the body in a second write a
+/// moment after the headers (as a client whose body is not in the headers'
+/// packet), and reads the whole response: its status line.
+fn split_request(conn: &mut std::net::TcpStream, method: &str, path: &str, body: &str) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        common::TOKEN,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).expect("write headers");
+    conn.flush().expect("flush");
+    // Shapes the input (the body in its own segment, after the server may
+    // already have answered); the assertions do not depend on it.
+    std::thread::sleep(Duration::from_millis(20));
+    conn.write_all(body.as_bytes()).expect("write body");
+    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+    let mut status = String::new();
+    reader.read_line(&mut status).expect("status line");
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("header");
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().expect("length");
+        }
+    }
+    let mut rest = vec![0; length];
+    reader.read_exact(&mut rest).expect("body");
+    status.trim_end().to_owned()
+}
+
+#[test]
+fn a_kept_alive_connection_survives_a_body_the_route_does_not_read() {
+    let server = Server::start(Setup::default());
+    let addr = server.http.base.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    // `restart` takes no body and answers 404 for an unknown session; the
+    // same connection must then answer the next request.
+    for _ in 0..3 {
+        let status = split_request(
+            &mut conn,
+            "POST",
+            "/api/sessions/s-0000000000000000/restart",
+            "{}",
+        );
+        assert_eq!(status, "HTTP/1.1 404 Not Found");
+    }
+    let status = split_request(
+        &mut conn,
+        "POST",
+        "/api/sessions/s-0000000000000000/cancel",
+        "{}",
+    );
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
 }

@@ -6,6 +6,7 @@
 //! around both. The routes are documented in `docs/api.md`.
 
 pub mod auth;
+pub mod body;
 pub mod control;
 pub mod error;
 pub mod events;
@@ -68,6 +69,7 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
         .route("/approvals/{id}/remember", post(rules::remember))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(middleware::from_fn(body::read_whole_body))
         .layer(middleware::from_fn_with_state(
             Arc::new(token),
             auth::require_token,
