@@ -5,6 +5,8 @@
 //! messages, so the actor stays responsive (a stop during startup works) and
 //! the startup deadline is just another message.
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 
 use super::{Outgoing, Phase, SessionState, StartError, StartMode};
@@ -110,9 +112,14 @@ impl SessionState {
                 Ok(sid) => {
                     self.learn_agent_options(&result);
                     self.acp_session = Some(sid.clone());
-                    if let Err(e) = self.store.set_acp_session_id(self.id(), &sid).await {
-                        tracing::error!(session = %self.record.id, "storing acp session id: {e}");
-                    }
+                    // Queued: it shares the commit `on_ready` waits for
+                    // (its status), so a start makes one commit, not two.
+                    let (store, id) = (Arc::clone(&self.store), self.id().clone());
+                    self.ledger.queue(async move {
+                        if let Err(e) = store.set_acp_session_id(&id, &sid).await {
+                            tracing::error!(session = %id, "storing acp session id: {e}");
+                        }
+                    });
                     self.on_ready(false).await;
                 }
                 Err(e) => self.fail_handshake(methods::SESSION_NEW, e).await,
@@ -241,6 +248,20 @@ impl SessionState {
     /// Handshake finished: the session is live.
     pub(super) async fn on_ready(&mut self, resumed: bool) {
         self.phase = Phase::Ready;
+        // A new session's audit entry is queued ahead of its status, so both
+        // (and what the handshake queued) share the commit the status waits
+        // for, and the entry is stored before the start is answered.
+        let owner = self.record.owner.clone();
+        match &self.start {
+            StartMode::Attached => {
+                self.audit_queued(&owner, "session.attached", json!({"protocol": "mcp"}));
+            }
+            StartMode::Fresh { .. } => {
+                let detail = json!({"agent": self.profile.id});
+                self.audit_queued(&owner, "session.started", detail);
+            }
+            StartMode::Restart { .. } => {}
+        }
         self.set_status(SessionStatus::Active, "working", None)
             .await;
         if let Some(ready) = self.ready.take() {
@@ -248,21 +269,8 @@ impl SessionState {
         }
         let start = self.start.clone();
         match start {
-            StartMode::Attached => {
-                self.audit(
-                    &self.record.owner.clone(),
-                    "session.attached",
-                    json!({"protocol": "mcp"}),
-                )
-                .await;
-            }
+            StartMode::Attached => {}
             StartMode::Fresh { prompt } => {
-                self.audit(
-                    &self.record.owner.clone(),
-                    "session.started",
-                    json!({"agent": self.profile.id}),
-                )
-                .await;
                 self.send_prompt(prompt, Role::User).await;
             }
             StartMode::Restart {

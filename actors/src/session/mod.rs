@@ -814,6 +814,23 @@ impl SessionState {
         }
     }
 
+    /// Queues an audit entry: stored in order with the session's other
+    /// writes, before anything the actor waits for next.
+    fn audit_queued(&self, actor: &str, action: &str, detail: Value) {
+        let entry = AuditEntry {
+            session_id: Some(self.record.id.clone()),
+            actor: actor.to_owned(),
+            action: action.to_owned(),
+            detail,
+        };
+        let store = Arc::clone(&self.store);
+        self.ledger.queue(async move {
+            if let Err(e) = store.audit(&entry).await {
+                tracing::error!(session = ?entry.session_id, "audit write failed: {e}");
+            }
+        });
+    }
+
     /// Adds a transcript entry (queued: nothing waits for it).
     fn note(&self, role: crate::model::Role, kind: crate::model::MessageKind, text: &str) {
         let (store, id, text) = (Arc::clone(&self.store), self.id().clone(), text.to_owned());
