@@ -797,13 +797,18 @@ impl SessionState {
         self.ledger.emit(event);
     }
 
-    async fn audit(&self, actor: &str, action: &str, detail: Value) {
-        let entry = AuditEntry {
+    /// An audit entry about this session.
+    fn audit_entry(&self, actor: &str, action: &str, detail: Value) -> AuditEntry {
+        AuditEntry {
             session_id: Some(self.record.id.clone()),
             actor: actor.to_owned(),
             action: action.to_owned(),
             detail,
-        };
+        }
+    }
+
+    async fn audit(&self, actor: &str, action: &str, detail: Value) {
+        let entry = self.audit_entry(actor, action, detail);
         let store = Arc::clone(&self.store);
         if let Err(e) = self
             .ledger
@@ -817,12 +822,7 @@ impl SessionState {
     /// Queues an audit entry: stored in order with the session's other
     /// writes, before anything the actor waits for next.
     fn audit_queued(&self, actor: &str, action: &str, detail: Value) {
-        let entry = AuditEntry {
-            session_id: Some(self.record.id.clone()),
-            actor: actor.to_owned(),
-            action: action.to_owned(),
-            detail,
-        };
+        let entry = self.audit_entry(actor, action, detail);
         let store = Arc::clone(&self.store);
         self.ledger.queue(async move {
             if let Err(e) = store.audit(&entry).await {
