@@ -29,6 +29,10 @@ use super::api::MorphismApi;
 use super::inbound::{Ctx, Inbound};
 use super::render;
 
+/// The Socket Mode WebSocket.
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
 /// How many envelope ids are remembered to drop redeliveries.
 const SEEN_ENVELOPES: usize = 512;
 
@@ -249,14 +253,7 @@ impl SocketLoop {
 
     /// The bot's identity (asked once), a fresh Socket Mode URL, and the
     /// WebSocket opened on it.
-    async fn open(
-        &mut self,
-    ) -> Result<
-        tokio_tungstenite::WebSocketStream<
-            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-        >,
-        Ended,
-    > {
+    async fn open(&mut self) -> Result<Socket, Ended> {
         if self.ctx.bot_identity().is_none() {
             match self.api.identity().await {
                 Ok(id) => self.ctx.set_bot_identity(id),

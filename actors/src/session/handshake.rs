@@ -251,16 +251,13 @@ impl SessionState {
         // A new session's audit entry is queued ahead of its status, so both
         // (and what the handshake queued) share the commit the status waits
         // for, and the entry is stored before the start is answered.
-        let owner = self.record.owner.clone();
-        match &self.start {
-            StartMode::Attached => {
-                self.audit_queued(&owner, "session.attached", json!({"protocol": "mcp"}));
-            }
-            StartMode::Fresh { .. } => {
-                let detail = json!({"agent": self.profile.id});
-                self.audit_queued(&owner, "session.started", detail);
-            }
-            StartMode::Restart { .. } => {}
+        let audit = match &self.start {
+            StartMode::Attached => Some(("session.attached", json!({"protocol": "mcp"}))),
+            StartMode::Fresh { .. } => Some(("session.started", json!({"agent": self.profile.id}))),
+            StartMode::Restart { .. } => None,
+        };
+        if let Some((action, detail)) = audit {
+            self.audit_queued(&self.record.owner, action, detail);
         }
         self.set_status(SessionStatus::Active, "working", None)
             .await;

@@ -198,19 +198,26 @@ impl SupervisorState {
 pub(super) fn placeholder_entry(rec: &SessionRecord) -> Entry {
     Entry {
         actor: None,
-        profile: AgentProfile {
-            id: rec.agent.clone(),
-            command: String::new(),
-            args: vec![],
-            env: vec![],
-            protocol: rec.protocol,
-            framing: Default::default(),
-            auth_method: None,
-        },
+        profile: placeholder_profile(rec),
         restarts: Vec::new(),
         total_restarts: rec.restart_count,
         plan: None,
         recovering: true,
         first_start: false,
+    }
+}
+
+/// The profile of a session that runs no configured agent (an MCP client,
+/// or a stored session whose agent is gone from the config): its id and
+/// protocol, nothing to run.
+pub(super) fn placeholder_profile(rec: &SessionRecord) -> AgentProfile {
+    AgentProfile {
+        id: rec.agent.clone(),
+        command: String::new(),
+        args: vec![],
+        env: vec![],
+        protocol: rec.protocol,
+        framing: Default::default(),
+        auth_method: None,
     }
 }

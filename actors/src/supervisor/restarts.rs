@@ -10,10 +10,11 @@ use serde_json::json;
 use super::{SupervisorMsg, SupervisorState};
 use crate::model::{Protocol, SessionId, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
-use crate::session::{SessionExit, StartMode};
+use crate::session::{SessionExit, StartError, StartMode};
 
-/// What a restart needs to know.
-#[derive(Debug, Clone)]
+/// What a restart needs to know (the default: start fresh, nothing to
+/// resume or re-send).
+#[derive(Debug, Clone, Default)]
 pub(super) struct RestartPlan {
     pub(super) resume: Option<String>,
     pub(super) reprompt: Option<String>,
@@ -61,15 +62,10 @@ impl SupervisorState {
                 self.sessions.remove(&id);
             }
             SessionExit::StartFailed(err) if entry.recovering => {
-                let reason = format!("could not resume after a server restart: {err}");
-                self.end_session(&id, SessionStatus::Interrupted, &reason)
-                    .await;
+                self.not_resumed(&id, &err).await;
             }
             SessionExit::StartFailed(err) => {
-                let plan = entry
-                    .plan
-                    .clone()
-                    .unwrap_or(RestartPlan::after_exit(None, None, false));
+                let plan = entry.plan.clone().unwrap_or_default();
                 self.maybe_restart(id, err.to_string(), plan).await;
             }
             SessionExit::RestartRequested {
@@ -172,6 +168,14 @@ impl SupervisorState {
         });
     }
 
+    /// A session the previous server left live could not be brought back:
+    /// it ends `interrupted`, saying why.
+    async fn not_resumed(&mut self, id: &SessionId, err: &StartError) {
+        let reason = format!("could not resume after a server restart: {err}");
+        self.end_session(id, SessionStatus::Interrupted, &reason)
+            .await;
+    }
+
     pub(super) async fn restart(&mut self, id: SessionId) {
         if self.shutdown.is_some() {
             self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
@@ -187,12 +191,7 @@ impl SupervisorState {
             return;
         }
         let profile = entry.profile.clone();
-        let plan = entry.plan.clone().unwrap_or(RestartPlan {
-            resume: None,
-            reprompt: None,
-            mid_turn: false,
-            require_resume: false,
-        });
+        let plan = entry.plan.clone().unwrap_or_default();
         let record = match self.args.store.get_session(&id).await {
             Ok(Some(r)) if r.status.is_live() => r,
             _ => {
@@ -215,9 +214,7 @@ impl SupervisorState {
             Err(err) => {
                 let recovering = self.sessions.get(&id).is_some_and(|e| e.recovering);
                 if recovering {
-                    let reason = format!("could not resume after a server restart: {err}");
-                    self.end_session(&id, SessionStatus::Interrupted, &reason)
-                        .await;
+                    self.not_resumed(&id, &err).await;
                 } else {
                     self.maybe_restart(id, err.to_string(), plan).await;
                 }

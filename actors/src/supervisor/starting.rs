@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
-use super::recovery::placeholder_entry;
+use super::recovery::placeholder_profile;
 use super::{
     AttachRequest, Entry, MAX_MCP_SESSIONS, StartRequest, SupervisorError, SupervisorMsg,
     SupervisorState, admission, directory,
@@ -113,7 +113,7 @@ impl SupervisorState {
         self.args.sink.emit(OperatorEvent::SessionStarted {
             session: record.clone(),
         });
-        let profile = placeholder_entry(&record).profile;
+        let profile = placeholder_profile(&record);
         let (tx, rx) = oneshot::channel();
         match self
             .spawn_session(
@@ -293,21 +293,32 @@ async fn first_handshake(
 ) -> Result<SessionRecord, SupervisorError> {
     let id = record.id.clone();
     match ready.await {
-        Ok(Ok(())) => match store.get_session(&id).await {
-            Ok(Some(rec)) => Ok(rec),
-            _ => Ok(record),
-        },
+        Ok(Ok(())) => Ok(stored(store, record).await),
         Ok(Err(err)) => Err(first_start_failed(store, sink, &id, err).await),
         Err(_) => {
             let ended = matches!(store.get_session(&id).await, Ok(Some(r)) if !r.status.is_live());
             if !ended {
                 let _ = store.delete_session(&id).await;
             }
-            Err(SupervisorError::StartFailed(StartError::Spawn(
-                "the session stopped before its agent was ready".into(),
-            )))
+            Err(stopped_before_ready())
         }
     }
+}
+
+/// The session's row as stored now (the handshake filled it in), or
+/// `record` when it cannot be read.
+async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecord {
+    match store.get_session(&record.id).await {
+        Ok(Some(rec)) => rec,
+        _ => record,
+    }
+}
+
+/// The answer to a start whose session stopped during its handshake.
+fn stopped_before_ready() -> SupervisorError {
+    SupervisorError::StartFailed(StartError::Spawn(
+        "the session stopped before its agent was ready".into(),
+    ))
 }
 
 /// A new session's row: `starting`, titled by the first 80 characters of
@@ -352,16 +363,9 @@ pub(super) fn answer_when_ready(
 ) {
     tokio::spawn(async move {
         let outcome = match ready.await {
-            Ok(Ok(())) => Ok(store
-                .get_session(&record.id)
-                .await
-                .ok()
-                .flatten()
-                .unwrap_or(record)),
+            Ok(Ok(())) => Ok(stored(&*store, record).await),
             Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
-            Err(_) => Err(SupervisorError::StartFailed(StartError::Spawn(
-                "the session stopped before its agent was ready".into(),
-            ))),
+            Err(_) => Err(stopped_before_ready()),
         };
         let _ = reply.send(outcome);
     });
