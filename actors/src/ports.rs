@@ -13,6 +13,32 @@ use crate::rules::ApprovalMode;
 use async_trait::async_trait;
 use serde::Serialize;
 
+tokio::task_local! {
+    /// Set while a store write runs as chatter (see [`chatter`]).
+    static CHATTER: bool;
+}
+
+/// Runs the store writes of `work` as *chatter*: writes nobody waits on
+/// soon (transcript text, tool call lines, activity touches). A store may
+/// hold such a write back for a moment so that it shares the transaction
+/// of the next write somebody does wait for, instead of making a commit of
+/// its own; it still commits in order with the caller's other writes, and
+/// its future still ends only once it committed.
+pub fn chatter<F: std::future::Future>(work: F) -> impl std::future::Future<Output = F::Output> {
+    CHATTER.scope(true, work)
+}
+
+/// Runs the store writes of `work` as awaited ones even inside
+/// [`chatter`]: for a write that something queued after it waits on.
+pub fn awaited<F: std::future::Future>(work: F) -> impl std::future::Future<Output = F::Output> {
+    CHATTER.scope(false, work)
+}
+
+/// True while the current task runs a write inside [`chatter`].
+pub fn is_chatter() -> bool {
+    CHATTER.try_with(|c| *c).unwrap_or(false)
+}
+
 /// A storage failure, with the operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -28,6 +28,15 @@
 //!   in a fresh transaction, so they are not lost either;
 //! - a write that panics fails alone, like a write that returned an error;
 //! - writes from one caller commit in the order they were queued.
+//!
+//! When it commits: a write somebody waits for (the request an agent
+//! waits on, the decision) is committed at once, with whatever else is
+//! waiting. *Chatter* (writes queued inside [`intercom_actors::ports::chatter`]:
+//! transcript text, tool call lines, touches) is held back for at most
+//! [`CHATTER_HOLD`] so that it rides in the next such commit: an agent's
+//! text and tool call no longer make commits of their own, nor make its
+//! request wait behind them. Under load (several awaited writes per
+//! commit) the commit window below applies.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -37,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use intercom_actors::ports::StoreError;
 use rusqlite::Connection;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::checkpointer::{self, Checkpointer};
 
@@ -51,11 +60,12 @@ const MAX_BATCH: usize = 512;
 /// has, with room to spare).
 const STATEMENT_CACHE: usize = 128;
 
-/// The commit window: while writes keep arriving during commits (several
-/// callers at once), the next commit starts no sooner than this after the
-/// previous one began, so the writes that arrive meanwhile share it. A
-/// caller alone (nothing arrived while its last write committed) never
-/// waits. Under load this bounds commits to about 1,700 a second, each one
+/// The commit window: while several callers wait on writes at once (the
+/// last commit, or the one about to start, holds at least
+/// [`WINDOW_SIBLINGS`] awaited writes), the next commit starts no sooner
+/// than this after the previous one began, so the writes that arrive
+/// meanwhile share it. A caller alone never waits. Under load this bounds
+/// commits to about 1,700 a second, each one
 /// writing every page it changed into the WAL once for all the writes it
 /// holds, instead of once per write; the cost is at most this much latency
 /// per write, and only when the writer is busy anyway.
@@ -69,6 +79,17 @@ const STATEMENT_CACHE: usize = 128;
 /// rtt p99 8.4 ms; 700 µs 0.82 (0.81 to 0.85) but rtt p99 18 ms and p50
 /// 2.4 ms instead of 1.9.
 const COMMIT_WINDOW: Duration = Duration::from_micros(600);
+
+/// How many awaited writes in one commit mean "several callers at once"
+/// (PostgreSQL's `commit_siblings`, in spirit): one agent alone has one
+/// awaited write at a time, its chatter does not count.
+const WINDOW_SIBLINGS: usize = 2;
+
+/// The longest chatter waits for a write somebody waits for before it is
+/// committed on its own: short enough that what the operator is shown
+/// after it (events leave a session only once its earlier writes
+/// committed) is not held up noticeably.
+const CHATTER_HOLD: Duration = Duration::from_millis(2);
 
 /// One write: plain function of its (owned) data and the writer's
 /// connection, run inside the open transaction. A plain `fn` (not a
@@ -87,8 +108,9 @@ struct Counters {
 /// The handle to the writer thread, owned by the store.
 #[derive(Debug)]
 pub(crate) struct Writer {
-    /// Where writes are queued.
-    jobs: mpsc::Sender<Box<dyn Job>>,
+    /// Where writes are queued (flume: callers send from async code, the
+    /// thread waits with a deadline while it holds chatter back).
+    jobs: flume::Sender<Box<dyn Job>>,
     /// Closed (the sender dropped) when the thread has answered every write
     /// and closed its connection.
     stopped: oneshot::Receiver<()>,
@@ -100,9 +122,18 @@ impl Writer {
     /// Opens the writer's connection to the database at `path` (already
     /// created and migrated) and starts its thread.
     pub(crate) fn start(path: &Path, busy_timeout: Duration) -> std::io::Result<Writer> {
+        Writer::start_holding(path, busy_timeout, CHATTER_HOLD)
+    }
+
+    /// [`Writer::start`], holding chatter back for at most `hold`.
+    pub(crate) fn start_holding(
+        path: &Path,
+        busy_timeout: Duration,
+        hold: Duration,
+    ) -> std::io::Result<Writer> {
         let conn = open_connection(path, busy_timeout).map_err(std::io::Error::other)?;
         let checkpointer = Checkpointer::start(path, busy_timeout)?;
-        let (jobs, queue) = mpsc::channel(QUEUE);
+        let (jobs, queue) = flume::bounded(QUEUE);
         let (stop_signal, stopped) = oneshot::channel();
         let counters = Arc::new(Counters::default());
         let thread = Thread {
@@ -111,6 +142,7 @@ impl Writer {
             conn: Some(conn),
             counters: Arc::clone(&counters),
             checkpointer,
+            hold,
             _stop_signal: stop_signal,
         };
         std::thread::Builder::new()
@@ -134,10 +166,14 @@ impl Writer {
         let job = Box::new(TypedJob {
             data,
             f,
+            chatter: intercom_actors::ports::is_chatter(),
             result: None,
             reply,
         });
-        self.jobs.send(job).await.map_err(|_| writer_stopped())?;
+        self.jobs
+            .send_async(job as Box<dyn Job>)
+            .await
+            .map_err(|_| writer_stopped())?;
         answer.await.map_err(|_| writer_stopped())?
     }
 
@@ -154,7 +190,7 @@ impl Writer {
     /// How many writes are queued and not yet taken by the writer.
     #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
-        self.jobs.max_capacity() - self.jobs.capacity()
+        self.jobs.len()
     }
 
     /// Stops taking writes, answers the queued ones and waits until the
@@ -192,6 +228,8 @@ fn writer_stopped() -> StoreError {
 
 /// A queued write with its reply, type-erased for the queue.
 trait Job: Send {
+    /// True for chatter (may wait for the next awaited write's commit).
+    fn chatter(&self) -> bool;
     /// Runs the write on `conn`; true when it succeeded (its result is kept
     /// until [`Job::answer`]).
     fn run(&mut self, conn: &Connection) -> bool;
@@ -204,11 +242,16 @@ trait Job: Send {
 struct TypedJob<D, T> {
     data: D,
     f: WriteFn<D, T>,
+    chatter: bool,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
 impl<D: Send, T: Send> Job for TypedJob<D, T> {
+    fn chatter(&self) -> bool {
+        self.chatter
+    }
+
     fn run(&mut self, conn: &Connection) -> bool {
         let result =
             catch_unwind(AssertUnwindSafe(|| (self.f)(&self.data, conn))).unwrap_or_else(|_| {
@@ -252,50 +295,87 @@ struct Thread {
     /// Copies the WAL into the database file, told of each commit
     /// (dropped, and so joined, before the stop signal).
     checkpointer: Checkpointer,
+    /// The longest chatter is held back ([`CHATTER_HOLD`] but in tests).
+    hold: Duration,
     /// Dropped when the thread ends, which is what `Writer::close` awaits.
     _stop_signal: oneshot::Sender<()>,
 }
 
 impl Thread {
-    /// Takes every queued write, commits them together, answers, repeats
-    /// until the store is closed.
-    fn run(mut self, mut queue: mpsc::Receiver<Box<dyn Job>>) {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        // When the last commit began, if writes arrived while it ran.
-        let mut busy_since: Option<Instant> = None;
-        while let Some(job) = queue.blocking_recv() {
-            batch.push(job);
-            if let Some(wait) = busy_since.and_then(|at| COMMIT_WINDOW.checked_sub(at.elapsed())) {
-                std::thread::sleep(wait);
+    /// Gathers queued writes, commits them together, answers, repeats
+    /// until the store is closed (then commits what is left and ends).
+    fn run(mut self, queue: flume::Receiver<Box<dyn Job>>) {
+        let mut batch = Batch::default();
+        let mut last = LastCommit::default();
+        loop {
+            let open = self.gather(&queue, &mut batch, &last);
+            if batch.jobs.is_empty() {
+                break;
             }
-            let began = Instant::now();
-            while batch.len() < MAX_BATCH {
+            last = LastCommit {
+                began: Some(Instant::now()),
+                awaited: batch.awaited,
+            };
+            self.commit_and_answer(&mut batch.jobs);
+            batch = Batch::default();
+            if !open {
+                break;
+            }
+        }
+    }
+
+    /// Takes queued writes into `batch` until it is due (see
+    /// [`Batch::due`]); false once the queue is closed and empty.
+    fn gather(
+        &self,
+        queue: &flume::Receiver<Box<dyn Job>>,
+        batch: &mut Batch,
+        last: &LastCommit,
+    ) -> bool {
+        loop {
+            while !batch.full() {
                 match queue.try_recv() {
                     Ok(job) => batch.push(job),
                     Err(_) => break,
                 }
             }
-            let outcome = self.commit(&mut batch);
-            // Before answering: a caller alone cannot have queued its next
-            // write yet, so anything waiting now came from someone else.
-            let busy = !queue.is_empty();
-            match &outcome {
-                Ok(committed) => {
-                    if let Some(conn) = &self.conn {
-                        self.checkpointer.committed(conn);
-                    }
-                    self.counters.commits.fetch_add(1, Ordering::Relaxed);
-                    self.counters
-                        .writes
-                        .fetch_add(*committed, Ordering::Relaxed);
+            let due = batch.due(last, self.hold);
+            if batch.full() || due.is_some_and(|at| at <= Instant::now()) {
+                return true;
+            }
+            let next = match due {
+                None => queue.recv().map_err(|_| ()),
+                Some(at) => match queue.recv_deadline(at) {
+                    Ok(job) => Ok(job),
+                    Err(flume::RecvTimeoutError::Timeout) => return true,
+                    Err(flume::RecvTimeoutError::Disconnected) => Err(()),
+                },
+            };
+            match next {
+                Ok(job) => batch.push(job),
+                Err(()) => return false,
+            }
+        }
+    }
+
+    /// Commits `jobs`, counts the commit and answers every caller.
+    fn commit_and_answer(&mut self, jobs: &mut Vec<Box<dyn Job>>) {
+        let outcome = self.commit(jobs);
+        match &outcome {
+            Ok(committed) => {
+                if let Some(conn) = &self.conn {
+                    self.checkpointer.committed(conn);
                 }
-                Err(e) => tracing::error!(writes = batch.len(), "storage commit failed: {e}"),
+                self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .writes
+                    .fetch_add(*committed, Ordering::Relaxed);
             }
-            let commit = outcome.as_ref().map(|_| ()).map_err(String::as_str);
-            for job in batch.drain(..) {
-                job.answer(commit);
-            }
-            busy_since = busy.then_some(began);
+            Err(e) => tracing::error!(writes = jobs.len(), "storage commit failed: {e}"),
+        }
+        let commit = outcome.as_ref().map(|_| ()).map_err(String::as_str);
+        for job in jobs.drain(..) {
+            job.answer(commit);
         }
     }
 
@@ -317,6 +397,55 @@ impl Thread {
         }
         outcome
     }
+}
+
+/// The writes gathered for the next commit.
+#[derive(Default)]
+struct Batch {
+    jobs: Vec<Box<dyn Job>>,
+    /// How many of them somebody waits for (not chatter).
+    awaited: usize,
+    /// When the first of them arrived.
+    since: Option<Instant>,
+}
+
+impl Batch {
+    fn push(&mut self, job: Box<dyn Job>) {
+        if !job.chatter() {
+            self.awaited += 1;
+        }
+        self.since.get_or_insert_with(Instant::now);
+        self.jobs.push(job);
+    }
+
+    fn full(&self) -> bool {
+        self.jobs.len() >= MAX_BATCH
+    }
+
+    /// When this batch should be committed (`None`: nothing to commit).
+    /// Chatter alone: once it waited `hold`. With an awaited write: now,
+    /// or, while several callers wait at once, [`COMMIT_WINDOW`] after the
+    /// last commit began.
+    fn due(&self, last: &LastCommit, hold: Duration) -> Option<Instant> {
+        let since = self.since?;
+        if self.awaited == 0 {
+            return Some(since + hold);
+        }
+        let busy = self.awaited.max(last.awaited) >= WINDOW_SIBLINGS;
+        match last.began {
+            Some(began) if busy => Some(began + COMMIT_WINDOW),
+            _ => Some(since),
+        }
+    }
+}
+
+/// What the writer remembers of its last commit.
+#[derive(Default)]
+struct LastCommit {
+    /// When it began.
+    began: Option<Instant>,
+    /// How many awaited writes it held.
+    awaited: usize,
 }
 
 /// How one attempt at committing a batch ended.
@@ -698,5 +827,109 @@ mod tests {
     async fn a_write_that_panics_fails_alone_and_the_writer_goes_on() {
         let err = fails_alone(panicking_write).await;
         assert!(err.to_string().contains("panicked"), "{err}");
+    }
+
+    // ---- chatter ----------------------------------------------------------
+
+    fn sql(e: rusqlite::Error) -> StoreError {
+        StoreError::Backend {
+            op: "test",
+            message: e.to_string(),
+        }
+    }
+
+    fn create_table(_: &(), conn: &Connection) -> Result<(), StoreError> {
+        conn.execute_batch("CREATE TABLE t (x TEXT)").map_err(sql)
+    }
+
+    fn insert(x: &&'static str, conn: &Connection) -> Result<(), StoreError> {
+        conn.execute("INSERT INTO t (x) VALUES (?1)", [*x])
+            .map(drop)
+            .map_err(sql)
+    }
+
+    /// Rows of `t` an outside connection sees (committed ones only).
+    fn visible(path: &Path) -> Vec<String> {
+        let conn = Connection::open(path).expect("outside connection");
+        let mut stmt = conn
+            .prepare("SELECT x FROM t ORDER BY rowid")
+            .expect("prepare");
+        stmt.query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    }
+
+    /// A bare writer on a fresh database holding chatter back for `hold`,
+    /// with table `t` created.
+    async fn bare_writer(hold: Duration) -> (tempfile::TempDir, PathBuf, Arc<Writer>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("w.sqlite");
+        let writer = Writer::start_holding(&path, Duration::from_secs(5), hold).expect("writer");
+        writer.write((), create_table).await.expect("create");
+        (dir, path, Arc::new(writer))
+    }
+
+    #[tokio::test]
+    async fn chatter_waits_for_the_next_awaited_write_and_shares_its_commit() {
+        let hour = Duration::from_secs(3600);
+        let (_dir, path, writer) = bare_writer(hour).await;
+        // Park the writer so the chatter is surely queued first.
+        let (started_tx, started) = std_mpsc::sync_channel(1);
+        let (release, release_rx) = std_mpsc::sync_channel(1);
+        let w = Arc::clone(&writer);
+        let plug = tokio::spawn(async move { w.write((started_tx, release_rx), plug_write).await });
+        tokio::task::spawn_blocking(move || started.recv())
+            .await
+            .expect("join")
+            .expect("the plug write started");
+        let before = writer.commits();
+        let w = Arc::clone(&writer);
+        let text = tokio::spawn(intercom_actors::ports::chatter(async move {
+            w.write("text", insert).await
+        }));
+        until("the chatter to queue", || writer.queued() == 1).await;
+        release.send(()).expect("release");
+        plug.await.expect("join").expect("plug");
+
+        // Only chatter is waiting now: nothing is committed for it.
+        assert!(visible(&path).is_empty());
+        assert!(!text.is_finished());
+
+        // The request the agent waits on: committed at once, the chatter
+        // with it, in the order they were queued.
+        writer.write("request", insert).await.expect("request");
+        text.await.expect("join").expect("chatter");
+        assert_eq!(writer.commits() - before, 2, "the plug's commit, then one");
+        assert_eq!(visible(&path), ["text", "request"]);
+    }
+
+    #[tokio::test]
+    async fn chatter_alone_is_committed_once_it_waited_its_hold() {
+        let (_dir, path, writer) = bare_writer(Duration::from_millis(20)).await;
+        let w = Arc::clone(&writer);
+        intercom_actors::ports::chatter(async move { w.write("text", insert).await })
+            .await
+            .expect("chatter commits without any awaited write");
+        assert_eq!(visible(&path), ["text"]);
+    }
+
+    #[tokio::test]
+    async fn closing_commits_held_chatter() {
+        let hour = Duration::from_secs(3600);
+        let (_dir, path, writer) = bare_writer(hour).await;
+        let writer = Arc::try_unwrap(writer).expect("no other handle");
+        let (reply, answer) = oneshot::channel();
+        let job: Box<dyn Job> = Box::new(TypedJob {
+            data: "text",
+            f: insert,
+            chatter: true,
+            result: None,
+            reply,
+        });
+        writer.jobs.send(job).expect("queue");
+        writer.close().await;
+        answer.await.expect("answered").expect("committed");
+        assert_eq!(visible(&path), ["text"]);
     }
 }

@@ -732,9 +732,20 @@ impl SessionState {
     /// Queues new content for the transcript row `row` (once it exists).
     fn queue_update(&self, row: &RowId, content: String) {
         let (store, sid, id) = (Arc::clone(&self.store), self.id().clone(), row.later());
+        // A row still on its way: this write reaches the store only after
+        // the append committed, maybe after a write queued behind it that
+        // someone waits for, who then waits for this one too. Not chatter
+        // then, so the store does not hold it back.
+        let late = !matches!(row, RowId::Known(_) | RowId::None);
         self.ledger.queue(async move {
             let Some(id) = id.await else { return };
-            if let Err(e) = store.update_message(id, &content).await {
+            let update = store.update_message(id, &content);
+            let updated = if late {
+                crate::ports::awaited(update).await
+            } else {
+                update.await
+            };
+            if let Err(e) = updated {
                 tracing::warn!(session = %sid, "transcript update failed: {e}");
             }
         });

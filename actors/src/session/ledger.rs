@@ -101,12 +101,13 @@ impl Ledger {
     }
 
     /// Hands `write` to the store now, after everything queued before it,
-    /// without waiting for it.
+    /// without waiting for it. It goes as [`crate::ports::chatter`]: the
+    /// store may hold it back until the next write somebody waits for.
     pub(super) fn queue(&self, write: impl Future<Output = ()> + Send + 'static) {
-        self.push(Box::pin(async move {
+        self.push(Box::pin(crate::ports::chatter(async move {
             write.await;
             Completion::Nothing
-        }));
+        })));
     }
 
     /// Runs `write` after everything queued before it and waits for it; the
