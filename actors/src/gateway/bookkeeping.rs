@@ -212,16 +212,7 @@ impl Books {
             .into_iter()
             .map(|p| (p.ticket, p.write))
             .unzip();
-        // Only a push is waited for (its operation is sent once it is
-        // stored); a batch of deletes, replaces and remembered `ts`s is
-        // chatter and may ride in the next commit somebody waits for.
-        let pushes = writes.iter().any(|w| matches!(w, OutboxWrite::Push { .. }));
-        let applied = if pushes {
-            self.outbox.apply(&writes).await
-        } else {
-            crate::ports::chatter(self.outbox.apply(&writes)).await
-        };
-        let results = match applied {
+        let results = match self.outbox.apply(&writes).await {
             Ok(ids) => ids.into_iter().map(Ok).collect(),
             Err(e) => {
                 tracing::warn!(
