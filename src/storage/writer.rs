@@ -32,11 +32,12 @@
 //! When it commits: a write somebody waits for (the request an agent
 //! waits on, the decision) is committed at once, with whatever else is
 //! waiting. *Chatter* (writes queued inside [`intercom_actors::ports::chatter`]:
-//! transcript text, tool call lines, touches) is held back for at most
-//! [`CHATTER_HOLD`] so that it rides in the next such commit: an agent's
-//! text and tool call no longer make commits of their own, nor make its
-//! request wait behind them. Under load (several awaited writes per
-//! commit) the commit window below applies.
+//! transcript text, tool call lines, touches) is held back, for at most
+//! [`CHATTER_HOLD`] from when the writer took it off the queue, so that it
+//! rides in the next such commit: an agent's text and tool call followed
+//! within that time by its request no longer make commits of their own,
+//! nor make the request wait behind them. Under load (several awaited
+//! writes per commit) the commit window below applies.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -70,7 +71,10 @@ const STATEMENT_CACHE: usize = 128;
 /// holds, instead of once per write; the cost is at most this much latency
 /// per write, and only when the writer is busy anyway.
 ///
-/// Why 600 µs: at 500 agents the server decides about 2,000 approvals a
+/// Why 600 µs (measured before chatter was held back, when any waiting
+/// write switched the window on; with chatter held, 600 µs gave 0.74–0.79
+/// commits per approval at 500 agents and 400 µs 0.89–1.02, BENCHMARKS.md
+/// session 9): at 500 agents the server decides about 2,000 approvals a
 /// second, each about 5.5 writes, so one commit per approval (issue 13's
 /// bound) means about 5.5 writes per commit, which take about 500 µs to
 /// arrive. Measured there once checkpoints left the writer (each commit got

@@ -736,7 +736,7 @@ impl SessionState {
         // the append committed, maybe after a write queued behind it that
         // someone waits for, who then waits for this one too. Not chatter
         // then, so the store does not hold it back.
-        let late = !matches!(row, RowId::Known(_) | RowId::None);
+        let late = row.is_on_its_way();
         self.ledger.queue(async move {
             let Some(id) = id.await else { return };
             let update = store.update_message(id, &content);

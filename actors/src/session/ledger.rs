@@ -192,6 +192,12 @@ impl RowId {
         }
     }
 
+    /// True while the row's id has not arrived yet (its append has not
+    /// committed): a write that needs the id reaches the store only later.
+    pub(super) fn is_on_its_way(&self) -> bool {
+        matches!(self, RowId::Pending(answer) if answer.clone().now_or_never().is_none())
+    }
+
     /// True when no row exists or is on its way.
     pub(super) fn is_none(&self) -> bool {
         matches!(self, RowId::None)
@@ -470,5 +476,16 @@ mod tests {
             *log.0.lock().expect("log"),
             vec!["wrote last".to_owned(), "event bye".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_row_is_on_its_way_only_until_its_id_arrives() {
+        let (send, answer) = oneshot::channel();
+        let row = RowId::pending(answer);
+        assert!(row.is_on_its_way());
+        send.send(Some(7)).expect("send");
+        assert!(!row.is_on_its_way(), "the id arrived");
+        assert!(!RowId::Known(7).is_on_its_way());
+        assert!(!RowId::None.is_on_its_way());
     }
 }
