@@ -315,7 +315,11 @@ impl Thread {
     /// Gathers queued writes, commits them together, answers, repeats
     /// until the store is closed (then commits what is left and ends).
     fn run(mut self, queue: flume::Receiver<Box<dyn Job>>) {
-        let mut batch = Batch::default();
+        // One batch for the thread's life: its capacity is kept.
+        let mut batch = Batch {
+            jobs: Vec::with_capacity(MAX_BATCH),
+            ..Batch::default()
+        };
         let mut last = LastCommit::default();
         loop {
             let open = self.gather(&queue, &mut batch, &last);
@@ -327,7 +331,7 @@ impl Thread {
                 awaited: batch.awaited,
             };
             self.commit_and_answer(&mut batch.jobs);
-            batch = Batch::default();
+            batch.emptied();
             if !open {
                 break;
             }
@@ -354,17 +358,15 @@ impl Thread {
                 return true;
             }
             let next = match due {
-                None => queue.recv().map_err(|_| ()),
+                None => queue.recv().ok(),
                 Some(at) => match queue.recv_deadline(at) {
-                    Ok(job) => Ok(job),
+                    Ok(job) => Some(job),
                     Err(flume::RecvTimeoutError::Timeout) => return true,
-                    Err(flume::RecvTimeoutError::Disconnected) => Err(()),
+                    Err(flume::RecvTimeoutError::Disconnected) => None,
                 },
             };
-            match next {
-                Ok(job) => batch.push(job),
-                Err(()) => return false,
-            }
+            let Some(job) = next else { return false };
+            batch.push(job);
         }
     }
 
@@ -430,6 +432,13 @@ impl Batch {
 
     fn full(&self) -> bool {
         self.jobs.len() >= MAX_BATCH
+    }
+
+    /// Ready for the next commit's writes, once this one's were answered.
+    fn emptied(&mut self) {
+        debug_assert!(self.jobs.is_empty(), "every write is answered first");
+        self.awaited = 0;
+        self.since = None;
     }
 
     /// When this batch should be committed (`None`: nothing to commit).

@@ -46,20 +46,47 @@ fn plug_write(plug: &Plug, _: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Parks the writer inside a plug write, so everything written next
-/// waits in the queue. Returns the release signal and the plug's task.
-async fn park_writer(
-    store: &Arc<SqliteStore>,
-) -> (std_mpsc::SyncSender<()>, JoinHandle<Result<(), StoreError>>) {
+/// The release signal of a parked writer and the plug write's task.
+type Parked = (std_mpsc::SyncSender<()>, JoinHandle<Result<(), StoreError>>);
+
+/// Parks a writer inside the plug write `queue_plug` queues, so everything
+/// written next waits in the queue.
+async fn park<F>(queue_plug: impl FnOnce(Plug) -> F) -> Parked
+where
+    F: std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
+{
     let (started_tx, started) = std_mpsc::sync_channel(1);
     let (release, release_rx) = std_mpsc::sync_channel(1);
-    let s = Arc::clone(store);
-    let task = tokio::spawn(async move { s.write((started_tx, release_rx), plug_write).await });
+    let task = tokio::spawn(queue_plug((started_tx, release_rx)));
     tokio::task::spawn_blocking(move || started.recv())
         .await
         .expect("join")
         .expect("the plug write started");
     (release, task)
+}
+
+/// Parks the store's writer (see [`park`]).
+async fn park_writer(store: &Arc<SqliteStore>) -> Parked {
+    let s = Arc::clone(store);
+    park(move |plug| async move { s.write(plug, plug_write).await }).await
+}
+
+/// Appends agent text `text` to `session`'s transcript, in a task of its own.
+fn spawn_append(
+    store: &Arc<SqliteStore>,
+    session: &'static str,
+    text: String,
+) -> JoinHandle<Result<i64, StoreError>> {
+    let s = Arc::clone(store);
+    tokio::spawn(async move {
+        s.append_message(
+            &SessionId::from(session),
+            Role::Agent,
+            MessageKind::Text,
+            &text,
+        )
+        .await
+    })
 }
 
 #[tokio::test]
@@ -71,18 +98,7 @@ async fn callers_are_answered_only_after_their_transaction_committed() {
 
     const N: usize = 50;
     let writes: Vec<_> = (0..N)
-        .map(|i| {
-            let s = Arc::clone(&store);
-            tokio::spawn(async move {
-                s.append_message(
-                    &SessionId::from("s-1"),
-                    Role::Agent,
-                    MessageKind::Text,
-                    &format!("m{i}"),
-                )
-                .await
-            })
-        })
+        .map(|i| spawn_append(&store, "s-1", format!("m{i}")))
         .collect();
     until("all writes to queue", || store.writer.queued() == N).await;
 
@@ -115,18 +131,7 @@ async fn a_failing_write_does_not_fail_its_neighbours() {
     let (release, plug) = park_writer(&store).await;
     let commits_before = store.commit_count();
 
-    let append = |session: &'static str| {
-        let s = Arc::clone(&store);
-        tokio::spawn(async move {
-            s.append_message(
-                &SessionId::from(session),
-                Role::Agent,
-                MessageKind::Text,
-                session,
-            )
-            .await
-        })
-    };
+    let append = |session: &'static str| spawn_append(&store, session, session.to_owned());
     let first = append("s-1");
     let hostile = append("no-such-session");
     let s = Arc::clone(&store);
@@ -181,18 +186,7 @@ fn aborting_write(_: &(), conn: &Connection) -> Result<(), StoreError> {
 async fn fails_alone(f: WriteFn<(), ()>) -> StoreError {
     let (_dir, path, store) = file_store().await;
     let (release, plug) = park_writer(&store).await;
-    let append = |text: &'static str| {
-        let s = Arc::clone(&store);
-        tokio::spawn(async move {
-            s.append_message(
-                &SessionId::from("s-1"),
-                Role::Agent,
-                MessageKind::Text,
-                text,
-            )
-            .await
-        })
-    };
+    let append = |text: &'static str| spawn_append(&store, "s-1", text.to_owned());
     let before = append("before");
     let s = Arc::clone(&store);
     let failing = tokio::spawn(async move { s.write((), f).await });
@@ -300,14 +294,8 @@ async fn chatter_waits_for_the_next_awaited_write_and_shares_its_commit() {
     let hour = Duration::from_secs(3600);
     let (_dir, path, writer) = bare_writer(hour).await;
     // Park the writer so the chatter is surely queued first.
-    let (started_tx, started) = std_mpsc::sync_channel(1);
-    let (release, release_rx) = std_mpsc::sync_channel(1);
     let w = Arc::clone(&writer);
-    let plug = tokio::spawn(async move { w.write((started_tx, release_rx), plug_write).await });
-    tokio::task::spawn_blocking(move || started.recv())
-        .await
-        .expect("join")
-        .expect("the plug write started");
+    let (release, plug) = park(move |plug| async move { w.write(plug, plug_write).await }).await;
     let before = writer.commits();
     let w = Arc::clone(&writer);
     let text = tokio::spawn(intercom_actors::ports::chatter(async move {
