@@ -9,6 +9,7 @@
 //!                             [--requests 10] [--pace-ms 200] [--ramp-ms 0]
 //!                             [--wait-quiet-secs 0] [--dir DIR] [--dump DIR]
 //!                             [--burst K] [--pace-factor F]
+//!                             [--concurrent-starts K]
 //! ```
 //!
 //! `--pace-ms`: agent think time before each request (0 = back to back).
@@ -46,7 +47,9 @@
 //!
 //! `--burst K` (core): once the load runs, K more sessions start at once;
 //! the decision p99 during that burst is printed beside the steady p99 just
-//! before it (`load_parts/burst.rs`).
+//! before it (`load_parts/burst.rs`). `--concurrent-starts K` (core):
+//! `limits.max_concurrent_starts` for the run (default: the server's, one
+//! per core, 2 to 4).
 //!
 //! The headline is the round trip as the scripted agent measures it
 //! (request written -> answer read, the scenario's `rtt_log`), also without
@@ -439,6 +442,9 @@ fn limits(n: usize) -> Limits {
         max_sessions: n + 1,
         startup_timeout_secs: 120,
         idle_timeout_secs: 3600,
+        max_concurrent_starts: arg("--concurrent-starts")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(intercom_actors::settings::default_concurrent_starts),
         ..Limits::default()
     }
 }

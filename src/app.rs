@@ -13,15 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use intercom_actors::model::{
-    Decided, Decision, PendingRequest, RequestStatus, SessionId, SessionRecord, TranscriptEntry,
-};
+use intercom_actors::model::{PendingRequest, SessionId, SessionRecord, TranscriptEntry};
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore};
 use intercom_actors::registry::{RegistryMsg, Target};
-use intercom_actors::session::calls::{self, Answer};
-use intercom_actors::session::{
-    Caller, Choice, SessionMsg, SessionSettings, SessionSnapshot, SteerOutcome,
-};
+use intercom_actors::session::{Caller, SessionMsg, SessionSettings, SessionSnapshot};
 use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
     OPERATOR_CALL, StartRequest, SupervisorArgs, SupervisorMsg, directory, steer_session,
@@ -36,8 +31,10 @@ use intercom_actors::rules::{ApprovalMode, Rule, SharedRules};
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 
+mod approvals;
 mod config_choice;
 mod config_rules;
+mod control;
 mod errors;
 
 pub use config_choice::{ConfigChoice, DEFAULT_CONFIG, EXAMPLE_CONFIG, choose_config};
@@ -533,50 +530,6 @@ impl App {
         Ok(directory::find(&self.inner.supervisor, id))
     }
 
-    /// Sends steering to a session: delivered now when the agent is idle,
-    /// queued behind the running turn otherwise (`interrupt` cancels it);
-    /// between crash restarts it is stored for the restarted agent (queued).
-    pub async fn steer(
-        &self,
-        id: &SessionId,
-        text: &str,
-        interrupt: bool,
-        caller: Caller,
-    ) -> Result<SteerOutcome, AppError> {
-        if intercom_actors::model::is_blank_prompt(text) {
-            return Err(AppError::BadRequest("the prompt text is empty".into()));
-        }
-        let record = self.session(id).await?;
-        if !record.status.is_live() {
-            return Err(AppError::ended(record.status));
-        }
-        let outcome = steer_session(&self.inner.supervisor, id, text, interrupt, &caller).await;
-        match outcome {
-            Ok(result) => Ok(result?),
-            Err(e) => Err(AppError::actor("supervisor", e)),
-        }
-    }
-
-    /// Restarts a session's agent (kill its process group, respawn it in
-    /// the same session, resumed like after a crash).
-    pub async fn restart(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
-        let record = self.session(id).await?;
-        if !record.status.is_live() {
-            return Err(AppError::ended(record.status));
-        }
-        ractor::call_t!(
-            self.inner.supervisor,
-            |reply| SupervisorMsg::Restart {
-                id: id.clone(),
-                caller,
-                reply
-            },
-            OPERATOR_CALL.as_millis() as u64
-        )
-        .map_err(|e| AppError::actor("supervisor", e))??;
-        self.session(id).await
-    }
-
     /// Tells every operator side something about a session (a notice in
     /// its Slack thread, the console and the event stream).
     pub fn notice(&self, session: &SessionId, text: String) {
@@ -585,200 +538,6 @@ impl App {
             level: intercom_actors::ports::NoticeLevel::Info,
             text,
         });
-    }
-
-    /// One approval request with its decision, by global id.
-    pub async fn approval(
-        &self,
-        global_id: &str,
-    ) -> Result<(PendingRequest, Option<Decision>), AppError> {
-        self.inner
-            .store
-            .get_request(global_id)
-            .await?
-            .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))
-    }
-
-    /// Approval requests, newest first, optionally only those in `status`.
-    pub async fn approvals(
-        &self,
-        status: Option<RequestStatus>,
-    ) -> Result<Vec<PendingRequest>, AppError> {
-        let pending_only = status == Some(RequestStatus::Pending);
-        let all = self.inner.store.list_requests(None, pending_only).await?;
-        Ok(match status {
-            Some(s) => all.into_iter().filter(|r| r.status == s).collect(),
-            None => all,
-        })
-    }
-
-    /// Decides on a pending request by its global id (`<session_id>:req-N`).
-    /// Returns the request (now decided) and the recorded decision.
-    pub async fn decide(
-        &self,
-        global_id: &str,
-        choice: Choice,
-        reason: Option<String>,
-        caller: Caller,
-    ) -> Result<(PendingRequest, Decision), AppError> {
-        let (session, request_id) = split_request_id(global_id)
-            .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))?;
-        // The live session knows its pending requests and answers with the
-        // request it closed (or why not): no read of the row on this path.
-        // Only without a running agent is the row read, to say why.
-        let Some(actor) = self.actor(&session).await? else {
-            let (req, _) = self.approval(global_id).await?;
-            return Err(AppError::Conflict {
-                message: match req.status {
-                    RequestStatus::Pending => format!(
-                        "session {session} has no running agent to answer request {global_id}"
-                    ),
-                    status => format!("request {global_id} is already {}", status.as_str()),
-                },
-                status: None,
-            });
-        };
-        let answer = Answer {
-            request_id: request_id.to_owned(),
-            choice,
-            reason,
-            caller,
-        };
-        let Decided { request, decision } = calls::decide(&actor, answer, CALL_TIMEOUT_MS)
-            .await
-            .map_err(|e| AppError::actor("session", e))??;
-        tracing::info!(request = global_id, option = %decision.option_id, approved = decision.approved, by = %decision.decided_by, "request decided");
-        Ok((request, decision))
-    }
-
-    /// Stops a session (idempotent). Waits briefly for it to end and returns
-    /// the record as it then is.
-    pub async fn cancel(&self, id: &SessionId, caller: Caller) -> Result<CancelOutcome, AppError> {
-        let record = self.session(id).await?;
-        if !record.status.is_live() {
-            return Ok(CancelOutcome {
-                record,
-                stopping: false,
-            });
-        }
-        let mut events = self.subscribe();
-        let Some(actor) = self.actor(id).await? else {
-            // Between crash restarts: the supervisor ends it.
-            let id2 = id.clone();
-            ractor::call_t!(
-                self.inner.supervisor,
-                |reply| SupervisorMsg::Stop {
-                    id: id2,
-                    caller,
-                    reply
-                },
-                CALL_TIMEOUT_MS
-            )
-            .map_err(|e| AppError::actor("supervisor", e))??;
-            return self.cancel_outcome(id).await;
-        };
-        let stop = calls::stop(&actor, caller, CALL_TIMEOUT_MS).await;
-        match stop {
-            Ok(result) => result?,
-            // The actor ended between the lookup and the call: already stopping.
-            Err(e) => tracing::debug!(session = %id, "stop raced the session's end: {e}"),
-        }
-        wait_for_end(&mut events, id, self.inner.cancel_wait).await;
-        self.cancel_outcome(id).await
-    }
-
-    async fn cancel_outcome(&self, id: &SessionId) -> Result<CancelOutcome, AppError> {
-        let record = self.session(id).await?;
-        Ok(CancelOutcome {
-            stopping: record.status.is_live(),
-            record,
-        })
-    }
-
-    /// Brings back a session that ended by idle timeout (respawn + resume).
-    pub async fn revive(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
-        let record = self.session(id).await?;
-        let profile = self
-            .inner
-            .profiles
-            .iter()
-            .find(|p| p.id == record.agent)
-            .cloned()
-            .ok_or_else(|| {
-                AppError::NotFound(format!(
-                    "agent profile {} is no longer configured",
-                    record.agent
-                ))
-            })?;
-        let id2 = id.clone();
-        let revived = ractor::call_t!(
-            self.inner.supervisor,
-            |reply| SupervisorMsg::Revive {
-                id: id2,
-                profile,
-                caller,
-                reply
-            },
-            self.inner.start_wait_ms
-        )
-        .map_err(|e| AppError::actor("supervisor", e))??;
-        Ok(revived)
-    }
-
-    /// Pauses (`true`) or resumes (`false`) a live session.
-    pub async fn pause(&self, id: &SessionId, pause: bool, caller: Caller) -> Result<(), AppError> {
-        let record = self.session(id).await?;
-        let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::ended(record.status));
-        };
-        calls::pause(&actor, pause, caller, CALL_TIMEOUT_MS)
-            .await
-            .map_err(|e| AppError::actor("session", e))??;
-        Ok(())
-    }
-
-    /// Switches the agent's own mode, model or config option; answers once
-    /// the agent accepted (or refused) it.
-    pub async fn set_agent_option(
-        &self,
-        id: &SessionId,
-        setting: intercom_actors::protocol::agent_options::AgentSetting,
-        caller: Caller,
-    ) -> Result<intercom_actors::protocol::agent_options::AgentOptions, AppError> {
-        let record = self.session(id).await?;
-        let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::ended(record.status));
-        };
-        ractor::call_t!(
-            actor,
-            |reply| SessionMsg::SetAgentOption {
-                setting,
-                caller,
-                reply
-            },
-            AGENT_OPTION_TIMEOUT_MS
-        )
-        .map_err(|e| AppError::actor("session", e))??;
-        let snapshot = ractor::call_t!(actor, SessionMsg::Snapshot, SNAPSHOT_TIMEOUT_MS)
-            .map_err(|e| AppError::actor("session", e))?;
-        Ok(snapshot.agent_options)
-    }
-
-    /// Sets a live session's approval mode (persisted).
-    pub async fn set_mode(
-        &self,
-        id: &SessionId,
-        mode: ApprovalMode,
-        caller: Caller,
-    ) -> Result<(), AppError> {
-        let record = self.session(id).await?;
-        let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::ended(record.status));
-        };
-        calls::set_mode(&actor, mode, caller, CALL_TIMEOUT_MS)
-            .await
-            .map_err(|e| AppError::actor("session", e))??;
-        Ok(())
     }
 
     async fn audit(&self, actor: &str, action: &str, detail: serde_json::Value) {
@@ -847,23 +606,6 @@ pub fn split_request_id(global: &str) -> Option<(SessionId, &str)> {
         return None;
     }
     Some((SessionId(session.to_owned()), request))
-}
-
-async fn wait_for_end(
-    events: &mut broadcast::Receiver<OperatorEvent>,
-    id: &SessionId,
-    limit: Duration,
-) {
-    let ended = async {
-        loop {
-            match events.recv().await {
-                Ok(OperatorEvent::SessionEnded { session_id, .. }) if &session_id == id => return,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => return,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(limit, ended).await;
 }
 
 #[cfg(test)]
