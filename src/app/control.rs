@@ -127,12 +127,18 @@ impl App {
         Ok(revived)
     }
 
+    /// The running actor of a session; `NotFound` for an unknown session,
+    /// why it cannot act (its status) when no agent runs.
+    async fn live_actor(&self, id: &SessionId) -> Result<ActorRef<SessionMsg>, AppError> {
+        let record = self.session(id).await?;
+        self.actor(id)
+            .await?
+            .ok_or_else(|| AppError::ended(record.status))
+    }
+
     /// Pauses (`true`) or resumes (`false`) a live session.
     pub async fn pause(&self, id: &SessionId, pause: bool, caller: Caller) -> Result<(), AppError> {
-        let record = self.session(id).await?;
-        let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::ended(record.status));
-        };
+        let actor = self.live_actor(id).await?;
         calls::pause(&actor, pause, caller, CALL_TIMEOUT_MS)
             .await
             .map_err(|e| AppError::actor("session", e))??;
@@ -147,10 +153,7 @@ impl App {
         setting: intercom_actors::protocol::agent_options::AgentSetting,
         caller: Caller,
     ) -> Result<intercom_actors::protocol::agent_options::AgentOptions, AppError> {
-        let record = self.session(id).await?;
-        let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::ended(record.status));
-        };
+        let actor = self.live_actor(id).await?;
         ractor::call_t!(
             actor,
             |reply| SessionMsg::SetAgentOption {
@@ -173,10 +176,7 @@ impl App {
         mode: ApprovalMode,
         caller: Caller,
     ) -> Result<(), AppError> {
-        let record = self.session(id).await?;
-        let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::ended(record.status));
-        };
+        let actor = self.live_actor(id).await?;
         calls::set_mode(&actor, mode, caller, CALL_TIMEOUT_MS)
             .await
             .map_err(|e| AppError::actor("session", e))??;
