@@ -139,7 +139,12 @@ impl SessionState {
     /// Logs a refused file operation; containment violations are also
     /// audited and shown to the operator.
     async fn refused(&mut self, method: &str, path: &str, e: &FsError) {
-        tracing::warn!(session = %self.record.id, %method, "refused: {e}");
+        self.warn_agent(|| {
+            format!(
+                "{method} refused: {}",
+                super::noise::log_safe(&e.to_string())
+            )
+        });
         if !e.is_containment() {
             return;
         }

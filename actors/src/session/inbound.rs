@@ -10,6 +10,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::ledger::RowId;
+use super::noise;
 use super::toolcalls::{self, ToolCalls};
 use super::{Outgoing, Pending, Phase, SessionState};
 use crate::child::ChildEvent;
@@ -42,7 +43,7 @@ impl SessionState {
                             "agent `{}` sent a {len}-byte message, over max_line_bytes ({}); it was skipped",
                             self.profile.id, self.settings.limits.max_line_bytes
                         );
-                        tracing::warn!(session = %self.record.id, "{text}");
+                        self.warn_agent(|| text.clone());
                         self.note(Role::System, MessageKind::Error, &text);
                     }
                 }
@@ -69,11 +70,13 @@ impl SessionState {
         let msg = match RpcMessage::parse(body) {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(
-                    session = %self.record.id,
-                    raw = %truncate_for_log(body, LOG_RAW_BYTES),
-                    "skipping malformed line from agent: {e}"
-                );
+                self.warn_agent(|| {
+                    let raw = truncate_for_log(body, LOG_RAW_BYTES);
+                    format!(
+                        "skipping malformed line from agent: {e}; raw={}",
+                        noise::log_safe(&raw)
+                    )
+                });
                 return;
             }
         };
@@ -107,9 +110,10 @@ impl SessionState {
                         self.on_setting_response(rpc, setting, outcome).await;
                     }
                     Some(p) => self.on_handshake_response(p, outcome).await,
-                    None => {
-                        tracing::warn!(session = %self.record.id, id = ?id, "response to an unknown request id; ignored");
-                    }
+                    None => self.warn_agent(|| {
+                        let id = noise::log_safe(&format!("{id:?}")).into_owned();
+                        format!("response to an unknown request id {id}; ignored")
+                    }),
                 }
             }
             RpcMessage::Request { id, method, params } => {
@@ -293,7 +297,12 @@ impl SessionState {
         let (_, update) = match acp::parse_update(params) {
             Ok(u) => u,
             Err(e) => {
-                tracing::warn!(session = %self.record.id, "skipping session/update: {e}");
+                self.warn_agent(|| {
+                    format!(
+                        "skipping session/update: {}",
+                        noise::log_safe(&e.to_string())
+                    )
+                });
                 return;
             }
         };
@@ -566,7 +575,12 @@ impl SessionState {
         let parsed = match DialectIn::from_message(&msg) {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(session = %self.record.id, "skipping intercom message: {e}");
+                self.warn_agent(|| {
+                    format!(
+                        "skipping intercom message: {}",
+                        noise::log_safe(&e.to_string())
+                    )
+                });
                 return;
             }
         };

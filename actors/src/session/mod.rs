@@ -19,6 +19,7 @@ mod inbound;
 mod ledger;
 mod lifecycle;
 mod mcp;
+mod noise;
 mod requests;
 mod rules;
 mod state;
@@ -511,6 +512,8 @@ pub struct SessionState {
     plan_message: ledger::RowId,
     /// Inbound frames in the current one-second window (flood detection).
     rate: flood::FloodMeter,
+    /// Warnings about what the agent sent wrong, rate-limited.
+    noise: noise::NoiseLog,
     /// Tool calls changed while flooded, persisted on the next tick.
     dirty_tools: HashSet<String>,
     /// The latest plan while flooded, persisted on the next tick.

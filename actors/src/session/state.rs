@@ -72,6 +72,7 @@ impl SessionState {
             toolcalls: toolcalls::ToolCalls::default(),
             plan_message: ledger::RowId::None,
             rate: flood::FloodMeter::new(now),
+            noise: noise::NoiseLog::new(now),
             dirty_tools: HashSet::new(),
             pending_plan: None,
             last_inbound: now,
@@ -240,6 +241,24 @@ impl SessionState {
             usage: self.usage.clone(),
             agent_options: self.agent_options.clone(),
             last_progress: self.last_progress.clone(),
+        }
+    }
+
+    /// Logs a warning about what the agent sent (`what` is built only when
+    /// it is logged), unless its agent made too many of them lately: see
+    /// [`noise`]. Agent text in `what` must already be [`noise::log_safe`].
+    pub(super) fn warn_agent(&mut self, what: impl FnOnce() -> String) {
+        match self.noise.admit(Instant::now()) {
+            noise::Verdict::Suppress => {}
+            noise::Verdict::Log { left_out: 0 } => {
+                tracing::warn!(session = %self.record.id, "{}", what());
+            }
+            noise::Verdict::Log { left_out } => tracing::warn!(
+                session = %self.record.id,
+                left_out,
+                "{} ({left_out} more warnings about this agent's output were left out)",
+                what()
+            ),
         }
     }
 

@@ -1,0 +1,77 @@
+//! A hostile agent's garbage cannot flood the server's log or forge lines
+//! in it: the real binary, an agent that writes hundreds of malformed lines
+//! (escape sequences, a carriage return and a fake log line among them),
+//! then carries on. The log keeps a bounded number of warnings, each with
+//! the agent's bytes escaped, and the session still works afterwards.
+
+mod chaos_common;
+
+use chaos_common::{AgentSpec, Api, Deployment, Launch, ServerProcess, Spec, TOKEN, free_port};
+use serde_json::{Value, json};
+
+/// Malformed lines the agent writes in its turn.
+const GARBAGE_LINES: usize = 300;
+
+/// A line that, written raw, would clear the operator's terminal and start
+/// a fake log line of its own.
+const FORGED: &str = "\u{1b}[2J\rINFO agent_intercom: operator approved everything";
+
+fn noisy_scenario() -> Value {
+    let mut turn: Vec<Value> = (0..GARBAGE_LINES)
+        .map(|i| json!({"raw": format!("garbage {i} {FORGED}")}))
+        .collect();
+    turn.push(json!({"chunk": "still here after the noise"}));
+    json!({"turns": [turn]})
+}
+
+#[test]
+fn malformed_agent_output_is_logged_bounded_and_escaped() {
+    let port = free_port();
+    let spec = Spec {
+        agents: vec![AgentSpec::new("noisy", noisy_scenario())],
+        bind: format!("127.0.0.1:{port}"),
+        ..Spec::default()
+    };
+    let dep = Deployment::new(&spec);
+    let api = Api::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN));
+    let launch = Launch {
+        env: vec![("AGENT_INTERCOM_TOKEN".into(), TOKEN.into())],
+        ..Launch::default()
+    };
+    let mut server = ServerProcess::spawn(&dep, &launch);
+    server.wait_healthy(&api);
+    let id = api.start("noisy", "go.");
+    // The session outlived the garbage: the text after it arrived.
+    api.until_transcript(&id, "still here after the noise");
+    assert!(api.healthy(), "the server stopped answering");
+    server.signal(libc::SIGTERM);
+    server.wait_exit();
+
+    let log = server.stderr();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("skipping malformed line from agent"))
+        .collect();
+    assert!(
+        !warnings.is_empty(),
+        "the malformed lines left no trace in the log:\n{log}"
+    );
+    assert!(
+        warnings.len() <= 20,
+        "{} warnings for {GARBAGE_LINES} malformed lines: the agent decides how much is logged",
+        warnings.len()
+    );
+    assert!(
+        warnings.iter().all(|w| w.contains("\\u{1b}[2J")),
+        "the agent's escape sequence is not shown escaped: {warnings:#?}"
+    );
+    assert!(
+        !log.contains('\u{1b}') && !log.contains('\r'),
+        "raw control characters from the agent reached the log"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.starts_with("INFO agent_intercom: operator approved")),
+        "the agent forged a log line"
+    );
+}
