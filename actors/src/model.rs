@@ -204,17 +204,117 @@ impl OptionKind {
     pub fn is_allow(self) -> bool {
         matches!(self, OptionKind::AllowOnce | OptionKind::AllowAlways)
     }
+
+    /// What choosing an option of this kind does, in the operator's words.
+    pub fn verb(self) -> &'static str {
+        match self {
+            OptionKind::AllowOnce => "Allow once",
+            OptionKind::AllowAlways => "Always allow",
+            OptionKind::RejectOnce => "Reject",
+            OptionKind::RejectAlways => "Always reject",
+        }
+    }
+
+    /// Names that say what this kind does, as lowercase letters only
+    /// ("Allow once" is `allowonce`): shown as the agent wrote them.
+    fn plain_names(self) -> &'static [&'static str] {
+        match self {
+            OptionKind::AllowOnce => &[
+                "allow",
+                "allowonce",
+                "approve",
+                "yes",
+                "accept",
+                "continue",
+                "refine",
+                "write",
+                "proceed",
+            ],
+            OptionKind::AllowAlways => &[
+                "allowalways",
+                "alwaysallow",
+                "approvealways",
+                "alwaysapprove",
+                "yesalways",
+            ],
+            OptionKind::RejectOnce => &["reject", "rejectonce", "deny", "no", "decline", "stop"],
+            OptionKind::RejectAlways => &[
+                "rejectalways",
+                "alwaysreject",
+                "denyalways",
+                "alwaysdeny",
+                "never",
+            ],
+        }
+    }
 }
 
+/// The longest piece of an agent's option name a label carries.
+const LABEL_NAME_CHARS: usize = 40;
+
 /// One button the operator can press on a permission request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Serialized with a `label` too ([`PermissionOption::label`]): what a
+/// button for it should say. Reading ignores the label.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct PermissionOption {
     /// The agent's option id, echoed back verbatim.
     pub id: String,
-    /// Human label.
+    /// Human label, as the agent (or the server, for its own options) wrote it.
     pub name: String,
     /// What choosing it means.
     pub kind: OptionKind,
+}
+
+impl PermissionOption {
+    /// What a button for this option says. The agent picks an option's
+    /// name, and its kind decides what choosing it does, so a name alone
+    /// could say "Reject" on an option that allows. A name that plainly
+    /// says what the kind does is shown as written; any other name follows
+    /// the kind's own words: `Always allow: Reject`.
+    pub fn label(&self) -> String {
+        let name = self.name.trim();
+        let plain_chars = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || " ,'-".contains(c));
+        let letters: String = name
+            .chars()
+            .filter(char::is_ascii_alphabetic)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        if plain_chars && self.kind.plain_names().contains(&letters.as_str()) {
+            return name.to_owned();
+        }
+        let shown: String = name
+            .chars()
+            .filter(|c| shows_plainly(*c))
+            .take(LABEL_NAME_CHARS)
+            .collect();
+        match (shown.is_empty(), name.chars().count() > LABEL_NAME_CHARS) {
+            (true, _) => self.kind.verb().to_owned(),
+            (false, false) => format!("{}: {shown}", self.kind.verb()),
+            (false, true) => format!("{}: {shown}…", self.kind.verb()),
+        }
+    }
+}
+
+/// False for characters that move, hide or reorder text (controls, bidi
+/// and zero-width formatting): a label leaves them out.
+fn shows_plainly(c: char) -> bool {
+    !(c.is_control()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'))
+}
+
+impl Serialize for PermissionOption {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = s.serialize_struct("PermissionOption", 4)?;
+        out.serialize_field("id", &self.id)?;
+        out.serialize_field("name", &self.name)?;
+        out.serialize_field("kind", &self.kind)?;
+        out.serialize_field("label", &self.label())?;
+        out.end()
+    }
 }
 
 /// What a pending request is about.
@@ -444,6 +544,70 @@ pub fn is_blank_prompt(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn option(name: &str, kind: OptionKind) -> PermissionOption {
+        PermissionOption {
+            id: "x".into(),
+            name: name.into(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn a_label_shows_a_plain_name_as_written() {
+        assert_eq!(
+            option("Allow once", OptionKind::AllowOnce).label(),
+            "Allow once"
+        );
+        assert_eq!(
+            option("Always Allow", OptionKind::AllowAlways).label(),
+            "Always Allow"
+        );
+        assert_eq!(option("Reject", OptionKind::RejectOnce).label(), "Reject");
+        assert_eq!(
+            option("Continue", OptionKind::AllowOnce).label(),
+            "Continue"
+        );
+    }
+
+    #[test]
+    fn a_label_cannot_say_the_opposite_of_what_the_option_does() {
+        assert_eq!(
+            option("Reject", OptionKind::AllowAlways).label(),
+            "Always allow: Reject"
+        );
+        assert_eq!(
+            option("Allow", OptionKind::RejectOnce).label(),
+            "Reject: Allow"
+        );
+        assert_eq!(
+            option("Allow for this session", OptionKind::AllowAlways).label(),
+            "Always allow: Allow for this session"
+        );
+        // Hidden characters do not make a name plain, and do not show.
+        assert_eq!(
+            option("Re\u{202e}ject\u{1b}", OptionKind::AllowOnce).label(),
+            "Allow once: Reject"
+        );
+        assert_eq!(
+            option("\u{200b}", OptionKind::AllowOnce).label(),
+            "Allow once"
+        );
+        let long = option(&"x".repeat(500), OptionKind::RejectOnce).label();
+        assert!(
+            long.starts_with("Reject: xxx") && long.ends_with('…') && long.len() < 60,
+            "{long}"
+        );
+    }
+
+    #[test]
+    fn an_option_is_serialized_with_its_label_and_read_back_without_it() {
+        let o = option("Reject", OptionKind::AllowOnce);
+        let v = serde_json::to_value(&o).expect("serialize");
+        assert_eq!(v["label"], "Allow once: Reject");
+        let back: PermissionOption = serde_json::from_value(v).expect("deserialize");
+        assert_eq!(back, o);
+    }
 
     #[test]
     fn status_names_round_trip() {

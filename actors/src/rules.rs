@@ -307,9 +307,35 @@ pub fn evaluate(rules: &[Rule], mode: ApprovalMode, facts: &RequestFacts) -> Ver
 /// automatically allowed (there is nothing to check them against).
 const FILE_KINDS: &[&str] = &["edit", "delete", "move"];
 
+/// Names (a file or a directory, at any depth) of workspace files that
+/// tools run code from when they next touch the workspace: `.git/config`
+/// (`core.fsmonitor`, `core.pager`, aliases) and git hooks, direnv's
+/// `.envrc`, editor task and settings folders, hook managers. Changing one
+/// is as good as running a command, which auto-edits does not allow.
+const RUNS_CODE: &[&str] = &[
+    ".git",
+    ".envrc",
+    ".vscode",
+    ".idea",
+    ".husky",
+    ".devcontainer",
+    ".pre-commit-config.yaml",
+];
+
+/// True when `path` (workspace-relative) is or lies in one of [`RUNS_CODE`].
+fn runs_code_when_touched(path: &str) -> bool {
+    std::path::Path::new(path).components().any(|c| match c {
+        std::path::Component::Normal(name) => name
+            .to_str()
+            .is_some_and(|n| RUNS_CODE.iter().any(|r| n.eq_ignore_ascii_case(r))),
+        _ => false,
+    })
+}
+
 /// What the session's mode says when no rule matched. Modes never leave
 /// their scope: a file-kind request naming no path, a path outside the
-/// workspace or a server file is always asked.
+/// workspace or a server file is always asked; auto-edits also asks before
+/// a change to a file that runs code ([`RUNS_CODE`]).
 fn mode_verdict(mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
     let ask = |why: &str| Verdict {
         action: RuleAction::Ask,
@@ -334,6 +360,13 @@ fn mode_verdict(mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
             rule: None,
             why: "allowed by mode auto".into(),
         },
+        ApprovalMode::AutoEdits
+            if kind == "edit" && facts.paths.iter().any(|p| runs_code_when_touched(p)) =>
+        {
+            ask(
+                "it changes a file that runs code when git or an editor next touches the workspace (.git, .envrc, .vscode, ...)",
+            )
+        }
         ApprovalMode::AutoEdits if matches!(kind, "read" | "edit" | "search") => Verdict {
             action: RuleAction::Allow,
             rule: None,
@@ -373,6 +406,32 @@ mod tests {
         RuleMatch {
             kind: Some(k.into()),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn auto_edits_asks_before_changing_a_file_that_runs_code() {
+        for path in [
+            ".git/config",
+            ".git/hooks/pre-commit",
+            "vendor/lib/.git/config",
+            ".envrc",
+            ".vscode/tasks.json",
+            ".GIT/config",
+            ".husky/pre-push",
+        ] {
+            let v = evaluate(&[], ApprovalMode::AutoEdits, &facts("edit", &[path], None));
+            assert_eq!(v.action, RuleAction::Ask, "{path}: {}", v.why);
+            assert!(v.why.contains("runs code"), "{path}: {}", v.why);
+        }
+        // Ordinary edits, and reading those files, are still allowed.
+        for (kind, path) in [
+            ("edit", "src/main.rs"),
+            ("edit", "git/config.rs"),
+            ("read", ".git/config"),
+        ] {
+            let v = evaluate(&[], ApprovalMode::AutoEdits, &facts(kind, &[path], None));
+            assert_eq!(v.action, RuleAction::Allow, "{kind} {path}: {}", v.why);
         }
     }
 

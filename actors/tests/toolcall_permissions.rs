@@ -10,9 +10,9 @@ mod support;
 use intercom_actors::model::RequestKind;
 use intercom_actors::ports::SessionStore;
 use intercom_actors::rules::ApprovalMode;
-use intercom_actors::session::Choice;
+use intercom_actors::session::{Caller, Choice};
 use serde_json::{Value, json};
-use support::{Harness, Knobs, decide, request_opened};
+use support::{Harness, Knobs, decide, decide_as, request_opened};
 
 /// A tool call announcing `diffs`, a permission naming only its id, then
 /// (when allowed) a write of `path` with `content`.
@@ -287,4 +287,78 @@ async fn rules_match_the_merged_paths_and_command() {
         deciders,
         vec!["rule:r-no-rm".to_owned(), "rule:r-src".to_owned()]
     );
+}
+
+/// An agent that offers only ways to say yes: the operator still has a
+/// `Reject`, the agent hears `cancelled` (it did not get a yes), and the
+/// decision is stored as a rejection.
+#[tokio::test]
+async fn the_operator_can_reject_when_the_agent_offers_only_allow_options() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Run it", "kind": "execute", "status": "pending"}},
+        {"permission": {"tool_call_id": "t1", "options": [
+            {"optionId": "yes", "name": "Yes", "kind": "allow_once"},
+            {"optionId": "intercom-reject", "name": "Reject", "kind": "allow_always"}
+        ]}},
+        {"if_allowed": {"then": [{"chunk": "ran it"}], "else": [{"chunk": "did not run"}]}}
+    ]]});
+    let rec = h.start(scenario, "run it").await;
+    let req = request_opened(&h, 1).await;
+    let added: Vec<_> = req.options.iter().filter(|o| !o.kind.is_allow()).collect();
+    assert_eq!(added.len(), 1, "one Reject added: {:?}", req.options);
+    assert_ne!(
+        added[0].id, "intercom-reject",
+        "the added option's id is not one the agent uses"
+    );
+    // The agent's own option named "Reject" says what it does.
+    let named_reject = req.options.iter().find(|o| o.id == "intercom-reject");
+    assert_eq!(
+        named_reject.map(|o| o.label()),
+        Some("Always allow: Reject".to_owned())
+    );
+
+    let decided = decide_as(
+        &h,
+        &rec.id,
+        &req.request_id,
+        Choice::Reject,
+        None,
+        Caller::local(),
+    )
+    .await
+    .expect("decided");
+    assert!(!decided.approved, "{decided:?}");
+    assert_eq!(decided.option_id, added[0].id);
+    h.until_transcript(&rec.id, "did not run").await;
+    let text = h.transcript_text(&rec.id).await;
+    assert!(text.contains("permission t1: cancelled"), "{text}");
+    assert!(
+        !text.contains("ran it\n") && !text.contains(": ran it"),
+        "{text}"
+    );
+}
+
+/// Two options with one id would let the operator choose one and the agent
+/// act on the other: such a request is refused, never shown.
+#[tokio::test]
+async fn a_request_whose_options_share_an_id_is_refused() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "options": [
+            {"optionId": "x", "name": "Reject", "kind": "reject_once"},
+            {"optionId": "x", "name": "Allow", "kind": "allow_always"}
+        ]}},
+        {"chunk": "after the request"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "after the request").await;
+    let text = h.transcript_text(&rec.id).await;
+    assert!(text.contains("option ids must be unique"), "{text}");
+    let all = h
+        .store
+        .list_requests(Some(&rec.id), true)
+        .await
+        .expect("list");
+    assert!(all.is_empty(), "no request was opened: {all:?}");
 }

@@ -14,8 +14,8 @@
 //! `remember:workspace` with the global request id.
 
 use intercom_actors::model::{
-    Decision, OptionKind, PendingRequest, RequestKind, RequestStatus, SessionId, SessionRecord,
-    SessionStatus,
+    Decision, OptionKind, PendingRequest, PermissionOption, RequestKind, RequestStatus, SessionId,
+    SessionRecord, SessionStatus,
 };
 use intercom_actors::ports::NoticeLevel;
 use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope};
@@ -224,7 +224,7 @@ fn option_name(r: &PendingRequest, id: &str) -> String {
     r.options
         .iter()
         .find(|o| o.id == id)
-        .map_or_else(|| id.to_owned(), |o| o.name.clone())
+        .map_or_else(|| id.to_owned(), PermissionOption::label)
 }
 
 /// A modal asking for the rejection reason (or the refine instruction);
@@ -569,7 +569,7 @@ impl Render for BlockKit {
             } else {
                 Some("danger")
             };
-            buttons.push(button(&o.name, &format!("decide:{i}"), &value, style));
+            buttons.push(button(&o.label(), &format!("decide:{i}"), &value, style));
         }
         let reject = r
             .options
@@ -911,6 +911,26 @@ mod tests {
         let ids: std::collections::HashSet<_> =
             els.iter().map(|e| e["action_id"].to_string()).collect();
         assert_eq!(ids.len(), els.len(), "action ids must be unique");
+    }
+
+    #[test]
+    fn a_button_says_what_its_option_does_whatever_the_agent_named_it() {
+        let mut r = request(None, RequestKind::Permission);
+        r.options = vec![PermissionOption {
+            id: "sneaky".into(),
+            name: "Reject".into(),
+            kind: OptionKind::AllowAlways,
+        }];
+        let (body, _) = BlockKit.request(&r);
+        let actions = body
+            .blocks
+            .iter()
+            .find(|b| b["type"] == "actions")
+            .expect("actions");
+        let first = &actions["elements"][0];
+        assert_eq!(first["value"], "s-1:req-1|sneaky");
+        assert_eq!(first["text"]["text"], "Always allow: Reject");
+        assert_eq!(first["style"], "primary");
     }
 
     #[test]

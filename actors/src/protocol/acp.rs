@@ -428,6 +428,15 @@ pub fn parse_permission(params: &Value) -> Result<PermissionAsk, String> {
     if options.is_empty() {
         return Err("session/request_permission offers no options".to_owned());
     }
+    // One id for two options would let the operator choose one and the
+    // agent act on the other.
+    let mut ids = std::collections::HashSet::new();
+    if let Some(twice) = options.iter().find(|o| !ids.insert(o.id.as_str())) {
+        return Err(format!(
+            "session/request_permission offers option id {:?} twice; option ids must be unique",
+            twice.id
+        ));
+    }
     Ok(PermissionAsk {
         tool: view_of_update(&req.tool_call),
         options,

@@ -173,6 +173,8 @@ impl SessionState {
             .clone()
             .unwrap_or_else(|| format!("{} {}", shown.kind.as_deref().unwrap_or("tool"), tool_id));
         let diff = (!shown.diffs.is_empty()).then(|| shown.diffs.join("\n"));
+        let mut options = ask.options;
+        let cancel_option = super::requests::add_reject_if_missing(&mut options);
         let opened = self
             .open_request(
                 id,
@@ -180,13 +182,14 @@ impl SessionState {
                 title,
                 diff,
                 shown.paths,
-                ask.options,
+                options,
                 None,
             )
             .await;
         if let Some(n) = opened {
             if let Some(p) = self.pending.get_mut(&n) {
                 p.announced = Some(ToolCalls::announced(&tool_id, &merged));
+                p.cancel_option = cancel_option;
             }
             self.apply_rules(n, shown.kind, shown.command).await;
         }
@@ -251,6 +254,7 @@ impl SessionState {
                 write,
                 governed: None,
                 announced: None,
+                cancel_option: None,
             },
         );
         self.emit(OperatorEvent::RequestOpened { request: record });

@@ -394,6 +394,10 @@ struct Pending {
     governed: Option<(Option<String>, Option<String>)>,
     /// For permissions: the edits the tool call announced when we asked.
     announced: Option<toolcalls::Announced>,
+    /// The option the server added because the agent offered no way to
+    /// say no ([`requests::add_reject_if_missing`]): choosing it answers
+    /// the agent `cancelled`.
+    cancel_option: Option<String>,
 }
 
 /// A running prompt turn.

@@ -12,8 +12,8 @@ use serde_json::json;
 use super::toolcalls::Cover;
 use super::{Caller, Choice, Pending, SessionError, SessionState};
 use crate::model::{
-    AuditEntry, Decided, Decision, MessageKind, OptionKind, PendingRequest, RequestKind,
-    RequestStatus, Role, now_ms,
+    AuditEntry, Decided, Decision, MessageKind, OptionKind, PendingRequest, PermissionOption,
+    RequestKind, RequestStatus, Role, now_ms,
 };
 use crate::ports::OperatorEvent;
 use crate::protocol::acp;
@@ -135,6 +135,9 @@ impl SessionState {
                     ))
                 };
                 self.respond(wire, result);
+            }
+            (true, _) if pending.cancel_option.as_ref() == Some(&decision.option_id) => {
+                self.respond(wire, Ok(acp::permission_cancelled()))
             }
             (true, _) => self.respond(wire, Ok(acp::permission_selected(&decision.option_id))),
             (false, RequestKind::ForwardedPrompt) => {
@@ -270,10 +273,35 @@ fn wire_str(id: &RpcId) -> String {
     }
 }
 
+/// The id of the option added when an agent offers no way to say no.
+const SERVER_REJECT: &str = "intercom-reject";
+
+/// Adds a `Reject` option when the agent offered only allow kinds, so the
+/// operator (and a deny rule) can always say no; choosing it answers the
+/// agent's request `cancelled`, the one outcome ACP has besides the options.
+/// Returns its id, unique among the agent's.
+pub(super) fn add_reject_if_missing(options: &mut Vec<PermissionOption>) -> Option<String> {
+    if options.iter().any(|o| !o.kind.is_allow()) {
+        return None;
+    }
+    let id = (0..)
+        .map(|i| match i {
+            0 => SERVER_REJECT.to_owned(),
+            i => format!("{SERVER_REJECT}-{i}"),
+        })
+        .find(|id| options.iter().all(|o| &o.id != id))?;
+    options.push(PermissionOption {
+        id: id.clone(),
+        name: "Reject".into(),
+        kind: OptionKind::RejectOnce,
+    });
+    Some(id)
+}
+
 fn pick_option<'a>(
     pending: &'a Pending,
     choice: &Choice,
-) -> Result<&'a crate::model::PermissionOption, SessionError> {
+) -> Result<&'a PermissionOption, SessionError> {
     let options = &pending.record.options;
     let found = match choice {
         Choice::Option(id) => options.iter().find(|o| &o.id == id),

@@ -235,12 +235,12 @@
 
   function requestCard(req, onAlways) {
     const feedback = h('textarea', { class: 'feedback', rows: 2, placeholder: 'Feedback for the agent (optional)' });
-    const decide = (o) => act(o.name, 'POST', '/api/approvals/' + encodeURIComponent(req.id), () => ({ option_id: o.id }),
+    const decide = (o) => act(o.label || o.name, 'POST', '/api/approvals/' + encodeURIComponent(req.id), () => ({ option_id: o.id }),
       (answer) => { if (o.kind.endsWith('_always') && answer && answer.status === 'decided') onAlways(req, o); });
     const buttons = req.options.map((o) => h('button', {
       type: 'button', class: 'opt ' + o.kind, 'data-option': o.id,
       onclick: decide(o),
-    }, o.name));
+    }, o.label || o.name));
     return h('div', { class: 'request', 'data-request': req.id },
       h('div', { class: 'request-head' },
         h('span', { class: 'badge state-needs-input' }, req.kind.replace('_', ' ')),
@@ -338,7 +338,7 @@
         }
       };
       box.append(
-        h('div', {}, '"' + option.name + '" on ', h('strong', {}, req.title),
+        h('div', {}, '"' + (option.label || option.name) + '" on ', h('strong', {}, req.title),
           '. Make it stick: remember this decision as a rule, so matching requests are answered without asking.'),
         h('div', { class: 'options' },
           h('button', { type: 'button', 'data-remember-scope': 'session', onclick: remember('session') }, 'Remember for this session'),
