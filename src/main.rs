@@ -56,6 +56,7 @@ fn main() -> ExitCode {
 fn run_serve(config: Option<PathBuf>, log_format: LogFormat) -> ExitCode {
     logging::init(log_format);
     raise_open_file_limit();
+    keep_inherited_descriptors_from_agents();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -89,6 +90,33 @@ fn raise_open_file_limit() {
             lim.rlim_cur = lim.rlim_max;
             if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
                 tracing::debug!(before, after = lim.rlim_max, "raised the open-file limit");
+            }
+        }
+    }
+}
+
+/// Marks every descriptor above stderr that the server inherited from
+/// whoever launched it close-on-exec, before any agent is spawned. The
+/// server opens its own with close-on-exec, but one left open by a shell,
+/// a supervisor or a terminal multiplexer would otherwise pass on to every
+/// agent (a hostile agent could read or write whatever it refers to).
+/// Linux only (`/proc/self/fd`); elsewhere nothing is done.
+fn keep_inherited_descriptors_from_agents() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor number only reads or sets its flags;
+        // a number that is no longer open (the directory's own) fails harmlessly.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                tracing::debug!(fd, "inherited descriptor kept from agents (close-on-exec)");
             }
         }
     }
