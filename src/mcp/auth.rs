@@ -8,7 +8,9 @@
 //! - a workspace MCP token (`[mcp] workspace_token_env`): an IDE client
 //!   confined to that workspace (tagged [`ScopedWorkspace`]);
 //! - a bridge token the supervisor handed an ACP agent in its `mcpServers`
-//!   headers: the calls act for that ACP session (tagged [`BridgedSession`]).
+//!   headers: the calls act for that ACP session and may name no other
+//!   session or another session's request (tagged [`BridgedSession`]; see
+//!   `server/confine.rs`).
 //!
 //! Tokens in the URL (`?session_id=`) are refused: URLs end up in logs and
 //! browser histories. A request whose `Origin` is not a loopback origin (or a

@@ -11,10 +11,10 @@
 //! `Authorization: Bearer <token>` with the operator API token, a
 //! per-workspace MCP token (`[mcp] workspace_token_env`; the connection is
 //! then confined to that workspace), or an ACP session's bridge token (the
-//! ACP-MCP bridge: those calls go to the ACP session's actor and never
-//! create a session). Anything else is 401. A browser `Origin` that is not
-//! loopback (or a configured `allowed_hosts` entry) is 403, and rmcp's
-//! DNS-rebinding guard stays on for `Host`.
+//! ACP-MCP bridge: those calls go to the ACP session's actor, never
+//! create a session, and may name no other session). Anything else is 401.
+//! A browser `Origin` that is not loopback (or a configured `allowed_hosts`
+//! entry) is 403, and rmcp's DNS-rebinding guard stays on for `Host`.
 //!
 //! Layout: `server.rs` (the handler and the tools), `tools.rs` (tool schemas
 //! and argument checking), `patch.rs` (diffs and atomic writes).

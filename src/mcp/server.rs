@@ -3,10 +3,12 @@
 //! [`IntercomMcp`] is what rmcp runs for an MCP session. Its first tool call
 //! attaches a core session (`SupervisorMsg::Attach`) for the workspace named
 //! in the connection's query string; every later call goes to that session's
-//! actor as an [`McpCall`]. Bridged connections (`?session_id=<token>`,
-//! checked in `mod.rs`) act for the ACP session instead and never create
-//! one. When rmcp drops the handler — the MCP session was deleted, expired or
-//! the server is shutting down — the core session is told `Disconnected`.
+//! actor as an [`McpCall`]. Bridged connections (an ACP session's bridge
+//! token, checked in `auth.rs`) act for that ACP session instead, never
+//! create one, and may name no other session or another session's request
+//! (`confine.rs`). When rmcp drops the handler — the MCP session was
+//! deleted, expired or the server is shutting down — the core session is
+//! told `Disconnected`.
 //!
 //! Blocking tools wait for their answer, their timeout, or the client's
 //! cancellation (`notifications/cancelled` cancels the request's token;
@@ -45,12 +47,14 @@ use tokio::sync::oneshot;
 use super::patch::Change;
 
 mod apply;
+mod confine;
 mod placement;
 mod waits;
 
 use super::tools::{self, Args};
 use super::{ACTOR_TIMEOUT, ActorCallError, BridgedSession, McpDeps, ask};
 use apply::record_targets;
+use confine::Reach;
 use placement::Connection;
 use waits::{RequestGuard, StandbyGuard, Waited, send, wait_for};
 
@@ -93,6 +97,8 @@ struct Target {
     workspace: String,
     /// The workspace directory (None: the session has no workspace).
     cwd: Option<PathBuf>,
+    /// Which other sessions the caller may name (a bridge token: none).
+    reach: Reach,
 }
 
 /// How a tool call failed.
@@ -456,6 +462,8 @@ impl IntercomMcp {
             Some(s) => SessionId::from(s.trim()),
             None => t.id.clone(),
         };
+        // Before the lookup: a bridge token learns nothing of other sessions.
+        self.ensure_reach(&t, "reboot", &id, None).await?;
         let record = store
             .get_session(&id)
             .await

@@ -199,7 +199,7 @@ pub static SPECS: &[Spec] = &[
         params: &[opt(
             "session_id",
             Kind::Text,
-            "A previous session of the same workspace to recover (default: this connection's session).",
+            "A previous session of the same workspace to recover (default: this connection's session). With a bridge token only the token's own session.",
         )],
     },
 ];

@@ -59,6 +59,8 @@ pub struct Harness {
     pub sup: ActorRef<SupervisorMsg>,
     pub registry: ActorRef<RegistryMsg>,
     pub store: Arc<dyn SessionStore>,
+    /// The same store, for what the port does not read (the audit log).
+    pub sqlite: Arc<SqliteStore>,
     pub sink: Arc<RecordingSink>,
     pub dir: tempfile::TempDir,
     /// `<tmp>/root/ws`, canonical: the workspace `ws` (channel C1).
@@ -79,8 +81,8 @@ impl Harness {
         std::fs::create_dir_all(&workspace).expect("mkdir ws");
         let root = root.canonicalize().expect("canon root");
         let workspace = workspace.canonicalize().expect("canon ws");
-        let store: Arc<dyn SessionStore> =
-            Arc::new(SqliteStore::open_in_memory().await.expect("store"));
+        let sqlite = Arc::new(SqliteStore::open_in_memory().await.expect("store"));
+        let store: Arc<dyn SessionStore> = sqlite.clone();
         let sink = Arc::new(RecordingSink::new());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -147,6 +149,7 @@ impl Harness {
             sup,
             registry,
             store,
+            sqlite,
             sink,
             dir,
             workspace,

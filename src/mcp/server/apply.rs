@@ -3,11 +3,12 @@
 //!
 //! `check_clearance` stores a SHA-256 of each target file with the request
 //! (in SQLite, so it outlives a server restart). `check_diff` applies only
-//! an approved request of the caller's workspace, refuses when a target file
-//! changed since (unless `force`), computes every new content before writing
-//! anything, claims the request so two concurrent applies write once, and
-//! writes through the workspace's directory handle (never outside it, never
-//! a server file).
+//! an approved request of the caller's own session (a bridge token) or of
+//! its workspace (an IDE client), refuses when a target file changed since
+//! (unless `force`), computes every new content before writing anything,
+//! claims the request so two concurrent applies write once, and writes
+//! through the workspace's directory handle (never outside it, never a
+//! server file).
 
 use std::sync::Arc;
 
@@ -111,7 +112,8 @@ impl IntercomMcp {
     }
 
     /// The request `raw` names (its global id and record), when the caller
-    /// may apply it: a clearance of its own workspace, approved.
+    /// may apply it: approved, and a clearance of its own session (a bridge
+    /// token) or of its own workspace (an IDE client that reconnected).
     async fn approved_request(
         &self,
         t: &Target,
@@ -132,6 +134,9 @@ impl IntercomMcp {
                     "argument `request_id`: there is no request {raw}; pass the request_id check_clearance returned"
                 ))
             })?;
+        // A bridge token applies only its own session's approvals.
+        self.ensure_reach(t, "check_diff", &req.session_id, Some(raw))
+            .await?;
         if req.session_id != t.id {
             // A client that reconnected (new session) may apply what its
             // earlier session got approved, in the same workspace only.

@@ -1,7 +1,8 @@
 //! Where an MCP connection's calls land: the core session it is bound to.
 //!
 //! A bridged connection (an ACP agent's own MCP client) acts for that agent's
-//! session. Any other connection attaches a session of its own on its first
+//! session and may name no other ([`Reach::OwnSession`], see `confine.rs`).
+//! Any other connection attaches a session of its own on its first
 //! tool call, in the workspace its query string names (`workspace_id`, or a
 //! directory under the workspace root), and keeps it until the MCP session
 //! goes away, when the core session is told `Disconnected`.
@@ -127,6 +128,7 @@ impl IntercomMcp {
                 actor,
                 workspace,
                 cwd: Some(cwd).filter(|p| !p.as_os_str().is_empty()),
+                reach: Reach::OwnSession,
             });
         }
         let mut bound = self.conn.bound.lock().await;
@@ -137,6 +139,7 @@ impl IntercomMcp {
                     actor,
                     workspace: own.place.workspace.clone(),
                     cwd: own.place.cwd.clone(),
+                    reach: Reach::Workspace,
                 });
             }
             tracing::info!(session = %own.id, "this MCP client's session has ended; attaching a new one");
@@ -172,6 +175,7 @@ impl IntercomMcp {
             actor,
             workspace: place.workspace,
             cwd: place.cwd,
+            reach: Reach::Workspace,
         })
     }
 }
