@@ -7,6 +7,13 @@
 //! the server's raw JSON with `--json`. Exit codes are in [`client::exit`]:
 //! 0 ok, 1 other, 2 usage, 3 not found, 4 conflict, 5 unauthorized,
 //! 6 server unreachable.
+//!
+//! What the server sends may come from the agent, which is not trusted: the
+//! renderers ([`render`], [`watch::event_line`]) show every string through
+//! [`render::printable`] or its one-line forms, and all output leaves by
+//! `write_out` (text, through [`render::printable`] once more) or
+//! `write_json` ([`render::json_safe`]), so no control sequence from the
+//! agent reaches the terminal.
 
 pub mod client;
 pub mod render;
@@ -171,13 +178,16 @@ pub enum CtlCommand {
     },
 }
 
+/// Longest an error message gets on stderr (it may quote the server).
+const ERROR_MAX: usize = 1000;
+
 /// Runs a `ctl` command; returns the process exit code.
 pub fn run(args: &CtlArgs) -> i32 {
     let result = connect(args).and_then(|client| execute(&client, args));
     match result {
         Ok(()) => client::exit::OK,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", render::bounded(&e.to_string(), ERROR_MAX));
             e.exit_code()
         }
     }
@@ -297,6 +307,7 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             let (raw, answer) = client.post_as::<Value>(&url, &json!({"mode": mode}))?;
             emit(json, &raw, || {
                 let mode = answer["mode"].as_str().unwrap_or("?");
+                let mode = render::bounded(mode, render::FIELD_MAX);
                 format!("{id}: approval mode {mode}\n")
             });
         }
@@ -418,7 +429,7 @@ fn control(client: &Client, json: bool, id: &str, what: &str) -> Result<(), CtlE
     let (raw, answer) = client.post_as::<Value>(&url, &json!({}))?;
     emit(json, &raw, || {
         let done = answer["done"].as_str().unwrap_or(what);
-        format!("{id}: {done}\n")
+        format!("{id}: {}\n", render::bounded(done, render::FIELD_MAX))
     });
     Ok(())
 }
@@ -450,7 +461,7 @@ fn log(client: &Client, json: bool, id: &str, follow: bool) -> Result<(), CtlErr
         if !json {
             let reason = session
                 .status_reason
-                .map(|r| format!(" ({r})"))
+                .map(|r| format!(" ({})", render::bounded(&r, render::FIELD_MAX)))
                 .unwrap_or_default();
             write_out(&format!("-- session {}{reason}\n", session.status));
         }
@@ -464,7 +475,7 @@ fn log(client: &Client, json: bool, id: &str, follow: bool) -> Result<(), CtlErr
 
 fn print_event(e: &Value, json: bool, with_session: bool) {
     if json {
-        write_out(&format!("{e}\n"));
+        write_json(&e.to_string());
     } else {
         write_out(&watch::event_line(e, with_session));
     }
@@ -484,10 +495,7 @@ fn print_new(list: &[MessageView], seen: &mut HashMap<i64, String>, json: bool) 
         };
         if let Some(entry) = shown {
             if json {
-                write_out(&format!(
-                    "{}\n",
-                    serde_json::to_string(m).unwrap_or_default()
-                ));
+                write_json(&serde_json::to_string(m).unwrap_or_default());
             } else {
                 write_out(&render::message(&entry));
             }
@@ -499,14 +507,30 @@ fn print_new(list: &[MessageView], seen: &mut HashMap<i64, String>, json: bool) 
 /// The raw JSON with `--json`, else the rendered text.
 fn emit(json: bool, raw: &str, render: impl FnOnce() -> String) {
     if json {
-        write_out(&format!("{}\n", raw.trim_end()));
+        write_json(raw);
     } else {
         write_out(&render());
     }
 }
 
-/// Writes to stdout; a closed pipe (`ctl log | head`) ends the process quietly.
+/// Writes rendered text to stdout. The renderers already showed every
+/// server string through [`render::printable`] or its one-line forms; this
+/// is the one door all text leaves by, so it applies [`render::printable`]
+/// once more (a no-op on their output), and a string a renderer forgot
+/// still cannot carry a control sequence to the terminal.
 fn write_out(text: &str) {
+    write_raw(&render::printable(text));
+}
+
+/// Writes one JSON value from the server and a newline to stdout, with
+/// control and bidi characters as JSON escapes ([`render::json_safe`]): the
+/// same JSON, inert on a terminal.
+fn write_json(raw: &str) {
+    write_raw(&format!("{}\n", render::json_safe(raw.trim_end())));
+}
+
+/// Writes to stdout; a closed pipe (`ctl log | head`) ends the process quietly.
+fn write_raw(text: &str) {
     let mut out = std::io::stdout().lock();
     if out
         .write_all(text.as_bytes())

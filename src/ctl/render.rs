@@ -2,6 +2,17 @@
 //!
 //! Times are shown in UTC (`2025-01-31 12:00:00`) or relative (`3m ago`);
 //! the API itself carries Unix milliseconds.
+//!
+//! Everything the server sends may come from the agent, which is not
+//! trusted: every string from it is shown through [`printable`] (text meant
+//! to span lines), [`one_line`], [`clip`] or [`bounded`] (a field that must
+//! stay on its line). They spell out terminal control characters and
+//! invisible formatting (`\x1b`, `\u{202e}`) instead of emitting them, so
+//! an escape sequence, a carriage return or a bidi override is seen by the
+//! operator and acted on by no terminal.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use intercom_actors::model::now_ms;
 use serde_json::Value;
@@ -11,10 +22,141 @@ use crate::http::views::{ApprovalView, MessageView, SessionDetailView, SessionVi
 /// Widest a free-text cell gets in a table.
 const CELL_MAX: usize = 60;
 
-/// Left-aligned columns separated by two spaces; no trailing blanks.
+/// Widest any table cell gets, whatever it holds (ids, names, option
+/// lists): the backstop behind the tighter [`CELL_MAX`] for free text.
+const CELL_LIMIT: usize = 200;
+
+/// Longest a one-line field from the server gets outside a table (`show`,
+/// `watch`, transcript titles), before `…(N more bytes)`.
+pub const FIELD_MAX: usize = 300;
+
+/// How a string from the server is laid out on the terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Text meant to span lines (a message, a diff): newlines and tabs stay.
+    Lines,
+    /// A field that must stay on its line (a title, an id, a name):
+    /// newlines are spelled out, tabs become spaces.
+    OneLine,
+}
+
+/// What stands in for `c` on the terminal, or `None` when `c` is shown as
+/// itself. C0 controls (escape sequences, BEL, backspace, CR, NUL), DEL and
+/// C1 controls (the 8-bit CSI `U+009B`) are spelled out as `\x1b` or
+/// `\u{9b}`, and so is invisible formatting that can disguise text
+/// ([`disguises`]).
+fn stand_in(c: char, layout: Layout) -> Option<Cow<'static, str>> {
+    match c {
+        '\n' | '\t' if layout == Layout::Lines => None,
+        '\n' => Some(Cow::Borrowed("\\n")),
+        '\t' => Some(Cow::Borrowed(" ")),
+        '\r' => Some(Cow::Borrowed("\\r")),
+        '\0'..='\x1f' | '\x7f' => Some(Cow::Owned(format!("\\x{:02x}", u32::from(c)))),
+        '\u{80}'..='\u{9f}' => Some(Cow::Owned(format!("\\u{{{:x}}}", u32::from(c)))),
+        c if disguises(c) => Some(Cow::Owned(format!("\\u{{{:x}}}", u32::from(c)))),
+        _ => None,
+    }
+}
+
+/// Invisible formatting that can make text read other than it is: bidi
+/// marks, embeddings, overrides and isolates (`U+202A`–`U+202E`,
+/// `U+2066`–`U+2069`), zero-width and soft-hyphen characters, the line and
+/// paragraph separators, the byte-order mark, interlinear annotations and
+/// tag characters (hidden ASCII). The zero-width (non-)joiners stay: emoji
+/// and several scripts need them.
+fn disguises(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{61c}'
+            | '\u{180e}'
+            | '\u{200b}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{e0000}'..='\u{e007f}'
+    )
+}
+
+/// `text` with every character [`stand_in`] replaces replaced, stopping
+/// before the first character that would take the result past `max`
+/// characters (a stand-in is never cut); also how many bytes of `text` were
+/// left out.
+fn neutralize(text: &str, layout: Layout, max: usize) -> (String, usize) {
+    let mut out = String::with_capacity(text.len().min(max));
+    let mut shown = 0;
+    for (at, c) in text.char_indices() {
+        let shown_as = stand_in(c, layout);
+        let width = shown_as.as_deref().map_or(1, |s| s.chars().count());
+        if shown + width > max {
+            return (out, text.len() - at);
+        }
+        match shown_as {
+            Some(s) => out.push_str(&s),
+            None => out.push(c),
+        }
+        shown += width;
+    }
+    (out, 0)
+}
+
+/// Server text meant to span lines (a message, a diff) as it may reach the
+/// terminal: newlines and tabs kept, control characters and disguising
+/// formatting spelled out (an escape sequence in a diff must not reach the
+/// operator's terminal).
+pub fn printable(text: &str) -> String {
+    neutralize(text, Layout::Lines, usize::MAX).0
+}
+
+/// A server field on one line, whole: like [`printable`], and newlines and
+/// carriage returns spelled out too (`\n`, `\r`), so it cannot forge a line.
+pub fn one_line(text: &str) -> String {
+    neutralize(text, Layout::OneLine, usize::MAX).0
+}
+
+/// A server field on one line ([`one_line`]), at most `max` characters,
+/// then `…(N more bytes)` when it was longer.
+pub fn bounded(text: &str, max: usize) -> String {
+    let (mut out, rest) = neutralize(text, Layout::OneLine, max);
+    if rest > 0 {
+        let _ = write!(out, "…({rest} more bytes)");
+    }
+    out
+}
+
+/// The server's JSON with every character [`printable`] would spell out
+/// written as a JSON escape (`\u009b`, `\u202e`) instead: the same JSON
+/// value (serde already escapes C0 controls; C1, DEL and bidi controls it
+/// writes raw), inert on a terminal.
+pub fn json_safe(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for c in raw.chars() {
+        if stand_in(c, Layout::Lines).is_none() {
+            out.push(c);
+            continue;
+        }
+        let mut units = [0u16; 2];
+        for unit in c.encode_utf16(&mut units) {
+            let _ = write!(out, "\\u{unit:04x}");
+        }
+    }
+    out
+}
+
+/// Left-aligned columns separated by two spaces; no trailing blanks. Every
+/// cell is shown through [`clip`] (one line, at most [`CELL_LIMIT`]
+/// characters), so a cell from the server cannot break the table.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| clip(cell, CELL_LIMIT)).collect())
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    for row in &cells {
         for (i, cell) in row.iter().enumerate() {
             if let Some(w) = widths.get_mut(i) {
                 *w = (*w).max(cell.chars().count());
@@ -23,7 +165,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     }
     let header: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
     let mut out = String::new();
-    for row in std::iter::once(&header).chain(rows) {
+    for row in std::iter::once(&header).chain(&cells) {
         let line: Vec<String> = row
             .iter()
             .enumerate()
@@ -38,13 +180,13 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// One line, at most `max` characters (with `…` when cut).
+/// One line ([`one_line`]), at most `max` characters (with `…` when cut).
 pub fn clip(text: &str, max: usize) -> String {
-    let flat = text.replace(['\n', '\r', '\t'], " ");
-    if flat.chars().count() <= max {
-        return flat;
+    let (whole, rest) = neutralize(text, Layout::OneLine, max);
+    if rest == 0 {
+        return whole;
     }
-    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+    let (mut cut, _) = neutralize(text, Layout::OneLine, max.saturating_sub(1));
     cut.push('…');
     cut
 }
@@ -123,14 +265,18 @@ pub fn sessions(list: &[SessionView]) -> String {
 
 /// `ctl start` / `ctl cancel`: one line about a session.
 pub fn session_line(s: &SessionView) -> String {
+    let field = |text: &str| bounded(text, FIELD_MAX);
     let reason = s
         .status_reason
         .as_deref()
-        .map(|r| format!(" ({r})"))
+        .map(|r| format!(" ({})", field(r)))
         .unwrap_or_default();
     format!(
         "{}  {}{reason}  workspace {}  agent {}\n",
-        s.id, s.status, s.workspace, s.agent
+        field(&s.id),
+        s.status,
+        field(&s.workspace),
+        field(&s.agent)
     )
 }
 
@@ -174,7 +320,7 @@ pub fn session_detail(d: &SessionDetailView) -> String {
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut out: String = fields
         .iter()
-        .map(|(k, v)| format!("{k:<width$}  {v}\n"))
+        .map(|(k, v)| format!("{k:<width$}  {}\n", bounded(v, FIELD_MAX)))
         .collect();
     if !d.pending.is_empty() {
         out.push_str("\npending approvals:\n");
@@ -187,12 +333,12 @@ pub fn session_detail(d: &SessionDetailView) -> String {
 /// terminated (`"status": "stopping"`).
 pub fn cancelled(answer: &serde_json::Value) -> String {
     if answer["status"] == "stopping" {
-        let id = answer["id"].as_str().unwrap_or("?");
+        let id = bounded(answer["id"].as_str().unwrap_or("?"), FIELD_MAX);
         return format!("{id}  stopping (the agent is being terminated)\n");
     }
     match serde_json::from_value::<SessionView>(answer.clone()) {
         Ok(session) => session_line(&session),
-        Err(_) => format!("{answer}\n"),
+        Err(_) => format!("{}\n", bounded(&answer.to_string(), FIELD_MAX)),
     }
 }
 
@@ -211,10 +357,10 @@ pub fn agent_options(o: &intercom_actors::protocol::agent_options::AgentOptions)
                 } else {
                     ""
                 };
-                format!("{mark}{}", printable(&c.id))
+                format!("{mark}{}", bounded(&c.id, FIELD_MAX))
             })
             .collect();
-        format!("{label:<8} {}\n", items.join("  "))
+        format!("{:<8} {}\n", bounded(label, FIELD_MAX), items.join("  "))
     };
     let mut out = String::new();
     if !o.modes.is_empty() {
@@ -266,9 +412,9 @@ fn approval_detail(a: &ApprovalView) -> String {
     if a.paths.is_empty() && diff.is_none() {
         return String::new();
     }
-    let mut out = format!("\n{}", a.id);
+    let mut out = format!("\n{}", bounded(&a.id, FIELD_MAX));
     if !a.paths.is_empty() {
-        out.push_str(&format!(" — {}", printable(&a.paths.join(", "))));
+        out.push_str(&format!(" — {}", one_line(&a.paths.join(", "))));
     }
     out.push('\n');
     if let Some(diff) = diff {
@@ -280,40 +426,31 @@ fn approval_detail(a: &ApprovalView) -> String {
     out
 }
 
-/// Agent-supplied text without terminal control characters (an escape
-/// sequence in a diff must not reach the operator's terminal).
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() && c != '\n' && c != '\t' {
-                '\u{fffd}'
-            } else {
-                c
-            }
-        })
-        .collect()
-}
-
 /// `ctl approve` / `ctl reject`.
 pub fn decided(a: &ApprovalView) -> String {
+    let field = |text: &str| bounded(text, FIELD_MAX);
     match &a.decision {
         Some(d) => {
             let verdict = if d.approved { "approved" } else { "rejected" };
             let reason = d
                 .reason
                 .as_deref()
-                .map(|r| format!(" — {r}"))
+                .map(|r| format!(" — {}", field(r)))
                 .unwrap_or_default();
             format!(
                 "{}: {verdict} ({}) by {}{reason}\n",
-                a.id, d.option_id, d.decided_by
+                field(&a.id),
+                field(&d.option_id),
+                field(&d.decided_by)
             )
         }
-        None => format!("{}: {}\n", a.id, a.status.as_str()),
+        None => format!("{}: {}\n", field(&a.id), a.status.as_str()),
     }
 }
 
-/// One transcript entry as printed by `ctl log`.
+/// One transcript entry as printed by `ctl log`. The body is shown through
+/// [`printable`] (its lines indented under the first); tool calls and plans
+/// keep each title or entry on its line ([`bounded`]).
 pub fn message(m: &MessageView) -> String {
     let at = utc(m.created_at);
     let time = at.get(11..).unwrap_or(&at);
@@ -324,38 +461,262 @@ pub fn message(m: &MessageView) -> String {
         "thought" => format!("(thinking) {}", m.content),
         _ => m.content.clone(),
     };
-    let prefix = format!("{time} {:<6} ", m.role);
+    let body = printable(&body);
+    let prefix = format!("{time} {:<6} ", bounded(&m.role, FIELD_MAX));
     let indent = " ".repeat(prefix.chars().count());
     let indented = body.replace('\n', &format!("\n{indent}"));
     format!("{prefix}{indented}\n")
 }
 
+/// A tool-call entry (`{"title", "status", ...}`) as one line.
 fn tool_line(content: &str) -> String {
     let Ok(v) = serde_json::from_str::<Value>(content) else {
-        return format!("tool {content}");
+        return format!("tool {}", bounded(content, FIELD_MAX));
     };
-    let field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let field = |k: &str| bounded(v.get(k).and_then(Value::as_str).unwrap_or(""), FIELD_MAX);
     format!("tool {} [{}]", field("title"), field("status"))
 }
 
+/// A plan entry (`[{"content", "status"}, ...]`): `plan`, then one line
+/// per step.
 fn plan_lines(content: &str) -> String {
     let Ok(Value::Array(entries)) = serde_json::from_str::<Value>(content) else {
-        return format!("plan {content}");
+        return format!("plan {}", bounded(content, FIELD_MAX));
     };
     let lines: Vec<String> = entries
         .iter()
         .map(|e| {
-            let status = e.get("status").and_then(Value::as_str).unwrap_or("?");
-            let text = e.get("content").and_then(Value::as_str).unwrap_or("");
-            format!("  [{status}] {text}")
+            let field = |k: &str, absent: &str| {
+                bounded(
+                    e.get(k).and_then(Value::as_str).unwrap_or(absent),
+                    FIELD_MAX,
+                )
+            };
+            format!("  [{}] {}", field("status", "?"), field("content", ""))
         })
         .collect();
     format!("plan\n{}", lines.join("\n"))
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// What a hostile agent sends: clear screen, home, a window title (OSC
+    /// 0), a clipboard write (OSC 52, ended by BEL), a carriage return and
+    /// erase-line, backspace, NUL, DEL, the 8-bit CSI, a right-to-left
+    /// override, and a line that pretends to be ctl's own.
+    pub(in crate::ctl) const HOSTILE: &str = "\u{1b}[2J\u{1b}[H\u{1b}]0;owned\u{7}\
+        \u{1b}]52;c;cm0gLXJmIH4=\u{7}ok\r\u{1b}[2Kfake\u{8}\0\u{7f}\u{9b}31m\u{202e}gpj.exe\n\
+        FORGED line";
+
+    /// [`HOSTILE`] up to its newline as ctl shows it: every control spelled out.
+    pub(in crate::ctl) const SHOWN: &str = "\\x1b[2J\\x1b[H\\x1b]0;owned\\x07\
+        \\x1b]52;c;cm0gLXJmIH4=\\x07ok\\r\\x1b[2Kfake\\x08\\x00\\x7f\\u{9b}31m\\u{202e}gpj.exe";
+
+    /// No control character but the newlines, no DEL, no C1 and no bidi
+    /// control in `out`.
+    pub(in crate::ctl) fn assert_inert(out: &str) {
+        for c in out.chars() {
+            let code = u32::from(c);
+            let control = code < 0x20 || code == 0x7f || (0x80..=0x9f).contains(&code);
+            assert!(c == '\n' || !control, "control {code:#x} in {out:?}");
+            let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            assert!(!bidi, "bidi control {code:#x} in {out:?}");
+        }
+    }
+
+    /// No line of `out` is the one [`HOSTILE`] tried to forge.
+    pub(in crate::ctl) fn assert_no_forged_line(out: &str) {
+        assert!(
+            !out.lines().any(|l| l.starts_with("FORGED")),
+            "forged line in {out:?}"
+        );
+    }
+
+    /// `out` shows the whole of [`HOSTILE`] on one line, escaped.
+    pub(in crate::ctl) fn assert_shown_on_one_line(out: &str) {
+        assert!(out.contains(&format!("{SHOWN}\\nFORGED line")), "{out}");
+    }
+
+    fn hostile_approval(title: &str) -> ApprovalView {
+        ApprovalView {
+            id: "s-1:req-1".into(),
+            session_id: "s-1".into(),
+            request_id: "req-1".into(),
+            title: title.into(),
+            kind: intercom_actors::model::RequestKind::FileWrite,
+            diff: Some(format!("+{HOSTILE}\n")),
+            paths: vec![HOSTILE.into()],
+            options: vec![
+                serde_json::from_value(serde_json::json!({
+                    "id": HOSTILE, "name": "n", "kind": "allow_once"
+                }))
+                .expect("option"),
+            ],
+            status: intercom_actors::model::RequestStatus::Pending,
+            created_at: 0,
+            decision: None,
+        }
+    }
+
+    fn detail(title: &str, pending: Vec<ApprovalView>) -> SessionDetailView {
+        let mut d: SessionDetailView = serde_json::from_value(serde_json::json!({
+            "id": "s-1", "workspace": "demo", "agent": "scripted", "status": "active",
+            "status_reason": HOSTILE, "title": title, "owner": "local", "created_at": 0,
+            "updated_at": 0, "last_activity_at": 0, "restart_count": 0, "cwd": "/w",
+            "protocol": "acp", "channel_id": null, "thread_ts": null,
+            "approval_mode": "ask", "pending": [], "live": null
+        }))
+        .expect("detail");
+        d.pending = pending;
+        d
+    }
+
+    fn entry(kind: &str, content: &str) -> MessageView {
+        MessageView {
+            id: 1,
+            role: "agent".into(),
+            kind: kind.into(),
+            content: content.into(),
+            created_at: 0,
+        }
+    }
+
+    #[test]
+    fn pending_titles_options_and_paths_are_escaped() {
+        let out = approvals(&[hostile_approval(HOSTILE)]);
+        assert_inert(&out);
+        // The title is clipped to its column, escapes included.
+        assert!(out.contains("\\x1b[2J\\x1b[H\\x1b]0;owned\\x07"), "{out}");
+        // Paths and options on their lines, whole.
+        assert!(
+            out.contains(&format!("s-1:req-1 — {SHOWN}\\nFORGED line\n")),
+            "{out}"
+        );
+        assert_shown_on_one_line(out.lines().nth(1).unwrap_or_default());
+        assert_eq!(out.lines().filter(|l| l.contains("FORGED")).count(), 3);
+        // The table is still two lines: headers and the one row.
+        assert!(out.starts_with("ID "), "{out}");
+        assert!(out.lines().nth(2).is_some_and(str::is_empty), "{out}");
+    }
+
+    #[test]
+    fn show_escapes_and_bounds_its_fields() {
+        let pending = ApprovalView {
+            diff: None,
+            ..hostile_approval(HOSTILE)
+        };
+        let out = session_detail(&detail(HOSTILE, vec![pending]));
+        assert_inert(&out);
+        assert_no_forged_line(&out);
+        let title = out
+            .lines()
+            .find(|l| l.starts_with("title"))
+            .unwrap_or_default();
+        assert_shown_on_one_line(title);
+        let reason = out
+            .lines()
+            .find(|l| l.starts_with("reason"))
+            .unwrap_or_default();
+        assert_shown_on_one_line(reason);
+        assert!(out.contains("pending approvals:\nID "), "{out}");
+
+        let huge = "A".repeat(500_000);
+        let out = session_detail(&detail(&huge, vec![]));
+        let title = out
+            .lines()
+            .find(|l| l.starts_with("title"))
+            .unwrap_or_default();
+        let shown = format!(
+            "{}…({} more bytes)",
+            "A".repeat(FIELD_MAX),
+            500_000 - FIELD_MAX
+        );
+        assert_eq!(title, format!("title      {shown}"));
+    }
+
+    #[test]
+    fn log_text_keeps_its_lines_and_escapes_the_rest() {
+        for kind in ["text", "thought", "error"] {
+            let out = message(&entry(kind, HOSTILE));
+            assert_inert(&out);
+            assert_no_forged_line(&out);
+            assert!(out.contains(SHOWN), "{out}");
+            // The newline is the agent's own: kept, the line indented.
+            assert!(out.ends_with(&format!("gpj.exe\n{}FORGED line\n", " ".repeat(16))));
+        }
+    }
+
+    #[test]
+    fn log_tool_lines_and_plans_keep_each_title_on_its_line() {
+        let tool = serde_json::json!({"title": HOSTILE, "status": HOSTILE}).to_string();
+        let out = message(&entry("tool", &tool));
+        assert_inert(&out);
+        assert_no_forged_line(&out);
+        assert_eq!(out.lines().count(), 1, "{out}");
+        assert!(
+            out.contains(&format!("tool {SHOWN}\\nFORGED line [{SHOWN}")),
+            "{out}"
+        );
+        let plan = serde_json::json!([{"content": HOSTILE, "status": HOSTILE}]).to_string();
+        let out = message(&entry("plan", &plan));
+        assert_inert(&out);
+        assert_no_forged_line(&out);
+        assert_eq!(out.lines().count(), 2, "{out}");
+        assert_shown_on_one_line(out.lines().nth(1).unwrap_or_default());
+        for not_json in ["tool", "plan"] {
+            let out = message(&entry(not_json, HOSTILE));
+            assert_inert(&out);
+            assert_eq!(out.lines().count(), 1, "{out}");
+            assert_shown_on_one_line(&out);
+        }
+    }
+
+    #[test]
+    fn ordinary_text_is_shown_as_before() {
+        let text = "Héllo\twörld — 日本語 👨‍👩‍👧 «ok» C:\\path\\x1b";
+        assert_eq!(printable(text), text);
+        assert_eq!(one_line("a\tb"), "a b");
+        let out = message(&entry("text", "first\nsecond"));
+        assert_eq!(out, "00:00:00 agent  first\n                second\n");
+    }
+
+    #[test]
+    fn every_control_and_disguise_is_spelled_out() {
+        assert_eq!(
+            printable("a\u{1}\u{1f}\u{7f}\u{80}\u{9f}b"),
+            "a\\x01\\x1f\\x7f\\u{80}\\u{9f}b"
+        );
+        let disguises = "\u{ad}\u{61c}\u{200b}\u{200e}\u{200f}\u{2028}\u{2029}\u{202a}\u{2066}\u{2069}\u{feff}\u{e0041}";
+        assert_eq!(
+            printable(disguises),
+            "\\u{ad}\\u{61c}\\u{200b}\\u{200e}\\u{200f}\\u{2028}\\u{2029}\\u{202a}\\u{2066}\\u{2069}\\u{feff}\\u{e0041}"
+        );
+        assert_eq!(printable("a\r\nb"), "a\\r\nb");
+        assert_eq!(one_line("a\r\nb"), "a\\r\\nb");
+    }
+
+    #[test]
+    fn json_keeps_its_value_and_loses_its_controls() {
+        let value = serde_json::json!({"title": HOSTILE, "n": [1, "\u{e0041}"]});
+        let raw = value.to_string();
+        let safe = json_safe(&raw);
+        assert_inert(&safe);
+        assert!(safe.contains("\\u009b31m\\u202egpj.exe"), "{safe}");
+        assert!(safe.contains("\\udb40\\udc41"), "{safe}");
+        let back: Value = serde_json::from_str(&safe).expect("still JSON");
+        assert_eq!(back, value);
+        assert_eq!(json_safe("{\"a\": \"ok\"}"), "{\"a\": \"ok\"}");
+    }
+
+    #[test]
+    fn bounded_fields_say_how_much_was_cut() {
+        assert_eq!(bounded("abcdef", 6), "abcdef");
+        assert_eq!(bounded("abcdef", 4), "abcd…(2 more bytes)");
+        // A stand-in is never cut in half.
+        assert_eq!(bounded("ab\u{1b}c", 4), "ab…(2 more bytes)");
+    }
 
     #[test]
     fn show_names_the_approval_mode() {
@@ -400,8 +761,11 @@ mod tests {
 
     #[test]
     fn clipping() {
-        assert_eq!(clip("a\nb", 10), "a b");
+        assert_eq!(clip("a\nb", 10), "a\\nb");
+        assert_eq!(clip("a\tb", 10), "a b");
         assert_eq!(clip("abcdef", 4), "abc…");
+        assert_eq!(clip("ab\u{1b}[2J", 4), "ab…");
+        assert_inert(&clip(HOSTILE, 40));
     }
 
     #[test]

@@ -5,6 +5,12 @@
 //! here follows it, reconnects with `Last-Event-ID` when the connection
 //! drops (a server restart), so nothing is missed, and renders each event
 //! as one line.
+//!
+//! Every field of an event may come from the agent: [`event_line`] shows
+//! each through [`render::bounded`] (one line, at most
+//! [`render::FIELD_MAX`] characters, control characters spelled out), lists
+//! through the same at [`LIST_MAX`], and only the agent's and the steering
+//! text span lines, through [`render::printable`] and indented.
 
 use std::io::BufRead;
 use std::time::Duration;
@@ -16,6 +22,12 @@ use super::render;
 
 /// How long to wait before reconnecting after the stream dropped.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+
+/// Longest a list in an event line (plan steps, a request's options) gets.
+const LIST_MAX: usize = 1000;
+
+/// What continuation lines of a multi-line text are indented by.
+const INDENT: &str = "\n          ";
 
 /// One Server-Sent Events message.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -112,45 +124,47 @@ pub fn follow(
 
 /// One line (or a few) for an event; `with_session` prefixes the session id.
 pub fn event_line(e: &Value, with_session: bool) -> String {
-    let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
-    let kind = s("event");
-    let what = match kind.as_str() {
+    let s = |k: &str| field(&e[k]);
+    let kind = e["event"].as_str().unwrap_or_default();
+    let what = match kind {
         "session_started" => format!(
             "started   {} ({}, {})",
-            e["session"]["title"].as_str().unwrap_or_default(),
-            e["session"]["workspace"].as_str().unwrap_or_default(),
-            e["session"]["agent"].as_str().unwrap_or_default()
+            field(&e["session"]["title"]),
+            field(&e["session"]["workspace"]),
+            field(&e["session"]["agent"])
         ),
         "status_changed" => format!("status    {} · {}{}", s("status"), s("activity"), reason(e)),
-        "agent_text" => format!("agent     {}", indent(&s("text"))),
+        "agent_text" => format!("agent     {}", indent(&e["text"])),
         "tool_call" => format!("tool      [{}] {}", s("status"), s("title")),
         "plan" => format!("plan      {}", plan(e)),
         "request_opened" => {
             let r = &e["request"];
-            let options: Vec<&str> = r["options"]
-                .as_array()
-                .map(|o| o.iter().filter_map(|x| x["id"].as_str()).collect())
-                .unwrap_or_default();
             format!(
                 "NEEDS INPUT {} {}  [{}]",
-                r["id"].as_str().unwrap_or_default(),
-                r["title"].as_str().unwrap_or_default(),
-                options.join(", ")
+                field(&r["id"]),
+                field(&r["title"]),
+                options(r)
             )
         }
-        "request_closed" => {
-            let by = e["decision"]["decided_by"].as_str().unwrap_or_default();
-            let option = e["decision"]["option_id"].as_str().unwrap_or_default();
-            format!("closed    {} {} {option} {by}", s("id"), s("status"))
-        }
-        "steering_queued" => format!(
-            "steering  queued: {}",
-            e["steering"]["text"].as_str().unwrap_or_default()
+        "request_closed" => format!(
+            "closed    {} {} {} {}",
+            s("id"),
+            s("status"),
+            field(&e["decision"]["option_id"]),
+            field(&e["decision"]["decided_by"])
         ),
-        "steering_delivered" => format!("steering  delivered (#{})", e["steering_id"]),
+        "steering_queued" => format!("steering  queued: {}", indent(&e["steering"]["text"])),
+        "steering_delivered" => format!(
+            "steering  delivered (#{})",
+            render::bounded(&e["steering_id"].to_string(), render::FIELD_MAX)
+        ),
         "notice" => format!("{:<9} {}", s("level"), s("text")),
         "session_ended" => format!("ended     {}{}", s("status"), reason(e)),
-        _ => format!("{kind:<9} {e}"),
+        _ => format!(
+            "{:<9} {}",
+            render::bounded(kind, render::FIELD_MAX),
+            render::bounded(&e.to_string(), render::FIELD_MAX)
+        ),
     };
     let time = render::utc(e["emitted_at"].as_i64().unwrap_or_default());
     let clock = time.get(11..19).unwrap_or(&time);
@@ -161,33 +175,150 @@ pub fn event_line(e: &Value, with_session: bool) -> String {
     }
 }
 
+/// A string field of an event on one line, bounded (empty when absent).
+fn field(v: &Value) -> String {
+    render::bounded(v.as_str().unwrap_or_default(), render::FIELD_MAX)
+}
+
+/// ` (reason)` when the event has one.
 fn reason(e: &Value) -> String {
     e["reason"]
         .as_str()
-        .map(|r| format!(" ({r})"))
+        .map(|r| format!(" ({})", render::bounded(r, render::FIELD_MAX)))
         .unwrap_or_default()
 }
 
-fn indent(text: &str) -> String {
-    text.trim_end().replace('\n', "\n          ")
+/// Text meant to span lines (the agent's, a steering message), its
+/// continuation lines indented under the first.
+fn indent(text: &Value) -> String {
+    let text = text.as_str().unwrap_or_default().trim_end();
+    render::printable(text).replace('\n', INDENT)
 }
 
+/// A request's option ids, `, `-separated, on one line.
+fn options(request: &Value) -> String {
+    let ids: Vec<&str> = request["options"]
+        .as_array()
+        .map(|o| o.iter().filter_map(|x| x["id"].as_str()).collect())
+        .unwrap_or_default();
+    render::bounded(&ids.join(", "), LIST_MAX)
+}
+
+/// The plan's steps, `[x]` for the completed ones, on one line.
 fn plan(e: &Value) -> String {
-    let entries = e["entries"].as_array().cloned().unwrap_or_default();
-    entries
+    let entries = e["entries"].as_array().map_or(&[][..], Vec::as_slice);
+    let steps: Vec<String> = entries
         .iter()
         .map(|pair| {
             let content = pair[0].as_str().unwrap_or_default();
             let mark = if pair[1] == "completed" { "x" } else { " " };
             format!("[{mark}] {content}")
         })
-        .collect::<Vec<_>>()
-        .join("  ")
+        .collect();
+    render::bounded(&steps.join("  "), LIST_MAX)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctl::render::tests::{
+        HOSTILE, SHOWN, assert_inert, assert_no_forged_line, assert_shown_on_one_line,
+    };
+    use serde_json::json;
+
+    /// Every one-line event, each string field [`HOSTILE`].
+    fn hostile_events() -> Vec<Value> {
+        let h = HOSTILE;
+        let common = |mut e: Value| {
+            e["emitted_at"] = json!(0);
+            e["session_id"] = json!(h);
+            e
+        };
+        [
+            json!({"event": "session_started",
+                   "session": {"title": h, "workspace": h, "agent": h}}),
+            json!({"event": "status_changed", "status": h, "activity": h, "reason": h}),
+            json!({"event": "tool_call", "status": h, "title": h}),
+            json!({"event": "plan", "entries": [[h, "completed"], [h, h]]}),
+            json!({"event": "request_opened",
+                   "request": {"id": h, "title": h, "options": [{"id": h}, {"id": h}]}}),
+            json!({"event": "request_closed", "id": h, "status": h,
+                   "decision": {"option_id": h, "decided_by": h}}),
+            json!({"event": "steering_delivered", "steering_id": h}),
+            json!({"event": "notice", "level": h, "text": h}),
+            json!({"event": "session_ended", "status": h, "reason": h}),
+            json!({"event": h, "text": h}),
+        ]
+        .into_iter()
+        .map(common)
+        .collect()
+    }
+
+    #[test]
+    fn event_fields_are_escaped_and_stay_on_their_line() {
+        for e in hostile_events() {
+            for with_session in [true, false] {
+                let line = event_line(&e, with_session);
+                assert_inert(&line);
+                assert_no_forged_line(&line);
+                assert_eq!(line.matches('\n').count(), 1, "{line}");
+                assert!(line.ends_with('\n'), "{line}");
+                if e["event"] == "steering_delivered" {
+                    // The id is shown as JSON: its C0 controls as JSON escapes.
+                    assert!(line.contains("\\u{9b}31m\\u{202e}gpj.exe"), "{line}");
+                } else {
+                    assert_shown_on_one_line(&line);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn agent_and_steering_text_keep_their_lines_indented_and_escaped() {
+        let events = [
+            json!({"event": "agent_text", "emitted_at": 0, "text": HOSTILE}),
+            json!({"event": "steering_queued", "emitted_at": 0, "steering": {"text": HOSTILE}}),
+        ];
+        for e in events {
+            let out = event_line(&e, false);
+            assert_inert(&out);
+            assert_no_forged_line(&out);
+            assert!(out.contains(SHOWN), "{out}");
+            assert!(out.ends_with("gpj.exe\n          FORGED line\n"), "{out}");
+        }
+        let plain = json!({"event": "agent_text", "emitted_at": 0, "text": "one\ntwo\n"});
+        assert_eq!(
+            event_line(&plain, false),
+            "00:00:00 agent     one\n          two\n"
+        );
+    }
+
+    #[test]
+    fn a_huge_title_is_clipped() {
+        let huge = "T".repeat(500_000);
+        let cut = format!(
+            "{}…({} more bytes)",
+            "T".repeat(render::FIELD_MAX),
+            500_000 - render::FIELD_MAX
+        );
+        let tool =
+            json!({"event": "tool_call", "emitted_at": 0, "status": "pending", "title": huge});
+        assert_eq!(
+            event_line(&tool, false),
+            format!("00:00:00 tool      [pending] {cut}\n")
+        );
+        let request = json!({"event": "request_opened", "emitted_at": 0,
+            "request": {"id": "s-1:req-1", "title": huge, "options": [{"id": "allow"}]}});
+        assert_eq!(
+            event_line(&request, false),
+            format!("00:00:00 NEEDS INPUT s-1:req-1 {cut}  [allow]\n")
+        );
+        let plan = json!({"event": "plan", "emitted_at": 0, "entries": [[huge, "pending"]]});
+        assert!(
+            event_line(&plan, false).len() < 2 * LIST_MAX,
+            "plan not bounded"
+        );
+    }
 
     #[test]
     fn messages_are_split_on_blank_lines_and_comments_skipped() {
