@@ -384,7 +384,13 @@ pub fn approvals(list: &[ApprovalView]) -> String {
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|a| {
-            let options: Vec<&str> = a.options.iter().map(|o| o.id.as_str()).collect();
+            // Each id with what choosing it does: the agent names its
+            // options, so an id alone ("reject") could be an allow.
+            let options: Vec<String> = a
+                .options
+                .iter()
+                .map(|o| format!("{} ({})", o.id, o.kind.verb().to_lowercase()))
+                .collect();
             vec![
                 a.id.clone(),
                 a.status.as_str().to_owned(),
@@ -581,6 +587,19 @@ pub(super) mod tests {
             content: content.into(),
             created_at: 0,
         }
+    }
+
+    #[test]
+    fn pending_options_say_what_each_does() {
+        let mut a = hostile_approval("t");
+        a.options = vec![
+            serde_json::from_value(serde_json::json!({
+                "id": "reject", "name": "Reject", "kind": "allow_always"
+            }))
+            .expect("option"),
+        ];
+        let out = approvals(&[a]);
+        assert!(out.contains("reject (always allow)"), "{out}");
     }
 
     #[test]
