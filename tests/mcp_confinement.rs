@@ -2,14 +2,24 @@
 //! started (holding the per-session token it got in `mcpServers`) cannot
 //! read another session's steering and requests (`reboot {session_id}`) nor
 //! apply another session's approved change (`check_diff {request_id}`),
-//! while its own session keeps working. The real router, rmcp's client, the
-//! scripted ACP agent; the operator answers through the session actors.
+//! while its own session keeps working. An MCP session (`Mcp-Session-Id`)
+//! answers only the credential that opened it: another client's workspace
+//! token or an agent's bridge token naming it gets 404 and changes nothing.
+//! A workspace token stops working when a reload removes its workspace. The
+//! real router, rmcp's client (or raw HTTP where the test needs the session
+//! id), the scripted ACP agent; the operator answers through the session
+//! actors.
 
 mod mcp_common;
 
+use intercom_actors::model::SessionStatus;
 use intercom_actors::model::{PendingRequest, SessionId, SessionRecord};
+use intercom_actors::registry::RegistryMsg;
 use intercom_actors::session::Choice;
-use mcp_common::{Client, Harness, WAIT, call, ok, refused};
+use mcp_common::{
+    Client, Harness, OPERATOR_TOKEN, RawReply, WAIT, WORKSPACE_TOKEN, call, ok, raw_mcp,
+    raw_session, raw_tool, refused,
+};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
@@ -21,6 +31,13 @@ const PENDING: &str = "pending-question-of-the-ide-agent";
 /// An ACP session in workspace `ws` whose agent took the bridge, and an MCP
 /// client presenting that session's bridge token.
 async fn bridged_agent(h: &Harness) -> (SessionRecord, Client) {
+    let (acp, token) = bridge_token(h).await;
+    let client = h.client_with("", &token).await;
+    (acp, client)
+}
+
+/// An ACP session in workspace `ws` and the bridge token its agent got.
+async fn bridge_token(h: &Harness) -> (SessionRecord, String) {
     let acp = h
         .start_acp(json!({"mcp_http": true, "turns": [[{"echo_mcp": true}]]}))
         .await;
@@ -31,8 +48,7 @@ async fn bridged_agent(h: &Harness) -> (SessionRecord, Client) {
         .and_then(|rest| rest.split('"').next())
         .expect("the agent echoed its bridge token")
         .to_owned();
-    let client = h.client_with("", &token).await;
-    (acp, client)
+    (acp, token)
 }
 
 /// The first pending request of `session` (waits for it).
@@ -244,4 +260,159 @@ async fn bridge_check_diff_of_another_sessions_approval_is_refused_and_left_to_i
     let short = own.id.rsplit(':').next().expect("short id");
     let again = refused(&bridged, "check_diff", json!({"request_id": short})).await;
     assert_eq!(again["code"], "already_applied", "{again}");
+}
+
+/// Where the IDE client of the session-binding tests connects.
+const IDE_QUERY: &str = "?workspace_id=ws";
+
+/// An operator-token IDE client's MCP session (opened by hand, so the test
+/// knows its `Mcp-Session-Id`), attached to a core session with `STEERING`
+/// queued. Returns the MCP session id and the core session.
+async fn ide_session_with_steering(h: &Harness) -> (String, SessionRecord) {
+    let mcp_id = raw_session(h.port, IDE_QUERY, OPERATOR_TOKEN).await;
+    let first = raw_tool(
+        h.port,
+        IDE_QUERY,
+        OPERATOR_TOKEN,
+        &mcp_id,
+        "ping",
+        json!({}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let core = h.mcp_session().await;
+    assert!(h.steer(&core.id, STEERING).await.queued);
+    (mcp_id, core)
+}
+
+/// What another credential presenting `mcp_id` gets for a tool call, the
+/// event stream (GET) and ending the session (DELETE): 404 each time, as
+/// for a session that does not exist, with nothing of the session in it.
+async fn foreign_use_is_not_found(h: &Harness, token: &str, mcp_id: &str) {
+    for tool in ["ping", "reboot", "broadcast"] {
+        let a = if tool == "broadcast" {
+            json!({"message": "not yours"})
+        } else {
+            json!({})
+        };
+        let r = raw_tool(h.port, IDE_QUERY, token, mcp_id, tool, a).await;
+        assert_eq!(r.status, 404, "{tool}: {}", r.body);
+        assert!(!r.body.contains(STEERING), "{tool} leaked: {}", r.body);
+    }
+    let cancel = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 7},
+    });
+    let r = raw_mcp(h.port, "POST", "", token, Some(mcp_id), &cancel.to_string()).await;
+    assert_eq!(r.status, 404, "cancel: {}", r.body);
+    let r = raw_mcp(h.port, "GET", "", token, Some(mcp_id), "").await;
+    assert_eq!(r.status, 404, "GET stream");
+    let r = raw_mcp(h.port, "DELETE", "", token, Some(mcp_id), "").await;
+    assert_eq!(r.status, 404, "DELETE: {}", r.body);
+}
+
+/// The rightful client still uses its MCP session: its core session is
+/// live and hands over the steering nobody else took.
+async fn owner_still_works(h: &Harness, mcp_id: &str, core: &SessionRecord) {
+    let r: RawReply = raw_tool(h.port, IDE_QUERY, OPERATOR_TOKEN, mcp_id, "ping", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body.contains(STEERING),
+        "the steering is gone: {}",
+        r.body
+    );
+    let record = h
+        .store
+        .get_session(&core.id)
+        .await
+        .expect("get")
+        .expect("session");
+    assert!(record.status.is_live(), "{record:?}");
+    assert_eq!(
+        h.mcp_sessions().await.len(),
+        1,
+        "no session was attached for the intruder"
+    );
+}
+
+#[tokio::test]
+async fn a_workspace_token_cannot_use_another_clients_mcp_session() {
+    let h = Harness::new().await;
+    let (mcp_id, core) = ide_session_with_steering(&h).await;
+    foreign_use_is_not_found(&h, WORKSPACE_TOKEN, &mcp_id).await;
+    owner_still_works(&h, &mcp_id, &core).await;
+    // The workspace token still opens and uses a session of its own.
+    let own = raw_session(h.port, "", WORKSPACE_TOKEN).await;
+    let r = raw_tool(h.port, "", WORKSPACE_TOKEN, &own, "ping", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // ... which the operator token may not use either.
+    let r = raw_tool(h.port, "", OPERATOR_TOKEN, &own, "ping", json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_bridge_token_cannot_use_or_end_another_clients_mcp_session() {
+    let h = Harness::new().await;
+    let (acp, token) = bridge_token(&h).await;
+    let (mcp_id, core) = ide_session_with_steering(&h).await;
+    foreign_use_is_not_found(&h, &token, &mcp_id).await;
+    owner_still_works(&h, &mcp_id, &core).await;
+    // The DELETE ended nothing; the owner's own DELETE does.
+    let r = raw_mcp(h.port, "DELETE", "", OPERATOR_TOKEN, Some(&mcp_id), "").await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    h.until_session(&core.id, |r| r.status == SessionStatus::Completed)
+        .await;
+    // Once ended, the id is unknown to everyone.
+    let r = raw_tool(
+        h.port,
+        IDE_QUERY,
+        OPERATOR_TOKEN,
+        &mcp_id,
+        "ping",
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    // The agent's own bridge still works.
+    let bridged = h.client_with("", &token).await;
+    let state = ok(&bridged, "reboot", json!({})).await;
+    assert_eq!(state["session_id"], json!(acp.id), "{state}");
+}
+
+#[tokio::test]
+async fn a_workspace_token_is_refused_once_a_reload_removes_its_workspace() {
+    let h = Harness::new().await;
+    let before = h.client_with("", WORKSPACE_TOKEN).await;
+    ok(&before, "ping", json!({})).await;
+    let mut map = ractor::call!(h.registry, RegistryMsg::Get).expect("the workspace map");
+    map.workspaces.retain(|w| w.id != "ws");
+    h.registry
+        .send_message(RegistryMsg::Reload(Box::new(map)))
+        .expect("reload");
+    // A new connection with the token is refused, and says why.
+    let r = raw_mcp(
+        h.port,
+        "POST",
+        "",
+        WORKSPACE_TOKEN,
+        None,
+        mcp_common::INITIALIZE,
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("no longer configured"), "{}", r.body);
+    // So is the next call of a connection opened before the reload.
+    call(&before, "ping", json!({}))
+        .await
+        .expect_err("the old workspace token is refused");
+    // No workspace-less session was attached for the token.
+    assert!(
+        h.mcp_sessions().await.iter().all(|s| s.workspace == "ws"),
+        "{:?}",
+        h.mcp_sessions().await
+    );
+    // The operator token still connects.
+    let operator = h.client("").await;
+    ok(&operator, "ping", json!({})).await;
 }

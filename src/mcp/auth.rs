@@ -12,6 +12,11 @@
 //!   session or another session's request (tagged [`BridgedSession`]; see
 //!   `server/confine.rs`).
 //!
+//! An MCP session (`Mcp-Session-Id`) belongs to the credential that opened
+//! it: any other credential naming it gets 404, as for an unknown session
+//! (`session_owners.rs`). A workspace token whose workspace a config reload
+//! removed is refused (403).
+//!
 //! Tokens in the URL (`?session_id=`) are refused: URLs end up in logs and
 //! browser histories. A request whose `Origin` is not a loopback origin (or a
 //! configured `allowed_hosts` entry) is refused, so a web page in the
@@ -26,6 +31,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::supervisor::SupervisorMsg;
 
+use intercom_actors::registry::RegistryMsg;
+
+use super::session_owners::{NotYours, Owner, SessionOwners};
 use super::{ACTOR_TIMEOUT, BridgedSession, ask, server, session_deleted_is_no_content};
 use crate::http::auth::ApiToken;
 
@@ -64,7 +72,12 @@ impl McpCredentials {
     }
 }
 
-/// The middleware in front of rmcp's service.
+/// The header naming the MCP session a request belongs to (rmcp's
+/// `Mcp-Session-Id`; header names are case-insensitive).
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The middleware in front of rmcp's service: who is calling, and whether
+/// the MCP session the request names is theirs (`session_owners.rs`).
 pub(crate) async fn authenticate(
     State(shared): State<Arc<server::Shared>>,
     mut req: Request,
@@ -88,17 +101,50 @@ pub(crate) async fn authenticate(
             "missing Authorization: Bearer <token> (the API token, a workspace MCP token or the session's bridge token)",
         );
     };
+    let owner = match owner_of(&shared, presented, &query).await {
+        Ok(owner) => owner,
+        Err(refusal) => return refusal,
+    };
+    match &owner {
+        Owner::Operator => {}
+        Owner::Workspace(ws) => {
+            req.extensions_mut().insert(ScopedWorkspace(ws.clone()));
+        }
+        Owner::Bridge(id) => {
+            req.extensions_mut().insert(BridgedSession(id.clone()));
+        }
+    }
+    let named = session_named(&req);
+    if let Some(id) = &named
+        && let Err(why) = shared.owners.check(id, &owner)
+    {
+        return session_not_found(&why);
+    }
+    let res = next.run(req).await;
+    if named.is_none() {
+        claim_new_session(&shared.owners, &res, owner);
+    }
+    session_deleted_is_no_content(res, &method)
+}
+
+/// Who `presented` is, or the answer refusing them.
+async fn owner_of(
+    shared: &server::Shared,
+    presented: String,
+    query: &HashMap<String, String>,
+) -> Result<Owner, Response> {
     match shared.deps.credentials.identify(&presented) {
-        Some(Caller::Operator) => {}
+        Some(Caller::Operator) => Ok(Owner::Operator),
         Some(Caller::Workspace(ws)) => {
             if let Some(asked) = query.get("workspace_id").filter(|w| **w != ws) {
-                return (
+                return Err((
                     StatusCode::FORBIDDEN,
                     format!("this token is for workspace `{ws}`, not `{asked}`"),
                 )
-                    .into_response();
+                    .into_response());
             }
-            req.extensions_mut().insert(ScopedWorkspace(ws));
+            ensure_configured(shared, &ws).await?;
+            Ok(Owner::Workspace(ws))
         }
         None => {
             let resolved = ask(
@@ -112,18 +158,77 @@ pub(crate) async fn authenticate(
             )
             .await;
             match resolved {
-                Ok(Some(id)) => {
-                    req.extensions_mut().insert(BridgedSession(id));
-                }
-                Ok(None) => return unauthorized("unknown or expired token"),
+                Ok(Some(id)) => Ok(Owner::Bridge(id)),
+                Ok(None) => Err(unauthorized("unknown or expired token")),
                 Err(e) => {
                     tracing::error!("bridge token check failed: {e}");
-                    return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+                    Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response())
                 }
             }
         }
     }
-    session_deleted_is_no_content(next.run(req).await, &method)
+}
+
+/// A workspace token is only as good as its workspace: tokens are read once
+/// at startup, but a config reload can remove the workspace. Its client
+/// must not carry on as a session without a workspace.
+async fn ensure_configured(shared: &server::Shared, ws: &str) -> Result<(), Response> {
+    let registry = shared.deps.registry.get();
+    match ask(
+        &registry,
+        "workspace registry",
+        ACTOR_TIMEOUT,
+        RegistryMsg::Get,
+    )
+    .await
+    {
+        Ok(map) if map.workspaces.iter().any(|w| w.id == ws) => Ok(()),
+        Ok(_) => {
+            let why = WorkspaceGone(ws.to_owned()).to_string();
+            tracing::warn!("MCP request refused: {why}");
+            Err((StatusCode::FORBIDDEN, why).into_response())
+        }
+        Err(e) => {
+            tracing::error!("workspace check of an MCP token failed: {e}");
+            Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response())
+        }
+    }
+}
+
+/// A workspace token whose workspace a config reload removed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this token is for workspace `{0}`, which is no longer configured; add the workspace back to config.toml or use the token of a configured workspace"
+)]
+struct WorkspaceGone(String);
+
+/// The MCP session a request names, if any.
+fn session_named(req: &Request) -> Option<String> {
+    req.headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// An `initialize` answer carrying a new session id: `owner` opened it.
+fn claim_new_session(owners: &SessionOwners, res: &Response, owner: Owner) {
+    if let Some(id) = res
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        owners.claim(id, owner);
+    }
+}
+
+/// A session the caller did not open is, to them, a session that does not
+/// exist: the MCP spec's answer for an unknown session id (rmcp's words).
+fn session_not_found(why: &NotYours) -> Response {
+    match why {
+        NotYours::Unknown => tracing::info!("MCP request refused: {why}"),
+        NotYours::Other { .. } => tracing::warn!("MCP request refused: {why}"),
+    }
+    (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
 }
 
 fn bearer(req: &Request) -> Option<String> {
@@ -233,6 +338,34 @@ mod tests {
         assert!(creds.identify("operator-token ").is_none());
         assert!(creds.identify("").is_none());
         assert!(McpCredentials::default().identify("anything").is_none());
+    }
+
+    #[test]
+    fn a_new_session_id_is_claimed_and_another_credential_gets_not_found() {
+        let owners = SessionOwners::default();
+        let mut res = (StatusCode::OK, "").into_response();
+        res.headers_mut()
+            .insert("Mcp-Session-Id", header::HeaderValue::from_static("m-1"));
+        claim_new_session(&owners, &res, Owner::Workspace("a".into()));
+        assert!(owners.check("m-1", &Owner::Workspace("a".into())).is_ok());
+        let why = owners
+            .check("m-1", &Owner::Operator)
+            .expect_err("another credential");
+        assert_eq!(session_not_found(&why).status(), StatusCode::NOT_FOUND);
+        // An answer without the header claims nothing.
+        claim_new_session(
+            &owners,
+            &(StatusCode::OK, "").into_response(),
+            Owner::Operator,
+        );
+        assert!(owners.check("m-1", &Owner::Workspace("a".into())).is_ok());
+        let named = Request::builder()
+            .uri("/mcp")
+            .header("MCP-SESSION-ID", "m-1")
+            .body(Body::empty())
+            .expect("request");
+        assert_eq!(session_named(&named).as_deref(), Some("m-1"));
+        assert_eq!(session_named(&req(None, None)), None);
     }
 
     #[test]

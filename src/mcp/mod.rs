@@ -15,13 +15,17 @@
 //! create a session, and may name no other session). Anything else is 401.
 //! A browser `Origin` that is not loopback (or a configured `allowed_hosts`
 //! entry) is 403, and rmcp's DNS-rebinding guard stays on for `Host`.
+//! An MCP session answers only the credential that opened it
+//! (`session_owners.rs`); to anyone else its id is unknown (404).
 //!
 //! Layout: `server.rs` (the handler and the tools), `tools.rs` (tool schemas
-//! and argument checking), `patch.rs` (diffs and atomic writes).
+//! and argument checking), `patch.rs` (diffs and atomic writes), `auth.rs`
+//! and `session_owners.rs` (who may call, and which MCP session is whose).
 
 mod auth;
 mod patch;
 mod server;
+mod session_owners;
 mod tools;
 
 pub use auth::McpCredentials;
@@ -196,6 +200,7 @@ where
         .with_cancellation_token(deps.shutdown.child_token());
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(deps.longest_wait() + Duration::from_secs(300));
+    let sessions = session_owners::OwnedSessions::new(sessions, shared.owners.clone());
     let factory_shared = shared.clone();
     let service = StreamableHttpService::new(
         move || Ok(server::IntercomMcp::new(factory_shared.clone())),

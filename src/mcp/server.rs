@@ -63,16 +63,21 @@ const OWNER: &str = "local";
 /// Attaching may wait for the session actor to start.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// State shared by every MCP connection: only the dependencies. What a
+/// State shared by every MCP connection: the dependencies and which
+/// credential opened each MCP session (checked by `auth.rs`). What a
 /// session asked and applied lives in SQLite (clearances) and in its
 /// session actor (last progress), never in a map here.
 pub(crate) struct Shared {
     pub(crate) deps: McpDeps,
+    pub(crate) owners: Arc<super::session_owners::SessionOwners>,
 }
 
 impl Shared {
     pub(crate) fn new(deps: McpDeps) -> Self {
-        Shared { deps }
+        Shared {
+            deps,
+            owners: Arc::default(),
+        }
     }
 
     /// The workspace at `root` as a directory handle, guarded like ACP agents'.
@@ -471,7 +476,7 @@ impl IntercomMcp {
             .ok_or_else(|| {
                 Fail::Params(format!("argument `session_id`: there is no session {id}"))
             })?;
-        if id != t.id && record.workspace != t.workspace {
+        if id != t.id && !confine::same_workspace(&t.workspace, &record.workspace) {
             return Err(Fail::Params(format!(
                 "argument `session_id`: session {id} belongs to another workspace than this connection's"
             )));

@@ -480,3 +480,116 @@ pub async fn raw_post_with(
 
 /// An `initialize` request body.
 pub const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+
+/// A raw HTTP/1.1 answer: the status, the headers (names lower-cased) and
+/// the body as received (an SSE body keeps its framing).
+pub struct RawReply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawReply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One raw request to `/mcp<query>` presenting `token` and, when given,
+/// `Mcp-Session-Id: session`. A GET returns after the head (a granted GET
+/// is an endless event stream); anything else reads the whole answer.
+pub async fn raw_mcp(
+    port: u16,
+    method: &str,
+    query: &str,
+    token: &str,
+    session: Option<&str>,
+    body: &str,
+) -> RawReply {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let session = session
+        .map(|id| format!("Mcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-06-18\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} /mcp{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n{session}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut raw = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let head_done = raw.windows(4).any(|w| w == b"\r\n\r\n");
+        if head_done && method == "GET" {
+            break;
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) => break,
+            Ok(Ok(n)) => raw.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => panic!("read: {e}"),
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {head:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    RawReply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// Opens an MCP session by hand (`initialize`, then `initialized`) with
+/// `token` at `/mcp<query>`; returns its `Mcp-Session-Id`.
+pub async fn raw_session(port: u16, query: &str, token: &str) -> String {
+    let init = raw_mcp(port, "POST", query, token, None, INITIALIZE).await;
+    assert_eq!(init.status, 200, "initialize: {}", init.body);
+    let id = init
+        .header("mcp-session-id")
+        .expect("an Mcp-Session-Id header")
+        .to_owned();
+    let done = raw_mcp(
+        port,
+        "POST",
+        query,
+        token,
+        Some(&id),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert_eq!(done.status, 202, "initialized: {}", done.body);
+    id
+}
+
+/// A raw `tools/call` of `tool` on MCP session `session` at `/mcp<query>`,
+/// presenting `token`.
+pub async fn raw_tool(
+    port: u16,
+    query: &str,
+    token: &str,
+    session: &str,
+    tool: &str,
+    a: Value,
+) -> RawReply {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": a},
+    });
+    raw_mcp(port, "POST", query, token, Some(session), &body.to_string()).await
+}

@@ -146,7 +146,7 @@ impl IntercomMcp {
                 .map_err(storage)?
                 .map(|r| r.workspace)
                 .unwrap_or_default();
-            if owner.is_empty() || owner != t.workspace {
+            if !super::confine::same_workspace(&t.workspace, &owner) {
                 return Err(Fail::Params(format!(
                     "argument `request_id`: request {raw} belongs to a session of another workspace"
                 )));

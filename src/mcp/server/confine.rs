@@ -56,6 +56,16 @@ impl Reach {
     }
 }
 
+/// Whether a caller whose session is in workspace `own` may reach a session
+/// of workspace `other` (an IDE client picking up what its earlier session
+/// left): the same workspace, and a real one. An empty workspace (a
+/// local-only session, or one whose workspace a reload removed) matches
+/// nothing, not even another empty one, so such callers reach only their
+/// own session.
+pub(super) fn same_workspace(own: &str, other: &str) -> bool {
+    !own.is_empty() && own == other
+}
+
 impl IntercomMcp {
     /// Refuses a bridge-token call naming session `named` when it is not
     /// the caller's own, auditing the refusal as `action.denied` on the
@@ -108,6 +118,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("omit session_id"), "{text}");
+    }
+
+    #[test]
+    fn an_empty_workspace_matches_no_other() {
+        assert!(same_workspace("ws", "ws"));
+        assert!(!same_workspace("ws", "other"));
+        assert!(!same_workspace("", ""));
+        assert!(!same_workspace("", "ws"));
+        assert!(!same_workspace("ws", ""));
     }
 
     #[test]

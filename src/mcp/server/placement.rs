@@ -148,6 +148,7 @@ impl IntercomMcp {
             Some(own) => own.place.clone(),
             None => self.place(&query_of(parts)).await,
         };
+        ensure_scoped(parts, &place)?;
         let req = AttachRequest {
             workspace: place.workspace.clone(),
             cwd: place.cwd.clone().unwrap_or_default(),
@@ -178,6 +179,27 @@ impl IntercomMcp {
             reach: Reach::Workspace,
         })
     }
+}
+
+/// A workspace-token connection gets a session in its workspace or none.
+/// `auth.rs` refuses the token once its workspace is gone, but a reload can
+/// land between that check and this one: never fall back to a session
+/// without a workspace for it.
+fn ensure_scoped(parts: Option<&Parts>, place: &Place) -> Result<(), Fail> {
+    let Some(crate::mcp::auth::ScopedWorkspace(ws)) =
+        parts.and_then(|p| p.extensions.get::<crate::mcp::auth::ScopedWorkspace>())
+    else {
+        return Ok(());
+    };
+    if place.workspace == *ws {
+        return Ok(());
+    }
+    Err(Fail::refused(
+        "no_workspace",
+        format!(
+            "this token is for workspace `{ws}`, which is no longer configured; add it back to config.toml or use the token of a configured workspace"
+        ),
+    ))
 }
 
 /// Says so when a client still uses the deprecated `?channel_id=`.
@@ -311,6 +333,30 @@ mod tests {
             (p.workspace.as_str(), &p.cwd, &p.channel),
             ("", &None, &None)
         );
+    }
+
+    #[test]
+    fn a_workspace_token_never_gets_a_session_without_its_workspace() {
+        let (mut parts, ()) = axum::http::Request::new(()).into_parts();
+        let local = Place::default();
+        let ws = Place {
+            workspace: "ws".into(),
+            ..Place::default()
+        };
+        // Other callers may be local only.
+        assert!(ensure_scoped(Some(&parts), &local).is_ok());
+        assert!(ensure_scoped(None, &local).is_ok());
+        parts
+            .extensions
+            .insert(crate::mcp::auth::ScopedWorkspace("ws".into()));
+        assert!(ensure_scoped(Some(&parts), &ws).is_ok());
+        match ensure_scoped(Some(&parts), &local) {
+            Err(Fail::Refused { code, message }) => {
+                assert_eq!(code, "no_workspace");
+                assert!(message.contains("no longer configured"), "{message}");
+            }
+            _ => panic!("a vanished workspace must be refused"),
+        }
     }
 
     #[test]

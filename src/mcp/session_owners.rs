@@ -1,0 +1,337 @@
+//! Which credential opened each MCP session, so that no other one can use it.
+//!
+//! rmcp finds an MCP session by its `Mcp-Session-Id` header alone. That id
+//! is a random UUID but not a credential: it travels in every request,
+//! shows up in client logs and debug output, and an agent running beside an
+//! IDE can learn it. Whoever presents it would act on that session: its
+//! workspace, its steering, its in-flight calls, its end (`DELETE`). So the
+//! auth layer (`auth.rs`) records, when an `initialize` response hands out a
+//! new id, which credential asked for it ([`Owner`]), and answers a request
+//! that presents the id with any other credential, or an id it never handed
+//! out, with 404: what the MCP spec says a server answers for an unknown
+//! session, so a stranger learns nothing about the session either.
+//!
+//! Why a small owned type behind a `std::sync::Mutex` rather than an actor:
+//! each use is one hash-map operation on the request path, never held across
+//! an `.await`; an actor would add a mailbox round trip to every MCP request
+//! and isolate nothing more. Every change goes through [`SessionOwners`]'
+//! methods; nothing else touches the map.
+//!
+//! Entries are forgotten when the session ends. rmcp calls
+//! `SessionManager::close_session` on a `DELETE`, when the session expires
+//! idle, and at shutdown; [`OwnedSessions`] wraps rmcp's session manager and
+//! forgets the owner there. As a backstop (a session that ended before its
+//! owner was recorded, say), the map holds at most [`CAP`] entries and
+//! evicts the oldest beyond that: that session's client then gets 404 and
+//! opens a new session, the MCP spec's recovery. Failing closed is the point:
+//! an id without a recorded owner is refused, never waved through.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures::Stream;
+use intercom_actors::model::SessionId as CoreSessionId;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::{
+    EventStore, RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+};
+
+/// The most owners remembered at once (see the module doc).
+pub(crate) const CAP: usize = 10_000;
+
+/// The identity of a credential on `/mcp`; never the token itself, so the
+/// map holds no secret and logging an [`Owner`] leaks none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// The operator API token.
+    Operator,
+    /// The MCP token of this workspace.
+    Workspace(String),
+    /// A bridge token: the ACP session it was issued to.
+    Bridge(CoreSessionId),
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Owner::Operator => f.write_str("the operator token"),
+            Owner::Workspace(ws) => write!(f, "the MCP token of workspace `{ws}`"),
+            Owner::Bridge(id) => write!(f, "the bridge token of session {id}"),
+        }
+    }
+}
+
+/// Why a request may not use the MCP session it named. Both are answered
+/// 404 (an unknown session); the difference is only logged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotYours {
+    /// No owner is recorded: the session ended, never existed, or was
+    /// evicted.
+    #[error("unknown MCP session; open a new one with `initialize`")]
+    Unknown,
+    /// Another credential opened it.
+    #[error(
+        "this MCP session was opened with {owner}, not {presented}; open your own with `initialize`"
+    )]
+    Other {
+        /// Who opened it.
+        owner: Owner,
+        /// Who presented its id.
+        presented: Owner,
+    },
+}
+
+/// The owner of each live MCP session, by `Mcp-Session-Id`.
+#[derive(Debug, Default)]
+pub(crate) struct SessionOwners {
+    inner: Mutex<Table>,
+}
+
+/// The map and its insertion order (for eviction beyond [`CAP`]).
+#[derive(Debug, Default)]
+struct Table {
+    owners: HashMap<String, (u64, Owner)>,
+    order: BTreeMap<u64, String>,
+    next: u64,
+}
+
+impl SessionOwners {
+    /// A poisoned lock only means a panic elsewhere mid-operation; each
+    /// operation leaves the table usable, so carry on with it.
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that `owner` opened MCP session `id`, evicting the oldest
+    /// entries beyond `cap`.
+    pub(crate) fn claim(&self, id: &str, owner: Owner) {
+        self.claim_capped(id, owner, CAP);
+    }
+
+    fn claim_capped(&self, id: &str, owner: Owner, cap: usize) {
+        let mut t = self.table();
+        let seq = t.next;
+        t.next += 1;
+        if let Some((old, _)) = t.owners.insert(id.to_owned(), (seq, owner)) {
+            t.order.remove(&old);
+        }
+        t.order.insert(seq, id.to_owned());
+        while t.owners.len() > cap {
+            let Some((_, oldest)) = t.order.pop_first() else {
+                break;
+            };
+            t.owners.remove(&oldest);
+            tracing::warn!(
+                cap,
+                "more MCP sessions than remembered owners; the oldest one's client must reconnect"
+            );
+        }
+    }
+
+    /// Whether `presented` may use MCP session `id`.
+    pub(crate) fn check(&self, id: &str, presented: &Owner) -> Result<(), NotYours> {
+        match self.table().owners.get(id) {
+            Some((_, owner)) if owner == presented => Ok(()),
+            Some((_, owner)) => Err(NotYours::Other {
+                owner: owner.clone(),
+                presented: presented.clone(),
+            }),
+            None => Err(NotYours::Unknown),
+        }
+    }
+
+    /// Forgets MCP session `id` (it ended).
+    pub(crate) fn forget(&self, id: &str) {
+        let mut t = self.table();
+        if let Some((seq, _)) = t.owners.remove(id) {
+            t.order.remove(&seq);
+        }
+    }
+
+    /// How many owners are remembered.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.table().owners.len()
+    }
+}
+
+/// rmcp's session manager `M`, plus: a session that ends is forgotten in
+/// [`SessionOwners`]. Everything else is `M`'s.
+pub(crate) struct OwnedSessions<M> {
+    inner: M,
+    owners: Arc<SessionOwners>,
+}
+
+impl<M> OwnedSessions<M> {
+    pub(crate) fn new(inner: M, owners: Arc<SessionOwners>) -> Self {
+        OwnedSessions { inner, owners }
+    }
+}
+
+impl<M: SessionManager> SessionManager for OwnedSessions<M> {
+    type Error = M::Error;
+    type Transport = M::Transport;
+
+    fn create_session(
+        &self,
+    ) -> impl Future<Output = Result<(SessionId, Self::Transport), Self::Error>> + Send {
+        self.inner.create_session()
+    }
+
+    fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<ServerJsonRpcMessage, Self::Error>> + Send {
+        self.inner.initialize_session(id, message)
+    }
+
+    fn has_session(
+        &self,
+        id: &SessionId,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        self.inner.has_session(id)
+    }
+
+    /// Called for a `DELETE`, an idle expiry and at shutdown alike.
+    fn close_session(
+        &self,
+        id: &SessionId,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.owners.forget(id);
+        self.inner.close_session(id)
+    }
+
+    fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> impl Future<
+        Output = Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>,
+    > + Send {
+        self.inner.create_stream(id, message)
+    }
+
+    fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.accept_message(id, message)
+    }
+
+    fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> impl Future<
+        Output = Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>,
+    > + Send {
+        self.inner.create_standalone_stream(id)
+    }
+
+    fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> impl Future<
+        Output = Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>,
+    > + Send {
+        self.inner.resume(id, last_event_id)
+    }
+
+    fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> impl Future<Output = Result<RestoreOutcome<Self::Transport>, Self::Error>> + Send {
+        self.inner.restore_session(id)
+    }
+
+    fn event_store(&self) -> Option<Arc<dyn EventStore>> {
+        self.inner.event_store()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ws(id: &str) -> Owner {
+        Owner::Workspace(id.into())
+    }
+
+    #[test]
+    fn only_the_credential_that_opened_a_session_may_use_it() {
+        let owners = SessionOwners::default();
+        owners.claim("m-1", ws("a"));
+        assert_eq!(owners.check("m-1", &ws("a")), Ok(()));
+        for stranger in [
+            Owner::Operator,
+            ws("b"),
+            Owner::Bridge(CoreSessionId::from("s-1")),
+        ] {
+            let err = owners.check("m-1", &stranger).expect_err("refused");
+            assert_eq!(
+                err,
+                NotYours::Other {
+                    owner: ws("a"),
+                    presented: stranger
+                }
+            );
+        }
+        let bridge = Owner::Bridge(CoreSessionId::from("s-1"));
+        owners.claim("m-2", bridge.clone());
+        assert_eq!(owners.check("m-2", &bridge), Ok(()));
+        let other_bridge = Owner::Bridge(CoreSessionId::from("s-2"));
+        assert!(owners.check("m-2", &other_bridge).is_err());
+    }
+
+    #[test]
+    fn an_unrecorded_or_ended_session_is_unknown() {
+        let owners = SessionOwners::default();
+        assert_eq!(
+            owners.check("m-1", &Owner::Operator),
+            Err(NotYours::Unknown)
+        );
+        owners.claim("m-1", Owner::Operator);
+        owners.forget("m-1");
+        assert_eq!(
+            owners.check("m-1", &Owner::Operator),
+            Err(NotYours::Unknown)
+        );
+        assert_eq!(owners.len(), 0);
+        owners.forget("never-there");
+    }
+
+    #[test]
+    fn beyond_the_cap_the_oldest_is_evicted() {
+        let owners = SessionOwners::default();
+        for i in 0..3 {
+            owners.claim_capped(&format!("m-{i}"), Owner::Operator, 2);
+        }
+        assert_eq!(owners.len(), 2);
+        assert_eq!(
+            owners.check("m-0", &Owner::Operator),
+            Err(NotYours::Unknown)
+        );
+        assert_eq!(owners.check("m-2", &Owner::Operator), Ok(()));
+        // Forgotten entries leave no stale order behind.
+        owners.forget("m-1");
+        owners.claim_capped("m-3", Owner::Operator, 2);
+        owners.claim_capped("m-4", Owner::Operator, 2);
+        assert_eq!(owners.len(), 2);
+        assert_eq!(owners.check("m-3", &Owner::Operator), Ok(()));
+        assert_eq!(owners.check("m-4", &Owner::Operator), Ok(()));
+    }
+
+    #[test]
+    fn the_message_names_identities_not_tokens() {
+        let err = NotYours::Other {
+            owner: Owner::Operator,
+            presented: ws("demo"),
+        };
+        assert_eq!(
+            err.to_string(),
+            "this MCP session was opened with the operator token, not the MCP token of workspace `demo`; open your own with `initialize`"
+        );
+    }
+}
