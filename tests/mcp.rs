@@ -584,16 +584,7 @@ async fn the_bridge_needs_a_valid_token_and_reaches_the_acp_session() {
         .await;
         assert_eq!(status, 401, "{bad}");
     }
-    let acp = h
-        .start_acp(json!({"mcp_http": true, "turns": [[{"echo_mcp": true}]]}))
-        .await;
-    let text = h.until_transcript(&acp.id, "Bearer ").await;
-    let token = text
-        .split("Bearer ")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("token")
-        .to_owned();
+    let (acp, token) = h.bridge_token().await;
     // In the URL the token is refused (URLs end up in logs).
     let in_url = raw_post_with(
         h.port,

@@ -31,24 +31,9 @@ const PENDING: &str = "pending-question-of-the-ide-agent";
 /// An ACP session in workspace `ws` whose agent took the bridge, and an MCP
 /// client presenting that session's bridge token.
 async fn bridged_agent(h: &Harness) -> (SessionRecord, Client) {
-    let (acp, token) = bridge_token(h).await;
+    let (acp, token) = h.bridge_token().await;
     let client = h.client_with("", &token).await;
     (acp, client)
-}
-
-/// An ACP session in workspace `ws` and the bridge token its agent got.
-async fn bridge_token(h: &Harness) -> (SessionRecord, String) {
-    let acp = h
-        .start_acp(json!({"mcp_http": true, "turns": [[{"echo_mcp": true}]]}))
-        .await;
-    let text = h.until_transcript(&acp.id, "Bearer ").await;
-    let token = text
-        .split("Bearer ")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("the agent echoed its bridge token")
-        .to_owned();
-    (acp, token)
 }
 
 /// The first pending request of `session` (waits for it).
@@ -354,7 +339,7 @@ async fn a_workspace_token_cannot_use_another_clients_mcp_session() {
 #[tokio::test]
 async fn a_bridge_token_cannot_use_or_end_another_clients_mcp_session() {
     let h = Harness::new().await;
-    let (acp, token) = bridge_token(&h).await;
+    let (acp, token) = h.bridge_token().await;
     let (mcp_id, core) = ide_session_with_steering(&h).await;
     foreign_use_is_not_found(&h, &token, &mcp_id).await;
     owner_still_works(&h, &mcp_id, &core).await;

@@ -31,8 +31,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::supervisor::SupervisorMsg;
 
-use intercom_actors::registry::RegistryMsg;
-
 use super::session_owners::{NotYours, Owner, SessionOwners};
 use super::{ACTOR_TIMEOUT, BridgedSession, ask, server, session_deleted_is_no_content};
 use crate::http::auth::ApiToken;
@@ -173,15 +171,7 @@ async fn owner_of(
 /// at startup, but a config reload can remove the workspace. Its client
 /// must not carry on as a session without a workspace.
 async fn ensure_configured(shared: &server::Shared, ws: &str) -> Result<(), Response> {
-    let registry = shared.deps.registry.get();
-    match ask(
-        &registry,
-        "workspace registry",
-        ACTOR_TIMEOUT,
-        RegistryMsg::Get,
-    )
-    .await
-    {
+    match shared.workspace_map().await {
         Ok(map) if map.workspaces.iter().any(|w| w.id == ws) => Ok(()),
         Ok(_) => {
             let why = WorkspaceGone(ws.to_owned()).to_string();

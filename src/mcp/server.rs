@@ -80,6 +80,20 @@ impl Shared {
         }
     }
 
+    /// The live workspace map (it changes with config reloads).
+    pub(crate) async fn workspace_map(
+        &self,
+    ) -> Result<intercom_actors::registry::WorkspaceMap, super::ActorCallError> {
+        let registry = self.deps.registry.get();
+        super::ask(
+            &registry,
+            "workspace registry",
+            super::ACTOR_TIMEOUT,
+            RegistryMsg::Get,
+        )
+        .await
+    }
+
     /// The workspace at `root` as a directory handle, guarded like ACP agents'.
     fn workspace(&self, root: &Path) -> Result<Arc<WorkspaceFs>, Fail> {
         WorkspaceFs::open(root, self.deps.server_files.clone())

@@ -384,6 +384,22 @@ impl Harness {
             .expect("supervisor call")
             .expect("session starts")
     }
+
+    /// An ACP session in workspace `ws` whose agent advertises HTTP MCP,
+    /// and the bridge token it was given (the agent echoes it).
+    pub async fn bridge_token(&self) -> (SessionRecord, String) {
+        let acp = self
+            .start_acp(serde_json::json!({"mcp_http": true, "turns": [[{"echo_mcp": true}]]}))
+            .await;
+        let text = self.until_transcript(&acp.id, "Bearer ").await;
+        let token = text
+            .split("Bearer ")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("the agent echoed its bridge token")
+            .to_owned();
+        (acp, token)
+    }
 }
 
 // One harness per test crate may include this alongside another.

@@ -91,15 +91,7 @@ impl IntercomMcp {
         // The map, not RegistryMsg::Resolve: resolving also picks an agent
         // profile, which an MCP session does not have (a config without
         // agents must still serve MCP clients).
-        let registry = self.deps().registry.get();
-        match ask(
-            &registry,
-            "workspace registry",
-            ACTOR_TIMEOUT,
-            RegistryMsg::Get,
-        )
-        .await
-        {
+        match self.shared.workspace_map().await {
             Ok(map) => place_in(&map, workspace, channel),
             Err(e) => {
                 tracing::error!("cannot read the workspace map: {e}; the session is local only");
