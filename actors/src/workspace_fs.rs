@@ -277,6 +277,13 @@ impl WorkspaceFs {
         if requested.contains('\0') {
             return Err(invalid("the path contains a NUL byte"));
         }
+        // `file/` or `file/.` names a directory (POSIX: ENOTDIR on a file);
+        // normalizing would drop the ending and read or write `file`.
+        if requested.ends_with('/') || requested.ends_with("/.") {
+            return Err(invalid(
+                "the path ends with '/' so it names a directory; only files are read or written",
+            ));
+        }
         let path = Path::new(requested);
         let rel = if path.is_absolute() {
             let lexical = normalize(path);

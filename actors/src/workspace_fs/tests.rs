@@ -52,6 +52,28 @@ fn reads_and_writes_inside_work_with_relative_and_absolute_paths() {
 }
 
 #[test]
+fn a_path_ending_in_a_slash_names_no_file() {
+    let f = fixture();
+    let ws = open(&f, ServerFiles::default());
+    ws.write("inside.txt", "x").expect("write");
+    for path in ["inside.txt/", "inside.txt/.", "src/new.rs/"] {
+        assert!(
+            matches!(ws.read(path, None, None, MAX), Err(FsError::Invalid { .. })),
+            "read {path}"
+        );
+        assert!(
+            matches!(ws.write(path, "y"), Err(FsError::Invalid { .. })),
+            "write {path}"
+        );
+    }
+    assert!(!f.root.join("src/new.rs").exists());
+    assert_eq!(
+        std::fs::read_to_string(f.root.join("inside.txt")).expect("read back"),
+        "x"
+    );
+}
+
+#[test]
 fn escapes_are_refused_for_reads_and_writes() {
     let f = fixture();
     std::fs::write(f.outside.join("secret"), "s3cret").expect("secret");
