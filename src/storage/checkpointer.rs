@@ -15,7 +15,9 @@
 //! writer, which keeps appending to the WAL meanwhile), at most once per
 //! [`INTERVAL`]. Once a checkpoint has copied everything, the writer's next
 //! transaction starts the WAL over from its beginning, so the file stays
-//! about as small as SQLite alone keeps it.
+//! about as small as SQLite alone keeps it. Under writes without pause a
+//! passive checkpoint never catches up, so past a hard limit (about 64 MiB)
+//! a `TRUNCATE` checkpoint resets and empties the WAL ([`checkpoint`]).
 //!
 //! A failed checkpoint is logged and tried again after the next commit:
 //! nothing is lost by it (the pages are in the WAL, which readers read and
@@ -201,15 +203,43 @@ fn run(conn: &Connection, signal: &Signal) {
     }
 }
 
+/// Past this many pages (about 64 MiB at 4 KiB pages) the WAL is reset
+/// and truncated ([`checkpoint`]).
+const HARD_LIMIT: i64 = 16_384;
+
 /// One `PASSIVE` checkpoint; a failure is logged (the next one retries).
+///
+/// A passive checkpoint copies what was committed when it began, but the
+/// WAL only starts over once a checkpoint has copied *everything*: while
+/// the writer commits without pause (an agent flooding updates) that never
+/// happens, and the WAL grew by gigabytes and kept its size on disk. So
+/// when the WAL is past [`HARD_LIMIT`] pages, a `TRUNCATE` checkpoint
+/// follows: it waits (the busy timeout) for a gap between the writer's
+/// transactions, holds the writer back while it copies the rest (tens of
+/// milliseconds at that size, rarely), and empties the file.
 fn checkpoint(conn: &Connection) {
-    let outcome = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
-    });
-    match outcome {
+    checkpoint_within(conn, HARD_LIMIT);
+}
+
+/// [`checkpoint`] with the hard limit given (tests use a small one).
+fn checkpoint_within(conn: &Connection, hard_limit: i64) {
+    match run_checkpoint(conn, "PASSIVE") {
+        Ok((log, copied)) if log > hard_limit => {
+            tracing::debug!(log, copied, "WAL past its hard limit; truncating it");
+            if let Err(e) = run_checkpoint(conn, "TRUNCATE") {
+                tracing::warn!("WAL truncation failed (retried after the next commit): {e}");
+            }
+        }
         Ok((log, copied)) => tracing::trace!(log, copied, "WAL checkpoint"),
         Err(e) => tracing::warn!("WAL checkpoint failed (retried after the next commit): {e}"),
     }
+}
+
+/// `PRAGMA wal_checkpoint(<mode>)`: (pages in the WAL, pages copied).
+fn run_checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<(i64, i64)> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+    })
 }
 
 #[cfg(test)]
@@ -254,6 +284,35 @@ mod tests {
             std::fs::metadata(&path).expect("db file").len() > before + 4_000_000,
             "the writer did not checkpoint"
         );
+    }
+
+    #[test]
+    fn a_wal_past_the_hard_limit_is_emptied() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("db.sqlite");
+        let writer = Connection::open(&path).expect("open");
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (x)",
+            )
+            .expect("setup");
+        writer
+            .execute_batch("INSERT INTO t VALUES (zeroblob(5000000))")
+            .expect("insert");
+        let wal = dir.path().join("db.sqlite-wal");
+        let grown = std::fs::metadata(&wal).expect("wal").len();
+        assert!(grown > 4_000_000, "{grown}");
+        let checkpointer = Connection::open(&path).expect("open");
+        // Under the limit: copied, but the file keeps its size.
+        checkpoint_within(&checkpointer, 100_000);
+        assert_eq!(std::fs::metadata(&wal).expect("wal").len(), grown);
+        // Past it: copied and emptied, and the data is all there.
+        checkpoint_within(&checkpointer, 100);
+        assert_eq!(std::fs::metadata(&wal).expect("wal").len(), 0);
+        let n: i64 = checkpointer
+            .query_row("SELECT length(x) FROM t", [], |r| r.get(0))
+            .expect("read back");
+        assert_eq!(n, 5_000_000);
     }
 
     #[test]

@@ -267,7 +267,7 @@ impl SessionState {
         let why = format!(
             "{cap} requests are already waiting for the operator (limits.max_pending_requests); wait for them to be answered"
         );
-        tracing::warn!(session = %self.record.id, "refused a new request: {why}");
+        self.warn_agent(|| format!("refused a new request: {why}"));
         match self.record.protocol {
             crate::model::Protocol::Acp => self.respond(
                 wire,
