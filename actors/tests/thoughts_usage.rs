@@ -50,3 +50,37 @@ async fn thoughts_are_stored_whole_and_usage_is_shown() {
     assert_eq!((usage.used, usage.size), (53000, 200000));
     assert_eq!(usage.describe(), "53k/200k tokens · 0.05 USD");
 }
+
+/// A flood of usage reports is shown as its latest one, not one event per
+/// report (each event is stored in the operator's journal): an agent
+/// cannot push everything else out of it.
+#[tokio::test]
+async fn a_flood_of_usage_reports_is_coalesced_to_the_latest() {
+    let mut knobs = Knobs::default();
+    knobs.limits.inbound_messages_per_sec = 100;
+    let h = Harness::new(knobs).await;
+    let report = |used: u64| {
+        json!({"raw": json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "any",
+            "update": {"sessionUpdate": "usage_update", "used": used, "size": 200000}}}).to_string()})
+    };
+    let mut turn: Vec<_> = (1..=3000).map(report).collect();
+    turn.push(json!({"chunk": "after the reports"}));
+    let rec = h.start(json!({"turns": [turn]}), "go").await;
+    h.until_transcript(&rec.id, "after the reports").await;
+    // The latest report is shown (on the next tick at the latest).
+    h.until(
+        "the latest usage",
+        |e| matches!(e, OperatorEvent::Usage { usage, .. } if usage.used == 3000),
+    )
+    .await;
+    let shown = h
+        .sink
+        .events()
+        .iter()
+        .filter(|e| matches!(e, OperatorEvent::Usage { .. }))
+        .count();
+    assert!(
+        shown < 500,
+        "{shown} usage events for 3000 reports: a flood is not coalesced"
+    );
+}

@@ -340,11 +340,14 @@ impl SessionState {
                 self.thought.push_str(&t[..take]);
             }
             Update::Usage(usage) => {
-                self.emit(OperatorEvent::Usage {
-                    session_id: self.id().clone(),
-                    usage: usage.clone(),
-                });
                 self.usage = Some(usage);
+                // Only the latest counts: during a flood it is shown on the
+                // next tick, not once per update (each one is an event the
+                // journal stores).
+                self.usage_unsent = true;
+                if !self.flooded() {
+                    self.send_usage();
+                }
             }
             Update::ToolCall(view) | Update::ToolCallUpdate(view) => self.on_tool(view).await,
             Update::Plan(entries) => self.on_plan(entries).await,
@@ -378,8 +381,22 @@ impl SessionState {
             .flooded(self.settings.limits.inbound_messages_per_sec)
     }
 
+    /// Shows the agent's latest usage, if not shown yet.
+    fn send_usage(&mut self) {
+        if !std::mem::take(&mut self.usage_unsent) {
+            return;
+        }
+        if let Some(usage) = self.usage.clone() {
+            self.emit(OperatorEvent::Usage {
+                session_id: self.id().clone(),
+                usage,
+            });
+        }
+    }
+
     /// Persists and shows what was coalesced during a flood.
     pub(super) async fn flush_coalesced(&mut self) {
+        self.send_usage();
         for id in std::mem::take(&mut self.dirty_tools) {
             if let Some((row, doc)) = self.tools.get(&id).cloned() {
                 self.queue_update(&row, doc.to_string());

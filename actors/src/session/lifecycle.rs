@@ -35,7 +35,7 @@ impl SessionState {
         if !self.unstored_text.is_empty() {
             self.retry_unstored_text().await;
         }
-        if !self.dirty_tools.is_empty() || self.pending_plan.is_some() {
+        if !self.dirty_tools.is_empty() || self.pending_plan.is_some() || self.usage_unsent {
             self.flush_coalesced().await;
         }
         if let Some(at) = self.stream_closed_at

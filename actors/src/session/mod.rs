@@ -522,6 +522,8 @@ pub struct SessionState {
     dirty_tools: HashSet<String>,
     /// The latest plan while flooded, persisted on the next tick.
     pending_plan: Option<Vec<(String, String)>>,
+    /// The agent's latest usage is not shown yet (coalesced while flooded).
+    usage_unsent: bool,
 
     last_inbound: Instant,
     last_any: Instant,

@@ -75,6 +75,7 @@ impl SessionState {
             noise: noise::NoiseLog::new(now),
             dirty_tools: HashSet::new(),
             pending_plan: None,
+            usage_unsent: false,
             last_inbound: now,
             last_any: now,
             touched_at: None,
