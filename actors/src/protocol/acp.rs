@@ -13,8 +13,17 @@ use std::path::PathBuf;
 
 use crate::model::{OptionKind, PermissionOption};
 
-/// How long computing one diff may take before it falls back to a coarser one.
-const DIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
+/// How long matching the lines of one diff may take before it falls back
+/// to a coarser (still correct) one. The diff runs in the session actor, on
+/// an async worker: two agents sending updates with ten big diffs each at
+/// 250 ms apiece held both workers of a 2-core machine, and `/healthz`
+/// took seconds.
+const DIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Past this many lines on both sides together, lines are not matched at
+/// all: past the common start and end, the old lines are shown removed and
+/// the new ones added. Linear time, however hostile the texts.
+const DIFF_MATCH_LINES: usize = 4000;
 
 /// Method names used on the wire.
 pub mod methods {
@@ -481,9 +490,15 @@ pub fn slice_lines(content: &str, line: Option<u32>, limit: Option<u32>) -> Stri
 /// one (outside the workspace) is shown as it is.
 pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
     // Texts come from the agent: bound the work (the diff degrades to a
-    // coarser but correct one past the deadline).
+    // coarser but correct one past the deadline, at once for big texts).
+    let lines = old.lines().count() + new.lines().count();
+    let budget = if lines > DIFF_MATCH_LINES {
+        std::time::Duration::ZERO
+    } else {
+        DIFF_TIMEOUT
+    };
     let diff = similar::TextDiff::configure()
-        .timeout(DIFF_TIMEOUT)
+        .timeout(budget)
         .diff_lines(old, new);
     let (a, b) = if path.starts_with('/') {
         (path.to_owned(), path.to_owned())
@@ -504,6 +519,19 @@ pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_diff_is_coarse_but_complete() {
+        let old = "same start\n".to_owned() + &"a\n".repeat(15_000) + "same end\n";
+        let new = "same start\n".to_owned() + &"b\n".repeat(15_000) + "same end\n";
+        let started = std::time::Instant::now();
+        let diff = unified_diff("big.txt", &old, &new);
+        eprintln!("15,000-line diff in {:?}", started.elapsed());
+        assert!(diff.starts_with("--- a/big.txt\n+++ b/big.txt\n"), "{}", &diff[..80]);
+        assert_eq!(diff.lines().filter(|l| *l == "-a").count(), 15_000);
+        assert_eq!(diff.lines().filter(|l| *l == "+b").count(), 15_000);
+        assert!(diff.contains(" same start") && diff.contains(" same end"));
+    }
 
     #[test]
     fn initialize_params_advertise_fs_and_identity() {
