@@ -119,3 +119,33 @@ fn a_descendant_that_left_the_agents_group_dies_with_the_session() {
         gone(escaped.0).then_some(())
     });
 }
+
+#[test]
+fn a_descendant_in_its_own_session_dies_when_a_cooperative_agent_stops() {
+    // The agent exits as soon as its stdin closes (the stop's first step),
+    // which re-parents the `sleep` it moved into a group of its own before
+    // any kill: the stop notes the descendants first and kills them once
+    // the agent exited.
+    let pids = tempfile::tempdir().expect("tempdir");
+    let pid_file = pids.path().join("escaped.pid");
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[
+            {"escape_group": {"pid_file": pid_file, "secs": 120, "detach": false}},
+            {"chunk": "left a sleep behind"}
+        ]]}),
+        ..Setup::default()
+    });
+    let id = sid(&server.http.start("go"));
+    let escaped = Escaped(until("the escaped descendant", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    }));
+    server.http.until_transcript(&id, "left a sleep behind");
+    assert!(!gone(escaped.0), "the descendant should run until the stop");
+    server
+        .http
+        .post(&format!("/api/sessions/{id}/cancel"), &json!({}));
+    server.http.until_status(&id, "cancelled");
+    until("the escaped descendant to be killed", || {
+        gone(escaped.0).then_some(())
+    });
+}

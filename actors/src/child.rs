@@ -404,6 +404,16 @@ impl AgentChild {
         signal_group(self.pid, signal);
     }
 
+    /// The agent's descendants now, with their start times
+    /// ([`crate::process_tree::snapshot`]); empty when the pid no longer
+    /// names the agent.
+    pub fn descendants(&self) -> Vec<(i32, u64)> {
+        if self.started.is_none() || start_time(self.pid) != self.started {
+            return Vec::new();
+        }
+        crate::process_tree::snapshot(self.pid)
+    }
+
     /// SIGKILLs the process group and every descendant that left it
     /// ([`crate::process_tree`]).
     pub fn kill(&self) {

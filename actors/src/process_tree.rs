@@ -10,9 +10,15 @@
 //! re-parented and cannot be told apart), stopped with SIGSTOP so they
 //! cannot fork out of the walk, and killed with the group.
 //!
+//! A graceful stop closes the agent's stdin first, and an agent that exits
+//! then re-parents its children before any kill: so the stop takes a
+//! [`snapshot`] of the descendants first and kills what is left of it once
+//! the agent exited ([`kill_listed`]).
+//!
 //! Limit (docs/security.md): a descendant that was already re-parented
-//! before the kill (double fork, its parent exited) is not found; agents run
-//! as the operator's user, and a sandbox is the answer for that.
+//! before the kill or the stop's snapshot (double fork, its parent exited)
+//! is not found; agents run as the operator's user, and a sandbox is the
+//! answer for that.
 
 use std::collections::{HashMap, HashSet};
 
@@ -62,6 +68,25 @@ fn stop_descendants(root: i32) -> HashSet<i32> {
         found.extend(fresh);
     }
     found
+}
+
+/// Every descendant of `root` now, with its start time, so it can be
+/// recognised later (after `root` exited and it was re-parented).
+pub fn snapshot(root: i32) -> Vec<(i32, u64)> {
+    descendants(root)
+        .into_iter()
+        .filter_map(|p| Some((p, start_time(p)?)))
+        .collect()
+}
+
+/// SIGKILLs each process of a [`snapshot`] that is still the same process
+/// (same start time: never a recycled pid).
+pub fn kill_listed(procs: &[(i32, u64)]) {
+    for &(pid, started) in procs {
+        if start_time(pid) == Some(started) {
+            signal(pid, libc::SIGKILL);
+        }
+    }
 }
 
 /// Every process below `root` in the parent tree (not `root` itself).

@@ -527,7 +527,11 @@ mod tests {
         let started = std::time::Instant::now();
         let diff = unified_diff("big.txt", &old, &new);
         eprintln!("15,000-line diff in {:?}", started.elapsed());
-        assert!(diff.starts_with("--- a/big.txt\n+++ b/big.txt\n"), "{}", &diff[..80]);
+        assert!(
+            diff.starts_with("--- a/big.txt\n+++ b/big.txt\n"),
+            "{}",
+            &diff[..80]
+        );
         assert_eq!(diff.lines().filter(|l| *l == "-a").count(), 15_000);
         assert_eq!(diff.lines().filter(|l| *l == "+b").count(), 15_000);
         assert!(diff.contains(" same start") && diff.contains(" same end"));

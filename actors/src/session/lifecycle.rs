@@ -173,6 +173,9 @@ impl SessionState {
         self.cancel_pending("session stopping").await;
         self.flush_text(true).await;
         if let Some(child) = &self.child {
+            // An agent that exits on end of input re-parents its children:
+            // note them now, to kill what is left once it exited.
+            self.stop_snapshot = child.descendants();
             child.close_stdin();
         }
         if self.exited {
@@ -251,8 +254,10 @@ impl SessionState {
 
     pub(super) async fn on_exit(&mut self, code: Option<i32>, signal: Option<i32>) {
         self.exited = true;
-        // Stragglers in the group (grandchildren) go with the leader.
+        // Stragglers in the group (grandchildren) go with the leader, and
+        // so do the descendants noted when a stop began, wherever they are.
         self.kill_group_now();
+        crate::process_tree::kill_listed(&std::mem::take(&mut self.stop_snapshot));
         let mut exit = Self::exit_text(code, signal);
         if let (Some(why), Some(_)) = (&self.kill_reason, signal) {
             // Our kill, not an exit the agent chose before it landed.

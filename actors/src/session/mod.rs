@@ -489,6 +489,9 @@ pub struct SessionState {
     /// stays undelivered (in storage) when the write fails.
     in_flight: BTreeMap<u64, Steering>,
     next_write_token: u64,
+    /// The agent's descendants (pid, start time) when a graceful stop
+    /// began, killed once the agent exited ([`crate::process_tree`]).
+    stop_snapshot: Vec<(i32, u64)>,
     /// Why agent-intercom killed the agent, told with the exit that follows.
     kill_reason: Option<String>,
     /// Who asked for the restart the agent is being killed for.

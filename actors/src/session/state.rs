@@ -57,6 +57,7 @@ impl SessionState {
             queue: VecDeque::new(),
             in_flight: BTreeMap::new(),
             next_write_token: 0,
+            stop_snapshot: Vec::new(),
             kill_reason: None,
             restart_by: None,
             mcp_waiters: HashMap::new(),
