@@ -167,6 +167,7 @@ impl SessionState {
         let root = PathBuf::from(&self.record.cwd);
         let tool_id = ask.tool.id.clone();
         let merged = self.toolcalls.update(&ask.tool).clone();
+        self.forget_tool_lines();
         let shown = toolcalls::show(&root, &merged, &|p| self.preview(p));
         let title = shown
             .title
@@ -381,6 +382,15 @@ impl SessionState {
             .flooded(self.settings.limits.inbound_messages_per_sec)
     }
 
+    /// Lets go of the transcript lines of tool calls the session no
+    /// longer remembers (a later update of one starts a new line).
+    fn forget_tool_lines(&mut self) {
+        for id in self.toolcalls.take_forgotten() {
+            self.tools.remove(&id);
+            self.dirty_tools.remove(&id);
+        }
+    }
+
     /// Shows the agent's latest usage, if not shown yet.
     fn send_usage(&mut self) {
         if !std::mem::take(&mut self.usage_unsent) {
@@ -416,6 +426,7 @@ impl SessionState {
     async fn on_tool(&mut self, view: acp::ToolCallView) {
         let root = PathBuf::from(&self.record.cwd);
         let merged = self.toolcalls.update(&view).clone();
+        self.forget_tool_lines();
         if self.flooded()
             && let Some((row, doc)) = self.tools.get_mut(&view.id)
             && !row.is_none()

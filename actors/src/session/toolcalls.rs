@@ -21,6 +21,10 @@ use crate::protocol::acp::{self, AnnouncedEdit, ToolCallView};
 
 /// Tool calls remembered per session; the oldest are forgotten first.
 const MAX_CALLS: usize = 1024;
+/// What the remembered calls may hold together (titles, edits, raw input,
+/// about); past it the oldest are forgotten first. An agent announcing a
+/// thousand calls of a megabyte each held a gigabyte per session.
+const MAX_CALL_BYTES: usize = 32 << 20;
 /// Allowed-but-unused edit sets remembered per session.
 const MAX_GRANTS: usize = 256;
 /// Files larger than this are not read to show a diff in context.
@@ -46,6 +50,8 @@ pub struct ToolCall {
     pub locations: Vec<PathBuf>,
     /// The tool's raw input.
     pub raw_input: Option<Value>,
+    /// About how many bytes this call holds ([`ToolCall::weight`]).
+    bytes: usize,
 }
 
 impl ToolCall {
@@ -68,6 +74,21 @@ impl ToolCall {
         if view.raw_input.is_some() {
             self.raw_input.clone_from(&view.raw_input);
         }
+        self.bytes = self.weight();
+    }
+
+    /// About how many bytes the call holds: its texts, and its raw input
+    /// as JSON.
+    fn weight(&self) -> usize {
+        let text = |t: &Option<String>| t.as_ref().map_or(0, String::len);
+        let edits: usize = self
+            .edits
+            .iter()
+            .map(|e| e.path.as_os_str().len() + text(&e.old_text) + e.new_text.len())
+            .sum();
+        let locations: usize = self.locations.iter().map(|l| l.as_os_str().len()).sum();
+        let raw = self.raw_input.as_ref().map_or(0, |r| r.to_string().len());
+        text(&self.title) + text(&self.kind) + text(&self.status) + edits + locations + raw
     }
 
     /// The command of an execute call.
@@ -139,6 +160,10 @@ pub struct ToolCalls {
     calls: HashMap<String, ToolCall>,
     order: VecDeque<String>,
     grants: VecDeque<Grant>,
+    /// What the calls hold together ([`MAX_CALL_BYTES`]).
+    bytes: usize,
+    /// Calls forgotten since [`ToolCalls::take_forgotten`] was last asked.
+    forgotten: Vec<String>,
 }
 
 impl ToolCalls {
@@ -146,16 +171,36 @@ impl ToolCalls {
     /// the call's state and returns the merged state.
     pub fn update(&mut self, view: &ToolCallView) -> &ToolCall {
         if !self.calls.contains_key(&view.id) {
-            if self.order.len() >= MAX_CALLS
-                && let Some(old) = self.order.pop_front()
-            {
-                self.calls.remove(&old);
+            if self.order.len() >= MAX_CALLS {
+                self.forget_oldest();
             }
             self.order.push_back(view.id.clone());
         }
         let call = self.calls.entry(view.id.clone()).or_default();
+        let before = call.bytes;
         call.apply(view);
-        call
+        self.bytes = self.bytes.saturating_sub(before) + call.bytes;
+        while self.bytes > MAX_CALL_BYTES && self.order.front() != Some(&view.id) {
+            self.forget_oldest();
+        }
+        // Never the call just updated: it is not the oldest, or it is alone.
+        self.calls.entry(view.id.clone()).or_default()
+    }
+
+    /// Forgets the oldest call.
+    fn forget_oldest(&mut self) {
+        if let Some(old) = self.order.pop_front() {
+            if let Some(call) = self.calls.remove(&old) {
+                self.bytes = self.bytes.saturating_sub(call.bytes);
+            }
+            self.forgotten.push(old);
+        }
+    }
+
+    /// The calls forgotten since the last time this was asked (whoever
+    /// keeps more about a call, such as its transcript line, can let go).
+    pub fn take_forgotten(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.forgotten)
     }
 
     /// What a permission about `call` covers once allowed.
@@ -490,5 +535,33 @@ mod tests {
         }
         assert_eq!(calls.calls.len(), MAX_CALLS);
         assert!(!calls.calls.contains_key("t0"));
+        assert_eq!(calls.take_forgotten().len(), 10);
+    }
+
+    #[test]
+    fn big_calls_are_forgotten_past_the_byte_budget() {
+        let mut calls = ToolCalls::default();
+        let big = "x".repeat(1 << 20);
+        for i in 0..100 {
+            calls.update(&ToolCallView {
+                title: Some(big.clone()),
+                raw_input: Some(serde_json::json!({"command": big})),
+                ..view(&format!("t{i}"))
+            });
+        }
+        assert!(calls.bytes <= MAX_CALL_BYTES, "{} bytes held", calls.bytes);
+        assert!(calls.calls.len() < 20, "{} calls held", calls.calls.len());
+        let newest = calls.calls.get("t99").expect("the newest call is kept");
+        assert_eq!(newest.title.as_deref().map(str::len), Some(1 << 20));
+        let forgotten = calls.take_forgotten();
+        assert_eq!(forgotten.first().map(String::as_str), Some("t0"));
+        assert_eq!(forgotten.len() + calls.calls.len(), 100);
+        // Updating a call re-weighs it rather than adding it twice.
+        let held = calls.bytes;
+        calls.update(&ToolCallView {
+            title: Some("short".into()),
+            ..view("t99")
+        });
+        assert!(calls.bytes < held, "{} then {}", held, calls.bytes);
     }
 }
