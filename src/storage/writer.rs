@@ -222,6 +222,8 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, ru
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
     )?;
+    // When the WAL starts over, a file grown past this is cut back to it.
+    conn.pragma_update(None, "journal_size_limit", checkpointer::WAL_SIZE_LIMIT)?;
     // Replaces SQLite's automatic checkpoint (also a WAL hook).
     conn.wal_hook(Some(checkpointer::wal_size));
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
