@@ -319,7 +319,10 @@ mod tests {
             .execute_batch("INSERT INTO t VALUES (1)")
             .expect("the next transaction");
         let after = std::fs::metadata(&wal).expect("wal").len();
-        assert!(after <= 65_536 + 8_192, "the WAL did not start over: {after} bytes");
+        assert!(
+            after <= 65_536 + 8_192,
+            "the WAL did not start over: {after} bytes"
+        );
         let n: i64 = writer
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .expect("read back");
