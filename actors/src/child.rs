@@ -408,10 +408,7 @@ impl AgentChild {
     /// ([`crate::process_tree::snapshot`]); empty when the pid no longer
     /// names the agent.
     pub fn descendants(&self) -> Vec<(i32, u64)> {
-        if self.started.is_none() || start_time(self.pid) != self.started {
-            return Vec::new();
-        }
-        crate::process_tree::snapshot(self.pid)
+        crate::process_tree::snapshot(self.pid, self.started)
     }
 
     /// SIGKILLs the process group and every descendant that left it

@@ -23,4 +23,5 @@ pub mod session;
 pub mod settings;
 pub mod slack_port;
 pub mod supervisor;
+pub mod text;
 pub mod workspace_fs;

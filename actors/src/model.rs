@@ -298,11 +298,11 @@ impl PermissionOption {
     }
 }
 
-/// False for characters that move, hide or reorder text (controls, bidi
-/// and zero-width formatting): a label leaves them out.
+/// False for characters that move, hide or reorder text (controls and
+/// [`crate::text::disguises`]), and for the zero-width (non-)joiners, which
+/// a button label has no use for: a label leaves them out.
 fn shows_plainly(c: char) -> bool {
-    !(c.is_control()
-        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'))
+    !(c.is_control() || crate::text::disguises(c) || matches!(c, '\u{200c}' | '\u{200d}'))
 }
 
 impl Serialize for PermissionOption {

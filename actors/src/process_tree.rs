@@ -37,8 +37,7 @@ pub fn kill_tree(pid: i32, started: Option<u64>) {
     if pid <= 0 {
         return;
     }
-    let same = started.is_some() && start_time(pid) == started;
-    let strays = if same {
+    let strays = if still_the_same(pid, started) {
         stop_descendants(pid)
     } else {
         HashSet::new()
@@ -70,9 +69,19 @@ fn stop_descendants(root: i32) -> HashSet<i32> {
     found
 }
 
+/// True while `pid` is still the process that started at `started`
+/// ([`start_time`]), never a recycled pid.
+fn still_the_same(pid: i32, started: Option<u64>) -> bool {
+    started.is_some() && start_time(pid) == started
+}
+
 /// Every descendant of `root` now, with its start time, so it can be
-/// recognised later (after `root` exited and it was re-parented).
-pub fn snapshot(root: i32) -> Vec<(i32, u64)> {
+/// recognised later (after `root` exited and it was re-parented); empty
+/// when `root` is no longer the process that started at `started`.
+pub fn snapshot(root: i32, started: Option<u64>) -> Vec<(i32, u64)> {
+    if !still_the_same(root, started) {
+        return Vec::new();
+    }
     descendants(root)
         .into_iter()
         .filter_map(|p| Some((p, start_time(p)?)))
@@ -83,7 +92,7 @@ pub fn snapshot(root: i32) -> Vec<(i32, u64)> {
 /// (same start time: never a recycled pid).
 pub fn kill_listed(procs: &[(i32, u64)]) {
     for &(pid, started) in procs {
-        if start_time(pid) == Some(started) {
+        if still_the_same(pid, Some(started)) {
             signal(pid, libc::SIGKILL);
         }
     }

@@ -44,7 +44,7 @@ enum Layout {
 /// itself. C0 controls (escape sequences, BEL, backspace, CR, NUL), DEL and
 /// C1 controls (the 8-bit CSI `U+009B`) are spelled out as `\x1b` or
 /// `\u{9b}`, and so is invisible formatting that can disguise text
-/// ([`disguises`]).
+/// ([`intercom_actors::text::disguises`]).
 fn stand_in(c: char, layout: Layout) -> Option<Cow<'static, str>> {
     match c {
         '\n' | '\t' if layout == Layout::Lines => None,
@@ -53,33 +53,11 @@ fn stand_in(c: char, layout: Layout) -> Option<Cow<'static, str>> {
         '\r' => Some(Cow::Borrowed("\\r")),
         '\0'..='\x1f' | '\x7f' => Some(Cow::Owned(format!("\\x{:02x}", u32::from(c)))),
         '\u{80}'..='\u{9f}' => Some(Cow::Owned(format!("\\u{{{:x}}}", u32::from(c)))),
-        c if disguises(c) => Some(Cow::Owned(format!("\\u{{{:x}}}", u32::from(c)))),
+        c if intercom_actors::text::disguises(c) => {
+            Some(Cow::Owned(format!("\\u{{{:x}}}", u32::from(c))))
+        }
         _ => None,
     }
-}
-
-/// Invisible formatting that can make text read other than it is: bidi
-/// marks, embeddings, overrides and isolates (`U+202A`–`U+202E`,
-/// `U+2066`–`U+2069`), zero-width and soft-hyphen characters, the line and
-/// paragraph separators, the byte-order mark, interlinear annotations and
-/// tag characters (hidden ASCII). The zero-width (non-)joiners stay: emoji
-/// and several scripts need them.
-fn disguises(c: char) -> bool {
-    matches!(
-        c,
-        '\u{ad}'
-            | '\u{61c}'
-            | '\u{180e}'
-            | '\u{200b}'
-            | '\u{200e}'
-            | '\u{200f}'
-            | '\u{2028}'..='\u{202e}'
-            | '\u{2060}'..='\u{2064}'
-            | '\u{2066}'..='\u{206f}'
-            | '\u{feff}'
-            | '\u{fff9}'..='\u{fffb}'
-            | '\u{e0000}'..='\u{e007f}'
-    )
 }
 
 /// `text` with every character [`stand_in`] replaces replaced, stopping

@@ -190,7 +190,7 @@ async fn ensure_configured(shared: &server::Shared, ws: &str) -> Result<(), Resp
 #[error(
     "this token is for workspace `{0}`, which is no longer configured; add the workspace back to config.toml or use the token of a configured workspace"
 )]
-struct WorkspaceGone(String);
+pub(crate) struct WorkspaceGone(pub(crate) String);
 
 /// The MCP session a request names, if any.
 fn session_named(req: &Request) -> Option<String> {

@@ -188,6 +188,20 @@ impl IntercomMcp {
         &self.shared.deps
     }
 
+    /// Writes an audit entry of what the caller (the agent side) did or was
+    /// refused, on the session it acts on; a failed write is logged.
+    async fn audit_agent(&self, t: &Target, action: &str, detail: serde_json::Value) {
+        let entry = intercom_actors::model::AuditEntry {
+            session_id: Some(t.id.clone()),
+            actor: "agent".into(),
+            action: action.into(),
+            detail,
+        };
+        if let Err(e) = self.deps().store.audit(&entry).await {
+            tracing::error!(session = %t.id, "audit write failed: {e}");
+        }
+    }
+
     async fn check_clearance(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
         let t = self.target(ctx).await?;
         let title = args.str_or("title", "").trim().to_owned();

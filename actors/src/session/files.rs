@@ -139,12 +139,7 @@ impl SessionState {
     /// Logs a refused file operation; containment violations are also
     /// audited and shown to the operator.
     async fn refused(&mut self, method: &str, path: &str, e: &FsError) {
-        self.warn_agent(|| {
-            format!(
-                "{method} refused: {}",
-                super::noise::log_safe(&e.to_string())
-            )
-        });
+        self.warn_agent(|| format!("{method} refused: {e}"));
         if !e.is_containment() {
             return;
         }

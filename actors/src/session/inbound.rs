@@ -10,7 +10,6 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::ledger::RowId;
-use super::noise;
 use super::toolcalls::{self, ToolCalls};
 use super::{Outgoing, Pending, Phase, SessionState};
 use crate::child::ChildEvent;
@@ -72,10 +71,7 @@ impl SessionState {
             Err(e) => {
                 self.warn_agent(|| {
                     let raw = truncate_for_log(body, LOG_RAW_BYTES);
-                    format!(
-                        "skipping malformed line from agent: {e}; raw={}",
-                        noise::log_safe(&raw)
-                    )
+                    format!("skipping malformed line from agent: {e}; raw={raw}")
                 });
                 return;
             }
@@ -111,8 +107,7 @@ impl SessionState {
                     }
                     Some(p) => self.on_handshake_response(p, outcome).await,
                     None => self.warn_agent(|| {
-                        let id = noise::log_safe(&format!("{id:?}")).into_owned();
-                        format!("response to an unknown request id {id}; ignored")
+                        format!("response to an unknown request id {id:?}; ignored")
                     }),
                 }
             }
@@ -302,12 +297,7 @@ impl SessionState {
         let (_, update) = match acp::parse_update(params) {
             Ok(u) => u,
             Err(e) => {
-                self.warn_agent(|| {
-                    format!(
-                        "skipping session/update: {}",
-                        noise::log_safe(&e.to_string())
-                    )
-                });
+                self.warn_agent(|| format!("skipping session/update: {e}"));
                 return;
             }
         };
@@ -607,12 +597,7 @@ impl SessionState {
         let parsed = match DialectIn::from_message(&msg) {
             Ok(m) => m,
             Err(e) => {
-                self.warn_agent(|| {
-                    format!(
-                        "skipping intercom message: {}",
-                        noise::log_safe(&e.to_string())
-                    )
-                });
+                self.warn_agent(|| format!("skipping intercom message: {e}"));
                 return;
             }
         };

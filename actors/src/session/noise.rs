@@ -9,8 +9,10 @@
 //! counted, and the next warning logged says how many were left out.
 //!
 //! The text logged is the agent's, so it is also made safe for a log line
-//! ([`log_safe`]): control characters (ESC, CR, BEL, ...) and bidi controls
-//! are written escaped, so an agent cannot forge or hide log lines.
+//! ([`log_safe`]): control characters (ESC, CR, BEL, ...) and disguising
+//! formatting ([`crate::text::disguises`]: bidi controls, zero-width
+//! characters) are written escaped, so an agent cannot forge or hide log
+//! lines.
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
@@ -65,7 +67,7 @@ impl NoiseLog {
 }
 
 /// `text` with every control character (newlines too: a log line is one
-/// line) and every bidi control written as an escape (`\u{1b}`), so what an
+/// line) and every disguising character written as an escape (`\u{1b}`), so what an
 /// agent sent cannot move the cursor, end the line or reorder it.
 pub(crate) fn log_safe(text: &str) -> Cow<'_, str> {
     if !text.chars().any(needs_escape) {
@@ -84,7 +86,7 @@ pub(crate) fn log_safe(text: &str) -> Cow<'_, str> {
 
 /// Characters that change how a terminal or a log viewer shows a line.
 fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || crate::text::disguises(c)
 }
 
 #[cfg(test)]

@@ -247,20 +247,23 @@ impl SessionState {
     }
 
     /// Logs a warning about what the agent sent (`what` is built only when
-    /// it is logged), unless its agent made too many of them lately: see
-    /// [`noise`]. Agent text in `what` must already be [`noise::log_safe`].
+    /// it is logged, and logged [`noise::log_safe`]: it may quote the
+    /// agent), unless its agent made too many of them lately: see [`noise`].
     pub(super) fn warn_agent(&mut self, what: impl FnOnce() -> String) {
-        match self.noise.admit(Instant::now()) {
-            noise::Verdict::Suppress => {}
-            noise::Verdict::Log { left_out: 0 } => {
-                tracing::warn!(session = %self.record.id, "{}", what());
-            }
-            noise::Verdict::Log { left_out } => tracing::warn!(
+        let left_out = match self.noise.admit(Instant::now()) {
+            noise::Verdict::Suppress => return,
+            noise::Verdict::Log { left_out } => left_out,
+        };
+        let what = what();
+        let what = noise::log_safe(&what);
+        if left_out == 0 {
+            tracing::warn!(session = %self.record.id, "{what}");
+        } else {
+            tracing::warn!(
                 session = %self.record.id,
                 left_out,
-                "{} ({left_out} more warnings about this agent's output were left out)",
-                what()
-            ),
+                "{what} ({left_out} more warnings about this agent's output were left out)"
+            );
         }
     }
 

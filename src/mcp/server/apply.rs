@@ -12,9 +12,7 @@
 
 use std::sync::Arc;
 
-use intercom_actors::model::{
-    AuditEntry, Decision, PendingRequest, RequestKind, RequestStatus, now_ms,
-};
+use intercom_actors::model::{Decision, PendingRequest, RequestKind, RequestStatus, now_ms};
 use intercom_actors::workspace_fs::{FsError, WorkspaceFs, on_blocking_pool};
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
@@ -99,15 +97,8 @@ impl IntercomMcp {
                 return Err(fail);
             }
         };
-        let entry = AuditEntry {
-            session_id: Some(t.id.clone()),
-            actor: "agent".into(),
-            action: "change.applied".into(),
-            detail: json!({"request": global, "files": written, "forced": force}),
-        };
-        if let Err(e) = store.audit(&entry).await {
-            tracing::error!(session = %t.id, "audit write failed: {e}");
-        }
+        let detail = json!({"request": global, "files": written, "forced": force});
+        self.audit_agent(&t, "change.applied", detail).await;
         Ok(json!({"request_id": global, "files_written": written}))
     }
 

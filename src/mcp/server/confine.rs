@@ -8,7 +8,7 @@
 //! that one session: naming another session, or another session's request,
 //! is refused with [`OtherSession`] and audited as `action.denied`.
 
-use intercom_actors::model::{AuditEntry, SessionId};
+use intercom_actors::model::SessionId;
 use serde_json::json;
 
 use super::{Fail, IntercomMcp, Target};
@@ -81,20 +81,13 @@ impl IntercomMcp {
             return Ok(());
         };
         tracing::warn!(session = %t.id, named = %named, tool, "bridge token named another session; refused");
-        let entry = AuditEntry {
-            session_id: Some(t.id.clone()),
-            actor: "agent".into(),
-            action: "action.denied".into(),
-            detail: json!({
-                "action": format!("mcp.{tool}"),
-                "named_session": named,
-                "request_id": request_id,
-                "why": "a bridge token acts on its own session only",
-            }),
-        };
-        if let Err(e) = self.deps().store.audit(&entry).await {
-            tracing::error!(session = %t.id, "audit write failed: {e}");
-        }
+        let detail = json!({
+            "action": format!("mcp.{tool}"),
+            "named_session": named,
+            "request_id": request_id,
+            "why": "a bridge token acts on its own session only",
+        });
+        self.audit_agent(t, "action.denied", detail).await;
         Err(refusal.into())
     }
 }

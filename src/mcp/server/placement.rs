@@ -188,9 +188,7 @@ fn ensure_scoped(parts: Option<&Parts>, place: &Place) -> Result<(), Fail> {
     }
     Err(Fail::refused(
         "no_workspace",
-        format!(
-            "this token is for workspace `{ws}`, which is no longer configured; add it back to config.toml or use the token of a configured workspace"
-        ),
+        crate::mcp::auth::WorkspaceGone(ws.clone()).to_string(),
     ))
 }
 

@@ -1,0 +1,54 @@
+//! Which characters can make text read other than it is.
+//!
+//! Agent text reaches the operator's terminal (`ctl`), the server's log
+//! and approval buttons. Each escapes or drops control characters, and the
+//! invisible formatting below, before it shows agent text: one definition,
+//! so that a character one of them knows to be dangerous is known to all.
+
+/// Invisible formatting that can make text read other than it is: bidi
+/// marks, embeddings, overrides and isolates (`U+202A`–`U+202E`,
+/// `U+2066`–`U+2069`), zero-width and soft-hyphen characters, the line and
+/// paragraph separators, the invisible operators and deprecated format
+/// characters (`U+2060`–`U+206F`, with the unassigned `U+2065`), the
+/// byte-order mark, interlinear annotations and tag characters (hidden
+/// ASCII). The zero-width (non-)joiners are not in
+/// it: emoji and several scripts need them. Control characters are not in
+/// it either (`char::is_control`), since callers treat them apart.
+pub fn disguises(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{61c}'
+            | '\u{180e}'
+            | '\u{200b}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{e0000}'..='\u{e007f}'
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bidi_zero_width_and_tags_disguise_joiners_and_letters_do_not() {
+        for c in [
+            '\u{202e}',
+            '\u{2066}',
+            '\u{200b}',
+            '\u{feff}',
+            '\u{e0041}',
+            '\u{ad}',
+        ] {
+            assert!(disguises(c), "{c:?}");
+        }
+        for c in ['a', 'é', '\u{200d}', '\u{200c}', '\n', '\u{1b}'] {
+            assert!(!disguises(c), "{c:?}");
+        }
+    }
+}
