@@ -52,6 +52,9 @@ pub struct ToolCall {
     pub raw_input: Option<Value>,
     /// About how many bytes this call holds ([`ToolCall::weight`]).
     bytes: usize,
+    /// The raw input's size as JSON, measured when it changes (updates
+    /// that only move the status do not serialize it again).
+    raw_bytes: usize,
 }
 
 impl ToolCall {
@@ -73,12 +76,13 @@ impl ToolCall {
         }
         if view.raw_input.is_some() {
             self.raw_input.clone_from(&view.raw_input);
+            self.raw_bytes = self.raw_input.as_ref().map_or(0, |r| r.to_string().len());
         }
         self.bytes = self.weight();
     }
 
     /// About how many bytes the call holds: its texts, and its raw input
-    /// as JSON.
+    /// as JSON ([`ToolCall::raw_bytes`]).
     fn weight(&self) -> usize {
         let text = |t: &Option<String>| t.as_ref().map_or(0, String::len);
         let edits: usize = self
@@ -87,8 +91,12 @@ impl ToolCall {
             .map(|e| e.path.as_os_str().len() + text(&e.old_text) + e.new_text.len())
             .sum();
         let locations: usize = self.locations.iter().map(|l| l.as_os_str().len()).sum();
-        let raw = self.raw_input.as_ref().map_or(0, |r| r.to_string().len());
-        text(&self.title) + text(&self.kind) + text(&self.status) + edits + locations + raw
+        text(&self.title)
+            + text(&self.kind)
+            + text(&self.status)
+            + edits
+            + locations
+            + self.raw_bytes
     }
 
     /// The command of an execute call.
