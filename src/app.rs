@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use intercom_actors::model::{PendingRequest, SessionId, SessionRecord, TranscriptEntry};
+use intercom_actors::model::{PendingRequest, SessionId, SessionRecord};
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore};
 use intercom_actors::registry::{RegistryMsg, Target};
 use intercom_actors::session::{Caller, SessionMsg, SessionSettings, SessionSnapshot};
@@ -21,6 +21,7 @@ use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
     OPERATOR_CALL, StartRequest, SupervisorArgs, SupervisorMsg, directory, steer_session,
 };
+use intercom_actors::transcript::{TranscriptPage, TranscriptSlice};
 use ractor::{Actor, ActorRef};
 use tokio::sync::{broadcast, watch};
 
@@ -518,10 +519,15 @@ impl App {
         })
     }
 
-    /// A session's transcript, oldest first.
-    pub async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, AppError> {
+    /// A page of a session's transcript, oldest first
+    /// ([`intercom_actors::transcript`]).
+    pub async fn transcript_page(
+        &self,
+        id: &SessionId,
+        page: TranscriptPage,
+    ) -> Result<TranscriptSlice, AppError> {
         self.session(id).await?;
-        Ok(self.inner.store.transcript(id).await?)
+        Ok(self.inner.store.transcript_page(id, page).await?)
     }
 
     /// The running actor of a session, from the named registry (never

@@ -24,4 +24,5 @@ pub mod settings;
 pub mod slack_port;
 pub mod supervisor;
 pub mod text;
+pub mod transcript;
 pub mod workspace_fs;

@@ -15,6 +15,7 @@ use crate::model::{
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
 use crate::ports::{Clearance, OperatorEvent, OperatorSink, SessionStore, StoreError};
+use crate::transcript::{PageFill, TranscriptPage, TranscriptSlice};
 
 #[derive(Default)]
 struct Tables {
@@ -191,13 +192,29 @@ impl SessionStore for MemoryStore {
     async fn update_message(&self, message_id: i64, content: &str) -> Result<(), StoreError> {
         self.with(|t| edit_message(t, message_id, |c| *c = content.to_owned()))
     }
-    async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError> {
+    async fn transcript_page(
+        &self,
+        id: &SessionId,
+        page: TranscriptPage,
+    ) -> Result<TranscriptSlice, StoreError> {
         self.with(|t| {
-            Ok(t.messages
+            let mut fill = PageFill::new(page);
+            let mine = t
+                .messages
                 .iter()
-                .filter(|(s, _)| s == id)
-                .map(|(_, m)| m.clone())
-                .collect())
+                .filter(|(s, m)| s == id && page.admits(m.id))
+                .map(|(_, m)| m);
+            let in_order: Box<dyn Iterator<Item = &TranscriptEntry>> = if page.newest_first() {
+                Box::new(mine.rev())
+            } else {
+                Box::new(mine)
+            };
+            for m in in_order {
+                if !fill.offer(m.clone()) {
+                    break;
+                }
+            }
+            Ok(fill.finish())
         })
     }
     async fn insert_request(&self, req: &PendingRequest) -> Result<(), StoreError> {

@@ -10,6 +10,7 @@ use crate::model::{
     SessionRecord, SessionStatus, Steering, TranscriptEntry,
 };
 use crate::rules::ApprovalMode;
+use crate::transcript::{TranscriptPage, TranscriptSlice};
 use async_trait::async_trait;
 use serde::Serialize;
 
@@ -123,8 +124,21 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Appends to the content of an entry (streamed agent text: only the new
     /// part crosses to storage on every flush).
     async fn append_to_message(&self, message_id: i64, tail: &str) -> Result<(), StoreError>;
-    /// The transcript of a session, oldest first.
-    async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError>;
+    /// A bounded page of a session's transcript, oldest first
+    /// ([`crate::transcript`]: never the whole of a huge one).
+    async fn transcript_page(
+        &self,
+        id: &SessionId,
+        page: TranscriptPage,
+    ) -> Result<TranscriptSlice, StoreError>;
+    /// The newest entries of a session's transcript, oldest first, within
+    /// [`TranscriptPage::LATEST`]'s bounds.
+    async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError> {
+        Ok(self
+            .transcript_page(id, TranscriptPage::LATEST)
+            .await?
+            .entries)
+    }
 
     /// Stores a new pending request.
     async fn insert_request(&self, req: &PendingRequest) -> Result<(), StoreError>;

@@ -14,6 +14,9 @@ use crate::http::views::ErrorBody;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a whole call may take (a start waits for the agent's handshake).
 const CALL_TIMEOUT: Duration = Duration::from_secs(180);
+/// The largest answer read: a transcript page carries about 8 MiB of
+/// content, which JSON escaping can make several times larger.
+const BODY_LIMIT: u64 = 128 << 20;
 
 /// Exit codes scripts can rely on.
 pub mod exit {
@@ -148,6 +151,23 @@ impl Client {
         Ok(std::io::BufReader::new(response.into_body().into_reader()))
     }
 
+    /// `GET path` of a paged list, the raw JSON text and, when older
+    /// entries lie beyond the page, the id its `Link: <...?before=ID...>;
+    /// rel="prev"` header names.
+    pub fn get_page(&self, path: &str) -> Result<(String, Option<i64>), CtlError> {
+        let request = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token));
+        let response = request.call().map_err(|e| self.transport(e))?;
+        let earlier = response
+            .headers()
+            .get("link")
+            .and_then(|v| v.to_str().ok())
+            .and_then(earlier_page);
+        Ok((self.finish(Ok(response))?, earlier))
+    }
+
     /// `POST path` with a JSON body, the raw JSON text.
     pub fn post(&self, path: &str, body: &Value) -> Result<String, CtlError> {
         let request = self
@@ -183,6 +203,8 @@ impl Client {
         let status = response.status().as_u16();
         let text = response
             .body_mut()
+            .with_config()
+            .limit(BODY_LIMIT)
             .read_to_string()
             .map_err(|e| CtlError::Protocol(format!("reading the body: {e}")))?;
         if (200..300).contains(&status) {
@@ -215,6 +237,28 @@ impl Client {
     }
 }
 
+/// The `before` id of a `Link` header's `rel="prev"` page
+/// (`</api/sessions/s-1/messages?before=42&limit=1000>; rel="prev"`).
+fn earlier_page(link: &str) -> Option<i64> {
+    link.split(',').find_map(|part| {
+        let (target, params) = part.trim().split_once(';')?;
+        if !params.contains("rel=\"prev\"") {
+            return None;
+        }
+        let query = target
+            .trim()
+            .strip_prefix('<')?
+            .strip_suffix('>')?
+            .split_once('?')?
+            .1;
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("before="))?
+            .parse()
+            .ok()
+    })
+}
+
 /// Percent-encodes one path segment (ids are plain, but be safe).
 pub fn segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -229,7 +273,7 @@ pub fn segment(s: &str) -> String {
     out
 }
 
-fn parse<T: DeserializeOwned>(raw: &str) -> Result<T, CtlError> {
+pub fn parse<T: DeserializeOwned>(raw: &str) -> Result<T, CtlError> {
     serde_json::from_str(raw).map_err(|e| CtlError::Protocol(format!("{e}: {raw}")))
 }
 
@@ -260,6 +304,15 @@ mod tests {
         let client = Client::new("http://127.0.0.1:9", "t");
         let err = client.get("/healthz").expect_err("nothing listens");
         assert_eq!(err.exit_code(), exit::UNREACHABLE, "{err}");
+    }
+
+    #[test]
+    fn the_earlier_page_is_read_from_the_link_header() {
+        let link = r#"</api/sessions/s-1/messages?before=42&limit=1000>; rel="prev""#;
+        assert_eq!(earlier_page(link), Some(42));
+        let next = r#"</api/sessions/s-1/messages?after=42&limit=10>; rel="next""#;
+        assert_eq!(earlier_page(next), None);
+        assert_eq!(earlier_page("garbage"), None);
     }
 
     #[test]

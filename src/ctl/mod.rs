@@ -88,6 +88,10 @@ pub enum CtlCommand {
         /// Keep printing what happens (from the event stream) until the session ends
         #[arg(long, short)]
         follow: bool,
+        /// Print the entries older than this entry id (the page before;
+        /// a long transcript is printed one page at a time, newest first)
+        #[arg(long, conflicts_with = "follow")]
+        before: Option<i64>,
     },
     /// Print events live as they happen (every session's, or one's)
     Watch {
@@ -279,7 +283,7 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             let (raw, detail) = client.get_as::<SessionDetailView>(&url)?;
             emit(json, &raw, || render::session_detail(&detail));
         }
-        CtlCommand::Log { id, follow } => log(client, json, id, *follow)?,
+        CtlCommand::Log { id, follow, before } => log(client, json, id, *follow, *before)?,
         CtlCommand::Watch { id } => watch::follow(
             client,
             id.as_deref(),
@@ -441,12 +445,33 @@ fn decide(client: &Client, json: bool, id: &str, body: &Value) -> Result<(), Ctl
     Ok(())
 }
 
-fn log(client: &Client, json: bool, id: &str, follow: bool) -> Result<(), CtlError> {
+fn log(
+    client: &Client,
+    json: bool,
+    id: &str,
+    follow: bool,
+    before: Option<i64>,
+) -> Result<(), CtlError> {
     let messages_url = format!("/api/sessions/{}/messages", segment(id));
     let session_url = format!("/api/sessions/{}", segment(id));
     if !follow {
-        let (raw, list) = client.get_as::<Vec<MessageView>>(&messages_url)?;
+        let page_url = match before {
+            Some(b) => format!("{messages_url}?before={b}"),
+            None => messages_url,
+        };
+        let (raw, earlier) = client.get_page(&page_url)?;
+        let list: Vec<MessageView> = client::parse(&raw)?;
         emit(json, &raw, || list.iter().map(render::message).collect());
+        if let Some(first) = earlier {
+            // On stderr: stdout stays the page alone (pure JSON with --json).
+            eprint!(
+                "{}",
+                render::printable(&format!(
+                    "-- earlier entries not shown: ctl log {} --before {first}\n",
+                    render::one_line(id)
+                ))
+            );
+        }
         return Ok(());
     }
     // The stream is open before the transcript is read, so nothing falls

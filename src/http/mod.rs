@@ -14,6 +14,7 @@ pub mod routes;
 pub mod rules;
 pub mod server;
 pub mod steering;
+pub mod transcript;
 pub mod views;
 
 use std::future::Future;
@@ -47,7 +48,7 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
             get(routes::list_sessions).post(routes::create_session),
         )
         .route("/sessions/{id}", get(routes::get_session))
-        .route("/sessions/{id}/messages", get(routes::messages))
+        .route("/sessions/{id}/messages", get(transcript::messages))
         .route("/sessions/{id}/prompt", post(routes::prompt))
         .route("/sessions/{id}/cancel", post(routes::cancel))
         .route("/sessions/{id}/restart", post(routes::restart))

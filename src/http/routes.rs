@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::error::{ApiError, ApiJson, ApiQuery};
 use super::views::{
-    ApprovalView, ErrorBody, Health, MessageView, PromptAccepted, SessionDetailView, SessionView,
+    ApprovalView, ErrorBody, Health, PromptAccepted, SessionDetailView, SessionView,
 };
 use crate::app::{App, AppError, LOCAL_OWNER};
 
@@ -118,15 +118,6 @@ pub async fn get_session(
 ) -> ApiResult<Json<SessionDetailView>> {
     let detail = app.session_detail(&SessionId(id)).await?;
     Ok(Json(detail.into()))
-}
-
-/// `GET /api/sessions/{id}/messages`.
-pub async fn messages(
-    State(app): State<App>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Vec<MessageView>>> {
-    let entries = app.transcript(&SessionId(id)).await?;
-    Ok(Json(entries.into_iter().map(MessageView::from).collect()))
 }
 
 /// `POST /api/sessions/{id}/prompt` body.

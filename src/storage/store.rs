@@ -8,11 +8,13 @@
 //! building needs no database.
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use intercom_actors::model::{
     AuditEntry, Decision, MessageKind, PendingRequest, RequestStatus, Role, SessionId,
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
 use intercom_actors::ports::{Clearance, SessionStore, StoreError};
+use intercom_actors::transcript::{PageFill, TranscriptPage, TranscriptSlice};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::rows::{
@@ -328,16 +330,31 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn transcript(&self, id: &SessionId) -> Result<Vec<TranscriptEntry>, StoreError> {
-        let rows: Vec<MessageRow> = sqlx::query_as(
+    async fn transcript_page(
+        &self,
+        id: &SessionId,
+        page: TranscriptPage,
+    ) -> Result<TranscriptSlice, StoreError> {
+        // Rows stream in reading order and the page stops taking them at its
+        // bounds, so a huge transcript is never loaded whole.
+        let sql = if page.newest_first() {
             "SELECT id, role, kind, content, created_at FROM messages \
-             WHERE session_id = ? ORDER BY id",
-        )
-        .bind(&id.0)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend("read transcript"))?;
-        rows.into_iter().map(TranscriptEntry::try_from).collect()
+             WHERE session_id = ? AND id < ? ORDER BY id DESC"
+        } else {
+            "SELECT id, role, kind, content, created_at FROM messages \
+             WHERE session_id = ? AND id > ? ORDER BY id"
+        };
+        let mut rows = sqlx::query_as::<_, MessageRow>(sql)
+            .bind(&id.0)
+            .bind(page.bound())
+            .fetch(&self.pool);
+        let mut fill = PageFill::new(page);
+        while let Some(row) = rows.try_next().await.map_err(backend("read transcript"))? {
+            if !fill.offer(TranscriptEntry::try_from(row)?) {
+                break;
+            }
+        }
+        Ok(fill.finish())
     }
 
     async fn insert_request(&self, req: &PendingRequest) -> Result<(), StoreError> {

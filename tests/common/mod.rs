@@ -123,6 +123,8 @@ impl Layout {
 pub struct Reply {
     pub status: u16,
     pub retry_after: Option<String>,
+    /// The `Link` header (paged lists).
+    pub link: Option<String>,
     pub body: Value,
     pub text: String,
 }
@@ -258,11 +260,22 @@ fn reply(result: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Reply
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let text = response.body_mut().read_to_string().expect("body");
+    let link = response
+        .headers()
+        .get("link")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let text = response
+        .body_mut()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .expect("body");
     let body = serde_json::from_str(&text).unwrap_or(Value::Null);
     Reply {
         status,
         retry_after,
+        link,
         body,
         text,
     }

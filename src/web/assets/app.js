@@ -75,6 +75,8 @@
     let data = null;
     try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
     if (!r.ok) throw new Error((data && data.error) || ('HTTP ' + r.status));
+    // A paged list (the transcript) says so in its Link header.
+    if (Array.isArray(data)) data.earlier = /rel="prev"/.test(r.headers.get('Link') || '');
     return data;
   }
 
@@ -421,6 +423,10 @@
       clear(planBox).append(planView(messages) || h('p', { class: 'muted' }, 'No plan yet.'));
       const atBottom = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 20;
       clear(transcript).append(...messages.map(entryView));
+      if (messages.earlier) {
+        transcript.prepend(h('p', { class: 'muted', id: 'transcript-earlier' },
+          'Earlier entries are not shown: this is the latest ' + messages.length + '.'));
+      }
       if (atBottom) transcript.scrollTop = transcript.scrollHeight;
       drawSteering(steering);
     }

@@ -1,0 +1,136 @@
+//! A session's transcript in pages: `GET /api/sessions/{id}/messages`.
+//!
+//! Why this exists: the agent decides how much a transcript holds, and one
+//! answer carrying all of it was measured at 1.8 GB. So the answer is a page
+//! ([`intercom_actors::transcript`]): the newest entries by default, at most
+//! `limit` of them and about 8 MiB of content, oldest first. When entries
+//! lie beyond the page, a `Link` header (RFC 8288) names the next page:
+//! `rel="prev"` for older entries (`?before=<id>`), `rel="next"` for newer
+//! ones (`?after=<id>`). The body stays a plain array, as before paging.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderValue;
+use axum::http::header::LINK;
+use axum::response::{IntoResponse, Response};
+use intercom_actors::model::SessionId;
+use intercom_actors::transcript::{Anchor, DEFAULT_LIMIT, MAX_LIMIT, TranscriptPage};
+use serde::Deserialize;
+
+use super::error::{ApiError, ApiQuery};
+use super::views::MessageView;
+use crate::app::App;
+use crate::ctl::client::segment;
+
+/// `GET /api/sessions/{id}/messages` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    before: Option<i64>,
+    after: Option<i64>,
+    limit: Option<usize>,
+}
+
+impl PageQuery {
+    /// The page asked for, or what is wrong with the query.
+    fn page(&self) -> Result<TranscriptPage, ApiError> {
+        let anchor = match (self.before, self.after) {
+            (None, None) => Anchor::Latest,
+            (Some(b), None) => Anchor::Before(b),
+            (None, Some(a)) => Anchor::After(a),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "give before or after, not both: before=<id> pages back, after=<id> catches up",
+                ));
+            }
+        };
+        let limit = self.limit.unwrap_or(DEFAULT_LIMIT);
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(ApiError::bad_request(format!(
+                "limit must be between 1 and {MAX_LIMIT}, not {limit}"
+            )));
+        }
+        Ok(TranscriptPage {
+            anchor,
+            limit,
+            ..TranscriptPage::LATEST
+        })
+    }
+}
+
+/// `GET /api/sessions/{id}/messages[?before=<id>|after=<id>][&limit=<n>]`.
+pub async fn messages(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<PageQuery>,
+) -> Result<Response, ApiError> {
+    let page = query.page()?;
+    let session = SessionId(id);
+    let slice = app.transcript_page(&session, page).await?;
+    let link = if slice.more {
+        next_page(&session, page, &slice.entries)
+    } else {
+        None
+    };
+    let body: Vec<MessageView> = slice.entries.into_iter().map(MessageView::from).collect();
+    let mut response = Json(body).into_response();
+    if let Some(link) = link.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        response.headers_mut().insert(LINK, link);
+    }
+    Ok(response)
+}
+
+/// The `Link` header naming the page beyond this one, in the direction it
+/// was read.
+fn next_page(
+    session: &SessionId,
+    page: TranscriptPage,
+    entries: &[intercom_actors::model::TranscriptEntry],
+) -> Option<String> {
+    let path = format!("/api/sessions/{}/messages", segment(&session.0));
+    let limit = page.limit;
+    if page.newest_first() {
+        let first = entries.first()?.id;
+        Some(format!(
+            "<{path}?before={first}&limit={limit}>; rel=\"prev\""
+        ))
+    } else {
+        let last = entries.last()?.id;
+        Some(format!("<{path}?after={last}&limit={limit}>; rel=\"next\""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(before: Option<i64>, after: Option<i64>, limit: Option<usize>) -> PageQuery {
+        PageQuery {
+            before,
+            after,
+            limit,
+        }
+    }
+
+    #[test]
+    fn the_query_names_the_page() {
+        let p = query(None, None, None).page().expect("page");
+        assert_eq!(p, TranscriptPage::LATEST);
+        let p = query(Some(7), None, Some(10)).page().expect("page");
+        assert_eq!((p.anchor, p.limit), (Anchor::Before(7), 10));
+        let p = query(None, Some(3), None).page().expect("page");
+        assert_eq!(p.anchor, Anchor::After(3));
+    }
+
+    #[test]
+    fn a_bad_query_says_what_is_allowed() {
+        for (q, says) in [
+            (query(Some(1), Some(2), None), "not both"),
+            (query(None, None, Some(0)), "between 1 and 5000"),
+            (query(None, None, Some(MAX_LIMIT + 1)), "between 1 and 5000"),
+        ] {
+            let err = q.page().expect_err("refused");
+            assert!(format!("{err:?}").contains(says), "{err:?}");
+        }
+    }
+}
