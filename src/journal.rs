@@ -10,6 +10,7 @@
 //! stream subscribes to the broadcast first and reads the table second, so
 //! every event is in one or the other (duplicates are dropped by id).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +27,14 @@ const BATCH: usize = 256;
 /// Live events buffered per stream before it must catch up from the table.
 const LIVE_BUFFER: usize = 1024;
 /// Events kept in the table; older ones are pruned.
-const KEEP: i64 = 100_000;
-/// Prune after this many appended events.
-const PRUNE_EVERY: u64 = 1_000;
+const KEEP: usize = 100_000;
+/// Bytes of events kept in the table: the agent sets the size of many
+/// events (a plan, a tool call's title, a request's diff), so rows alone
+/// do not bound it.
+const KEEP_BYTES: usize = 256 << 20;
+/// A prune goes this far below the bounds, so it runs once per this many
+/// events (or 1/16 of the bytes), not after every batch.
+const PRUNE_EVERY: usize = 1_000;
 /// How often a failed append is retried before the batch is given up.
 const RETRIES: u32 = 5;
 
@@ -59,9 +65,16 @@ impl std::fmt::Debug for JournalMsg {
 impl EventJournal {
     /// Starts the writer task over `store`.
     pub fn start(store: Arc<SqliteStore>) -> Arc<EventJournal> {
+        Self::start_within(store, KEEP, KEEP_BYTES)
+    }
+
+    /// [`EventJournal::start`] keeping at most `rows` events and about
+    /// `bytes` of them.
+    fn start_within(store: Arc<SqliteStore>, rows: usize, bytes: usize) -> Arc<EventJournal> {
         let (queue, rx) = mpsc::unbounded_channel();
         let (live, _) = broadcast::channel(LIVE_BUFFER);
-        tokio::spawn(write_loop(store.clone(), rx, live.clone()));
+        let kept = Retention::new(rows, bytes);
+        tokio::spawn(write_loop(store.clone(), rx, live.clone(), kept));
         Arc::new(EventJournal {
             queue,
             live,
@@ -134,8 +147,14 @@ async fn write_loop(
     store: Arc<SqliteStore>,
     mut rx: mpsc::UnboundedReceiver<JournalMsg>,
     live: broadcast::Sender<Arc<StoredEvent>>,
+    mut kept: Retention,
 ) {
-    let mut appended: u64 = 0;
+    match store.event_sizes().await {
+        Ok(sizes) => sizes
+            .into_iter()
+            .for_each(|(id, size)| kept.appended(id, size)),
+        Err(e) => tracing::warn!("cannot read the event journal's size: {e}"),
+    }
     while let Some(first) = rx.recv().await {
         let mut batch = Vec::new();
         let mut closing = None;
@@ -157,12 +176,11 @@ async fn write_loop(
         }
         if !batch.is_empty() {
             for stored in append_with_retry(&store, &batch).await {
+                kept.appended(stored.id, stored.payload.len());
                 let _ = live.send(Arc::new(stored));
             }
-            appended += batch.len() as u64;
-            if appended >= PRUNE_EVERY {
-                appended = 0;
-                if let Err(e) = store.prune_events(KEEP).await {
+            if let Some(through) = kept.excess() {
+                if let Err(e) = store.prune_events_through(through).await {
                     tracing::warn!("cannot prune the event journal: {e}");
                 }
             }
@@ -171,6 +189,53 @@ async fn write_loop(
             let _ = reply.send(());
             return;
         }
+    }
+}
+
+/// What the journal's table holds, oldest first, so it can be kept within
+/// rows and bytes without reading the table again. Owned by the writer task.
+#[derive(Debug)]
+struct Retention {
+    rows: VecDeque<(i64, usize)>,
+    bytes: usize,
+    max_rows: usize,
+    max_bytes: usize,
+}
+
+impl Retention {
+    fn new(max_rows: usize, max_bytes: usize) -> Self {
+        Retention {
+            rows: VecDeque::new(),
+            bytes: 0,
+            max_rows,
+            max_bytes,
+        }
+    }
+
+    /// An event was stored.
+    fn appended(&mut self, id: i64, size: usize) {
+        self.rows.push_back((id, size));
+        self.bytes += size;
+    }
+
+    /// Past either bound: forgets the oldest events until the table is
+    /// [`PRUNE_EVERY`] rows and 1/16 of the bytes below both, and returns
+    /// the last id to delete.
+    fn excess(&mut self) -> Option<i64> {
+        if self.rows.len() <= self.max_rows && self.bytes <= self.max_bytes {
+            return None;
+        }
+        let rows_goal = self.max_rows.saturating_sub(PRUNE_EVERY);
+        let bytes_goal = self.max_bytes - self.max_bytes / 16;
+        let mut through = None;
+        while self.rows.len() > rows_goal || self.bytes > bytes_goal {
+            let Some((id, size)) = self.rows.pop_front() else {
+                break;
+            };
+            self.bytes -= size;
+            through = Some(id);
+        }
+        through
     }
 }
 
@@ -210,6 +275,51 @@ mod tests {
             level: NoticeLevel::Info,
             text: text.into(),
         }
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_within_rows_and_bytes() {
+        // Rows: past 2,000 events, the oldest go down to 1,000 (PRUNE_EVERY below).
+        let mut kept = Retention::new(2_000, usize::MAX / 2);
+        (1..=2_000).for_each(|id| kept.appended(id, 10));
+        assert_eq!(kept.excess(), None);
+        kept.appended(2_001, 10);
+        assert_eq!(kept.excess(), Some(1_001));
+        assert_eq!(kept.rows.len(), 1_000);
+        assert_eq!(kept.excess(), None);
+        // Bytes: a few huge events push out many small ones, down to 15/16.
+        let mut kept = Retention::new(KEEP, 1_600);
+        (1..=100).for_each(|id| kept.appended(id, 10));
+        assert_eq!(kept.excess(), None);
+        kept.appended(101, 1_000);
+        assert_eq!(kept.excess(), Some(50));
+        assert_eq!(kept.bytes, 1_500);
+        assert_eq!(kept.rows.front(), Some(&(51, 10)));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_big_events_keeps_the_table_within_its_bytes() {
+        let store = Arc::new(SqliteStore::open_in_memory().await.expect("store"));
+        let bound = 4 << 20;
+        let journal = EventJournal::start_within(store.clone(), KEEP, bound);
+        // 400 events of 64 KiB: 25 MiB, past a 4 MiB bound.
+        let big = "x".repeat(64 << 10);
+        for i in 0..400 {
+            journal.emit(notice("s-1", &format!("{i} {big}")));
+        }
+        journal.close().await;
+        let sizes = store.event_sizes().await.expect("sizes");
+        let bytes: usize = sizes.iter().map(|(_, s)| s).sum();
+        assert!(bytes <= bound, "{bytes} bytes kept");
+        assert!(sizes.len() >= 50, "the newest stay: {}", sizes.len());
+        let last = store
+            .events_after(sizes[sizes.len() - 2].0, None, 5)
+            .await
+            .expect("last");
+        assert!(
+            last[0].payload.contains("\"399 "),
+            "the newest event is kept"
+        );
     }
 
     #[tokio::test]

@@ -117,18 +117,33 @@ impl SqliteStore {
         Ok(id.unwrap_or(0))
     }
 
-    /// Deletes all but the newest `keep` events; returns how many went.
-    pub async fn prune_events(&self, keep: i64) -> Result<u64, StoreError> {
-        self.write(keep, |keep, conn| {
+    /// Deletes the events up to and including id `through`; returns how
+    /// many went.
+    pub async fn prune_events_through(&self, through: i64) -> Result<u64, StoreError> {
+        self.write(through, |through, conn| {
             let gone = exec(
                 conn,
                 "prune events",
-                "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?",
-                [keep],
+                "DELETE FROM events WHERE id <= ?",
+                [through],
             )?;
             Ok(gone as u64)
         })
         .await
+    }
+
+    /// Every stored event's id and payload size in bytes, oldest first (the
+    /// journal's retention reads it once at start).
+    pub async fn event_sizes(&self) -> Result<Vec<(i64, usize)>, StoreError> {
+        let rows: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT id, length(CAST(payload AS BLOB)) FROM events ORDER BY id")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend("read event sizes"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, size)| (id, usize::try_from(size).unwrap_or(0)))
+            .collect())
     }
 }
 
@@ -170,10 +185,20 @@ mod tests {
         let store = SqliteStore::open_in_memory().await.expect("store");
         let batch: Vec<NewEvent> = (0..5).map(|_| event("s-1", "x")).collect();
         let stored = store.append_events(&batch).await.expect("append");
-        assert_eq!(store.prune_events(2).await.expect("prune"), 3);
+        let gone = store
+            .prune_events_through(stored[2].id)
+            .await
+            .expect("prune");
+        assert_eq!(gone, 3);
         let left = store.events_after(0, None, 10).await.expect("left");
         assert_eq!(left, stored[3..].to_vec());
-        store.prune_events(0).await.expect("prune all");
+        let sizes = store.event_sizes().await.expect("sizes");
+        let expected: Vec<(i64, usize)> = left.iter().map(|e| (e.id, e.payload.len())).collect();
+        assert_eq!(sizes, expected);
+        store
+            .prune_events_through(i64::MAX)
+            .await
+            .expect("prune all");
         let next = store
             .append_events(&[event("s-1", "y")])
             .await
