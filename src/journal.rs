@@ -179,10 +179,10 @@ async fn write_loop(
                 kept.appended(stored.id, stored.payload.len());
                 let _ = live.send(Arc::new(stored));
             }
-            if let Some(through) = kept.excess() {
-                if let Err(e) = store.prune_events_through(through).await {
-                    tracing::warn!("cannot prune the event journal: {e}");
-                }
+            if let Some(through) = kept.excess()
+                && let Err(e) = store.prune_events_through(through).await
+            {
+                tracing::warn!("cannot prune the event journal: {e}");
             }
         }
         if let Some(reply) = closing {
