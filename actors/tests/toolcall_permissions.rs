@@ -362,3 +362,38 @@ async fn a_request_whose_options_share_an_id_is_refused() {
         .expect("list");
     assert!(all.is_empty(), "no request was opened: {all:?}");
 }
+
+/// Each option becomes a Slack button carrying its id: an option id or an
+/// option count past what Slack takes would make Slack refuse the message,
+/// and the request would reach the operator without buttons. Such a
+/// request is refused with the bound, never shown.
+#[tokio::test]
+async fn a_request_past_the_option_bounds_is_refused() {
+    let h = Harness::new(Knobs::default()).await;
+    let long_id = "o".repeat(2000);
+    let many: Vec<_> = (0..17)
+        .map(|i| json!({"optionId": format!("o{i}"), "name": "Allow", "kind": "allow_once"}))
+        .collect();
+    let scenario = json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "options": [
+            {"optionId": long_id, "name": "Allow", "kind": "allow_once"},
+            {"optionId": "no", "name": "Reject", "kind": "reject_once"}
+        ]}},
+        {"permission": {"tool_call_id": "t2", "options": many}},
+        {"chunk": "after the requests"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "after the requests").await;
+    let text = h.transcript_text(&rec.id).await;
+    assert!(
+        text.contains("option id of 2000 bytes; at most 256"),
+        "{text}"
+    );
+    assert!(text.contains("offers 17 options; at most 16"), "{text}");
+    let all = h
+        .store
+        .list_requests(Some(&rec.id), true)
+        .await
+        .expect("list");
+    assert!(all.is_empty(), "no request was opened: {all:?}");
+}

@@ -416,6 +416,11 @@ pub struct PermissionAsk {
     pub options: Vec<PermissionOption>,
 }
 
+/// The most options one permission request may offer.
+pub const MAX_PERMISSION_OPTIONS: usize = 16;
+/// The longest option id accepted, in bytes.
+pub const MAX_OPTION_ID_BYTES: usize = 256;
+
 /// Digests `session/request_permission` params.
 pub fn parse_permission(params: &Value) -> Result<PermissionAsk, String> {
     let req: acp::RequestPermissionRequest = serde_json::from_value(params.clone())
@@ -436,6 +441,22 @@ pub fn parse_permission(params: &Value) -> Result<PermissionAsk, String> {
         .collect::<Vec<_>>();
     if options.is_empty() {
         return Err("session/request_permission offers no options".to_owned());
+    }
+    // Each option becomes a button whose value carries its id (Slack takes
+    // 2,000 characters and 50 blocks at most): past these bounds Slack
+    // would refuse the message and the request would reach the operator
+    // without buttons.
+    if options.len() > MAX_PERMISSION_OPTIONS {
+        return Err(format!(
+            "session/request_permission offers {} options; at most {MAX_PERMISSION_OPTIONS} are accepted",
+            options.len()
+        ));
+    }
+    if let Some(long) = options.iter().find(|o| o.id.len() > MAX_OPTION_ID_BYTES) {
+        return Err(format!(
+            "session/request_permission offers an option id of {} bytes; at most {MAX_OPTION_ID_BYTES} are accepted",
+            long.id.len()
+        ));
     }
     // One id for two options would let the operator choose one and the
     // agent act on the other.
