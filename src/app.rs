@@ -337,12 +337,14 @@ impl App {
         &self.inner.journal
     }
 
-    /// The audit log, oldest first (optionally one session's).
-    pub async fn audit_log(
+    /// A page of the audit log, newest first (optionally one session's).
+    pub async fn audit_page(
         &self,
         session: Option<&SessionId>,
-    ) -> Result<Vec<(i64, intercom_actors::model::AuditEntry)>, AppError> {
-        Ok(self.inner.store.audit_log(session).await?)
+        bounds: crate::storage::pages::Bounds,
+    ) -> Result<crate::storage::pages::Page<(i64, intercom_actors::model::AuditEntry)>, AppError>
+    {
+        Ok(self.inner.store.audit_page(session, bounds).await?)
     }
 
     /// Nudges a live session's agent now.

@@ -170,6 +170,16 @@ pub trait SessionStore: Send + Sync + 'static {
         session: Option<&SessionId>,
         pending_only: bool,
     ) -> Result<Vec<PendingRequest>, StoreError>;
+    /// The ids (`req-N`) of every request a session made, without their
+    /// content (a session's requests may hold gigabytes of diffs).
+    async fn request_ids(&self, session: &SessionId) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .list_requests(Some(session), false)
+            .await?
+            .into_iter()
+            .map(|r| r.request_id)
+            .collect())
+    }
 
     /// Queues a steering message; returns it with its id.
     async fn enqueue_steering(

@@ -351,3 +351,51 @@ async fn a_300_mib_one_line_file_costs_bounded_memory() {
     // Generous: the whole file would be 300 MiB (and 3.6 GB was seen before).
     assert!(grown < 64 * 1024, "RSS grew by {grown} KiB");
 }
+
+/// The agent decides how many refused calls it makes and how long their
+/// paths are: a probe stored 450 MB of audit rows and notices in 10 s with
+/// 200 reads of half-megabyte paths. The operator sees the first ten of a
+/// window, each path cut, and the next one shown counts what was left out;
+/// the agent still gets its error for every call.
+#[tokio::test]
+async fn a_flood_of_refused_calls_is_shown_bounded_and_counted() {
+    let h = Harness::new(guarded()).await;
+    // 40 paths of 5 KB: the agent echoes each path and its error, and its
+    // turn text stays under the 1 MiB cap.
+    let long = format!("/etc/{}", "A".repeat(5_000));
+    let mut steps: Vec<serde_json::Value> = (0..40)
+        .map(|i| json!({"read_file": {"path": format!("{long}{i}")}}))
+        .collect();
+    steps.push(json!({"chunk": "\ndone"}));
+    let rec = h.start(json!({"turns": [steps]}), "flood").await;
+    h.until_transcript(&rec.id, "\ndone").await;
+    let refused: Vec<_> = h
+        .store
+        .audit_entries()
+        .into_iter()
+        .filter(|e| e.action == "fs.refused")
+        .collect();
+    // Ten per 10 s window: 40 calls take well under one window here, and
+    // even a very slow run shows far fewer than 40.
+    assert!(
+        (10..=20).contains(&refused.len()),
+        "{} shown",
+        refused.len()
+    );
+    for e in &refused {
+        let path = e.detail["path"].as_str().unwrap_or_default();
+        assert!(path.len() < 600, "{} bytes of path", path.len());
+        assert!(path.contains("bytes in all"), "says it was cut");
+        let reason = e.detail["reason"].as_str().unwrap_or_default();
+        assert!(reason.len() < 600, "{} bytes of reason", reason.len());
+    }
+    let notices: Vec<String> = h
+        .transcript(&rec.id)
+        .await
+        .into_iter()
+        .filter(|m| m.content.contains("may not use"))
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(notices.len(), refused.len(), "one notice per audit row");
+    assert!(notices.iter().all(|n| n.len() < 1200), "notices are cut");
+}

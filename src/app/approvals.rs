@@ -6,6 +6,8 @@ use intercom_actors::model::{Decided, Decision, PendingRequest, RequestStatus};
 use intercom_actors::session::Choice;
 use intercom_actors::session::calls::{self, Answer};
 
+use crate::storage::pages::{Bounds, Page};
+
 use super::*;
 
 impl App {
@@ -21,17 +23,14 @@ impl App {
             .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))
     }
 
-    /// Approval requests, newest first, optionally only those in `status`.
+    /// A page of approval requests, newest first, optionally only those in
+    /// `status`.
     pub async fn approvals(
         &self,
         status: Option<RequestStatus>,
-    ) -> Result<Vec<PendingRequest>, AppError> {
-        let pending_only = status == Some(RequestStatus::Pending);
-        let all = self.inner.store.list_requests(None, pending_only).await?;
-        Ok(match status {
-            Some(s) => all.into_iter().filter(|r| r.status == s).collect(),
-            None => all,
-        })
+        bounds: Bounds,
+    ) -> Result<Page<PendingRequest>, AppError> {
+        Ok(self.inner.store.requests_page(status, bounds).await?)
     }
 
     /// Decides on a pending request by its global id (`<session_id>:req-N`).

@@ -11,8 +11,12 @@ use intercom_actors::model::SessionId;
 use intercom_actors::session::Caller;
 use serde::{Deserialize, Serialize};
 
+use axum::response::{IntoResponse, Response};
+
 use super::error::{ApiError, ApiQuery};
+use super::paging;
 use crate::app::App;
+use crate::ctl::client::segment;
 
 /// The answer of a control: what was done to which session.
 #[derive(Debug, Serialize, Deserialize)]
@@ -64,6 +68,8 @@ pub async fn nudge(
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     session: Option<String>,
+    before: Option<i64>,
+    limit: Option<usize>,
 }
 
 /// One audit entry.
@@ -81,24 +87,30 @@ pub struct AuditView {
     pub detail: serde_json::Value,
 }
 
-/// `GET /api/audit[?session=ID]`: newest first.
+/// `GET /api/audit[?session=ID][&before=K][&limit=N]`: a page, newest
+/// first, with a `Link` to the older page ([`paging`]).
 pub async fn audit(
     State(app): State<App>,
     ApiQuery(query): ApiQuery<AuditQuery>,
-) -> Result<Json<Vec<AuditView>>, ApiError> {
+) -> Result<Response, ApiError> {
     let session = query.session.filter(|s| !s.is_empty()).map(SessionId);
-    let entries = app.audit_log(session.as_ref()).await?;
-    Ok(Json(
-        entries
-            .into_iter()
-            .rev()
-            .map(|(at, e)| AuditView {
-                at,
-                session_id: e.session_id.map(|s| s.0),
-                actor: e.actor,
-                action: e.action,
-                detail: e.detail,
-            })
-            .collect(),
-    ))
+    let bounds = paging::bounds(query.before, query.limit)?;
+    let page = app.audit_page(session.as_ref(), bounds).await?;
+    let views: Vec<AuditView> = page
+        .items
+        .into_iter()
+        .map(|(at, e)| AuditView {
+            at,
+            session_id: e.session_id.map(|s| s.0),
+            actor: e.actor,
+            action: e.action,
+            detail: e.detail,
+        })
+        .collect();
+    let mut response = Json(views).into_response();
+    let kept = session
+        .map(|s| format!("session={}", segment(&s.0)))
+        .unwrap_or_default();
+    paging::link_older(&mut response, "/api/audit", &kept, page.next, bounds.limit);
+    Ok(response)
 }

@@ -10,6 +10,7 @@ pub mod body;
 pub mod control;
 pub mod error;
 pub mod events;
+pub mod paging;
 pub mod routes;
 pub mod rules;
 pub mod server;

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::{ApiError, ApiJson, ApiQuery};
+use super::paging;
 use super::views::{
     ApprovalView, ErrorBody, Health, PromptAccepted, SessionDetailView, SessionView,
 };
@@ -171,15 +172,19 @@ pub async fn cancel(
 
 /// `GET /api/approvals` query.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ApprovalQuery {
     status: Option<String>,
+    before: Option<i64>,
+    limit: Option<usize>,
 }
 
-/// `GET /api/approvals[?status=pending|decided|cancelled|expired|all]`.
+/// `GET /api/approvals[?status=pending|decided|cancelled|expired|all][&before=K][&limit=N]`:
+/// a page, newest first, with a `Link` to the older page ([`paging`]).
 pub async fn list_approvals(
     State(app): State<App>,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
-) -> ApiResult<Json<Vec<ApprovalView>>> {
+) -> ApiResult<Response> {
     let status = match query.status.as_deref() {
         None | Some("all") => None,
         Some(s) => Some(RequestStatus::parse(s).ok_or_else(|| {
@@ -188,12 +193,25 @@ pub async fn list_approvals(
             ))
         })?),
     };
-    let requests = app.approvals(status).await?;
-    let views = requests
+    let bounds = paging::bounds(query.before, query.limit)?;
+    let page = app.approvals(status, bounds).await?;
+    let views: Vec<ApprovalView> = page
+        .items
         .into_iter()
         .map(|r| ApprovalView::new(r, None))
         .collect();
-    Ok(Json(views))
+    let mut response = Json(views).into_response();
+    let kept = status
+        .map(|s| format!("status={}", s.as_str()))
+        .unwrap_or_default();
+    paging::link_older(
+        &mut response,
+        "/api/approvals",
+        &kept,
+        page.next,
+        bounds.limit,
+    );
+    Ok(response)
 }
 
 /// `GET /api/approvals/{id}`.

@@ -20,6 +20,7 @@ pub mod console;
 pub mod events;
 mod lock;
 mod outbox;
+pub mod pages;
 mod rows;
 pub mod rules;
 mod store;
@@ -235,32 +236,38 @@ impl SqliteStore {
         tracing::debug!(lock = %self.instance_lock.path().display(), "storage closed");
     }
 
-    /// The audit log, oldest first, as `(unix ms, entry)`; optionally only
-    /// one session's entries.
+    /// The newest page of the audit log, oldest first, as `(unix ms,
+    /// entry)`; optionally only one session's entries
+    /// ([`pages::Bounds::default`]).
     pub async fn audit_log(
         &self,
         session: Option<&SessionId>,
     ) -> Result<Vec<(i64, AuditEntry)>, StoreError> {
-        let rows: Vec<AuditRow> = match session {
-            Some(id) => {
-                sqlx::query_as(
-                    "SELECT id, at, session_id, actor, action, detail FROM audit \
-                 WHERE session_id = ? ORDER BY id",
-                )
-                .bind(&id.0)
-                .fetch_all(&self.pool)
-                .await
-            }
-            None => {
-                sqlx::query_as(
-                    "SELECT id, at, session_id, actor, action, detail FROM audit ORDER BY id",
-                )
-                .fetch_all(&self.pool)
-                .await
-            }
-        }
-        .map_err(backend("read audit log"))?;
-        rows.into_iter().map(AuditRow::into_entry).collect()
+        let mut page = self.audit_page(session, pages::Bounds::default()).await?;
+        page.items.reverse();
+        Ok(page.items)
+    }
+
+    /// A page of the audit log, newest first, as `(unix ms, entry)`;
+    /// optionally only one session's entries.
+    pub async fn audit_page(
+        &self,
+        session: Option<&SessionId>,
+        bounds: pages::Bounds,
+    ) -> Result<pages::Page<(i64, AuditEntry)>, StoreError> {
+        // `?1 IS NULL` keeps one statement for both.
+        let rows = sqlx::query_as::<_, AuditRow>(
+            "SELECT id, at, session_id, actor, action, detail FROM audit \
+             WHERE (?1 IS NULL OR session_id = ?1) AND id < ?2 ORDER BY id DESC",
+        )
+        .bind(session.map(|s| s.0.as_str()))
+        .bind(bounds.before_key())
+        .fetch(&self.pool);
+        pages::newest_first(rows, bounds, "read audit log", |row| {
+            let (id, size) = (row.id, row.detail.len() + row.actor.len());
+            Ok((id, size, row.into_entry()?))
+        })
+        .await
     }
 
     /// How many sessions are starting, active or stalled.

@@ -191,6 +191,22 @@ pub(crate) struct RequestRow {
     pub decided_at: Option<i64>,
 }
 
+/// A [`RequestRow`] with its `rowid` (the approvals list's page key).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct KeyedRequestRow {
+    pub seq: i64,
+    #[sqlx(flatten)]
+    pub row: RequestRow,
+}
+
+impl KeyedRequestRow {
+    /// What the row weighs in a page: its agent-sized columns.
+    pub(crate) fn size(&self) -> usize {
+        let r = &self.row;
+        r.title.len() + r.diff.as_ref().map_or(0, String::len) + r.paths.len() + r.options.len()
+    }
+}
+
 /// The column list matching [`RequestRow`], as a literal for `concat!`.
 macro_rules! request_columns {
     () => {

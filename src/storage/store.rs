@@ -17,8 +17,10 @@ use intercom_actors::ports::{Clearance, SessionStore, StoreError};
 use intercom_actors::transcript::{PageFill, TranscriptPage, TranscriptSlice};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::pages;
 use super::rows::{
-    MessageRow, RequestRow, SessionRow, SteeringRow, request_columns, session_columns,
+    KeyedRequestRow, MessageRow, RequestRow, SessionRow, SteeringRow, request_columns,
+    session_columns,
 };
 use super::{SqliteStore, backend, exec, session_not_found, write_error};
 
@@ -481,6 +483,14 @@ impl SessionStore for SqliteStore {
             .collect()
     }
 
+    async fn request_ids(&self, session: &SessionId) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar("SELECT request_id FROM requests WHERE session_id = ?")
+            .bind(&session.0)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend("list request ids"))
+    }
+
     async fn enqueue_steering(
         &self,
         id: &SessionId,
@@ -664,5 +674,35 @@ impl AuditRow {
             ],
         )?;
         Ok(())
+    }
+}
+
+impl SqliteStore {
+    /// A page of every session's requests, newest first, optionally with
+    /// one status ([`pages`]: bounded in count and bytes, streamed).
+    pub async fn requests_page(
+        &self,
+        status: Option<RequestStatus>,
+        bounds: pages::Bounds,
+    ) -> Result<pages::Page<PendingRequest>, StoreError> {
+        // The key is the rowid; the order is (created_at, rowid), which the
+        // status index and `requests_created` give without a sort.
+        let rows = sqlx::query_as::<_, KeyedRequestRow>(concat!(
+            "SELECT rowid AS seq, ",
+            request_columns!(),
+            " FROM requests WHERE (?1 IS NULL OR status = ?1) \
+             AND (?2 IS NULL OR (created_at, rowid) < \
+                  (SELECT created_at, rowid FROM requests WHERE rowid = ?2)) \
+             ORDER BY created_at DESC, rowid DESC"
+        ))
+        .bind(status.map(|s| s.as_str()))
+        .bind(bounds.before)
+        .fetch(&self.pool);
+        pages::newest_first(rows, bounds, "list requests", |keyed| {
+            let size = keyed.size();
+            let (request, _) = keyed.row.into_parts()?;
+            Ok((keyed.seq, size, request))
+        })
+        .await
     }
 }

@@ -10,10 +10,12 @@
 //! writing through a symlink) are audited and shown to the operator.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
 use super::SessionState;
+use super::noise::Verdict;
 use crate::model::{OptionKind, PermissionOption, RequestKind};
 use crate::ports::NoticeLevel;
 use crate::protocol::acp;
@@ -138,21 +140,52 @@ impl SessionState {
 
     /// Logs a refused file operation; containment violations are also
     /// audited and shown to the operator.
+    ///
+    /// The agent decides how many refusals there are and how long the path
+    /// is: the operator sees the first [`noise`](super::noise) allows per
+    /// window (the next one says how many were left out), each with its
+    /// path and reason cut to [`SHOWN_PATH_BYTES`].
     async fn refused(&mut self, method: &str, path: &str, e: &FsError) {
-        self.warn_agent(|| format!("{method} refused: {e}"));
+        let reason = shorten(&e.to_string(), SHOWN_PATH_BYTES);
+        self.warn_agent(|| format!("{method} refused: {reason}"));
         if !e.is_containment() {
             return;
         }
-        self.audit(
-            "system",
-            "fs.refused",
-            json!({"method": method, "path": path, "reason": e.to_string()}),
-        )
-        .await;
-        let text =
-            format!("The agent tried {method} on a path it may not use and was refused: {e}");
+        let left_out = match self.refusals.admit(Instant::now()) {
+            Verdict::Suppress => return,
+            Verdict::Log { left_out } => left_out,
+        };
+        let mut detail = json!({
+            "method": method,
+            "path": shorten(path, SHOWN_PATH_BYTES),
+            "reason": reason,
+        });
+        let mut text =
+            format!("The agent tried {method} on a path it may not use and was refused: {reason}");
+        if left_out > 0 {
+            detail["refusals_left_out"] = json!(left_out);
+            text.push_str(&format!(" ({left_out} more refusals were not shown)"));
+        }
+        self.audit("system", "fs.refused", detail).await;
         self.emit_notice(NoticeLevel::Warning, &text).await;
     }
+}
+
+/// The longest path (or refusal reason, which names it) shown to the
+/// operator for a refused file call, in bytes.
+const SHOWN_PATH_BYTES: usize = 512;
+
+/// `text` cut to at most `max` bytes on a character boundary, saying how
+/// much was left out.
+fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..cut], text.len())
 }
 
 fn write_options() -> Vec<PermissionOption> {

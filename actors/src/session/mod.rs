@@ -521,6 +521,9 @@ pub struct SessionState {
     rate: flood::FloodMeter,
     /// Warnings about what the agent sent wrong, rate-limited.
     noise: noise::NoiseLog,
+    /// The rate limit of refused file calls shown to the operator (audit
+    /// row and notice): the agent decides how many it makes.
+    refusals: noise::NoiseLog,
     /// Tool calls changed while flooded, persisted on the next tick.
     dirty_tools: HashSet<String>,
     /// The latest plan while flooded, persisted on the next tick.

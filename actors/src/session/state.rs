@@ -74,6 +74,7 @@ impl SessionState {
             plan_message: ledger::RowId::None,
             rate: flood::FloodMeter::new(now),
             noise: noise::NoiseLog::new(now),
+            refusals: noise::NoiseLog::new(now),
             dirty_tools: HashSet::new(),
             pending_plan: None,
             usage_unsent: false,

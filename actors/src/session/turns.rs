@@ -23,11 +23,11 @@ impl SessionState {
             Err(e) => tracing::error!(session = %self.record.id, "loading queued steering: {e}"),
         }
         // Request ids stay unique across restarts of the session.
-        match self.store.list_requests(Some(self.id()), false).await {
-            Ok(rows) => {
-                let highest = rows
+        match self.store.request_ids(self.id()).await {
+            Ok(ids) => {
+                let highest = ids
                     .iter()
-                    .filter_map(|r| r.request_id.strip_prefix("req-")?.parse::<u64>().ok())
+                    .filter_map(|id| id.strip_prefix("req-")?.parse::<u64>().ok())
                     .max()
                     .unwrap_or(0);
                 self.next_request = highest + 1;

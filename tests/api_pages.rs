@@ -1,7 +1,8 @@
-//! Reading a transcript the agent made huge: `GET /api/sessions/{id}/messages`
-//! answers bounded pages (entries and bytes) with a `Link` header to the
-//! rest, and paging back or forward loses and repeats nothing. The real app
-//! in-process, the scripted agent as a child process.
+//! Reading lists the agent made huge: the transcript
+//! (`GET /api/sessions/{id}/messages`), the approvals and the audit log
+//! answer bounded pages (entries and bytes) with a `Link` header to the
+//! rest, and paging loses and repeats nothing. The real app in-process, the
+//! scripted agent as a child process.
 
 mod common;
 
@@ -168,4 +169,93 @@ fn a_bad_page_query_is_refused_with_what_is_allowed() {
     );
     let unknown = http.get("/api/sessions/s-0000000000000000/messages");
     assert_eq!(unknown.status, 404, "{}", unknown.text);
+}
+
+/// An agent in auto-edits mode writing big files: every write is a request
+/// with its diff, decided by the mode and audited.
+fn big_writes(n: usize, size: usize) -> Setup {
+    let mut steps: Vec<Value> = (0..n)
+        .map(|i| {
+            let fill = if i % 2 == 0 { "a" } else { "b" };
+            json!({"write_file": {"path": "big.txt", "content": format!("{i}\n{}\n", fill.repeat(size))}})
+        })
+        .collect();
+    steps.push(json!({"chunk": "all written."}));
+    Setup {
+        scenario: json!({"turns": [steps]}),
+        ..Setup::default()
+    }
+}
+
+/// Follows `rel="prev"` links from `first` to the end; returns every
+/// page's items in order and how many pages there were.
+fn all_pages(http: &common::Http, first: &str) -> (Vec<Value>, usize) {
+    let mut items = Vec::new();
+    let mut pages = 0;
+    let mut next = Some(first.to_owned());
+    while let Some(path) = next {
+        let r = http.get(&path);
+        assert!(r.text.len() < 10 << 20, "{path}: {} bytes", r.text.len());
+        items.extend(entries(&r));
+        next = linked(&r, "prev");
+        pages += 1;
+    }
+    (items, pages)
+}
+
+#[test]
+fn approvals_and_the_audit_log_are_read_in_bounded_pages() {
+    // 24 writes whose diffs (old and new text) are about 1 MiB each.
+    const WRITES: usize = 24;
+    let server = Server::start(big_writes(WRITES, 512 * 1024));
+    let http = &server.http;
+    let r = http.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": "write", "mode": "auto-edits"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = sid(&r.body);
+    http.until_transcript(&id, "all written.");
+
+    // Every approval once, newest first, over several bounded pages.
+    let (approvals, pages) = all_pages(http, "/api/approvals");
+    assert!(pages >= 3, "{pages} pages");
+    let ids: Vec<&str> = approvals
+        .iter()
+        .map(|a| a["id"].as_str().unwrap_or_default())
+        .collect();
+    let expected: Vec<String> = (1..=WRITES)
+        .rev()
+        .map(|n| format!("{id}:req-{n}"))
+        .collect();
+    assert_eq!(ids, expected);
+    // The status filter and a small limit page the same way.
+    let (decided, pages) = all_pages(http, "/api/approvals?status=decided&limit=5");
+    assert_eq!(decided.len(), WRITES);
+    assert!(pages >= 5, "{pages} pages of 5");
+    assert!(decided.iter().all(|a| a["status"] == "decided"));
+
+    // The audit log: newest first, paged by count here.
+    let (whole, _) = all_pages(http, &format!("/api/audit?session={id}&limit=1000"));
+    let (paged, pages) = all_pages(http, &format!("/api/audit?session={id}&limit=3"));
+    assert_eq!(paged, whole);
+    assert!(
+        pages >= whole.len() / 3,
+        "{pages} pages for {}",
+        whole.len()
+    );
+    let ats: Vec<i64> = whole
+        .iter()
+        .map(|e| e["at"].as_i64().unwrap_or_default())
+        .collect();
+    assert!(ats.windows(2).all(|w| w[0] >= w[1]), "newest first");
+
+    for bad in [
+        "/api/approvals?limit=0",
+        "/api/audit?limit=9999",
+        "/api/audit?before=x",
+    ] {
+        let r = http.get(bad);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text);
+    }
 }

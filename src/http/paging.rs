@@ -1,0 +1,74 @@
+//! Paged lists over HTTP: `before` and `limit` in the query, a `Link`
+//! header (RFC 8288, `rel="prev"`) naming the next, older page.
+//!
+//! Why this exists: an agent decides how long the approvals list and the
+//! audit log grow and how big their items are, so these lists answer a
+//! bounded page ([`crate::storage::pages`]) and say where the rest is. The
+//! body stays the plain array it was before paging.
+
+use axum::http::HeaderValue;
+use axum::http::header::LINK;
+use axum::response::Response;
+
+use super::error::ApiError;
+use crate::storage::pages::{Bounds, DEFAULT_LIMIT, MAX_LIMIT};
+
+/// The page a query asks for, or what is wrong with it.
+pub fn bounds(before: Option<i64>, limit: Option<usize>) -> Result<Bounds, ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {MAX_LIMIT}, not {limit}"
+        )));
+    }
+    Ok(Bounds {
+        before,
+        limit,
+        ..Bounds::default()
+    })
+}
+
+/// Adds `Link: <path?query&before=next&limit=..>; rel="prev"` when older
+/// items remain. `query` holds the other parameters, already encoded.
+pub fn link_older(
+    response: &mut Response,
+    path: &str,
+    query: &str,
+    next: Option<i64>,
+    limit: usize,
+) {
+    let Some(next) = next else { return };
+    let sep = if query.is_empty() { "" } else { "&" };
+    let link = format!("<{path}?{query}{sep}before={next}&limit={limit}>; rel=\"prev\"");
+    if let Ok(value) = HeaderValue::from_str(&link) {
+        response.headers_mut().insert(LINK, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::response::IntoResponse;
+
+    #[test]
+    fn a_limit_out_of_range_says_what_is_allowed() {
+        assert_eq!(bounds(None, None).expect("default").limit, DEFAULT_LIMIT);
+        assert_eq!(bounds(Some(9), Some(3)).expect("page").before, Some(9));
+        for bad in [0, MAX_LIMIT + 1] {
+            let err = bounds(None, Some(bad)).expect_err("refused");
+            assert!(format!("{err:?}").contains("between 1 and 5000"), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn the_link_names_the_older_page_only_when_there_is_one() {
+        let mut r = ().into_response();
+        link_older(&mut r, "/api/audit", "session=s-1", None, 10);
+        assert!(r.headers().get(LINK).is_none());
+        link_older(&mut r, "/api/audit", "session=s-1", Some(42), 10);
+        assert_eq!(
+            r.headers()[LINK],
+            "</api/audit?session=s-1&before=42&limit=10>; rel=\"prev\""
+        );
+    }
+}
