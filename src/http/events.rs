@@ -129,7 +129,9 @@ impl Cursor {
                     .await;
                 match page {
                     Ok(page) => {
-                        self.catch_up = page.len() == PAGE as usize;
+                        // A page may stop short of PAGE at its byte
+                        // bound: only an empty page means caught up.
+                        self.catch_up = !page.is_empty();
                         self.backlog.extend(page);
                         continue;
                     }
@@ -201,6 +203,45 @@ mod tests {
         assert_eq!(v["session_id"], "s-1");
         assert_eq!(v["event"], "notice");
         assert_eq!(v["text"], "<b>hi</b>");
+    }
+
+    /// A replay page stops at its byte bound short of PAGE events; the
+    /// stream must read on, not take the short page for the end.
+    #[tokio::test]
+    async fn a_replay_of_big_events_reaches_the_last_one() {
+        use intercom_actors::model::SessionId;
+        use intercom_actors::ports::{NoticeLevel, OperatorEvent, OperatorSink};
+        let store = Arc::new(
+            crate::storage::SqliteStore::open_in_memory()
+                .await
+                .expect("store"),
+        );
+        let journal = EventJournal::start(store);
+        for i in 0..5 {
+            journal.emit(OperatorEvent::Notice {
+                session_id: SessionId::from("s-1"),
+                level: NoticeLevel::Info,
+                text: format!("{i} {}", "x".repeat(3 << 20)),
+            });
+        }
+        journal.close().await;
+        let mut cursor = Cursor {
+            live: journal.subscribe(),
+            journal,
+            end: CancellationToken::new(),
+            last: 0,
+            session: None,
+            backlog: VecDeque::new(),
+            catch_up: true,
+            started: true,
+        };
+        for _ in 0..5 {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(10), cursor.next())
+                .await
+                .expect("the replay goes on past a short page");
+            cursor = next.expect("an event").1;
+        }
+        assert_eq!(cursor.last, 5);
     }
 
     #[test]

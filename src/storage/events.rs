@@ -9,9 +9,10 @@
 //! transactions with the other writes); streams read pages after
 //! an id. Old rows are pruned so the table stays bounded.
 
+use futures::TryStreamExt;
 use intercom_actors::ports::StoreError;
 
-use super::{SqliteStore, backend, exec, write_error};
+use super::{SqliteStore, backend, exec, pages, write_error};
 
 /// One event ready to be stored: its session, its kind (the event's tag) and
 /// the whole event as JSON.
@@ -74,38 +75,43 @@ impl SqliteStore {
         .await
     }
 
-    /// Up to `limit` events with an id above `after`, oldest first;
-    /// optionally only one session's.
+    /// Up to `limit` events with an id above `after`, oldest first, and no
+    /// more than about [`pages::MAX_PAGE_BYTES`] of them (at least one: an
+    /// agent sets the size of some events); optionally only one session's.
     pub async fn events_after(
         &self,
         after: i64,
         session: Option<&str>,
         limit: u32,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let rows = match session {
-            Some(s) => {
-                sqlx::query_as(
-                    "SELECT id, at, session_id, kind, payload FROM events \
-                     WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
-                )
-                .bind(s)
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await
-            }
-            None => {
-                sqlx::query_as(
-                    "SELECT id, at, session_id, kind, payload FROM events \
-                     WHERE id > ? ORDER BY id LIMIT ?",
-                )
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await
-            }
+        // Two statements, so one session's page uses `events_by_session`.
+        let mut rows = match session {
+            Some(s) => sqlx::query_as::<_, StoredEvent>(
+                "SELECT id, at, session_id, kind, payload FROM events \
+                 WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+            )
+            .bind(s)
+            .bind(after)
+            .bind(limit)
+            .fetch(&self.pool),
+            None => sqlx::query_as::<_, StoredEvent>(
+                "SELECT id, at, session_id, kind, payload FROM events \
+                 WHERE id > ? ORDER BY id LIMIT ?",
+            )
+            .bind(after)
+            .bind(limit)
+            .fetch(&self.pool),
         };
-        rows.map_err(backend("read events"))
+        let mut out: Vec<StoredEvent> = Vec::new();
+        let mut bytes = 0;
+        while let Some(event) = rows.try_next().await.map_err(backend("read events"))? {
+            bytes += event.payload.len();
+            if !out.is_empty() && bytes > pages::MAX_PAGE_BYTES {
+                break;
+            }
+            out.push(event);
+        }
+        Ok(out)
     }
 
     /// The newest event id (0 when there is none).
@@ -178,6 +184,38 @@ mod tests {
         let one = store.events_after(0, None, 1).await.expect("page");
         assert_eq!(one.len(), 1);
         assert_eq!(store.last_event_id().await.expect("last"), ids[2]);
+    }
+
+    #[tokio::test]
+    async fn a_page_of_events_stops_at_its_byte_bound() {
+        let store = SqliteStore::open_in_memory().await.expect("store");
+        let big = |n: usize| NewEvent {
+            payload: format!("{{\"n\":{n},\"x\":\"{}\"}}", "x".repeat(3 << 20)),
+            ..event("s-1", "plan")
+        };
+        let stored = store
+            .append_events(&[big(0), big(1), big(2), big(3)])
+            .await
+            .expect("append");
+        // 3 MiB each: two fit in a page's 8 MiB.
+        let page = store.events_after(0, None, 500).await.expect("page");
+        assert_eq!(page, stored[..2].to_vec());
+        let next = store
+            .events_after(page[1].id, Some("s-1"), 500)
+            .await
+            .expect("next");
+        assert_eq!(next, stored[2..].to_vec());
+        // One event bigger than the bound still comes alone.
+        let huge = NewEvent {
+            payload: "y".repeat(9 << 20),
+            ..event("s-1", "plan")
+        };
+        let one = store.append_events(&[huge]).await.expect("append");
+        let page = store
+            .events_after(stored[3].id, None, 500)
+            .await
+            .expect("page");
+        assert_eq!(page, one);
     }
 
     #[tokio::test]
