@@ -18,6 +18,23 @@
   };
 
   // ---- DOM: elements from text, never from markup ----
+  // Invisible formatting that makes text read other than it is (bidi
+  // overrides, zero-width, tag characters): the same set as the server's
+  // `intercom_actors::text::disguises`. Every string shown goes through h(),
+  // which writes these as visible marks: `notes-\u202etxt.sh` shows as
+  // `notes-⟨U+202E⟩txt.sh`, not as `notes-hs.txt`.
+  const DISGUISES = /[\u{ad}\u{61c}\u{180e}\u{200b}\u{200e}\u{200f}\u{2028}-\u{202e}\u{2060}-\u{206f}\u{feff}\u{fff9}-\u{fffb}\u{e0000}-\u{e007f}]/gu;
+  function visible(text) {
+    return text.replace(DISGUISES, (c) => '⟨U+' + c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩');
+  }
+
+  // Agent-chosen titles and paths are cut, so a huge one cannot push the
+  // decision buttons off the page.
+  function cut(text, max) {
+    const s = String(text);
+    return s.length <= max ? s : s.slice(0, max - 1) + '…';
+  }
+
   function h(tag, attrs, ...kids) {
     const el = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -28,7 +45,7 @@
     }
     for (const kid of kids.flat(Infinity)) {
       if (kid === null || kid === undefined || kid === false) continue;
-      el.append(kid instanceof Node ? kid : String(kid));
+      el.append(kid instanceof Node ? kid : visible(String(kid)));
     }
     return el;
   }
@@ -139,7 +156,7 @@
     if (!('Notification' in window) || Notification.permission !== 'granted') return;
     if (state.notified.has(request.id)) return;
     state.notified.add(request.id);
-    const n = new Notification('Needs input: ' + request.title, {
+    const n = new Notification('Needs input: ' + visible(cut(request.title, 120)), {
       body: 'Session ' + request.session_id + ' is waiting for a decision.',
       tag: request.id,
     });
@@ -198,7 +215,7 @@
         const label = since ? 'needs input · waiting ' + ago(since) : st;
         body.append(h('tr', { class: 'row state-' + st.replace(/\s/g, '-'), 'data-session': s.id, onclick: () => { location.hash = '#/s/' + encodeURIComponent(s.id); } },
           h('td', {}, h('span', { class: 'badge state-' + st.replace(/\s/g, '-') }, label)),
-          h('td', {}, h('a', { href: '#/s/' + encodeURIComponent(s.id), class: 'title' }, s.title || s.id)),
+          h('td', {}, h('a', { href: '#/s/' + encodeURIComponent(s.id), class: 'title' }, cut(s.title || s.id, 200))),
           h('td', {}, s.workspace), h('td', {}, s.agent), h('td', {}, s.owner),
           h('td', {}, String(s.restart_count)), h('td', {}, ago(s.last_activity_at) + ' ago')));
       }
@@ -211,13 +228,42 @@
   // The server's diffs are plain unified diffs: a new file is `--- /dev/null`.
   // diff2html marks a file added only after git's `new file mode` line (else
   // the differing names read as a rename), so give new and deleted files
-  // git's header lines before rendering.
+  // git's header lines before rendering. Only real file headers: inside a
+  // hunk (its line counts not yet used up) a line `--- /dev/null` is a
+  // removed line `-- /dev/null` of the agent's text, and treating it as a
+  // header let an agent show an edit of deploy.sh as a new, other file.
   function gitHeaders(diff) {
-    return diff.replace(/^--- (\S.*)\n\+\+\+ (\S.*)$/gm, (pair, from, to) => {
-      if (from === '/dev/null') return 'diff --git ' + to.replace(/^b\//, 'a/') + ' ' + to + '\nnew file mode 100644\n' + pair;
-      if (to === '/dev/null') return 'diff --git ' + from + ' ' + from.replace(/^a\//, 'b/') + '\ndeleted file mode 100644\n' + pair;
-      return pair;
-    });
+    const lines = diff.split('\n');
+    const out = [];
+    let oldLeft = 0;
+    let newLeft = 0;
+    for (let i = 0; i < lines.length; i++) {
+      const line = lines[i];
+      if (oldLeft > 0 || newLeft > 0) {
+        const c = line[0];
+        if (c === '-') oldLeft--;
+        else if (c === '+') newLeft--;
+        else if (c !== '\\') { oldLeft--; newLeft--; }
+        out.push(line);
+        continue;
+      }
+      const hunk = /^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@/.exec(line);
+      if (hunk) {
+        oldLeft = hunk[1] === undefined ? 1 : Number(hunk[1]);
+        newLeft = hunk[2] === undefined ? 1 : Number(hunk[2]);
+        out.push(line);
+        continue;
+      }
+      const from = /^--- (\S.*)$/.exec(line);
+      const to = from && /^\+\+\+ (\S.*)$/.exec(lines[i + 1] || '');
+      if (from && to && from[1] === '/dev/null') {
+        out.push('diff --git ' + to[1].replace(/^b\//, 'a/') + ' ' + to[1], 'new file mode 100644');
+      } else if (from && to && to[1] === '/dev/null') {
+        out.push('diff --git ' + from[1] + ' ' + from[1].replace(/^a\//, 'b/'), 'deleted file mode 100644');
+      }
+      out.push(line);
+    }
+    return out.join('\n');
   }
 
   function renderDiff(diff) {
@@ -246,9 +292,9 @@
     return h('div', { class: 'request', 'data-request': req.id },
       h('div', { class: 'request-head' },
         h('span', { class: 'badge state-needs-input' }, req.kind.replace('_', ' ')),
-        h('strong', { class: 'request-title' }, req.title),
+        h('strong', { class: 'request-title' }, cut(req.title, 300)),
         h('span', { class: 'muted' }, ' waiting ' + ago(req.created_at))),
-      req.paths && req.paths.length ? h('div', { class: 'paths' }, req.paths.join(', ')) : null,
+      req.paths && req.paths.length ? h('div', { class: 'paths' }, cut(req.paths.join(', '), 2000)) : null,
       req.diff ? renderDiff(req.diff) : null,
       h('div', { class: 'options' }, buttons),
       h('div', { class: 'reject-feedback' }, feedback,
@@ -265,9 +311,9 @@
       const t = parse(m.content) || {};
       return h('div', { class: 'entry tool' }, time,
         h('span', { class: 'badge tool-' + (t.status || 'pending') }, t.status || 'pending'), ' ',
-        h('strong', {}, t.title || t.id || 'tool call'),
+        h('strong', {}, cut(t.title || t.id || 'tool call', 300)),
         t.kind ? h('span', { class: 'muted' }, ' (' + t.kind + ')') : null,
-        t.paths && t.paths.length ? h('div', { class: 'paths' }, t.paths.join(', ')) : null,
+        t.paths && t.paths.length ? h('div', { class: 'paths' }, cut(t.paths.join(', '), 2000)) : null,
         (t.diffs || []).map((d) => h('details', { class: 'tool-diff' }, h('summary', {}, 'diff'), renderDiff(d))));
     }
     if (m.kind === 'plan') {
@@ -288,7 +334,7 @@
     if (plans.length === 0) return null;
     const entries = parse(plans[plans.length - 1].content) || [];
     return h('ul', { class: 'plan' }, entries.map((e) => h('li', { class: 'plan-' + e.status },
-      h('input', { type: 'checkbox', disabled: true, checked: e.status === 'completed' }), ' ', e.content,
+      h('input', { type: 'checkbox', disabled: true, checked: e.status === 'completed' }), ' ', cut(e.content, 500),
       h('span', { class: 'muted' }, ' ' + e.status))));
   }
 
@@ -340,7 +386,7 @@
         }
       };
       box.append(
-        h('div', {}, '"' + (option.label || option.name) + '" on ', h('strong', {}, req.title),
+        h('div', {}, '"' + (option.label || option.name) + '" on ', h('strong', {}, cut(req.title, 300)),
           '. Make it stick: remember this decision as a rule, so matching requests are answered without asking.'),
         h('div', { class: 'options' },
           h('button', { type: 'button', 'data-remember-scope': 'session', onclick: remember('session') }, 'Remember for this session'),
@@ -366,7 +412,7 @@
     function drawHead(d) {
       const st = stateOf(d, d.pending.length ? d.pending[0].created_at : null);
       clear(head).append(
-        h('h2', { class: 'session-title' }, d.title || d.id),
+        h('h2', { class: 'session-title' }, cut(d.title || d.id, 300)),
         h('div', { class: 'facts' },
           h('span', { class: 'badge state-' + st.replace(/\s/g, '-'), id: 'session-state' }, st),
           h('span', {}, 'status ' + d.status + (d.status_reason ? ' (' + d.status_reason + ')' : '')),
