@@ -202,7 +202,7 @@ impl SessionStore for MemoryStore {
             let mine = t
                 .messages
                 .iter()
-                .filter(|(s, m)| s == id && page.admits(m.id))
+                .filter(|(s, m)| s == id && page.admits(m))
                 .map(|(_, m)| m);
             let in_order: Box<dyn Iterator<Item = &TranscriptEntry>> = if page.newest_first() {
                 Box::new(mine.rev())

@@ -9,7 +9,7 @@
 //! stores fill a page with the same [`PageFill`], so the bounds mean the
 //! same everywhere.
 
-use crate::model::TranscriptEntry;
+use crate::model::{MessageKind, TranscriptEntry};
 
 /// Entries in a page when the reader does not say.
 pub const DEFAULT_LIMIT: usize = 1000;
@@ -39,6 +39,8 @@ pub struct TranscriptPage {
     pub limit: usize,
     /// At most about this many bytes of content.
     pub max_bytes: usize,
+    /// Only entries of this kind (the latest plan: `Plan`, limit 1).
+    pub kind: Option<MessageKind>,
 }
 
 impl TranscriptPage {
@@ -47,7 +49,17 @@ impl TranscriptPage {
         anchor: Anchor::Latest,
         limit: DEFAULT_LIMIT,
         max_bytes: MAX_PAGE_BYTES,
+        kind: None,
     };
+
+    /// The latest entry of one kind (the current plan, say).
+    pub fn latest_of(kind: MessageKind) -> TranscriptPage {
+        TranscriptPage {
+            limit: 1,
+            kind: Some(kind),
+            ..TranscriptPage::LATEST
+        }
+    }
 
     /// True when entries are read newest first (then returned oldest first).
     pub fn newest_first(&self) -> bool {
@@ -63,13 +75,16 @@ impl TranscriptPage {
         }
     }
 
-    /// Whether an entry id lies on the page's side of its anchor.
-    pub fn admits(&self, id: i64) -> bool {
-        match self.anchor {
+    /// Whether an entry lies on the page's side of its anchor and is of
+    /// its kind.
+    pub fn admits(&self, entry: &TranscriptEntry) -> bool {
+        let id = entry.id;
+        let placed = match self.anchor {
             Anchor::Latest => true,
             Anchor::Before(b) => id < b,
             Anchor::After(a) => id > a,
-        }
+        };
+        placed && self.kind.is_none_or(|k| k == entry.kind)
     }
 }
 
@@ -152,7 +167,7 @@ mod tests {
     fn fill(page: TranscriptPage, ids: impl IntoIterator<Item = (i64, usize)>) -> TranscriptSlice {
         let mut f = PageFill::new(page);
         for (id, size) in ids {
-            if !page.admits(id) {
+            if !page.admits(&entry(id, 0)) {
                 continue;
             }
             if !f.offer(entry(id, size)) {
@@ -218,6 +233,15 @@ mod tests {
         let s = fill(page, [(9, 1000), (8, 1)]);
         assert_eq!(ids(&s), [9]);
         assert!(s.more);
+    }
+
+    #[test]
+    fn a_kind_page_holds_only_that_kind() {
+        let page = TranscriptPage::latest_of(MessageKind::Plan);
+        let mut plan = entry(3, 1);
+        plan.kind = MessageKind::Plan;
+        assert!(page.admits(&plan));
+        assert!(!page.admits(&entry(4, 1)), "text is not a plan");
     }
 
     #[test]

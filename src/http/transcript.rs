@@ -13,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderValue;
 use axum::http::header::LINK;
 use axum::response::{IntoResponse, Response};
-use intercom_actors::model::SessionId;
+use intercom_actors::model::{MessageKind, SessionId};
 use intercom_actors::transcript::{Anchor, DEFAULT_LIMIT, MAX_LIMIT, TranscriptPage};
 use serde::Deserialize;
 
@@ -29,6 +29,7 @@ pub struct PageQuery {
     before: Option<i64>,
     after: Option<i64>,
     limit: Option<usize>,
+    kind: Option<String>,
 }
 
 impl PageQuery {
@@ -50,9 +51,18 @@ impl PageQuery {
                 "limit must be between 1 and {MAX_LIMIT}, not {limit}"
             )));
         }
+        let kind = match self.kind.as_deref() {
+            None => None,
+            Some(k) => Some(message_kind(k).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "kind must be text, plan, tool, thought or error, not {k:?}"
+                ))
+            })?),
+        };
         Ok(TranscriptPage {
             anchor,
             limit,
+            kind,
             ..TranscriptPage::LATEST
         })
     }
@@ -80,6 +90,19 @@ pub async fn messages(
     Ok(response)
 }
 
+/// A message kind by its name.
+fn message_kind(name: &str) -> Option<MessageKind> {
+    [
+        MessageKind::Text,
+        MessageKind::Plan,
+        MessageKind::Tool,
+        MessageKind::Thought,
+        MessageKind::Error,
+    ]
+    .into_iter()
+    .find(|k| k.as_str() == name)
+}
+
 /// The `Link` header naming the page beyond this one, in the direction it
 /// was read.
 fn next_page(
@@ -89,14 +112,20 @@ fn next_page(
 ) -> Option<String> {
     let path = format!("/api/sessions/{}/messages", segment(&session.0));
     let limit = page.limit;
+    let kind = page
+        .kind
+        .map(|k| format!("&kind={}", k.as_str()))
+        .unwrap_or_default();
     if page.newest_first() {
         let first = entries.first()?.id;
         Some(format!(
-            "<{path}?before={first}&limit={limit}>; rel=\"prev\""
+            "<{path}?before={first}&limit={limit}{kind}>; rel=\"prev\""
         ))
     } else {
         let last = entries.last()?.id;
-        Some(format!("<{path}?after={last}&limit={limit}>; rel=\"next\""))
+        Some(format!(
+            "<{path}?after={last}&limit={limit}{kind}>; rel=\"next\""
+        ))
     }
 }
 
@@ -109,6 +138,7 @@ mod tests {
             before,
             after,
             limit,
+            kind: None,
         }
     }
 
@@ -120,6 +150,12 @@ mod tests {
         assert_eq!((p.anchor, p.limit), (Anchor::Before(7), 10));
         let p = query(None, Some(3), None).page().expect("page");
         assert_eq!(p.anchor, Anchor::After(3));
+        let plan = PageQuery {
+            kind: Some("plan".into()),
+            ..query(None, None, Some(1))
+        };
+        let p = plan.page().expect("page");
+        assert_eq!(p, TranscriptPage::latest_of(MessageKind::Plan));
     }
 
     #[test]
@@ -128,6 +164,13 @@ mod tests {
             (query(Some(1), Some(2), None), "not both"),
             (query(None, None, Some(0)), "between 1 and 5000"),
             (query(None, None, Some(MAX_LIMIT + 1)), "between 1 and 5000"),
+            (
+                PageQuery {
+                    kind: Some("chat".into()),
+                    ..query(None, None, None)
+                },
+                "kind must be text, plan",
+            ),
         ] {
             let err = q.page().expect_err("refused");
             assert!(format!("{err:?}").contains(says), "{err:?}");

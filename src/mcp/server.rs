@@ -32,6 +32,7 @@ use intercom_actors::ports::{Clearance, NoticeLevel};
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::session::{Caller, McpAnswer, McpCall, SessionMsg};
 use intercom_actors::supervisor::{AttachRequest, SupervisorMsg, directory};
+use intercom_actors::transcript::TranscriptPage;
 use intercom_actors::workspace_fs::WorkspaceFs;
 use ractor::ActorRef;
 use rmcp::model::{
@@ -533,16 +534,13 @@ impl IntercomMcp {
         // ones) the last plan in the transcript.
         let mut last_progress = reported;
         if last_progress.is_none() {
-            let transcript = store.transcript(&id).await.map_err(storage)?;
-            last_progress = transcript
-                .iter()
-                .rev()
-                .find(|m| m.kind == MessageKind::Plan)
-                .map(|m| {
-                    let plan = serde_json::from_str::<Value>(&m.content)
-                        .unwrap_or_else(|_| Value::String(m.content.clone()));
-                    json!({"plan": plan, "at": m.created_at})
-                });
+            let latest = TranscriptPage::latest_of(MessageKind::Plan);
+            let plans = store.transcript_page(&id, latest).await.map_err(storage)?;
+            last_progress = plans.entries.last().map(|m| {
+                let plan = serde_json::from_str::<Value>(&m.content)
+                    .unwrap_or_else(|_| Value::String(m.content.clone()));
+                json!({"plan": plan, "at": m.created_at})
+            });
         }
         Ok(json!({
             "session_id": id,

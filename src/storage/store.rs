@@ -341,14 +341,15 @@ impl SessionStore for SqliteStore {
         // bounds, so a huge transcript is never loaded whole.
         let sql = if page.newest_first() {
             "SELECT id, role, kind, content, created_at FROM messages \
-             WHERE session_id = ? AND id < ? ORDER BY id DESC"
+             WHERE session_id = ?1 AND id < ?2 AND (?3 IS NULL OR kind = ?3) ORDER BY id DESC"
         } else {
             "SELECT id, role, kind, content, created_at FROM messages \
-             WHERE session_id = ? AND id > ? ORDER BY id"
+             WHERE session_id = ?1 AND id > ?2 AND (?3 IS NULL OR kind = ?3) ORDER BY id"
         };
         let mut rows = sqlx::query_as::<_, MessageRow>(sql)
             .bind(&id.0)
             .bind(page.bound())
+            .bind(page.kind.map(|k| k.as_str()))
             .fetch(&self.pool);
         let mut fill = PageFill::new(page);
         while let Some(row) = rows.try_next().await.map_err(backend("read transcript"))? {

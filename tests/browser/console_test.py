@@ -90,6 +90,18 @@ FORGER = {
     ]]
 }
 
+# An agent that pushes its plan and first tool calls out of the newest page
+# of its transcript with 1,050 trivial tool calls.
+HIDER = {
+    "turns": [[
+        {"plan": [{"content": "The plan an agent buried", "status": "in_progress", "priority": "high"}]},
+        *[{"tool_call": {"id": f"h{i}", "title": f"hide {i}", "kind": "read", "status": "completed"}}
+          for i in range(1050)],
+        {"chunk": "buried."},
+        {"stop_reason": "end_turn"},
+    ]]
+}
+
 # Makes browser notifications observable: the console constructs them when a
 # session starts waiting (init scripts run before the page, outside its CSP).
 NOTIFICATION_SPY = """
@@ -141,6 +153,9 @@ class Server:
         forger = os.path.join(work, "forger.json")
         with open(forger, "w") as f:
             json.dump(FORGER, f)
+        hider = os.path.join(work, "hider.json")
+        with open(hider, "w") as f:
+            json.dump(HIDER, f)
         self.config = os.path.join(work, "config.toml")
         with open(self.config, "w") as f:
             f.write(f'''workspace_root = "{work}"
@@ -161,6 +176,11 @@ args = ["--scenario", "{scenario}"]
 id = "forger"
 command = "{AGENT}"
 args = ["--scenario", "{forger}"]
+
+[[agent]]
+id = "hider"
+command = "{AGENT}"
+args = ["--scenario", "{hider}"]
 
 [[workspace]]
 id = "demo"
@@ -370,6 +390,20 @@ def walk(server, page):
         page.goto(server.base + "/#/s/" + state["id"])
         expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
 
+    def a_buried_plan_and_earlier_entries_stay_reachable():
+        session = server.api("POST", "/api/sessions",
+                             {"workspace": "demo", "prompt": "bury", "agent": "hider"})
+        page.goto(server.base + "/#/s/" + session["id"])
+        expect(page.locator(".transcript")).to_contain_text("buried.", timeout=WAIT_MS)
+        expect(page.locator(".plan li")).to_contain_text("The plan an agent buried", timeout=WAIT_MS)
+        expect(page.locator(".transcript")).not_to_contain_text("hide 0 ")
+        page.click("#transcript-more")
+        expect(page.locator(".transcript")).to_contain_text("hide 0", timeout=WAIT_MS)
+        expect(page.locator(".transcript")).to_contain_text("hide 1049")
+        expect(page.locator("#transcript-more")).to_have_count(0)
+        page.goto(server.base + "/#/s/" + state["id"])
+        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+
     def recovers_after_restart():
         expect(page.locator("#conn")).to_have_text("live", timeout=WAIT_MS)
         server.stop()
@@ -393,6 +427,7 @@ def walk(server, page):
         ("a POST without the CSRF token is refused", post_without_csrf_is_refused),
         ("rules, audit and start views", other_views),
         ("a forged diff stays one file; a bidi title shows its override", a_forged_diff_and_a_bidi_title_show_as_they_are),
+        ("a buried plan and earlier entries stay reachable", a_buried_plan_and_earlier_entries_stay_reachable),
         ("the page recovers after the server restarts", recovers_after_restart),
     ]:
         check(name, fn)

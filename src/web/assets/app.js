@@ -457,21 +457,40 @@
       mode.dataset.current = current;
     }
 
+    // The transcript is read a page at a time (the newest by default);
+    // "Show earlier entries" adds the page before what is shown. The plan is
+    // read apart (the latest plan entry), so it shows however old it is.
+    let older = [];
+    let olderMore = false;
+
+    async function showEarlier(firstId) {
+      const page = await api('GET', '/api/sessions/' + enc + '/messages?before=' + firstId);
+      older = page.concat(older);
+      olderMore = page.earlier;
+      await refresh();
+    }
+
     async function refresh() {
-      const [d, messages, steering] = await Promise.all([
+      const [d, latest, steering, plans] = await Promise.all([
         api('GET', '/api/sessions/' + enc),
         api('GET', '/api/sessions/' + enc + '/messages'),
         api('GET', '/api/sessions/' + enc + '/steering'),
+        api('GET', '/api/sessions/' + enc + '/messages?kind=plan&limit=1'),
       ]);
       drawHead(d);
       drawMode(d.approval_mode);
       drawPending(d.pending);
-      clear(planBox).append(planView(messages) || h('p', { class: 'muted' }, 'No plan yet.'));
+      clear(planBox).append(planView(plans) || h('p', { class: 'muted' }, 'No plan yet.'));
+      const first = latest.length ? latest[0].id : Infinity;
+      const messages = older.filter((m) => m.id < first).concat(latest);
+      const earlier = older.length ? olderMore : latest.earlier;
       const atBottom = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 20;
       clear(transcript).append(...messages.map(entryView));
-      if (messages.earlier) {
+      if (earlier && messages.length) {
         transcript.prepend(h('p', { class: 'muted', id: 'transcript-earlier' },
-          'Earlier entries are not shown: this is the latest ' + messages.length + '.'));
+          'Earlier entries are not shown. ',
+          h('button', { type: 'button', id: 'transcript-more', onclick: () => showEarlier(messages[0].id) },
+            'Show earlier entries')));
       }
       if (atBottom) transcript.scrollTop = transcript.scrollHeight;
       drawSteering(steering);
