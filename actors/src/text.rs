@@ -31,9 +31,30 @@ pub fn disguises(c: char) -> bool {
     )
 }
 
+/// `text` cut to at most `max` bytes on a character boundary, saying how
+/// long it was: for agent text the operator is shown (a path, a title) whose
+/// length the agent decides.
+pub fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..cut], text.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shorten_cuts_on_a_character_boundary_and_says_the_length() {
+        assert_eq!(shorten("short", 10), "short");
+        assert_eq!(shorten("abcdef", 3), "abc… (6 bytes in all)");
+        assert_eq!(shorten("ééé", 3), "é… (6 bytes in all)");
+    }
 
     #[test]
     fn bidi_zero_width_and_tags_disguise_joiners_and_letters_do_not() {

@@ -159,3 +159,50 @@ async fn the_mode_sticks_across_a_crash_restart() {
         ApprovalMode::Auto
     );
 }
+
+/// The agent decides how many requests an allow rule answers and how long
+/// their titles are: every one is decided and audited, but the operator is
+/// told of the first ten of a window, each title cut, and the next notice
+/// counts the rest.
+#[tokio::test]
+async fn a_flood_of_automatic_decisions_is_told_bounded() {
+    let rules = SharedRules::new(vec![rule("r-edit", "edit", RuleAction::Allow)]);
+    let h = Harness::new(Knobs {
+        rules,
+        ..Knobs::default()
+    })
+    .await;
+    let title = format!("Touch {}", "x".repeat(100_000));
+    let mut steps: Vec<Value> = Vec::new();
+    for i in 0..30 {
+        let id = format!("t{i}");
+        steps.push(
+            json!({"tool_call": {"id": id, "title": title, "kind": "edit", "status": "pending"}}),
+        );
+        steps.push(json!({"permission": {"tool_call_id": id, "title": title, "kind": "edit"}}));
+    }
+    steps.push(json!({"chunk": "\nall asked"}));
+    let rec = h.start(json!({"turns": [steps]}), "go").await;
+    h.until_transcript(&rec.id, "\nall asked").await;
+    let reqs = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list");
+    assert_eq!(reqs.len(), 30);
+    assert!(reqs.iter().all(|r| r.status == RequestStatus::Decided));
+    let notices: Vec<String> = h
+        .transcript(&rec.id)
+        .await
+        .into_iter()
+        .map(|m| m.content)
+        .filter(|c| c.contains("allowed automatically"))
+        .collect();
+    // Ten per 10 s window: 30 requests take well under one window here.
+    assert!(
+        (10..=20).contains(&notices.len()),
+        "{} notices",
+        notices.len()
+    );
+    assert!(notices.iter().all(|n| n.len() < 600), "titles are cut");
+}

@@ -146,7 +146,7 @@ impl SessionState {
     /// window (the next one says how many were left out), each with its
     /// path and reason cut to [`SHOWN_PATH_BYTES`].
     async fn refused(&mut self, method: &str, path: &str, e: &FsError) {
-        let reason = shorten(&e.to_string(), SHOWN_PATH_BYTES);
+        let reason = crate::text::shorten(&e.to_string(), SHOWN_PATH_BYTES);
         self.warn_agent(|| format!("{method} refused: {reason}"));
         if !e.is_containment() {
             return;
@@ -157,7 +157,7 @@ impl SessionState {
         };
         let mut detail = json!({
             "method": method,
-            "path": shorten(path, SHOWN_PATH_BYTES),
+            "path": crate::text::shorten(path, SHOWN_PATH_BYTES),
             "reason": reason,
         });
         let mut text =
@@ -174,19 +174,6 @@ impl SessionState {
 /// The longest path (or refusal reason, which names it) shown to the
 /// operator for a refused file call, in bytes.
 const SHOWN_PATH_BYTES: usize = 512;
-
-/// `text` cut to at most `max` bytes on a character boundary, saying how
-/// much was left out.
-fn shorten(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}… ({} bytes in all)", &text[..cut], text.len())
-}
 
 fn write_options() -> Vec<PermissionOption> {
     vec![

@@ -524,6 +524,8 @@ pub struct SessionState {
     /// The rate limit of refused file calls shown to the operator (audit
     /// row and notice): the agent decides how many it makes.
     refusals: noise::NoiseLog,
+    /// The rate limit of notices about automatic decisions.
+    auto_notices: noise::NoiseLog,
     /// Tool calls changed while flooded, persisted on the next tick.
     dirty_tools: HashSet<String>,
     /// The latest plan while flooded, persisted on the next tick.

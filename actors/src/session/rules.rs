@@ -7,13 +7,19 @@
 //! re-evaluates what is still pending.
 
 use std::path::Path;
+use std::time::Instant;
 
 use serde_json::json;
 
+use super::noise::Verdict;
 use super::{Caller, Choice, SessionError, SessionState};
 use crate::fsjail;
 use crate::ports::NoticeLevel;
 use crate::rules::{ApprovalMode, RequestFacts, RuleAction, evaluate};
+
+/// The longest request title quoted in a notice about an automatic
+/// decision, in bytes.
+const NOTICE_TITLE_BYTES: usize = 300;
 
 impl SessionState {
     fn facts(
@@ -97,8 +103,16 @@ impl SessionState {
             .await
         {
             Ok(_) => {
-                let text = format!(
-                    "{title}: {} automatically ({}).",
+                // The agent decides how many requests it makes and how long
+                // their titles are: the operator is told of the first few of
+                // each window (the audit log has every decision).
+                let left_out = match self.auto_notices.admit(Instant::now()) {
+                    Verdict::Suppress => return,
+                    Verdict::Log { left_out } => left_out,
+                };
+                let mut text = format!(
+                    "{}: {} automatically ({}).",
+                    crate::text::shorten(&title, NOTICE_TITLE_BYTES),
                     if verdict.action == RuleAction::Allow {
                         "allowed"
                     } else {
@@ -106,6 +120,11 @@ impl SessionState {
                     },
                     verdict.why
                 );
+                if left_out > 0 {
+                    text.push_str(&format!(
+                        " {left_out} more automatic decisions were not shown; the audit log has them."
+                    ));
+                }
                 self.emit_notice(NoticeLevel::Info, &text).await;
             }
             Err(e) => tracing::warn!(session = %self.record.id, "automatic decision failed: {e}"),

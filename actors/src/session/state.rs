@@ -75,6 +75,7 @@ impl SessionState {
             rate: flood::FloodMeter::new(now),
             noise: noise::NoiseLog::new(now),
             refusals: noise::NoiseLog::new(now),
+            auto_notices: noise::NoiseLog::new(now),
             dirty_tools: HashSet::new(),
             pending_plan: None,
             usage_unsent: false,
