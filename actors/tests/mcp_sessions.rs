@@ -36,7 +36,7 @@ async fn clearance(h: &Harness, id: &SessionId) -> (String, oneshot::Receiver<Mc
             title: "Edit main.rs".into(),
             description: "refactor".into(),
             diff: Some("--- a/main.rs\n+++ b/main.rs\n".into()),
-            file_path: "main.rs".into(),
+            paths: vec!["main.rs".into()],
             risk_level: "low".into(),
             opened: opened_tx,
             reply: tx,

@@ -213,6 +213,13 @@ impl IntercomMcp {
                 "argument `diff` looks like a unified diff but is not a valid one: {e}"
             ))
         })?;
+        // Every file the change writes is in the request: rules and the
+        // operator judge all of them (a diff over several files names more
+        // than `file_path`).
+        let paths: Vec<String> = apply::targets(&change, &file_path)
+            .into_iter()
+            .map(|(rel, _)| rel)
+            .collect();
         let recorded = match &t.cwd {
             Some(root) => {
                 record_targets(&self.shared.workspace(root)?, &change, &file_path).await?
@@ -227,7 +234,7 @@ impl IntercomMcp {
                 title,
                 description: args.str_or("description", "").trim().to_owned(),
                 diff: Some(diff),
-                file_path,
+                paths,
                 risk_level: args.str_or("risk_level", "low").to_owned(),
                 opened: opened_tx,
                 reply: tx,

@@ -39,8 +39,10 @@ pub enum McpCall {
         description: String,
         /// Unified diff or whole-file content.
         diff: Option<String>,
-        /// Target file, relative to the workspace.
-        file_path: String,
+        /// Every file the change writes, relative to the workspace
+        /// (`file_path`, or each `+++` path of a diff over several files):
+        /// rules and the operator judge all of them, not only `file_path`.
+        paths: Vec<String>,
         /// low / medium / high.
         risk_level: String,
         /// The global request id, once stored (None when storing failed).
@@ -118,7 +120,7 @@ impl SessionState {
                 title,
                 description,
                 diff,
-                file_path,
+                paths,
                 risk_level,
                 opened,
                 reply,
@@ -132,7 +134,7 @@ impl SessionState {
                     option("approve", "Approve", OptionKind::AllowOnce),
                     option("reject", "Reject", OptionKind::RejectOnce),
                 ];
-                let (kind, paths) = (RequestKind::Permission, vec![file_path]);
+                let kind = RequestKind::Permission;
                 self.open_mcp_request(kind, title, diff, paths, options, opened, reply)
                     .await;
             }
