@@ -207,10 +207,21 @@ impl ServerFiles {
         self.inodes().contains(&(meta.dev(), meta.ino()))
     }
 
+    /// The protected files' inodes, and those of the regular files directly
+    /// in a protected directory (the data directory's API token: a hard
+    /// link to it inside a workspace must not read it either).
     fn inodes(&self) -> HashSet<(u64, u64)> {
+        let in_dirs = self
+            .dirs
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|entries| entries.flatten().map(|e| e.path()));
         self.files
             .iter()
+            .cloned()
+            .chain(in_dirs)
             .filter_map(|f| std::fs::metadata(f).ok())
+            .filter(std::fs::Metadata::is_file)
             .map(|m| (m.dev(), m.ino()))
             .collect()
     }

@@ -299,3 +299,29 @@ fn writes_keep_the_mode_and_leave_no_temporary_files() {
         .collect();
     assert_eq!(names.len(), 1, "left behind: {names:?}");
 }
+
+/// The server's guard lists the database files and the config as files and
+/// the data directory as a directory; the API token is only in the
+/// directory. A hard link to it in the workspace is the same file: a probe
+/// read the token through one. Every regular file directly in a protected
+/// directory is compared by inode too.
+#[test]
+fn a_hard_link_to_a_file_in_the_data_directory_is_refused() {
+    let f = fixture();
+    let data = f.outside.join("data");
+    std::fs::create_dir(&data).expect("data");
+    std::fs::write(data.join("api-token"), "s3cret").expect("token");
+    std::fs::hard_link(data.join("api-token"), f.root.join("hardtok")).expect("hardlink");
+    let guard = ServerFiles::new([data.join("agent-intercom.db")], [data.clone()]);
+    let ws = open(&f, guard);
+    let read = ws.read("hardtok", None, None, MAX);
+    assert!(matches!(read, Err(FsError::ServerFile { .. })), "{read:?}");
+    assert!(matches!(
+        ws.write("hardtok", "x"),
+        Err(FsError::ServerFile { .. })
+    ));
+    assert_eq!(
+        std::fs::read_to_string(data.join("api-token")).expect("token"),
+        "s3cret"
+    );
+}
