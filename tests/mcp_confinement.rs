@@ -401,3 +401,49 @@ async fn a_workspace_token_is_refused_once_a_reload_removes_its_workspace() {
     let operator = h.client("").await;
     ok(&operator, "ping", json!({})).await;
 }
+
+/// One credential holds at most 32 MCP sessions open: past that its
+/// `initialize` is answered 429 saying what to do, and other credentials
+/// (the operator, another client) keep working. Closing one frees a slot.
+/// Before, one workspace token opened thousands, filled the server's MCP
+/// sessions for everyone and evicted other clients' sessions.
+#[tokio::test]
+async fn one_credential_cannot_hold_more_than_its_share_of_mcp_sessions() {
+    let h = Harness::new().await;
+    let operator = raw_session(h.port, "", OPERATOR_TOKEN).await;
+    let mut mine = Vec::new();
+    for _ in 0..32 {
+        mine.push(raw_session(h.port, "", WORKSPACE_TOKEN).await);
+    }
+    let refused = raw_mcp(
+        h.port,
+        "POST",
+        "",
+        WORKSPACE_TOKEN,
+        None,
+        mcp_common::INITIALIZE,
+    )
+    .await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert!(
+        refused.body.contains("already holds 32 open MCP sessions"),
+        "{}",
+        refused.body
+    );
+    // The operator's session still answers, and the operator may open more.
+    let ping = raw_tool(h.port, "", OPERATOR_TOKEN, &operator, "ping", json!({})).await;
+    assert_eq!(ping.status, 200, "{}", ping.body);
+    raw_session(h.port, "", OPERATOR_TOKEN).await;
+    // Closing one of its sessions lets the workspace client open another.
+    let closed = raw_mcp(
+        h.port,
+        "DELETE",
+        "",
+        WORKSPACE_TOKEN,
+        mine.last().map(String::as_str),
+        "",
+    )
+    .await;
+    assert!(closed.status < 300, "{}: {}", closed.status, closed.body);
+    raw_session(h.port, "", WORKSPACE_TOKEN).await;
+}

@@ -26,12 +26,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::supervisor::SupervisorMsg;
 
-use super::session_owners::{NotYours, Owner, SessionOwners};
+use super::session_owners::{NotYours, Owner, PER_OWNER, SessionOwners};
 use super::{ACTOR_TIMEOUT, BridgedSession, ask, server, session_deleted_is_no_content};
 use crate::http::auth::ApiToken;
 
@@ -117,6 +117,13 @@ pub(crate) async fn authenticate(
         && let Err(why) = shared.owners.check(id, &owner)
     {
         return session_not_found(&why);
+    }
+    if named.is_none() && method == Method::POST && shared.owners.count(&owner) >= PER_OWNER {
+        let why = format!(
+            "{owner} already holds {PER_OWNER} open MCP sessions; close one (DELETE /mcp with its Mcp-Session-Id) or let it expire, then initialize again"
+        );
+        tracing::warn!("MCP session refused: {why}");
+        return (StatusCode::TOO_MANY_REQUESTS, why).into_response();
     }
     let res = next.run(req).await;
     if named.is_none() {

@@ -39,6 +39,14 @@ use rmcp::transport::streamable_http_server::session::{
 /// The most owners remembered at once (see the module doc).
 pub(crate) const CAP: usize = 10_000;
 
+/// The most MCP sessions one credential may hold open at once. An IDE
+/// opens one or two; without a bound, one token opened thousands (each
+/// holding memory until its keep-alive ran out), filled the server's core
+/// sessions for every other client, and churned the owner table until it
+/// evicted other clients' sessions. A credential at the bound is answered
+/// 429 until it closes one (`DELETE`) or one expires.
+pub(crate) const PER_OWNER: usize = 32;
+
 /// The identity of a credential on `/mcp`; never the token itself, so the
 /// map holds no secret and logging an [`Owner`] leaks none.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +146,15 @@ impl SessionOwners {
             }),
             None => Err(NotYours::Unknown),
         }
+    }
+
+    /// How many MCP sessions `owner` holds open.
+    pub(crate) fn count(&self, owner: &Owner) -> usize {
+        self.table()
+            .owners
+            .values()
+            .filter(|(_, o)| o == owner)
+            .count()
     }
 
     /// Forgets MCP session `id` (it ended).
