@@ -246,6 +246,65 @@ async fn every_file_a_diff_writes_is_named_in_its_request() {
     task.await.expect("join").expect("call");
 }
 
+/// Each waiting request holds its diff until decided, and the agent sets
+/// the size: a probe held 128 MiB of diffs in one session (4.5 GB of RSS
+/// over several). Past 8 MiB of waiting titles and diffs a session opens
+/// no more requests, and the tool says why; a decision frees the room.
+#[tokio::test]
+async fn waiting_requests_are_bounded_in_bytes() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let big = |name: &str| {
+        format!(
+            "--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+{}\n",
+            "x".repeat(3 << 20)
+        )
+    };
+    let mut waiting = Vec::new();
+    for name in ["a.txt", "b.txt"] {
+        let peer = client.peer().clone();
+        let diff = big(name);
+        let name = name.to_owned();
+        waiting.push(tokio::spawn(async move {
+            peer.call_tool(
+                CallToolRequestParams::new("check_clearance")
+                    .with_arguments(mcp_common::args(clearance(&name, &diff))),
+            )
+            .await
+        }));
+        h.until_pending_count(waiting.len()).await;
+    }
+    let third = refused(
+        &client,
+        "check_clearance",
+        clearance("c.txt", &big("c.txt")),
+    )
+    .await;
+    let text = third.to_string();
+    assert!(text.contains("the operator was not asked"), "{text}");
+    assert!(text.contains("at most 8388608"), "{text}");
+    // A decision makes room again.
+    let first = h.pending().await;
+    h.decide(&first, Choice::Reject, None).await;
+    h.until_pending_count(1).await;
+    let peer = client.peer().clone();
+    let diff = big("c.txt");
+    waiting.push(tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("c.txt", &diff))),
+        )
+        .await
+    }));
+    h.until_pending_count(2).await;
+    for r in h.store.list_requests(None, true).await.expect("list") {
+        h.decide(&r, Choice::Reject, None).await;
+    }
+    for w in waiting {
+        w.await.expect("join").expect("call");
+    }
+}
+
 #[tokio::test]
 async fn rejection_carries_the_reason_and_nothing_is_applied() {
     let h = Harness::new().await;

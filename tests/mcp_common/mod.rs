@@ -233,6 +233,27 @@ impl Harness {
         }
     }
 
+    /// Waits until exactly `n` requests are pending.
+    pub async fn until_pending_count(&self, n: usize) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let now = self
+                .store
+                .list_requests(None, true)
+                .await
+                .expect("list")
+                .len();
+            if now == n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{now} pending, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until the stored request satisfies `pred`.
     pub async fn until_request(
         &self,

@@ -116,7 +116,7 @@ impl SessionState {
                 Some((path, content)),
             )
             .await;
-        if let Some(n) = opened {
+        if let Ok(n) = opened {
             self.apply_rules(n, Some("edit".into()), None).await;
         }
     }

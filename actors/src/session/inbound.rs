@@ -26,6 +26,9 @@ use crate::protocol::jsonrpc::{RpcError, RpcId, RpcMessage, codes, truncate_for_
 /// How much of a malformed line goes into the log.
 const LOG_RAW_BYTES: usize = 512;
 
+/// The most bytes of titles and diffs a session's waiting requests hold.
+const MAX_PENDING_BYTES: usize = 8 << 20;
+
 impl SessionState {
     pub(super) async fn on_child_event(&mut self, ev: ChildEvent) {
         match ev {
@@ -182,7 +185,7 @@ impl SessionState {
                 None,
             )
             .await;
-        if let Some(n) = opened {
+        if let Ok(n) = opened {
             if let Some(p) = self.pending.get_mut(&n) {
                 p.announced = Some(ToolCalls::announced(&tool_id, &merged));
                 p.cancel_option = cancel_option;
@@ -202,11 +205,33 @@ impl SessionState {
         paths: Vec<String>,
         options: Vec<PermissionOption>,
         write: Option<(String, String)>,
-    ) -> Option<u64> {
+    ) -> Result<u64, String> {
         let cap = self.settings.limits.max_pending_requests;
         if self.pending.len() >= cap {
-            self.refuse_request(wire, kind, cap).await;
-            return None;
+            let why = format!(
+                "{cap} requests are already waiting for the operator (limits.max_pending_requests); wait for them to be answered"
+            );
+            let note = format!(
+                "The agent asked for more than {cap} things at once; the extra requests were refused."
+            );
+            self.refuse_request(wire, kind, &why, note).await;
+            return Err(why);
+        }
+        // What waiting requests hold (titles and diffs) is bounded too: the
+        // agent sets their size, and each is held until decided.
+        let size = title.len() + diff.as_ref().map_or(0, String::len);
+        let held: usize = self
+            .pending
+            .values()
+            .map(|p| p.record.title.len() + p.record.diff.as_ref().map_or(0, String::len))
+            .sum();
+        if !self.pending.is_empty() && held + size > MAX_PENDING_BYTES {
+            let why = format!(
+                "the requests waiting for the operator already hold {held} bytes of titles and diffs (at most {MAX_PENDING_BYTES}); wait for them to be answered"
+            );
+            let note = "The agent's waiting requests reached their size bound; the extra requests were refused.".to_owned();
+            self.refuse_request(wire, kind, &why, note).await;
+            return Err(why);
         }
         let n = self.next_request;
         self.next_request += 1;
@@ -232,14 +257,11 @@ impl SessionState {
         if let Err(e) = inserted {
             // Without a record the operator could not answer it durably.
             tracing::error!(session = %self.record.id, "cannot store request: {e}");
-            let err = RpcError::new(
-                codes::INTERNAL_ERROR,
-                format!("agent-intercom could not record the request: {e}"),
-            );
+            let why = format!("agent-intercom could not record the request: {e}");
             if self.is_acp() {
-                self.respond(wire, Err(err));
+                self.respond(wire, Err(RpcError::new(codes::INTERNAL_ERROR, why.clone())));
             }
-            return None;
+            return Err(why);
         }
         self.pending.insert(
             n,
@@ -255,14 +277,12 @@ impl SessionState {
         );
         self.emit(OperatorEvent::RequestOpened { request: record });
         self.show_activity("needs input", None);
-        Some(n)
+        Ok(n)
     }
 
     /// Answers a request past `limits.max_pending_requests` with an error.
-    async fn refuse_request(&mut self, wire: RpcId, kind: RequestKind, cap: usize) {
-        let why = format!(
-            "{cap} requests are already waiting for the operator (limits.max_pending_requests); wait for them to be answered"
-        );
+    async fn refuse_request(&mut self, wire: RpcId, kind: RequestKind, why: &str, note: String) {
+        let why = why.to_owned();
         self.warn_agent(|| format!("refused a new request: {why}"));
         match self.record.protocol {
             crate::model::Protocol::Acp => self.respond(
@@ -285,11 +305,7 @@ impl SessionState {
         }
         if !self.over_request_cap_noted {
             self.over_request_cap_noted = true;
-            self.emit_notice(
-                NoticeLevel::Warning,
-                &format!("The agent asked for more than {cap} things at once; the extra requests were refused."),
-            )
-            .await;
+            self.emit_notice(NoticeLevel::Warning, &note).await;
         }
     }
 
@@ -630,7 +646,7 @@ impl SessionState {
                         None,
                     )
                     .await;
-                if let Some(n) = opened {
+                if let Ok(n) = opened {
                     self.apply_rules(n, Some("edit".into()), None).await;
                 }
             }
@@ -653,16 +669,18 @@ impl SessionState {
                     },
                 ];
                 let title = format!("[{kind}] {text}");
-                self.open_request(
-                    RpcId::Str(id),
-                    RequestKind::ForwardedPrompt,
-                    title,
-                    None,
-                    vec![],
-                    options,
-                    None,
-                )
-                .await;
+                // A refusal was already answered to the agent.
+                let _ = self
+                    .open_request(
+                        RpcId::Str(id),
+                        RequestKind::ForwardedPrompt,
+                        title,
+                        None,
+                        vec![],
+                        options,
+                        None,
+                    )
+                    .await;
             }
             DialectIn::Status { message } => {
                 self.note(Role::Agent, MessageKind::Text, &message);

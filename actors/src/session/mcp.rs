@@ -45,8 +45,8 @@ pub enum McpCall {
         paths: Vec<String>,
         /// low / medium / high.
         risk_level: String,
-        /// The global request id, once stored (None when storing failed).
-        opened: oneshot::Sender<Option<String>>,
+        /// The global request id once stored, or why it was not opened.
+        opened: oneshot::Sender<Result<String, String>>,
         /// The outcome.
         reply: oneshot::Sender<McpAnswer>,
     },
@@ -56,8 +56,8 @@ pub enum McpCall {
         text: String,
         /// Prompt type.
         kind: String,
-        /// The global request id, once stored.
-        opened: oneshot::Sender<Option<String>>,
+        /// The global request id once stored, or why it was not opened.
+        opened: oneshot::Sender<Result<String, String>>,
         /// The outcome (option id continue / refine / stop, reason = instruction).
         reply: oneshot::Sender<McpAnswer>,
     },
@@ -255,7 +255,7 @@ impl SessionState {
         diff: Option<String>,
         paths: Vec<String>,
         options: Vec<PermissionOption>,
-        opened: oneshot::Sender<Option<String>>,
+        opened: oneshot::Sender<Result<String, String>>,
         reply: oneshot::Sender<McpAnswer>,
     ) {
         let wire = RpcId::Str(format!("mcp-{}", self.next_request));
@@ -263,16 +263,20 @@ impl SessionState {
             .open_request(wire, kind, title, diff, paths, options, None)
             .await
         {
-            Some(n) => {
-                let global = self.pending.get(&n).map(|p| p.record.id.clone());
+            Ok(n) => {
+                let global = self
+                    .pending
+                    .get(&n)
+                    .map(|p| p.record.id.clone())
+                    .ok_or_else(|| "the request closed as soon as it opened".to_owned());
                 self.mcp_waiters.insert(n, reply);
                 let _ = opened.send(global);
                 if kind == RequestKind::Permission {
                     self.apply_rules(n, Some("edit".into()), None).await;
                 }
             }
-            None => {
-                let _ = opened.send(None);
+            Err(why) => {
+                let _ = opened.send(Err(why));
             }
         }
     }

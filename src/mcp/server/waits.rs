@@ -47,14 +47,14 @@ pub(super) async fn wait_for<T>(
 pub(super) struct RequestGuard {
     actor: ActorRef<SessionMsg>,
     /// Still waiting for the request to be stored.
-    opened: Option<oneshot::Receiver<Option<String>>>,
+    opened: Option<oneshot::Receiver<Result<String, String>>>,
     request_id: Option<String>,
 }
 
 impl RequestGuard {
     pub(super) fn new(
         actor: ActorRef<SessionMsg>,
-        opened: oneshot::Receiver<Option<String>>,
+        opened: oneshot::Receiver<Result<String, String>>,
     ) -> Self {
         RequestGuard {
             actor,
@@ -71,13 +71,13 @@ impl RequestGuard {
         let r = tokio::time::timeout(ACTOR_TIMEOUT, rx).await;
         self.opened = None;
         match r {
-            Ok(Ok(Some(id))) => {
+            Ok(Ok(Ok(id))) => {
                 self.request_id = Some(id.clone());
                 Ok(id)
             }
-            Ok(Ok(None)) => Err(Fail::refused(
-                "storage",
-                "the request could not be stored, so the operator was not asked; try again",
+            Ok(Ok(Err(why))) => Err(Fail::refused(
+                "not_opened",
+                format!("the operator was not asked: {why}"),
             )),
             Ok(Err(_)) => Err(Fail::ended()),
             Err(_) => Err(Fail::refused(
@@ -109,7 +109,7 @@ impl Drop for RequestGuard {
             // Dropped before the id arrived: close it once it does.
             let actor = self.actor.clone();
             rt.spawn(async move {
-                if let Ok(Some(request_id)) = rx.await {
+                if let Ok(Ok(request_id)) = rx.await {
                     let _ = actor.send_message(SessionMsg::Mcp(McpCall::Abandon {
                         request_id,
                         status: RequestStatus::Cancelled,
