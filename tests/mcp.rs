@@ -305,6 +305,38 @@ async fn waiting_requests_are_bounded_in_bytes() {
     }
 }
 
+/// Blocking calls hold a connection each until answered: one MCP session
+/// has at most 16 tool calls running, and the next is refused at once
+/// saying so (a probe held 19,950 and ran the server out of descriptors).
+/// When calls finish, new ones run again.
+#[tokio::test]
+async fn one_mcp_session_runs_at_most_sixteen_calls_at_once() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let mut waiting = Vec::new();
+    for i in 0..16 {
+        let peer = client.peer().clone();
+        let diff = format!("--- /dev/null\n+++ b/f{i}.txt\n@@ -0,0 +1 @@\n+x\n");
+        waiting.push(tokio::spawn(async move {
+            peer.call_tool(
+                CallToolRequestParams::new("check_clearance")
+                    .with_arguments(mcp_common::args(clearance(&format!("f{i}.txt"), &diff))),
+            )
+            .await
+        }));
+    }
+    h.until_pending_count(16).await;
+    let err = call(&client, "ping", json!({})).await.expect_err("refused");
+    assert!(err.to_string().contains("16 tool calls in flight"), "{err}");
+    for r in h.store.list_requests(None, true).await.expect("list") {
+        h.decide(&r, Choice::Reject, None).await;
+    }
+    for w in waiting {
+        w.await.expect("join").expect("call");
+    }
+    ok(&client, "ping", json!({})).await;
+}
+
 #[tokio::test]
 async fn rejection_carries_the_reason_and_nothing_is_applied() {
     let h = Harness::new().await;

@@ -10,6 +10,7 @@ pub mod body;
 pub mod control;
 pub mod error;
 pub mod events;
+pub mod listener;
 pub mod paging;
 pub mod routes;
 pub mod rules;
@@ -98,7 +99,8 @@ pub async fn serve_on<F>(listener: TcpListener, router: Router, shutdown: F) -> 
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    axum::serve(listener, router.with_state(()).into_make_service())
+    let bounded = listener::BoundedListener::new(listener, listener::limit());
+    axum::serve(bounded, router.with_state(()).into_make_service())
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -104,6 +104,33 @@ impl Shared {
 }
 
 /// The rmcp handler for one MCP session.
+/// The most tool calls one MCP session may have running at once. Blocking
+/// calls (`standby`, `check_clearance`) each hold a connection for up to an
+/// hour: a probe held 19,950 on one session and ran the server out of file
+/// descriptors.
+pub(crate) const MAX_CALLS_IN_FLIGHT: usize = 16;
+
+/// One running tool call of an MCP session; the slot frees when dropped.
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<InFlight> {
+        use std::sync::atomic::Ordering;
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_CALLS_IN_FLIGHT).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlight(count.clone()))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 pub(crate) struct IntercomMcp {
     shared: Arc<Shared>,
     conn: Arc<Connection>,
@@ -181,6 +208,7 @@ impl IntercomMcp {
             shared,
             conn: Arc::new(Connection {
                 bound: tokio::sync::Mutex::new(None),
+                in_flight: Arc::default(),
             }),
         }
     }
@@ -611,6 +639,14 @@ impl ServerHandler for IntercomMcp {
         };
         let args = tools::validate(spec, request.arguments)
             .map_err(|message| ErrorData::invalid_params(message, None))?;
+        let Some(_slot) = InFlight::take(&self.conn.in_flight) else {
+            return Err(ErrorData::invalid_request(
+                format!(
+                    "this MCP session already has {MAX_CALLS_IN_FLIGHT} tool calls in flight; wait for one to finish"
+                ),
+                None,
+            ));
+        };
         let ctx = &context;
         let result = match spec.name {
             "check_clearance" => self.check_clearance(args, ctx).await,

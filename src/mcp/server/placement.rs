@@ -30,6 +30,8 @@ pub(super) struct Own {
 /// One MCP session's binding; tells the core session when it goes away.
 pub(super) struct Connection {
     pub(super) bound: tokio::sync::Mutex<Option<Own>>,
+    /// Tool calls running on this MCP session ([`super::MAX_CALLS_IN_FLIGHT`]).
+    pub(super) in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Drop for Connection {
