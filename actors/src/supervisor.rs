@@ -82,6 +82,14 @@ pub enum SupervisorError {
         /// The limit.
         max: usize,
     },
+    /// [`MAX_MCP_SESSIONS`] MCP client sessions are open.
+    #[error(
+        "{max} MCP client sessions are already open (the server's bound for MCP clients, apart from limits.max_sessions); close one (DELETE /mcp) or wait for idle ones to expire"
+    )]
+    McpLimitReached {
+        /// The limit.
+        max: usize,
+    },
     /// The prompt was empty.
     #[error("the prompt is empty")]
     EmptyPrompt,

@@ -108,7 +108,9 @@ impl From<SupervisorError> for AppError {
     fn from(e: SupervisorError) -> Self {
         let message = e.to_string();
         match e {
-            SupervisorError::LimitReached { .. } => AppError::LimitReached(message),
+            SupervisorError::LimitReached { .. } | SupervisorError::McpLimitReached { .. } => {
+                AppError::LimitReached(message)
+            }
             SupervisorError::EmptyPrompt => AppError::BadRequest(message),
             SupervisorError::StartFailed(_) => AppError::AgentStartFailed(message),
             SupervisorError::Storage(_) => AppError::Storage(message),

@@ -91,7 +91,7 @@ impl SupervisorState {
         // of a fixed number of client slots.
         let clients = self.sessions.len() - self.agent_sessions();
         if clients >= MAX_MCP_SESSIONS {
-            let _ = reply.send(Err(SupervisorError::LimitReached {
+            let _ = reply.send(Err(SupervisorError::McpLimitReached {
                 max: MAX_MCP_SESSIONS,
             }));
             return;
