@@ -196,10 +196,15 @@ impl ServerFiles {
             .map(PathBuf::as_path)
     }
 
-    /// True when the absolute, resolved `path` is (or is beneath) a server file.
+    /// True when the absolute, resolved `path` is (or is beneath) a server
+    /// file, or is the same file as one (a hard link, or a server file
+    /// whose path is now a symlink to it: the check follows the inode).
     pub fn covers(&self, path: &Path) -> bool {
         let path = canonical_or_lexical(path);
-        self.files.contains(&path) || self.dirs.iter().any(|d| path.starts_with(d))
+        self.files.contains(&path)
+            || self.dirs.iter().any(|d| path.starts_with(d))
+            || (!self.is_empty()
+                && std::fs::metadata(&path).is_ok_and(|m| m.is_file() && self.same_inode(&m)))
     }
 
     /// True when `meta` is the same inode as a protected file (hard links).

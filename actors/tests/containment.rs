@@ -108,6 +108,38 @@ async fn a_permission_naming_a_server_file_is_always_asked() {
     assert_eq!(pending(&h, &rec.id).await, 1);
 }
 
+/// A permission naming another name of a server file (a hard link, or a
+/// file a server path now points at) is asked too: the rule check follows
+/// the inode, as the file layer does. A probe got `Edit tok` (a hard link
+/// to the API token) allowed by mode auto-edits.
+#[tokio::test]
+async fn a_permission_naming_a_hard_link_to_a_server_file_is_always_asked() {
+    let h = Harness::new(guarded()).await;
+    std::fs::create_dir_all(h.workspace.join("data")).expect("data");
+    std::fs::write(h.workspace.join("data/api-token"), "s3cret\n").expect("token");
+    std::fs::hard_link(h.workspace.join("data/api-token"), h.workspace.join("tok"))
+        .expect("hard link");
+    let scenario = json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "title": "Edit tok", "kind": "edit", "locations": ["tok"]}},
+        {"chunk": "\ndone"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::Auto);
+    let rec = h.start_req(req).await.expect("start");
+    h.until(
+        "the request",
+        |e| matches!(e, OperatorEvent::RequestOpened { request } if request.title == "Edit tok"),
+    )
+    .await;
+    // The rules run in the same turn of the session actor that opened the
+    // request: once it answers a snapshot, they have decided or not.
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, intercom_actors::session::SessionMsg::Snapshot).expect("snapshot");
+    let text = h.transcript_text(&rec.id).await;
+    assert!(!text.contains("permission t1: selected"), "{text}");
+    assert_eq!(pending(&h, &rec.id).await, 1);
+}
+
 #[tokio::test]
 async fn symlinks_never_carry_a_write_out_of_the_workspace() {
     let h = Harness::new(Knobs::default()).await;
