@@ -130,6 +130,57 @@ fn a_broken_file_is_reported_and_a_fix_recovers() {
     assert_eq!(ids(&next(&rx).expect("fixed again")), ["a1", "a2"]);
 }
 
+/// A save in progress (the file truncated first), or a file emptied by
+/// mistake, would load as a config with no workspaces and no rules: a
+/// probe saw every rule dropped while the server ran. A reload of an empty
+/// file is refused, and the previous configuration stays.
+#[test]
+fn an_emptied_file_is_refused_and_the_previous_configuration_stays() {
+    let (_dir, path) = setup(&["a1"]);
+    let (_handle, rx) = start(&path);
+    fs::write(&path, "").expect("truncate");
+    let err = next(&rx).expect_err("an empty file is not a config");
+    assert!(matches!(err, ConfigError::Empty { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("keeping the previous configuration"),
+        "{err}"
+    );
+    fs::write(&path, "# nothing yet\n\n").expect("comments only");
+    assert!(matches!(next(&rx), Err(ConfigError::Empty { .. })));
+    fs::write(&path, config_text(&["a1", "web"])).expect("the whole file");
+    assert_eq!(ids(&next(&rx).expect("valid")), ["a1", "web"]);
+}
+
+/// The file is read as a regular file of at most 1 MiB: a FIFO swapped in
+/// for it blocked the reload thread for good, and `/dev/zero` took memory
+/// without bound. Both are refused at once, and a fix still reloads.
+#[test]
+fn a_fifo_or_a_huge_file_is_refused_without_hanging_reload() {
+    let (dir, path) = setup(&["a1"]);
+    let (_handle, rx) = start(&path);
+    let fifo = dir.path().join("cfg.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().expect("utf8")).expect("cstr");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&fifo, &link).expect("symlink");
+    fs::rename(&link, &path).expect("swap in the FIFO");
+    let err = next(&rx).expect_err("a FIFO is not a config");
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+
+    let huge = dir.path().join("huge");
+    fs::write(&huge, format!("# {}\n", "x".repeat(2 << 20))).expect("huge");
+    fs::rename(&huge, &path).expect("swap in a huge file");
+    let err = next(&rx).expect_err("2 MiB is over the limit");
+    assert!(err.to_string().contains("byte limit"), "{err}");
+
+    let fixed = dir.path().join("fixed");
+    fs::write(&fixed, config_text(&["web"])).expect("fixed");
+    fs::rename(&fixed, &path).expect("swap in a good file");
+    assert_eq!(ids(&next(&rx).expect("valid")), ["web"]);
+}
+
 #[test]
 fn reading_the_file_or_touching_other_files_triggers_nothing() {
     let (dir, path) = setup(&["a1"]);

@@ -193,6 +193,17 @@ pub enum ConfigError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A reload found the file empty (only blanks and comments): a save in
+    /// progress, or a file emptied by mistake. Loaded, it would drop every
+    /// workspace and rule, so the running configuration is kept.
+    #[error(
+        "config file {} is empty (being saved, or emptied); keeping the previous configuration, which an empty file would replace with no workspaces and no rules",
+        path.display()
+    )]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
     /// The file is not valid TOML or does not match the schema (unknown key,
     /// wrong type). `message` is toml's, with line, column and the offending key.
     #[error("{}", ParseDisplay { path: path.as_deref(), message })]
@@ -358,19 +369,79 @@ pub(crate) struct RawSlack {
 
 // ---------------------------------------------------------------------------
 
+/// The largest config file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads the config file: a regular file of at most [`MAX_CONFIG_BYTES`].
+/// Opened non-blocking, so a FIFO swapped in for it cannot hang the reload
+/// thread, and read with a bound, so `/dev/zero` or a huge file cannot
+/// exhaust memory.
+fn read_text(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (a FIFO, a device or a directory); point --config at a regular file",
+        ));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::other(format!(
+            "{} bytes, over the {MAX_CONFIG_BYTES}-byte limit for a config file",
+            meta.len()
+        )));
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::other(format!(
+            "over the {MAX_CONFIG_BYTES}-byte limit for a config file"
+        )));
+    }
+    Ok(text)
+}
+
 impl Config {
     /// Reads, parses, resolves and validates the file at `path`. Relative
     /// paths inside it resolve against the file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = read_text(path).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
+        Self::load_text(path, &text)
+    }
+
+    /// [`Config::load`] for a hot reload: an empty file (only blanks and
+    /// comments) is refused ([`ConfigError::Empty`]), since it would remove
+    /// every workspace and rule while the server runs.
+    pub fn reload(path: &Path) -> Result<Config, ConfigError> {
+        let text = read_text(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let blank = text
+            .lines()
+            .map(str::trim)
+            .all(|l| l.is_empty() || l.starts_with('#'));
+        if blank {
+            return Err(ConfigError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        Self::load_text(path, &text)
+    }
+
+    fn load_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let source = paths::absolutize(path);
         let base_dir = source
             .parent()
             .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
-        Self::parse(&text, &base_dir, Some(&source))
+        Self::parse(text, &base_dir, Some(&source))
     }
 
     /// Parses, resolves and validates `text` as if it were a config file in

@@ -121,7 +121,7 @@ impl Drop for WatchHandle {
 /// Watches the config file at `path` and calls `on_reload` with the freshly
 /// loaded and validated [`Config`] (or why it is not valid) once per settled
 /// burst of changes to it. Nothing is loaded at start: load the first
-/// version with [`Config::load`].
+/// version with [`Config::reload`].
 pub fn watch(
     path: PathBuf,
     on_reload: impl Fn(Result<Config, ConfigError>) + Send + 'static,
@@ -218,7 +218,7 @@ fn reload_loop(
         if stopped.load(Ordering::Acquire) {
             return;
         }
-        let result = Config::load(path);
+        let result = Config::reload(path);
         match &result {
             Ok(config) => tracing::info!(
                 config = %path.display(),
