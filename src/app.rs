@@ -35,6 +35,7 @@ use std::sync::RwLock;
 mod approvals;
 mod config_choice;
 mod config_rules;
+use config_rules::Fixed;
 mod control;
 mod errors;
 
@@ -195,6 +196,9 @@ struct Inner {
     modes: RwLock<BTreeMap<String, ApprovalMode>>,
     /// Whether the last config reload failed (for `/healthz`).
     config_status: ConfigStatus,
+    /// What a reload cannot change (the database, the listening address),
+    /// as the server started with it.
+    fixed: Fixed,
     /// How long `cancel` waits for a session to end: the shutdown grace,
     /// SIGTERM -> SIGKILL, and a second for the exit to be recorded.
     cancel_wait: Duration,
@@ -295,6 +299,7 @@ impl App {
             config_rules: RwLock::new(config.rules.clone()),
             modes: RwLock::new(config.workspace_modes.clone()),
             config_status: ConfigStatus::new(),
+            fixed: Fixed::of(config),
             cancel_wait: config.limits.shutdown_grace()
                 + intercom_actors::session::TERM_TO_KILL
                 + CANCEL_MARGIN,

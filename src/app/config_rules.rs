@@ -37,6 +37,9 @@ impl App {
         for w in config.warnings() {
             tracing::warn!("{w}");
         }
+        for w in self.inner.fixed.changed_by(config) {
+            tracing::warn!("{w}");
+        }
     }
 
     /// Marks the config stale after a bad edit (the previous map stays).
@@ -160,5 +163,65 @@ impl crate::slack::RulesAdmin for App {
     fn tell(&self, session: &SessionId, text: &str) -> bool {
         self.notice(session, text.to_owned());
         true
+    }
+}
+
+/// What the server started with and a reload cannot change: the database
+/// (and so the data directory and the files agents are kept from) and the
+/// listening address. A reload that changes them is told so, instead of a
+/// summary that reads as if they took effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Fixed {
+    database: std::path::PathBuf,
+    bind: std::net::SocketAddr,
+}
+
+impl Fixed {
+    pub(super) fn of(config: &Config) -> Self {
+        Fixed {
+            database: config.database.path.clone(),
+            bind: config.server.bind,
+        }
+    }
+
+    /// Warnings for each fixed setting `config` changes.
+    pub(super) fn changed_by(&self, config: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        if config.database.path != self.database {
+            out.push(format!(
+                "[database] path changed to {}; that takes a restart: the server still uses {} (and agent file access still guards its directory)",
+                config.database.path.display(),
+                self.database.display()
+            ));
+        }
+        if config.server.bind != self.bind {
+            out.push(format!(
+                "[server] bind changed to {}; that takes a restart: the server still listens on {}",
+                config.server.bind, self.bind
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_that_moves_the_database_or_the_address_says_it_takes_a_restart() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let started = Config::from_toml_str("", dir.path()).expect("config");
+        let fixed = Fixed::of(&started);
+        assert!(fixed.changed_by(&started).is_empty());
+        let moved = Config::from_toml_str(
+            "[database]\npath = \"elsewhere/x.db\"\n[server]\nbind = \"127.0.0.1:4000\"\n",
+            dir.path(),
+        )
+        .expect("config");
+        let warnings = fixed.changed_by(&moved);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("takes a restart") && warnings[0].contains("still uses"));
+        assert!(warnings[1].contains("still listens on"));
     }
 }
