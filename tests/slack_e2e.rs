@@ -281,6 +281,12 @@ async fn steering_is_delivered_when_idle_and_queued_during_a_turn() {
     assert_eq!(done.reactions, vec!["white_check_mark"]);
     rig.until_transcript(&id, "prompt: and then this").await;
 
+    // A reply also sent to the channel steers too.
+    rig.emu
+        .broadcast_reply(OWNER, CHANNEL, &root, "also for the channel");
+    rig.until_transcript(&id, "prompt: also for the channel")
+        .await;
+
     // Other bots' messages and a stranger's reply do not steer.
     rig.emu.bot_reply(CHANNEL, &root, "bot noise");
     rig.emu.reply(STRANGER, CHANNEL, &root, "stranger danger");
@@ -535,6 +541,10 @@ async fn slash_commands_list_inspect_steer_and_stop() {
     rig.emu.slash(OWNER, CHANNEL, "steer look at the tests");
     rig.until_ephemeral(OWNER, "Delivered").await;
     rig.until_transcript(&id, "prompt: look at the tests").await;
+    // Slack's escaping is undone, as for `start` and thread replies.
+    rig.emu
+        .slash(OWNER, CHANNEL, "steer run a &amp;&amp; b &lt;x&gt;");
+    rig.until_transcript(&id, "prompt: run a && b <x>").await;
     rig.emu.slash(OWNER, CHANNEL, "frobnicate");
     rig.until_ephemeral(OWNER, "Unknown command").await;
 

@@ -340,6 +340,9 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
             render::problem("Say what to tell the agent: `/intercom steer [id] <text>`."),
         ),
         Command::Steer { id, text } => {
+            // Slack sends `&`, `<` and `>` escaped; the agent gets the text
+            // as typed (as `start` and thread replies do).
+            let text = render::unescape(&text);
             on_session(ctx, &reply, id, |rec| {
                 steer_body(ctx, rec, &text, &reply.user)
             })

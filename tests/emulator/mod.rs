@@ -462,6 +462,17 @@ impl Emulator {
         self.message_event(json!({"user": user}), channel, Some(root), text)
     }
 
+    /// `user` replies in the thread and also sends it to the channel
+    /// (subtype `thread_broadcast`); returns the reply's ts.
+    pub fn broadcast_reply(&self, user: &str, channel: &str, root: &str, text: &str) -> String {
+        self.message_event(
+            json!({"user": user, "subtype": "thread_broadcast"}),
+            channel,
+            Some(root),
+            text,
+        )
+    }
+
     /// A bot (not ours) replies in a thread; returns its ts.
     pub fn bot_reply(&self, channel: &str, root: &str, text: &str) -> String {
         self.message_event(

@@ -13,8 +13,14 @@ pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
     let SlackEventCallbackBody::Message(m) = e.event else {
         return;
     };
-    // Edits, joins, bot posts and the like are not instructions.
-    if m.subtype.is_some() || m.sender.bot_id.is_some() {
+    // Edits, joins, bot posts and the like are not instructions; a reply
+    // also sent to the channel (`thread_broadcast`) or with a file attached
+    // (`file_share`) is one, with its text.
+    let instruction = matches!(
+        m.subtype,
+        None | Some(SlackMessageEventType::ThreadBroadcast | SlackMessageEventType::FileShare)
+    );
+    if !instruction || m.sender.bot_id.is_some() {
         return;
     }
     let Some(user) = m.sender.user.as_ref().map(|u| u.0.clone()) else {
