@@ -239,10 +239,11 @@ impl SocketLoop {
             if let Err(e) = send_ack(&mut ws, &envelope).await {
                 return Ended::Lost(e);
             }
+            let key = delivery_key(&frame.payload, envelope);
             let Some(inbound) = decode(&frame.kind, frame.payload) else {
                 continue;
             };
-            if !first_delivery(seen, envelope) {
+            if !first_delivery(seen, key) {
                 continue;
             }
             if self.inbound.send(inbound).await.is_err() {
@@ -301,6 +302,17 @@ fn decode(kind: &str, payload: Option<Value>) -> Option<Inbound> {
         .ok()
 }
 
+/// What identifies a delivery: an Events API event's `event_id` (Slack
+/// retries an event in a new envelope, with the same `event_id`: a retried
+/// thread reply must not steer twice), else the envelope id.
+fn delivery_key(payload: &Option<Value>, envelope: String) -> String {
+    payload
+        .as_ref()
+        .and_then(|p| p.get("event_id"))
+        .and_then(Value::as_str)
+        .map_or(envelope, |id| format!("event:{id}"))
+}
+
 /// Whether `envelope` is new (remembered among the last [`SEEN_ENVELOPES`]);
 /// false for a redelivery, which is dropped.
 fn first_delivery(seen: &mut VecDeque<String>, envelope: String) -> bool {
@@ -355,6 +367,35 @@ fn backoff(tuning: &SlackTuning, failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retried_event_in_a_new_envelope_is_the_same_delivery() {
+        let mut seen = VecDeque::new();
+        let event = Some(serde_json::json!({"event_id": "Ev1", "event": {"type": "message"}}));
+        assert!(first_delivery(
+            &mut seen,
+            delivery_key(&event, "env-1".into())
+        ));
+        // Slack's retry: same event_id, another envelope.
+        assert!(!first_delivery(
+            &mut seen,
+            delivery_key(&event, "env-2".into())
+        ));
+        // Payloads without an event id are told apart by their envelope.
+        let click = Some(serde_json::json!({"type": "block_actions"}));
+        assert!(first_delivery(
+            &mut seen,
+            delivery_key(&click, "env-3".into())
+        ));
+        assert!(!first_delivery(
+            &mut seen,
+            delivery_key(&click, "env-3".into())
+        ));
+        assert!(first_delivery(
+            &mut seen,
+            delivery_key(&click, "env-4".into())
+        ));
+    }
 
     #[test]
     fn reconnect_backoff_doubles_and_caps() {
