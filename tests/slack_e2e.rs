@@ -548,6 +548,16 @@ async fn slash_commands_list_inspect_steer_and_stop() {
     rig.emu.slash(OWNER, CHANNEL, "frobnicate");
     rig.until_ephemeral(OWNER, "Unknown command").await;
 
+    // From elsewhere (a DM), someone who is neither owner nor operator
+    // sees none of this channel's sessions: not in the list, not by id.
+    rig.emu.slash(STRANGER, "D0STRANGER", "sessions --all");
+    let listed = rig.until_ephemeral(STRANGER, "No sessions yet").await;
+    assert!(!listed.contains(&id.0), "{listed}");
+    rig.emu
+        .slash(STRANGER, "D0STRANGER", &format!("status {}", id.0));
+    rig.until_ephemeral(STRANGER, &format!("No live session `{}`", id.0))
+        .await;
+
     // A stranger may look but not act, and may not start sessions.
     rig.emu.slash(STRANGER, CHANNEL, "stop");
     rig.until_ephemeral(STRANGER, "may not").await;

@@ -314,7 +314,8 @@ pub async fn execute(ctx: &std::sync::Arc<Ctx>, reply: Reply, command: Command) 
         }
         Command::Sessions { all } => {
             let body = match ctx.store.list_sessions(!all).await {
-                Ok(list) => {
+                Ok(mut list) => {
+                    list.retain(|s| visible_to(ctx, &reply, s));
                     let paused = paused_among(ctx, &list).await;
                     render::session_list(&list, all, &paused)
                 }
@@ -514,13 +515,26 @@ fn append_hint(body: &mut MessageBody, hint: Option<String>) {
 }
 
 /// The session a command concerns, or an ephemeral error (returns None).
+/// Whether `reply.user` may see session `s` from where they typed: an
+/// operator sees every session; anyone else the sessions they own and those
+/// of the channel they are in (whose threads they can read anyway), not a
+/// private channel's prompts from a DM.
+fn visible_to(ctx: &Ctx, reply: &Reply, s: &SessionRecord) -> bool {
+    ctx.is_operator(&reply.user)
+        || s.owner == reply.user
+        || s.channel_id.as_deref() == Some(reply.channel.as_str())
+}
+
 pub(super) async fn resolve(
     ctx: &Ctx,
     reply: &Reply,
     id: Option<&str>,
 ) -> Option<(SessionRecord, Option<String>)> {
     let live = match ctx.store.list_sessions(true).await {
-        Ok(l) => l,
+        Ok(mut l) => {
+            l.retain(|s| visible_to(ctx, reply, s));
+            l
+        }
         Err(e) => {
             reply.send(ctx, render::problem(&format!("Cannot list sessions: {e}")));
             return None;
