@@ -386,14 +386,18 @@ async fn run_until_signal(
     });
     tokio::pin!(server);
     let mut failure = None;
+    // Biased: the server ends on its own only after the stop signal (its
+    // shutdown waits for it), so a stop must win over "the server ended",
+    // or a normal SIGTERM would be logged as a failure.
     tokio::select! {
+        biased;
+        _ = stop_rx.wait_for(|stop| *stop) => {}
+        failed = app.failed() => failure = Some(failed),
         served = &mut server => {
             tracing::error!("HTTP server ended unexpectedly; stopping every session");
             app.shutdown().await;
             return served.map_err(ServeError::Http);
         }
-        _ = stop_rx.wait_for(|stop| *stop) => {}
-        failed = app.failed() => failure = Some(failed),
     }
     tracing::info!("shutting down: stopping every session");
     mcp_shutdown.cancel();
