@@ -79,6 +79,44 @@ pub enum ResolveError {
 }
 
 impl WorkspaceMap {
+    /// The agent profile and workspace a stored session would come back
+    /// with now (a revive), or why it cannot: its workspace was removed
+    /// from the config (or its directory no longer lies in it or under the
+    /// workspace root), or its agent profile is gone. A revive must follow
+    /// the operator's current config, not the one the session started with.
+    pub fn revivable(&self, rec: &crate::model::SessionRecord) -> Result<AgentProfile, String> {
+        let cwd = Path::new(&rec.cwd);
+        if rec.workspace.is_empty() {
+            if !cwd.starts_with(&self.workspace_root) {
+                return Err(format!(
+                    "its directory {} is no longer under the workspace root {}",
+                    rec.cwd,
+                    self.workspace_root.display()
+                ));
+            }
+        } else {
+            let Some(ws) = self.workspaces.iter().find(|w| w.id == rec.workspace) else {
+                return Err(format!(
+                    "its workspace `{}` is no longer configured",
+                    rec.workspace
+                ));
+            };
+            if !cwd.starts_with(&ws.path) {
+                return Err(format!(
+                    "its directory {} is no longer in workspace `{}` ({})",
+                    rec.cwd,
+                    ws.id,
+                    ws.path.display()
+                ));
+            }
+        }
+        self.agents
+            .iter()
+            .find(|p| p.id == rec.agent)
+            .cloned()
+            .ok_or_else(|| format!("its agent `{}` is no longer configured", rec.agent))
+    }
+
     fn agent_ids(&self) -> String {
         let ids: Vec<&str> = self.agents.iter().map(|a| a.id.as_str()).collect();
         if ids.is_empty() {
@@ -263,6 +301,63 @@ mod tests {
             agents: vec![profile("a"), profile("b")],
             default_agent: Some("a".into()),
         }
+    }
+
+    fn stored(workspace: &str, cwd: &Path, agent: &str) -> crate::model::SessionRecord {
+        crate::model::SessionRecord {
+            id: crate::model::SessionId::from("s-1"),
+            workspace: workspace.into(),
+            cwd: cwd.display().to_string(),
+            agent: agent.into(),
+            protocol: crate::model::Protocol::Acp,
+            status: crate::model::SessionStatus::Completed,
+            status_reason: Some("idle_timeout".into()),
+            title: "t".into(),
+            owner: "U1".into(),
+            acp_session_id: None,
+            channel_id: None,
+            thread_ts: None,
+            restart_count: 0,
+            created_at: 0,
+            updated_at: 0,
+            last_activity_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_revive_follows_the_current_config() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let mut m = map(&root);
+        let rec = stored("api", &root.join("api"), "b");
+        assert_eq!(m.revivable(&rec).expect("revivable").id, "b");
+        // Its agent profile gone.
+        let gone_agent = stored("api", &root.join("api"), "zz");
+        assert!(
+            m.revivable(&gone_agent)
+                .expect_err("no agent")
+                .contains("agent `zz`")
+        );
+        // A path session outside the root.
+        let outside = stored("", Path::new("/elsewhere"), "a");
+        assert!(
+            m.revivable(&outside)
+                .expect_err("outside")
+                .contains("workspace root")
+        );
+        // Its workspace moved elsewhere, then removed.
+        m.workspaces[0].path = root.join("moved");
+        assert!(
+            m.revivable(&rec)
+                .expect_err("moved")
+                .contains("no longer in workspace")
+        );
+        m.workspaces.clear();
+        assert!(
+            m.revivable(&rec)
+                .expect_err("removed")
+                .contains("no longer configured")
+        );
     }
 
     #[test]

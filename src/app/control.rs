@@ -100,18 +100,14 @@ impl App {
     /// Brings back a session that ended by idle timeout (respawn + resume).
     pub async fn revive(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
         let record = self.session(id).await?;
-        let profile = self
-            .inner
-            .profiles
-            .iter()
-            .find(|p| p.id == record.agent)
-            .cloned()
-            .ok_or_else(|| {
-                AppError::NotFound(format!(
-                    "agent profile {} is no longer configured",
-                    record.agent
-                ))
-            })?;
+        // The current config decides: its workspace and agent profile as
+        // configured now, not as when the session started.
+        let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
+            .map_err(|e| AppError::actor("workspace registry", e))?;
+        let profile = map.revivable(&record).map_err(|why| AppError::Conflict {
+            message: format!("session {id} cannot come back: {why}"),
+            status: Some(record.status),
+        })?;
         let id2 = id.clone();
         let revived = ractor::call_t!(
             self.inner.supervisor,

@@ -228,12 +228,7 @@ async fn revive_session(
 ) -> Result<SessionRecord, String> {
     let map = ractor::call_t!(ctx.registry.get(), RegistryMsg::Get, CALL_TIMEOUT_MS)
         .map_err(|e| format!("the workspace registry did not answer: {e}."))?;
-    let profile = map
-        .agents
-        .iter()
-        .find(|p| p.id == rec.agent)
-        .cloned()
-        .ok_or_else(|| format!("its agent `{}` is no longer configured.", rec.agent))?;
+    let profile = map.revivable(rec).map_err(|why| format!("{why}."))?;
     // The ended session's actor may still be on its way out.
     let deadline = tokio::time::Instant::now() + REVIVE_SETTLE;
     while ctx.actor(&rec.id).await.is_some() && tokio::time::Instant::now() < deadline {
