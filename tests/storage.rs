@@ -184,6 +184,26 @@ async fn thread_is_immutable_once_set() {
         store.set_thread(&SessionId::from("nope"), "C", "1").await,
         Err(StoreError::NotFound { .. })
     ));
+    // Found by its thread, and only by its own.
+    let found = store
+        .session_by_thread("C1", "111.1")
+        .await
+        .expect("lookup");
+    assert_eq!(found.map(|r| r.id), Some(rec.id.clone()));
+    assert!(
+        store
+            .session_by_thread("C1", "222.2")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    assert!(
+        store
+            .session_by_thread("C2", "111.1")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
 }
 
 #[tokio::test]

@@ -95,6 +95,17 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn get_session(&self, id: &SessionId) -> Result<Option<SessionRecord>, StoreError>;
     /// Lists sessions, newest first; `live_only` keeps starting/active/stalled.
     async fn list_sessions(&self, live_only: bool) -> Result<Vec<SessionRecord>, StoreError>;
+    /// The session whose Slack thread is `thread_ts` in `channel`, if any
+    /// (one lookup, not a scan of every session ever kept).
+    async fn session_by_thread(
+        &self,
+        channel: &str,
+        thread_ts: &str,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        Ok(self.list_sessions(false).await?.into_iter().find(|s| {
+            s.channel_id.as_deref() == Some(channel) && s.thread_ts.as_deref() == Some(thread_ts)
+        }))
+    }
     /// Sets status and reason, and bumps `updated_at`.
     async fn set_status(
         &self,

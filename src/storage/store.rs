@@ -137,6 +137,24 @@ impl SessionStore for SqliteStore {
         row.map(SessionRecord::try_from).transpose()
     }
 
+    async fn session_by_thread(
+        &self,
+        channel: &str,
+        thread_ts: &str,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let row: Option<SessionRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            session_columns!(),
+            " FROM sessions WHERE channel_id = ? AND thread_ts = ? LIMIT 1"
+        ))
+        .bind(channel)
+        .bind(thread_ts)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend("find session by thread"))?;
+        row.map(SessionRecord::try_from).transpose()
+    }
+
     async fn list_sessions(&self, live_only: bool) -> Result<Vec<SessionRecord>, StoreError> {
         let query = if live_only {
             concat!(

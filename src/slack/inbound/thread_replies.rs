@@ -140,14 +140,8 @@ pub fn revivable(rec: &SessionRecord) -> bool {
 /// A reply in the thread of a session without a running agent: revives it
 /// when it ended by idle timeout, else says why nothing happened.
 async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldReply) {
-    let Ok(all) = ctx.store.list_sessions(false).await else {
-        return;
-    };
-    let Some(rec) = all.into_iter().find(|s| {
-        s.channel_id.as_deref() == Some(reply.channel.as_str())
-            && s.thread_ts.as_deref() == Some(thread_ts)
-    }) else {
-        return; // Not one of ours.
+    let Ok(Some(rec)) = ctx.store.session_by_thread(&reply.channel, thread_ts).await else {
+        return; // Not one of ours (or the store failed: nothing to act on).
     };
     if revivable(&rec) && reject_reason(&held.text).is_none() {
         if let Err(e) = ctx.may_act(&rec.id, &reply.user, "revive").await {
