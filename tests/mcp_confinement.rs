@@ -434,6 +434,33 @@ async fn one_credential_cannot_hold_more_than_its_share_of_mcp_sessions() {
     let ping = raw_tool(h.port, "", OPERATOR_TOKEN, &operator, "ping", json!({})).await;
     assert_eq!(ping.status, 200, "{}", ping.body);
     raw_session(h.port, "", OPERATOR_TOKEN).await;
+    // Many initializes at once cannot pass the bound together: each holds
+    // its place from the check on.
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            let port = h.port;
+            tokio::spawn(async move {
+                raw_mcp(
+                    port,
+                    "POST",
+                    "",
+                    OPERATOR_TOKEN,
+                    None,
+                    mcp_common::INITIALIZE,
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    let mut opened = 0;
+    for b in burst {
+        if b.await.expect("join") == 200 {
+            opened += 1;
+        }
+    }
+    // The operator already held two.
+    assert_eq!(opened, 30, "{opened} opened in a burst of 40");
     // Closing one of its sessions lets the workspace client open another.
     let closed = raw_mcp(
         h.port,

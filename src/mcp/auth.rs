@@ -31,7 +31,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::supervisor::SupervisorMsg;
 
-use super::session_owners::{NotYours, Owner, PER_OWNER, SessionOwners};
+use super::session_owners::{NotYours, Owner, PER_OWNER};
 use super::{ACTOR_TIMEOUT, BridgedSession, ask, server, session_deleted_is_no_content};
 use crate::http::auth::ApiToken;
 
@@ -118,16 +118,27 @@ pub(crate) async fn authenticate(
     {
         return session_not_found(&why);
     }
-    if named.is_none() && method == Method::POST && shared.owners.count(&owner) >= PER_OWNER {
-        let why = format!(
-            "{owner} already holds {PER_OWNER} open MCP sessions; close one (DELETE /mcp with its Mcp-Session-Id) or let it expire, then initialize again"
-        );
-        tracing::warn!("MCP session refused: {why}");
-        return (StatusCode::TOO_MANY_REQUESTS, why).into_response();
-    }
+    // A request without a session may open one: it holds a place among
+    // its credential's sessions from now until answered.
+    let reservation = if named.is_none() && method == Method::POST {
+        let Some(r) = shared.owners.reserve(&owner) else {
+            let why = format!(
+                "{owner} already holds {PER_OWNER} open MCP sessions; close one (DELETE /mcp with its Mcp-Session-Id) or let it expire, then initialize again"
+            );
+            tracing::warn!("MCP session refused: {why}");
+            return (StatusCode::TOO_MANY_REQUESTS, why).into_response();
+        };
+        Some(r)
+    } else {
+        None
+    };
     let res = next.run(req).await;
     if named.is_none() {
-        claim_new_session(&shared.owners, &res, owner);
+        match (new_session_id(&res), reservation) {
+            (Some(id), Some(r)) => r.claim(&id),
+            (Some(id), None) => shared.owners.claim(&id, owner),
+            (None, _) => {}
+        }
     }
     session_deleted_is_no_content(res, &method)
 }
@@ -207,15 +218,12 @@ fn session_named(req: &Request) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// An `initialize` answer carrying a new session id: `owner` opened it.
-fn claim_new_session(owners: &SessionOwners, res: &Response, owner: Owner) {
-    if let Some(id) = res
-        .headers()
+/// The new session id an `initialize` answer carries, if any.
+fn new_session_id(res: &Response) -> Option<String> {
+    res.headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
-    {
-        owners.claim(id, owner);
-    }
+        .map(str::to_owned)
 }
 
 /// A session the caller did not open is, to them, a session that does not
@@ -283,6 +291,14 @@ fn unauthorized(why: &'static str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::session_owners::SessionOwners;
+
+    /// An `initialize` answer carrying a new session id: `owner` opened it.
+    fn claim_new_session(owners: &SessionOwners, res: &Response, owner: Owner) {
+        if let Some(id) = new_session_id(res) {
+            owners.claim(&id, owner);
+        }
+    }
     use axum::body::Body;
 
     fn req(origin: Option<&str>, auth: Option<&str>) -> Request {

@@ -89,6 +89,31 @@ pub(crate) enum NotYours {
     },
 }
 
+/// A place held for an MCP session being opened; given back when dropped,
+/// whether or not a session was claimed with it.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    owners: Arc<SessionOwners>,
+    number: u64,
+}
+
+impl Reservation {
+    /// The `initialize` answer named MCP session `id`: it is `owner`'s now
+    /// (the reservation becomes the claim in one step).
+    pub(crate) fn claim(self, id: &str) {
+        let owner = self.owners.table().reserved.remove(&self.number);
+        if let Some(owner) = owner {
+            self.owners.claim(id, owner);
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.owners.table().reserved.remove(&self.number);
+    }
+}
+
 /// The owner of each live MCP session, by `Mcp-Session-Id`.
 #[derive(Debug, Default)]
 pub(crate) struct SessionOwners {
@@ -101,6 +126,9 @@ struct Table {
     owners: HashMap<String, (u64, Owner)>,
     order: BTreeMap<u64, String>,
     next: u64,
+    /// `initialize` requests under way, by reservation number: they count
+    /// against [`PER_OWNER`] until their session is claimed or they end.
+    reserved: HashMap<u64, Owner>,
 }
 
 impl SessionOwners {
@@ -148,13 +176,28 @@ impl SessionOwners {
         }
     }
 
-    /// How many MCP sessions `owner` holds open.
-    pub(crate) fn count(&self, owner: &Owner) -> usize {
-        self.table()
-            .owners
-            .values()
-            .filter(|(_, o)| o == owner)
-            .count()
+    /// How many MCP sessions `owner` holds open or is opening.
+    fn held(t: &Table, owner: &Owner) -> usize {
+        t.owners.values().filter(|(_, o)| o == owner).count()
+            + t.reserved.values().filter(|o| *o == owner).count()
+    }
+
+    /// Reserves a place for one more MCP session of `owner`, counted with
+    /// its open sessions under the same lock, so concurrent `initialize`
+    /// requests cannot all pass the check before any is claimed. `None` at
+    /// [`PER_OWNER`].
+    pub(crate) fn reserve(self: &Arc<Self>, owner: &Owner) -> Option<Reservation> {
+        let mut t = self.table();
+        if Self::held(&t, owner) >= PER_OWNER {
+            return None;
+        }
+        let number = t.next;
+        t.next += 1;
+        t.reserved.insert(number, owner.clone());
+        Some(Reservation {
+            owners: self.clone(),
+            number,
+        })
     }
 
     /// Forgets MCP session `id` (it ended).
@@ -271,6 +314,34 @@ impl<M: SessionManager> SessionManager for OwnedSessions<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reservations_count_against_the_cap_until_claimed_or_dropped() {
+        let owners = Arc::new(SessionOwners::default());
+        let me = Owner::Workspace("a".into());
+        let held: Vec<Reservation> = (0..PER_OWNER)
+            .map(|_| owners.reserve(&me).expect("a place"))
+            .collect();
+        // Every place is reserved before any session exists: the next waits.
+        assert!(owners.reserve(&me).is_none());
+        assert!(
+            owners.reserve(&Owner::Operator).is_some(),
+            "others are not affected"
+        );
+        let mut held = held.into_iter();
+        held.next().expect("one").claim("s-1");
+        assert!(
+            owners.reserve(&me).is_none(),
+            "a claimed session still counts"
+        );
+        drop(held.next());
+        let again = owners
+            .reserve(&me)
+            .expect("a dropped reservation frees its place");
+        drop(again);
+        owners.forget("s-1");
+        assert!(owners.check("s-1", &me).is_err());
+    }
 
     fn ws(id: &str) -> Owner {
         Owner::Workspace(id.into())
