@@ -201,6 +201,10 @@ fn paths_match(globs: &[String], facts: &RequestFacts) -> bool {
     facts.paths.iter().all(|p| set.is_match(Path::new(p)))
 }
 
+/// The most paths one request may name: each is resolved on the
+/// filesystem when rules judge it.
+pub const MAX_REQUEST_PATHS: usize = 256;
+
 /// What is known about a request when rules are evaluated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestFacts {

@@ -200,11 +200,16 @@ impl ServerFiles {
     /// file, or is the same file as one (a hard link, or a server file
     /// whose path is now a symlink to it: the check follows the inode).
     pub fn covers(&self, path: &Path) -> bool {
-        let path = canonical_or_lexical(path);
-        self.files.contains(&path)
-            || self.dirs.iter().any(|d| path.starts_with(d))
-            || (!self.is_empty()
-                && std::fs::metadata(&path).is_ok_and(|m| m.is_file() && self.same_inode(&m)))
+        self.checker().covers(path)
+    }
+
+    /// A checker for many paths at once: the protected files' inodes are
+    /// read once, not once per path (a request may name many paths).
+    pub fn checker(&self) -> Checker<'_> {
+        Checker {
+            files: self,
+            inodes: std::cell::OnceCell::new(),
+        }
     }
 
     /// True when `meta` is the same inode as a protected file (hard links).
@@ -229,6 +234,36 @@ impl ServerFiles {
             .filter(std::fs::Metadata::is_file)
             .map(|m| (m.dev(), m.ino()))
             .collect()
+    }
+}
+
+/// [`ServerFiles::covers`] for several paths, reading the protected
+/// files' inodes once.
+#[derive(Debug)]
+pub struct Checker<'a> {
+    files: &'a ServerFiles,
+    inodes: std::cell::OnceCell<HashSet<(u64, u64)>>,
+}
+
+impl Checker<'_> {
+    /// True when the absolute, resolved `path` is (or is beneath) a server
+    /// file, or is the same file as one.
+    pub fn covers(&self, path: &Path) -> bool {
+        let f = self.files;
+        let path = canonical_or_lexical(path);
+        if f.files.contains(&path) || f.dirs.iter().any(|d| path.starts_with(d)) {
+            return true;
+        }
+        if f.is_empty() {
+            return false;
+        }
+        std::fs::metadata(&path).is_ok_and(|m| {
+            m.is_file()
+                && self
+                    .inodes
+                    .get_or_init(|| f.inodes())
+                    .contains(&(m.dev(), m.ino()))
+        })
     }
 }
 

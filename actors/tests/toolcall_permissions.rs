@@ -374,12 +374,15 @@ async fn a_request_past_the_option_bounds_is_refused() {
     let many: Vec<_> = (0..17)
         .map(|i| json!({"optionId": format!("o{i}"), "name": "Allow", "kind": "allow_once"}))
         .collect();
+    // Each path a request names is resolved when rules judge it.
+    let locations: Vec<String> = (0..300).map(|i| format!("f{i}.txt")).collect();
     let scenario = json!({"turns": [[
         {"permission": {"tool_call_id": "t1", "options": [
             {"optionId": long_id, "name": "Allow", "kind": "allow_once"},
             {"optionId": "no", "name": "Reject", "kind": "reject_once"}
         ]}},
         {"permission": {"tool_call_id": "t2", "options": many}},
+        {"permission": {"tool_call_id": "t3", "kind": "edit", "locations": locations}},
         {"chunk": "after the requests"}
     ]]});
     let rec = h.start(scenario, "go").await;
@@ -390,6 +393,7 @@ async fn a_request_past_the_option_bounds_is_refused() {
         "{text}"
     );
     assert!(text.contains("offers 17 options; at most 16"), "{text}");
+    assert!(text.contains("names 300 paths; at most 256"), "{text}");
     let all = h
         .store
         .list_requests(Some(&rec.id), true)

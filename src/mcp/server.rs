@@ -718,16 +718,21 @@ fn auto_check_facts(
         .map(str::to_owned)
         .or_else(|| (kind.as_deref() == Some("execute")).then(|| tool.clone()));
     let mut server_file = false;
+    // Each path is resolved on the filesystem: past a bound, the answer is
+    // "ask" (as for a path outside), without resolving any.
+    let too_many = paths.len() > intercom_actors::rules::MAX_REQUEST_PATHS;
     let (relative, inside) = match &t.cwd {
+        _ if too_many => (Vec::new(), false),
         Some(cwd) => {
             let root = cwd.canonicalize().unwrap_or_else(|_| cwd.clone());
+            let guard = server_files.checker();
             let mut inside = true;
             let rel = paths
                 .iter()
                 .map(|p| {
                     match intercom_actors::fsjail::resolve_inside(cwd, std::path::Path::new(p)) {
                         Ok(real) => {
-                            server_file |= server_files.covers(&real);
+                            server_file |= guard.covers(&real);
                             real.strip_prefix(&root)
                                 .map(|r| r.display().to_string())
                                 .unwrap_or_else(|_| p.clone())

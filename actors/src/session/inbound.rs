@@ -217,6 +217,16 @@ impl SessionState {
             self.refuse_request(wire, kind, &why, note).await;
             return Err(why);
         }
+        if paths.len() > crate::rules::MAX_REQUEST_PATHS {
+            let why = format!(
+                "the request names {} paths; at most {} are accepted",
+                paths.len(),
+                crate::rules::MAX_REQUEST_PATHS
+            );
+            let note = "The agent asked about more paths at once than are accepted; the request was refused.".to_owned();
+            self.refuse_request(wire, kind, &why, note).await;
+            return Err(why);
+        }
         // What waiting requests hold (titles and diffs) is bounded too: the
         // agent sets their size, and each is held until decided.
         let size = title.len() + diff.as_ref().map_or(0, String::len);

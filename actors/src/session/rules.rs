@@ -33,10 +33,11 @@ impl SessionState {
         let mut inside = true;
         let mut server_file = false;
         let mut relative = Vec::with_capacity(paths.len());
+        let guard = self.settings.server_files.checker();
         for p in paths {
             match fsjail::resolve_inside(root, Path::new(p)) {
                 Ok(real) => {
-                    server_file |= self.settings.server_files.covers(&real);
+                    server_file |= guard.covers(&real);
                     relative.push(
                         real.strip_prefix(&root_real)
                             .map(|r| r.display().to_string())
@@ -44,10 +45,7 @@ impl SessionState {
                     )
                 }
                 Err(_) => {
-                    server_file |= self
-                        .settings
-                        .server_files
-                        .covers(&fsjail::normalize(&root.join(p)));
+                    server_file |= guard.covers(&fsjail::normalize(&root.join(p)));
                     inside = false;
                     relative.push(p.clone());
                 }
