@@ -179,9 +179,12 @@ async fn write_loop(
                 kept.appended(stored.id, stored.payload.len());
                 let _ = live.send(Arc::new(stored));
             }
-            if let Some(through) = kept.excess()
+            if let Some((through, forgotten)) = kept.excess()
                 && let Err(e) = store.prune_events_through(through).await
             {
+                // Still in the table: keep counting them, and try again
+                // after the next batch.
+                kept.restore(forgotten);
                 tracing::warn!("cannot prune the event journal: {e}");
             }
         }
@@ -221,21 +224,30 @@ impl Retention {
     /// Past either bound: forgets the oldest events until the table is
     /// [`PRUNE_EVERY`] rows and 1/16 of the bytes below both, and returns
     /// the last id to delete.
-    fn excess(&mut self) -> Option<i64> {
+    fn excess(&mut self) -> Option<(i64, Vec<(i64, usize)>)> {
         if self.rows.len() <= self.max_rows && self.bytes <= self.max_bytes {
             return None;
         }
         let rows_goal = self.max_rows.saturating_sub(PRUNE_EVERY);
         let bytes_goal = self.max_bytes - self.max_bytes / 16;
-        let mut through = None;
+        let mut forgotten = Vec::new();
         while self.rows.len() > rows_goal || self.bytes > bytes_goal {
             let Some((id, size)) = self.rows.pop_front() else {
                 break;
             };
             self.bytes -= size;
-            through = Some(id);
+            forgotten.push((id, size));
         }
-        through
+        let through = forgotten.last()?.0;
+        Some((through, forgotten))
+    }
+
+    /// Puts back rows [`Retention::excess`] gave up whose delete failed.
+    fn restore(&mut self, forgotten: Vec<(i64, usize)>) {
+        for (id, size) in forgotten.into_iter().rev() {
+            self.rows.push_front((id, size));
+            self.bytes += size;
+        }
     }
 }
 
@@ -282,17 +294,22 @@ mod tests {
         // Rows: past 2,000 events, the oldest go down to 1,000 (PRUNE_EVERY below).
         let mut kept = Retention::new(2_000, usize::MAX / 2);
         (1..=2_000).for_each(|id| kept.appended(id, 10));
-        assert_eq!(kept.excess(), None);
+        assert!(kept.excess().is_none());
         kept.appended(2_001, 10);
-        assert_eq!(kept.excess(), Some(1_001));
+        assert_eq!(kept.excess().map(|(t, _)| t), Some(1_001));
         assert_eq!(kept.rows.len(), 1_000);
-        assert_eq!(kept.excess(), None);
+        assert!(kept.excess().is_none());
         // Bytes: a few huge events push out many small ones, down to 15/16.
         let mut kept = Retention::new(KEEP, 1_600);
         (1..=100).for_each(|id| kept.appended(id, 10));
-        assert_eq!(kept.excess(), None);
+        assert!(kept.excess().is_none());
         kept.appended(101, 1_000);
-        assert_eq!(kept.excess(), Some(50));
+        let (through, forgotten) = kept.excess().expect("past the bytes");
+        assert_eq!(through, 50);
+        // A failed delete puts them back.
+        kept.restore(forgotten);
+        assert_eq!((kept.rows.len(), kept.bytes), (101, 2_000));
+        assert_eq!(kept.excess().map(|(t, _)| t), Some(50));
         assert_eq!(kept.bytes, 1_500);
         assert_eq!(kept.rows.front(), Some(&(51, 10)));
     }

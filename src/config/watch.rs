@@ -120,8 +120,9 @@ impl Drop for WatchHandle {
 
 /// Watches the config file at `path` and calls `on_reload` with the freshly
 /// loaded and validated [`Config`] (or why it is not valid) once per settled
-/// burst of changes to it. Nothing is loaded at start: load the first
-/// version with [`Config::reload`].
+/// burst of changes to it ([`Config::reload`], which refuses an emptied
+/// file). Nothing is loaded at start: load the first version with
+/// [`Config::load`].
 pub fn watch(
     path: PathBuf,
     on_reload: impl Fn(Result<Config, ConfigError>) + Send + 'static,

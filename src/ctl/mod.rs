@@ -336,8 +336,8 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             agent_mode(client, json, id, choice)?
         }
         CtlCommand::Pending => {
-            let (raw, list) =
-                client.get_as::<Vec<ApprovalView>>("/api/approvals?status=pending")?;
+            let list = all_pending(client)?;
+            let raw = serde_json::to_string(&list).unwrap_or_default();
             emit(json, &raw, || render::approvals(&list));
         }
         CtlCommand::Approve { id, option, reason } => {
@@ -436,6 +436,22 @@ fn control(client: &Client, json: bool, id: &str, what: &str) -> Result<(), CtlE
         format!("{id}: {}\n", render::bounded(done, render::FIELD_MAX))
     });
     Ok(())
+}
+
+/// Every pending approval, following the list's pages (one session's big
+/// diffs must not push another's requests out of view).
+fn all_pending(client: &Client) -> Result<Vec<ApprovalView>, CtlError> {
+    /// Pages followed at most (a page holds up to 500).
+    const MAX_PAGES: usize = 100;
+    let mut all = Vec::new();
+    let mut path = "/api/approvals?status=pending".to_owned();
+    for _ in 0..MAX_PAGES {
+        let (raw, earlier) = client.get_page(&path)?;
+        all.extend(client::parse::<Vec<ApprovalView>>(&raw)?);
+        let Some(before) = earlier else { break };
+        path = format!("/api/approvals?status=pending&before={before}");
+    }
+    Ok(all)
 }
 
 fn decide(client: &Client, json: bool, id: &str, body: &Value) -> Result<(), CtlError> {

@@ -514,7 +514,6 @@ fn append_hint(body: &mut MessageBody, hint: Option<String>) {
     }
 }
 
-/// The session a command concerns, or an ephemeral error (returns None).
 /// Whether `reply.user` may see session `s` from where they typed: an
 /// operator sees every session; anyone else the sessions they own and those
 /// of the channel they are in (whose threads they can read anyway), not a
@@ -525,6 +524,7 @@ fn visible_to(ctx: &Ctx, reply: &Reply, s: &SessionRecord) -> bool {
         || s.channel_id.as_deref() == Some(reply.channel.as_str())
 }
 
+/// The session a command concerns, or an ephemeral error (returns None).
 pub(super) async fn resolve(
     ctx: &Ctx,
     reply: &Reply,

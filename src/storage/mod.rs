@@ -255,14 +255,22 @@ impl SqliteStore {
         session: Option<&SessionId>,
         bounds: pages::Bounds,
     ) -> Result<pages::Page<(i64, AuditEntry)>, StoreError> {
-        // `?1 IS NULL` keeps one statement for both.
-        let rows = sqlx::query_as::<_, AuditRow>(
-            "SELECT id, at, session_id, actor, action, detail FROM audit \
-             WHERE (?1 IS NULL OR session_id = ?1) AND id < ?2 ORDER BY id DESC",
-        )
-        .bind(session.map(|s| s.0.as_str()))
-        .bind(bounds.before_key())
-        .fetch(&self.pool);
+        // Two statements, so one session's page uses `audit_session`.
+        let rows = match session {
+            Some(id) => sqlx::query_as::<_, AuditRow>(
+                "SELECT id, at, session_id, actor, action, detail FROM audit \
+                 WHERE session_id = ? AND id < ? ORDER BY id DESC",
+            )
+            .bind(&id.0)
+            .bind(bounds.before_key())
+            .fetch(&self.pool),
+            None => sqlx::query_as::<_, AuditRow>(
+                "SELECT id, at, session_id, actor, action, detail FROM audit \
+                 WHERE id < ? ORDER BY id DESC",
+            )
+            .bind(bounds.before_key())
+            .fetch(&self.pool),
+        };
         pages::newest_first(rows, bounds, "read audit log", |row| {
             let (id, size) = (row.id, row.detail.len() + row.actor.len());
             Ok((id, size, row.into_entry()?))

@@ -704,18 +704,41 @@ impl SqliteStore {
         status: Option<RequestStatus>,
         bounds: pages::Bounds,
     ) -> Result<pages::Page<PendingRequest>, StoreError> {
-        // The key is the rowid; the order is (created_at, rowid), which the
-        // status index and `requests_created` give without a sort.
-        let rows = sqlx::query_as::<_, KeyedRequestRow>(concat!(
-            "SELECT rowid AS seq, ",
-            request_columns!(),
-            " FROM requests WHERE (?1 IS NULL OR status = ?1) \
-             AND (?2 IS NULL OR (created_at, rowid) < \
-                  (SELECT created_at, rowid FROM requests WHERE rowid = ?2)) \
-             ORDER BY created_at DESC, rowid DESC"
-        ))
-        .bind(status.map(|s| s.as_str()))
-        .bind(bounds.before)
+        // The key is the rowid; the order is (created_at, rowid). Two
+        // statements, so each uses its index (`requests_status` with a
+        // status, `requests_created` without) and starts at the cursor's
+        // (created_at, rowid) instead of scanning from the newest row.
+        let (at, seq) = match bounds.before {
+            None => (i64::MAX, i64::MAX),
+            Some(key) => sqlx::query_as::<_, (i64, i64)>(
+                "SELECT created_at, rowid FROM requests WHERE rowid = ?",
+            )
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend("list requests"))?
+            // Requests are never deleted; an unknown key starts at the top.
+            .unwrap_or((i64::MAX, i64::MAX)),
+        };
+        let rows = match status {
+            Some(status) => sqlx::query_as::<_, KeyedRequestRow>(concat!(
+                "SELECT rowid AS seq, ",
+                request_columns!(),
+                " FROM requests WHERE status = ? AND (created_at, rowid) < (?, ?) \
+                 ORDER BY created_at DESC, rowid DESC"
+            ))
+            .bind(status.as_str())
+            .bind(at)
+            .bind(seq),
+            None => sqlx::query_as::<_, KeyedRequestRow>(concat!(
+                "SELECT rowid AS seq, ",
+                request_columns!(),
+                " FROM requests WHERE (created_at, rowid) < (?, ?) \
+                 ORDER BY created_at DESC, rowid DESC"
+            ))
+            .bind(at)
+            .bind(seq),
+        }
         .fetch(&self.pool);
         pages::newest_first(rows, bounds, "list requests", |keyed| {
             let size = keyed.size();

@@ -92,9 +92,26 @@
     let data = null;
     try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
     if (!r.ok) throw new Error((data && data.error) || ('HTTP ' + r.status));
-    // A paged list (the transcript) says so in its Link header.
-    if (Array.isArray(data)) data.earlier = /rel="prev"/.test(r.headers.get('Link') || '');
+    // A paged list (the transcript, the approvals) names the page before
+    // it in its Link header.
+    if (Array.isArray(data)) {
+      const prev = /<([^>]+)>;\s*rel="prev"/.exec(r.headers.get('Link') || '');
+      data.earlier = !!prev;
+      data.prev = prev ? prev[1] : null;
+    }
     return data;
+  }
+
+  // Every page of a paged list (at most 100 pages), newest first.
+  async function apiAll(path) {
+    const all = [];
+    let next = path;
+    for (let i = 0; i < 100 && next; i++) {
+      const page = await api('GET', next);
+      all.push(...page);
+      next = page.prev;
+    }
+    return all;
   }
 
   function act(label, method, path, body, after) {
@@ -197,7 +214,7 @@
     async function refresh() {
       const [sessions, pending] = await Promise.all([
         api('GET', '/api/sessions?all=true'),
-        api('GET', '/api/approvals?status=pending'),
+        apiAll('/api/approvals?status=pending'),
       ]);
       const waiting = {};
       for (const p of pending) {
