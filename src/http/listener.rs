@@ -7,8 +7,11 @@
 //! descriptor: `/healthz` stopped answering and new agents could not start.
 //! So at most [`limit`] connections are open at once; past that the server
 //! stops accepting, and new connections wait in the kernel's backlog until
-//! one closes (idle ones are closed by hyper's timeouts), instead of failing
-//! with "too many open files" wherever a descriptor was needed next.
+//! one closes, instead of failing with "too many open files" wherever a
+//! descriptor was needed next. A connection with no bytes in either
+//! direction for [`IDLE`] is closed (axum's `serve` sets no hyper timer, so
+//! nothing else would close a client that connects and never speaks). Event
+//! streams are not idle: they send a keep-alive every 15 s.
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,6 +23,9 @@ use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How long a connection may pass no bytes either way before it is closed.
+pub const IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The fewest connections allowed, whatever the descriptor limit.
 const MIN_CONNECTIONS: usize = 256;
@@ -48,6 +54,7 @@ pub fn limit() -> usize {
 pub struct BoundedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
+    idle: std::time::Duration,
 }
 
 impl BoundedListener {
@@ -56,6 +63,7 @@ impl BoundedListener {
         BoundedListener {
             inner,
             permits: Arc::new(Semaphore::new(max.max(1))),
+            idle: IDLE,
         }
     }
 }
@@ -72,13 +80,7 @@ impl Listener for BoundedListener {
             }
         };
         let (io, addr) = Listener::accept(&mut self.inner).await;
-        (
-            Bounded {
-                io,
-                _permit: permit,
-            },
-            addr,
-        )
+        (Bounded::new(io, permit, self.idle), addr)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -91,6 +93,38 @@ impl Listener for BoundedListener {
 pub struct Bounded {
     io: TcpStream,
     _permit: OwnedSemaphorePermit,
+    idle: std::time::Duration,
+    /// When the connection counts as idle: pushed back by every byte.
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Bounded {
+    fn new(io: TcpStream, permit: OwnedSemaphorePermit, idle: std::time::Duration) -> Self {
+        Bounded {
+            io,
+            _permit: permit,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    /// Bytes passed: the idle clock starts again.
+    fn touch(&mut self) {
+        let next = tokio::time::Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// For an operation that would wait: an error once the connection was
+    /// idle too long, else keep waiting (woken by the I/O or the deadline).
+    fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection idle too long",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl AsyncRead for Bounded {
@@ -99,7 +133,17 @@ impl AsyncRead for Bounded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.touch();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => self.waiting(cx),
+            ready => ready,
+        }
     }
 }
 
@@ -109,7 +153,16 @@ impl AsyncWrite for Bounded {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        match Pin::new(&mut self.io).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.touch();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => self.waiting(cx),
+            ready => ready,
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -125,7 +178,16 @@ impl AsyncWrite for Bounded {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.touch();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => self.waiting(cx),
+            ready => ready,
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -142,6 +204,27 @@ mod tests {
     fn the_limit_is_within_its_bounds() {
         let n = limit();
         assert!((MIN_CONNECTIONS..=MAX_CONNECTIONS).contains(&n), "{n}");
+    }
+
+    /// A client that connects and never speaks is closed once idle, and
+    /// its place freed; bytes keep a connection open.
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_once_idle() {
+        use tokio::io::AsyncReadExt;
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr");
+        let mut listener = BoundedListener::new(tcp, 1);
+        listener.idle = std::time::Duration::from_millis(200);
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        let (mut server_side, _) = listener.accept().await;
+        client.write_all(b"x").await.expect("a byte");
+        let mut one = [0u8; 1];
+        server_side.read_exact(&mut one).await.expect("read");
+        // Then silence: the next read fails with TimedOut, not waits forever.
+        let err = server_side.read(&mut one).await.expect_err("idle");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        drop(server_side);
+        assert_eq!(listener.permits.available_permits(), 1);
     }
 
     /// Past the bound a new connection is not accepted until one closes.
