@@ -268,7 +268,8 @@ impl SessionState {
             // Without a record the operator could not answer it durably.
             tracing::error!(session = %self.record.id, "cannot store request: {e}");
             let why = format!("agent-intercom could not record the request: {e}");
-            if self.is_acp() {
+            let from_mcp = matches!(&wire, RpcId::Str(s) if s.starts_with("mcp-"));
+            if self.is_acp() && !from_mcp {
                 self.respond(wire, Err(RpcError::new(codes::INTERNAL_ERROR, why.clone())));
             }
             return Err(why);
@@ -294,7 +295,15 @@ impl SessionState {
     async fn refuse_request(&mut self, wire: RpcId, kind: RequestKind, why: &str, note: String) {
         let why = why.to_owned();
         self.warn_agent(|| format!("refused a new request: {why}"));
-        match self.record.protocol {
+        // An MCP client's request is answered through its tool call, never
+        // on the agent's stdin (the agent did not ask).
+        let from_mcp = matches!(&wire, RpcId::Str(s) if s.starts_with("mcp-"));
+        let protocol = if from_mcp {
+            crate::model::Protocol::Mcp
+        } else {
+            self.record.protocol
+        };
+        match protocol {
             crate::model::Protocol::Acp => self.respond(
                 wire,
                 Err(RpcError::new(codes::INVALID_REQUEST, why.clone())),
