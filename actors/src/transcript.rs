@@ -99,14 +99,50 @@ pub struct TranscriptSlice {
     pub more: bool,
 }
 
+/// The bounds of one page as it is filled: at most `limit` items and about
+/// `max_bytes` (always at least one item, whatever its size). The one rule
+/// every bounded read shares: the transcript here, the approvals, the audit
+/// log and the event replay in the store.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    limit: usize,
+    max_bytes: usize,
+    items: usize,
+    bytes: usize,
+}
+
+impl Budget {
+    /// An empty page of at most `limit` items (at least one) and about
+    /// `max_bytes`.
+    pub fn new(limit: usize, max_bytes: usize) -> Self {
+        Budget {
+            limit: limit.max(1),
+            max_bytes,
+            items: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Whether an item of `size` bytes still fits; if so it is counted.
+    pub fn admit(&mut self, size: usize) -> bool {
+        let full =
+            self.items >= self.limit || (self.items > 0 && self.bytes + size > self.max_bytes);
+        if !full {
+            self.items += 1;
+            self.bytes += size;
+        }
+        !full
+    }
+}
+
 /// Fills a page from entries offered in reading order (newest first for
 /// [`Anchor::Latest`] and [`Anchor::Before`], oldest first for
 /// [`Anchor::After`]), stopping at the page's bounds.
 #[derive(Debug)]
 pub struct PageFill {
     page: TranscriptPage,
+    budget: Budget,
     entries: Vec<TranscriptEntry>,
-    bytes: usize,
     more: bool,
 }
 
@@ -115,8 +151,8 @@ impl PageFill {
     pub fn new(page: TranscriptPage) -> Self {
         PageFill {
             page,
+            budget: Budget::new(page.limit, page.max_bytes),
             entries: Vec::new(),
-            bytes: 0,
             more: false,
         }
     }
@@ -125,14 +161,10 @@ impl PageFill {
     /// full (the entry offered then is not taken, and marks the page as
     /// having more).
     pub fn offer(&mut self, entry: TranscriptEntry) -> bool {
-        let size = entry.content.len();
-        let full = self.entries.len() >= self.page.limit.max(1)
-            || (!self.entries.is_empty() && self.bytes + size > self.page.max_bytes);
-        if full {
+        if !self.budget.admit(entry.content.len()) {
             self.more = true;
             return false;
         }
-        self.bytes += size;
         self.entries.push(entry);
         true
     }

@@ -114,6 +114,25 @@ impl Bounded {
         self.deadline.as_mut().reset(next);
     }
 
+    /// A write's outcome: bytes written restart the idle clock; a write
+    /// that would wait is subject to it ([`Bounded::waiting`]).
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match written {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.touch();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => self.waiting(cx),
+            ready => ready,
+        }
+    }
+
     /// For an operation that would wait: an error once the connection was
     /// idle too long, else keep waiting (woken by the I/O or the deadline).
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
@@ -153,16 +172,8 @@ impl AsyncWrite for Bounded {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.touch();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending => self.waiting(cx),
-            ready => ready,
-        }
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.wrote(cx, written)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -178,16 +189,8 @@ impl AsyncWrite for Bounded {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.touch();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending => self.waiting(cx),
-            ready => ready,
-        }
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.wrote(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {

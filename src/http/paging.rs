@@ -15,21 +15,58 @@ use crate::storage::pages::{Bounds, DEFAULT_LIMIT, MAX_LIMIT};
 
 /// The page a query asks for, or what is wrong with it.
 pub fn bounds(before: Option<i64>, limit: Option<usize>) -> Result<Bounds, ApiError> {
-    let limit = limit.unwrap_or(DEFAULT_LIMIT);
+    Ok(Bounds {
+        before,
+        limit: page_limit(limit, DEFAULT_LIMIT)?,
+        ..Bounds::default()
+    })
+}
+
+/// The `limit` a query asks for (`default` when it does not say), or why
+/// it is refused: every paged list takes 1 to [`MAX_LIMIT`].
+pub fn page_limit(asked: Option<usize>, default: usize) -> Result<usize, ApiError> {
+    let limit = asked.unwrap_or(default);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::bad_request(format!(
             "limit must be between 1 and {MAX_LIMIT}, not {limit}"
         )));
     }
-    Ok(Bounds {
-        before,
-        limit,
-        ..Bounds::default()
-    })
+    Ok(limit)
 }
 
-/// Adds `Link: <path?query&before=next&limit=..>; rel="prev"` when older
-/// items remain. `query` holds the other parameters, already encoded.
+/// Which way the page a `Link` names lies.
+#[derive(Debug, Clone, Copy)]
+pub enum Toward {
+    /// Older items: `?before=<key>`, `rel="prev"`.
+    Older,
+    /// Newer items: `?after=<key>`, `rel="next"`.
+    Newer,
+}
+
+/// Adds `Link: <path?query&before=key&limit=..>; rel="prev"` (or `after`,
+/// `next`) when `key` says more items remain. `query` holds the other
+/// parameters, already encoded.
+pub fn link(
+    response: &mut Response,
+    path: &str,
+    query: &str,
+    toward: Toward,
+    key: Option<i64>,
+    limit: usize,
+) {
+    let Some(key) = key else { return };
+    let (param, rel) = match toward {
+        Toward::Older => ("before", "prev"),
+        Toward::Newer => ("after", "next"),
+    };
+    let sep = if query.is_empty() { "" } else { "&" };
+    let link = format!("<{path}?{query}{sep}{param}={key}&limit={limit}>; rel=\"{rel}\"");
+    if let Ok(value) = HeaderValue::from_str(&link) {
+        response.headers_mut().insert(LINK, value);
+    }
+}
+
+/// [`link`] to older items.
 pub fn link_older(
     response: &mut Response,
     path: &str,
@@ -37,12 +74,7 @@ pub fn link_older(
     next: Option<i64>,
     limit: usize,
 ) {
-    let Some(next) = next else { return };
-    let sep = if query.is_empty() { "" } else { "&" };
-    let link = format!("<{path}?{query}{sep}before={next}&limit={limit}>; rel=\"prev\"");
-    if let Ok(value) = HeaderValue::from_str(&link) {
-        response.headers_mut().insert(LINK, value);
-    }
+    link(response, path, query, Toward::Older, next, limit);
 }
 
 #[cfg(test)]

@@ -10,14 +10,13 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::HeaderValue;
-use axum::http::header::LINK;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::model::{MessageKind, SessionId};
-use intercom_actors::transcript::{Anchor, DEFAULT_LIMIT, MAX_LIMIT, TranscriptPage};
+use intercom_actors::transcript::{Anchor, DEFAULT_LIMIT, TranscriptPage};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiQuery};
+use super::paging::{self, Toward};
 use super::views::MessageView;
 use crate::app::App;
 use crate::ctl::client::segment;
@@ -45,12 +44,7 @@ impl PageQuery {
                 ));
             }
         };
-        let limit = self.limit.unwrap_or(DEFAULT_LIMIT);
-        if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(ApiError::bad_request(format!(
-                "limit must be between 1 and {MAX_LIMIT}, not {limit}"
-            )));
-        }
+        let limit = paging::page_limit(self.limit, DEFAULT_LIMIT)?;
         let kind = match self.kind.as_deref() {
             None => None,
             Some(k) => Some(message_kind(k).ok_or_else(|| {
@@ -77,16 +71,21 @@ pub async fn messages(
     let page = query.page()?;
     let session = SessionId(id);
     let slice = app.transcript_page(&session, page).await?;
-    let link = if slice.more {
-        next_page(&session, page, &slice.entries)
+    // The page beyond this one, in the direction it was read.
+    let (toward, beyond) = if page.newest_first() {
+        (Toward::Older, slice.entries.first())
     } else {
-        None
+        (Toward::Newer, slice.entries.last())
     };
+    let key = beyond.filter(|_| slice.more).map(|e| e.id);
     let body: Vec<MessageView> = slice.entries.into_iter().map(MessageView::from).collect();
     let mut response = Json(body).into_response();
-    if let Some(link) = link.and_then(|l| HeaderValue::from_str(&l).ok()) {
-        response.headers_mut().insert(LINK, link);
-    }
+    let path = format!("/api/sessions/{}/messages", segment(&session.0));
+    let kind = page
+        .kind
+        .map(|k| format!("kind={}", k.as_str()))
+        .unwrap_or_default();
+    paging::link(&mut response, &path, &kind, toward, key, page.limit);
     Ok(response)
 }
 
@@ -103,35 +102,10 @@ fn message_kind(name: &str) -> Option<MessageKind> {
     .find(|k| k.as_str() == name)
 }
 
-/// The `Link` header naming the page beyond this one, in the direction it
-/// was read.
-fn next_page(
-    session: &SessionId,
-    page: TranscriptPage,
-    entries: &[intercom_actors::model::TranscriptEntry],
-) -> Option<String> {
-    let path = format!("/api/sessions/{}/messages", segment(&session.0));
-    let limit = page.limit;
-    let kind = page
-        .kind
-        .map(|k| format!("&kind={}", k.as_str()))
-        .unwrap_or_default();
-    if page.newest_first() {
-        let first = entries.first()?.id;
-        Some(format!(
-            "<{path}?before={first}&limit={limit}{kind}>; rel=\"prev\""
-        ))
-    } else {
-        let last = entries.last()?.id;
-        Some(format!(
-            "<{path}?after={last}&limit={limit}{kind}>; rel=\"next\""
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use intercom_actors::transcript::MAX_LIMIT;
 
     fn query(before: Option<i64>, after: Option<i64>, limit: Option<usize>) -> PageQuery {
         PageQuery {

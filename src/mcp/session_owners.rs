@@ -101,9 +101,11 @@ impl Reservation {
     /// The `initialize` answer named MCP session `id`: it is `owner`'s now
     /// (the reservation becomes the claim in one step).
     pub(crate) fn claim(self, id: &str) {
-        let owner = self.owners.table().reserved.remove(&self.number);
-        if let Some(owner) = owner {
-            self.owners.claim(id, owner);
+        // One lock: the place is never free between the reservation and
+        // the claim, so no other initialize can take it meanwhile.
+        let mut t = self.owners.table();
+        if let Some(owner) = t.reserved.remove(&self.number) {
+            SessionOwners::record(&mut t, id, owner, CAP);
         }
     }
 }
@@ -145,7 +147,12 @@ impl SessionOwners {
     }
 
     fn claim_capped(&self, id: &str, owner: Owner, cap: usize) {
-        let mut t = self.table();
+        Self::record(&mut self.table(), id, owner, cap);
+    }
+
+    /// Records `owner` for `id` in the table, evicting the oldest beyond
+    /// `cap`.
+    fn record(t: &mut Table, id: &str, owner: Owner, cap: usize) {
         let seq = t.next;
         t.next += 1;
         if let Some((old, _)) = t.owners.insert(id.to_owned(), (seq, owner)) {

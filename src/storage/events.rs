@@ -11,6 +11,7 @@
 
 use futures::TryStreamExt;
 use intercom_actors::ports::StoreError;
+use intercom_actors::transcript::Budget;
 
 use super::{SqliteStore, backend, exec, pages, write_error};
 
@@ -102,11 +103,11 @@ impl SqliteStore {
             .bind(limit)
             .fetch(&self.pool),
         };
+        // The SQL LIMIT bounds the count; the budget the bytes.
+        let mut budget = Budget::new(usize::MAX, pages::MAX_PAGE_BYTES);
         let mut out: Vec<StoredEvent> = Vec::new();
-        let mut bytes = 0;
         while let Some(event) = rows.try_next().await.map_err(backend("read events"))? {
-            bytes += event.payload.len();
-            if !out.is_empty() && bytes > pages::MAX_PAGE_BYTES {
+            if !budget.admit(event.payload.len()) {
                 break;
             }
             out.push(event);

@@ -10,15 +10,15 @@
 
 use futures::{Stream, TryStreamExt};
 use intercom_actors::ports::StoreError;
+use intercom_actors::transcript::Budget;
 
 use super::backend;
 
+/// The page bounds the transcript's pages have too.
+pub use intercom_actors::transcript::{MAX_LIMIT, MAX_PAGE_BYTES};
+
 /// Items in a page when the reader does not say.
 pub const DEFAULT_LIMIT: usize = 500;
-/// The most items a reader may ask for in one page.
-pub const MAX_LIMIT: usize = 5000;
-/// About how many bytes one page carries (always at least one item).
-pub const MAX_PAGE_BYTES: usize = 8 << 20;
 
 /// Which page to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,20 +69,17 @@ where
     S: Stream<Item = Result<R, sqlx::Error>>,
 {
     let mut rows = std::pin::pin!(rows);
+    let mut budget = Budget::new(bounds.limit, bounds.max_bytes);
     let mut items = Vec::new();
-    let mut bytes = 0;
     let mut last_key = None;
     while let Some(row) = rows.try_next().await.map_err(backend(op))? {
         let (key, size, item) = take(row)?;
-        let full = items.len() >= bounds.limit.max(1)
-            || (!items.is_empty() && bytes + size > bounds.max_bytes);
-        if full {
+        if !budget.admit(size) {
             return Ok(Page {
                 items,
                 next: last_key,
             });
         }
-        bytes += size;
         last_key = Some(key);
         items.push(item);
     }

@@ -26,6 +26,13 @@ use crate::protocol::jsonrpc::{RpcError, RpcId, RpcMessage, codes, truncate_for_
 /// How much of a malformed line goes into the log.
 const LOG_RAW_BYTES: usize = 512;
 
+/// Whether a request's wire id is one an MCP client's call was given
+/// (`mcp-N`, `session/mcp.rs`): answered through the tool call, never on
+/// the agent's stdin.
+fn from_mcp_client(wire: &RpcId) -> bool {
+    matches!(wire, RpcId::Str(s) if s.starts_with("mcp-"))
+}
+
 /// The most bytes of titles and diffs a session's waiting requests hold.
 const MAX_PENDING_BYTES: usize = 8 << 20;
 
@@ -268,8 +275,7 @@ impl SessionState {
             // Without a record the operator could not answer it durably.
             tracing::error!(session = %self.record.id, "cannot store request: {e}");
             let why = format!("agent-intercom could not record the request: {e}");
-            let from_mcp = matches!(&wire, RpcId::Str(s) if s.starts_with("mcp-"));
-            if self.is_acp() && !from_mcp {
+            if self.is_acp() && !from_mcp_client(&wire) {
                 self.respond(wire, Err(RpcError::new(codes::INTERNAL_ERROR, why.clone())));
             }
             return Err(why);
@@ -297,8 +303,7 @@ impl SessionState {
         self.warn_agent(|| format!("refused a new request: {why}"));
         // An MCP client's request is answered through its tool call, never
         // on the agent's stdin (the agent did not ask).
-        let from_mcp = matches!(&wire, RpcId::Str(s) if s.starts_with("mcp-"));
-        let protocol = if from_mcp {
+        let protocol = if from_mcp_client(&wire) {
             crate::model::Protocol::Mcp
         } else {
             self.record.protocol
