@@ -5,7 +5,7 @@
 //! as it learns of them.
 //!
 //! ```text
-//! cargo bench --bench load -- [--operator core|api|slack|all] [--sessions 10,100,500]
+//! cargo bench --bench load -- [--operator core|api|slack|bare|all] [--sessions 10,100,500]
 //!                             [--requests 10] [--pace-ms 200] [--ramp-ms 0]
 //!                             [--wait-quiet-secs 0] [--dir DIR] [--dump DIR]
 //!                             [--burst K] [--pace-factor F]
@@ -44,8 +44,11 @@
 //! * `slack-limits` (not in `all`): Slack's published rate limits enforced
 //!   by the emulator and paced by the gateway, sped up `--pace-factor`
 //!   times (default 1: real); see `load_parts/paced.rs`.
+//! * `bare` (not in `all`): no server, the machine's ceiling. The same
+//!   agents and scenario, answered by a task per agent that parses each line
+//!   and answers permission requests at once (`load_parts/bare.rs`).
 //!
-//! `--burst K` (core): once the load runs, K more sessions start at once;
+//! `--burst K` (core, bare): once the load runs, K more sessions start at once;
 //! the decision p99 during that burst is printed beside the steady p99 just
 //! before it (`load_parts/burst.rs`). `--concurrent-starts K` (core):
 //! `limits.max_concurrent_starts` for the run (default: the server's, one
@@ -80,6 +83,8 @@
 //! round trips), which shows how well the writer batches.
 //! BENCHMARKS.md has the figures and how to read them.
 
+#[path = "load_parts/bare.rs"]
+mod bare;
 #[path = "load_parts/burst.rs"]
 mod burst;
 #[path = "../tests/emulator/mod.rs"]
@@ -142,6 +147,8 @@ enum Mode {
     Core,
     Api,
     Slack,
+    /// No server: the machine's ceiling (`load_parts/bare.rs`).
+    Bare,
 }
 
 impl Mode {
@@ -150,6 +157,7 @@ impl Mode {
             Mode::Core => "core",
             Mode::Api => "api",
             Mode::Slack => "slack",
+            Mode::Bare => "bare",
         }
     }
 }
@@ -382,6 +390,10 @@ enum Rig {
         emu: emulator::Emulator,
         bench_tasks: Vec<tokio::task::JoinHandle<()>>,
     },
+    Bare {
+        agents: Arc<bare::BareAgents>,
+        obs: Arc<Observed>,
+    },
 }
 
 struct Env {
@@ -482,18 +494,26 @@ async fn rig_core(env: &Env, obs: &Arc<Observed>) -> Rig {
     Rig::Core { sup, store }
 }
 
+/// Starts session `i`; says whether it started.
+type Starter =
+    Arc<dyn Fn(usize) -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
 impl Rig {
-    /// A closure that starts session `i` and says whether it started.
-    fn starter(
-        &self,
-        env: &Env,
-    ) -> Arc<dyn Fn(usize) -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync>
-    {
+    /// A closure that starts session `i` running `profile` (api: the
+    /// workspace's configured agent) and says whether it started.
+    fn starter(&self, env: &Env, profile: AgentProfile) -> Starter {
         match self {
+            Rig::Bare { agents, obs } => {
+                let (agents, obs, cwd) = (agents.clone(), obs.clone(), env.workspace.clone());
+                Arc::new(move |i| {
+                    let how = (profile.clone(), cwd.clone());
+                    Box::pin(bare::start(agents.clone(), obs.clone(), how, i))
+                })
+            }
             Rig::Core { sup, .. } | Rig::Slack { sup, .. } => {
                 let sup = sup.clone();
                 let slack = matches!(self, Rig::Slack { .. });
-                let (profile, cwd) = (env.profile.clone(), env.workspace.clone());
+                let cwd = env.workspace.clone();
                 Arc::new(move |i| {
                     let sup = sup.clone();
                     let req = StartRequest {
@@ -516,6 +536,7 @@ impl Rig {
             }
             Rig::Api { client, base, .. } => {
                 let (client, base) = (client.clone(), base.clone());
+                let _ = profile;
                 Arc::new(move |i| {
                     let (client, base) = (client.clone(), base.clone());
                     Box::pin(async move {
@@ -537,6 +558,7 @@ impl Rig {
         let store: &SqliteStore = match self {
             Rig::Core { store, .. } | Rig::Slack { store, .. } => store,
             Rig::Api { app, .. } => app.store(),
+            Rig::Bare { .. } => return (0, 0),
         };
         (store.commit_count(), store.write_count())
     }
@@ -545,6 +567,7 @@ impl Rig {
         let list = match self {
             Rig::Core { store, .. } | Rig::Slack { store, .. } => store.list_sessions(true).await,
             Rig::Api { app, .. } => app.store().list_sessions(true).await,
+            Rig::Bare { agents, .. } => return agents.live(),
         };
         list.map(|l| {
             l.iter()
@@ -606,6 +629,7 @@ impl Rig {
 
     async fn shutdown(self) {
         match self {
+            Rig::Bare { agents, .. } => agents.stop().await,
             Rig::Core { sup, store } => {
                 ractor::call!(sup, SupervisorMsg::Shutdown).ok();
                 sup.stop_and_wait(None, None).await.ok();
@@ -690,7 +714,7 @@ async fn start_sessions(
     (n, ramp_ms): (usize, u64),
     on_bench: Option<&Handle>,
 ) -> Starts {
-    let start = rig.starter(env);
+    let start = rig.starter(env, env.profile.clone());
     let mut tasks = Vec::new();
     for i in 0..n {
         let fut = start(i);
@@ -804,7 +828,7 @@ async fn run(
     let tag = format!("{}-{n}-pace{pace_ms}-ramp{ramp_ms}", mode.name());
     // Core only: this many more sessions start at once once the load runs.
     let burst_count: usize = match mode {
-        Mode::Core => arg("--burst").and_then(|s| s.parse().ok()).unwrap_or(0),
+        Mode::Core | Mode::Bare => arg("--burst").and_then(|s| s.parse().ok()).unwrap_or(0),
         _ => 0,
     };
     let env = Env::prepare(n, &root.join(&tag), n + burst_count, |dir| {
@@ -816,6 +840,10 @@ async fn run(
         Mode::Core => rig_core(&env, &obs).await,
         Mode::Api => rig_api(&env, &obs, bench).await,
         Mode::Slack => rig_slack(&env, &obs, bench).await,
+        Mode::Bare => Rig::Bare {
+            agents: Arc::default(),
+            obs: obs.clone(),
+        },
     };
     let load0 = loadavg();
     // Let the rig settle, then reset the peak RSS counter for this run.
@@ -839,10 +867,8 @@ async fn run(
         read_rtts(&rtt_log).len()
     ));
     let mut burst_started = 0;
-    if burst_count > 0
-        && let Rig::Core { sup, .. } = &rig
-    {
-        let b = burst::burst(sup, &env, &rtt_log, burst_count).await;
+    if burst_count > 0 {
+        let b = burst::burst(&rig, &env, &rtt_log, burst_count).await;
         burst_started = b.started;
         notes.push(b.note());
     }
@@ -970,9 +996,12 @@ fn parse_modes(spec: &str) -> Vec<Mode> {
             "core" => modes.push(Mode::Core),
             "api" => modes.push(Mode::Api),
             "slack" => modes.push(Mode::Slack),
+            "bare" => modes.push(Mode::Bare),
             "slack-limits" => {}
             "all" => modes.extend([Mode::Core, Mode::Api, Mode::Slack]),
-            other => panic!("--operator: core, api, slack, slack-limits or all, not {other:?}"),
+            other => {
+                panic!("--operator: core, api, slack, slack-limits, bare or all, not {other:?}")
+            }
         }
     }
     modes

@@ -44,12 +44,7 @@ impl BurstFigures {
 
 /// Measures a steady window, then starts `count` quiet sessions at once and
 /// measures the round trips completed until the last start was answered.
-pub async fn burst(
-    sup: &ActorRef<SupervisorMsg>,
-    env: &Env,
-    rtt_log: &Path,
-    count: usize,
-) -> BurstFigures {
+pub async fn burst(rig: &Rig, env: &Env, rtt_log: &Path, count: usize) -> BurstFigures {
     let scenario_path = env.dir.join("burst-scenario.json");
     let scenario = json!({"turns": [[{"chunk": "started."}]]});
     std::fs::write(&scenario_path, scenario.to_string()).expect("burst scenario");
@@ -62,24 +57,11 @@ pub async fn burst(
     tokio::time::sleep(STEADY).await;
     let c1 = read_rtts(rtt_log).len();
     let t = Instant::now();
+    let start = rig.starter(env, profile);
     let mut starts = Vec::new();
     for i in 0..count {
-        let req = StartRequest {
-            workspace: "ws".into(),
-            cwd: env.workspace.clone(),
-            channel_id: None,
-            profile: profile.clone(),
-            prompt: format!("burst session {i}"),
-            owner: "bench".into(),
-            mode: None,
-        };
-        let sup = sup.clone();
-        starts.push(tokio::spawn(async move {
-            matches!(
-                ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }),
-                Ok(Ok(_))
-            )
-        }));
+        let started = start(env.n + i);
+        starts.push(tokio::spawn(async move { started.await.is_ok() }));
     }
     let mut started = 0;
     for s in starts {
