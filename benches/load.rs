@@ -933,7 +933,12 @@ async fn run(
         notes.push(format!("{live} of {started} sessions active at the end"));
         errors += started.abs_diff(live);
     }
+    let stopping = Instant::now();
     rig.shutdown().await;
+    notes.push(format!(
+        "shutdown (every session stopped, its agent and descendants killed): {} ms",
+        stopping.elapsed().as_millis()
+    ));
     Figures {
         mode,
         n,

@@ -406,9 +406,14 @@ impl AgentChild {
 
     /// The agent's descendants now, with their start times
     /// ([`crate::process_tree::snapshot`]); empty when the pid no longer
-    /// names the agent.
-    pub fn descendants(&self) -> Vec<(i32, u64)> {
-        crate::process_tree::snapshot(self.pid, self.started)
+    /// names the agent. Read on a blocking thread: the walk reads all of
+    /// `/proc`, which is no work for a runtime worker (and many stops at
+    /// once then share their scans).
+    pub async fn descendants(&self) -> Vec<(i32, u64)> {
+        let (pid, started) = (self.pid, self.started);
+        tokio::task::spawn_blocking(move || crate::process_tree::snapshot(pid, started))
+            .await
+            .unwrap_or_default()
     }
 
     /// SIGKILLs the process group and every descendant that left it

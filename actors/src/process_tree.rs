@@ -21,6 +21,7 @@
 //! answer for that.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::child::{signal_group, start_time};
 
@@ -98,20 +99,10 @@ pub fn kill_listed(procs: &[(i32, u64)]) {
     }
 }
 
-/// Every process below `root` in the parent tree (not `root` itself).
+/// Every process below `root` in the parent tree (not `root` itself), from
+/// a scan of `/proc` that began after this call ([`Scans`]).
 pub fn descendants(root: i32) -> Vec<i32> {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        if let Some(ppid) = parent_of(pid) {
-            children.entry(ppid).or_default().push(pid);
-        }
-    }
+    let children = SCANS.fresh();
     let mut out = Vec::new();
     let mut stack = vec![root];
     while let Some(p) = stack.pop() {
@@ -123,6 +114,117 @@ pub fn descendants(root: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+/// Each process's children, as one scan of `/proc` saw them.
+type Children = HashMap<i32, Vec<i32>>;
+
+/// The scans of `/proc` every walk shares.
+static SCANS: Scans = Scans::new();
+
+/// Scans of `/proc`, shared by the walks that wait for the same one.
+///
+/// Why this exists: Linux has no cheap "children of" query here (the
+/// `/proc/<pid>/task/<tid>/children` files need `CONFIG_PROC_CHILDREN`),
+/// so a walk reads the parent of every process on the machine. When many
+/// sessions stop at once (shutdown, a workspace removed from the config),
+/// each stop walked, every walk read all of `/proc`, and the work grew with
+/// sessions × processes (500 sessions: about 500 × 1,000 files read). Now
+/// a walk asks for a scan that *begins after it asked* (so any child forked
+/// before the ask is in it), and every walk that asks while one scan runs
+/// shares the next one.
+///
+/// A mutex and a condvar rather than an actor: callers are synchronous
+/// (a stop in `Drop` must not return before the kill) and the state is a
+/// counter and the last result.
+struct Scans {
+    state: Mutex<ScanState>,
+    finished: Condvar,
+}
+
+struct ScanState {
+    /// Scans begun so far (the running one included).
+    begun: u64,
+    /// The number of the last scan that finished.
+    done: u64,
+    /// A scan is running (its number is `begun`).
+    running: bool,
+    /// What the last finished scan saw.
+    latest: Option<Arc<Children>>,
+}
+
+impl Scans {
+    const fn new() -> Scans {
+        Scans {
+            state: Mutex::new(ScanState {
+                begun: 0,
+                done: 0,
+                running: false,
+                latest: None,
+            }),
+            finished: Condvar::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, ScanState> {
+        // Nothing is left half-changed by a panic while holding it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The result of a scan that began after this call: runs one unless
+    /// another caller already does.
+    fn fresh(&self) -> Arc<Children> {
+        let mut state = self.state();
+        let wanted = state.begun + 1;
+        loop {
+            if state.done >= wanted
+                && let Some(latest) = &state.latest
+            {
+                return Arc::clone(latest);
+            }
+            if state.running {
+                state = self
+                    .finished
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            state.running = true;
+            state.begun += 1;
+            let number = state.begun;
+            drop(state);
+            let children = Arc::new(scan());
+            state = self.state();
+            state.running = false;
+            state.done = number;
+            state.latest = Some(children);
+            self.finished.notify_all();
+        }
+    }
+
+    /// Scans begun so far (tests).
+    #[cfg(test)]
+    fn begun(&self) -> u64 {
+        self.state().begun
+    }
+}
+
+/// Reads the parent of every process in `/proc` (never panics: a process
+/// that is gone by the time it is read is left out).
+fn scan() -> Children {
+    let mut children: Children = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return children;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        if let Some(ppid) = parent_of(pid) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    children
 }
 
 /// The parent of `pid` (`/proc/<pid>/stat` field 4), `None` when it is gone.
@@ -231,6 +333,56 @@ mod tests {
         let survived = !gone(stray);
         signal(stray, libc::SIGKILL);
         assert!(survived, "a recycled pid's descendants were killed");
+    }
+
+    #[test]
+    fn a_walk_sees_a_child_forked_just_before_it_asked() {
+        for _ in 0..20 {
+            let mut kid = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .expect("spawn sleep");
+            let me = std::process::id() as i32;
+            let seen = descendants(me).contains(&(kid.id() as i32));
+            let _ = kid.kill();
+            let _ = kid.wait();
+            assert!(seen, "a child forked before the walk was missed");
+        }
+    }
+
+    #[test]
+    fn walks_that_ask_at_once_share_scans() {
+        let mut kid = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let (me, pid) = (std::process::id() as i32, kid.id() as i32);
+        // Scans of its own, so no other test's walk is counted.
+        static LOCAL: Scans = Scans::new();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(32));
+        let walkers: Vec<_> = (0..32)
+            .map(|_| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    LOCAL
+                        .fresh()
+                        .get(&me)
+                        .is_some_and(|kids| kids.contains(&pid))
+                })
+            })
+            .collect();
+        let found: Vec<bool> = walkers
+            .into_iter()
+            .map(|w| w.join().expect("walker"))
+            .collect();
+        let scans = LOCAL.begun();
+        let _ = kid.kill();
+        let _ = kid.wait();
+        assert!(found.iter().all(|f| *f), "every walk finds the child");
+        // One scan each would be 32; those that ask while one runs share
+        // the next (the threads do not all ask at the same instant).
+        assert!(scans <= 16, "{scans} scans for 32 walks at once");
     }
 
     #[test]

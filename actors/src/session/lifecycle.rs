@@ -175,7 +175,7 @@ impl SessionState {
         if let Some(child) = &self.child {
             // An agent that exits on end of input re-parents its children:
             // note them now, to kill what is left once it exited.
-            self.stop_snapshot = child.descendants();
+            self.stop_snapshot = child.descendants().await;
             child.close_stdin();
         }
         if self.exited {
