@@ -193,7 +193,9 @@ impl Scans {
             state.begun += 1;
             let number = state.begun;
             drop(state);
-            let children = Arc::new(scan());
+            // Should a scan ever panic, `running` must not stay set (every
+            // later walk would wait for good): its walkers get no children.
+            let children = Arc::new(std::panic::catch_unwind(scan).unwrap_or_default());
             state = self.state();
             state.running = false;
             state.done = number;
@@ -209,8 +211,8 @@ impl Scans {
     }
 }
 
-/// Reads the parent of every process in `/proc` (never panics: a process
-/// that is gone by the time it is read is left out).
+/// Reads the parent of every process in `/proc` (a process that is gone by
+/// the time it is read is left out).
 fn scan() -> Children {
     let mut children: Children = HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
