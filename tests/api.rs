@@ -648,3 +648,39 @@ fn a_kept_alive_connection_survives_a_body_the_route_does_not_read() {
     );
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 }
+
+#[test]
+fn a_session_ended_by_idle_timeout_is_revived_over_the_api() {
+    let server = Server::start(Setup {
+        idle_timeout_secs: Some(1),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("the task"));
+    let ended = http.until_status(&id, "completed");
+    assert_eq!(ended["status_reason"], "idle_timeout", "{ended}");
+
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.body["id"], id.as_str());
+    assert_eq!(r.body["status"], "active", "{}", r.text);
+    // The same session takes instructions again.
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "welcome back"}),
+    );
+    assert_eq!(r.status, 202, "{}", r.text);
+    http.until_transcript(&id, "prompt: welcome back");
+    let audit = http.get(&format!("/api/audit?session={id}"));
+    assert!(audit.text.contains("session.revived"), "{}", audit.text);
+
+    // A live session, a cancelled one and an unknown one do not come back.
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 409, "a live session: {}", r.text);
+    http.post(&format!("/api/sessions/{id}/cancel"), &json!({}));
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 409, "a cancelled session: {}", r.text);
+    assert!(r.text.contains("idle timeout"), "{}", r.text);
+    let r = http.post("/api/sessions/s-0000000000000000/revive", &json!({}));
+    assert_eq!(r.status, 404, "{}", r.text);
+}

@@ -1,5 +1,5 @@
-//! `ctl` against a real in-process server: every session control the API and
-//! the console offer (pause, resume, nudge, approval mode, stop) is there in
+//! `ctl` against a real in-process server: every session control the API
+//! offers (pause, resume, nudge, approval mode, stop, revive) is there in
 //! the terminal too, and a refused one exits non-zero.
 
 mod common;
@@ -50,4 +50,21 @@ fn pause_resume_mode_nudge_and_stop_from_the_terminal() {
     assert_eq!(ctl(&server, &["stop", &id]), 0);
     assert_eq!(show("status"), "cancelled");
     assert_ne!(ctl(&server, &["pause", "s-no-such-session"]), 0);
+}
+
+#[test]
+fn revive_from_the_terminal() {
+    let server = Server::start(Setup {
+        idle_timeout_secs: Some(1),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("hello"));
+    http.until_status(&id, "completed");
+    assert_eq!(ctl(&server, &["revive", &id]), 0);
+    assert_eq!(
+        http.get(&format!("/api/sessions/{id}")).body["status"],
+        "active"
+    );
+    assert_ne!(ctl(&server, &["revive", "s-no-such-session"]), 0);
 }

@@ -8,6 +8,10 @@ use intercom_actors::session::calls;
 
 use super::*;
 
+/// How long a revive waits for the ended session's actor to be gone (it
+/// records the end before it stops).
+const REVIVE_SETTLE: Duration = Duration::from_secs(5);
+
 impl App {
     /// Sends steering to a session: delivered now when the agent is idle,
     /// queued behind the running turn otherwise (`interrupt` cancels it);
@@ -100,6 +104,14 @@ impl App {
     /// Brings back a session that ended by idle timeout (respawn + resume).
     pub async fn revive(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
         let record = self.session(id).await?;
+        if !record.status.is_live() {
+            // Its actor writes the end first and stops after: give it the
+            // moment (bounded) instead of answering "still live".
+            let deadline = tokio::time::Instant::now() + REVIVE_SETTLE;
+            while self.actor(id).await?.is_some() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         // The current config decides: its workspace and agent profile as
         // configured now, not as when the session started.
         let map = ractor::call!(self.registry().get(), RegistryMsg::Get)

@@ -142,6 +142,12 @@ pub enum CtlCommand {
         /// Session id
         id: String,
     },
+    /// Bring back a session that ended by idle timeout (its agent respawned
+    /// in the same session, resumed where the agent supports it)
+    Revive {
+        /// Session id
+        id: String,
+    },
     /// Show or switch the agent's own mode, model or config option
     /// (what the agent offered in session/new; `ctl show` lists them)
     AgentMode {
@@ -317,6 +323,11 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
         }
         CtlCommand::Restart { id } => {
             let url = format!("/api/sessions/{}/restart", segment(id));
+            let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
+            emit(json, &raw, || render::session_line(&session));
+        }
+        CtlCommand::Revive { id } => {
+            let url = format!("/api/sessions/{}/revive", segment(id));
             let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
             emit(json, &raw, || render::session_line(&session));
         }

@@ -54,6 +54,7 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
         .route("/sessions/{id}/prompt", post(routes::prompt))
         .route("/sessions/{id}/cancel", post(routes::cancel))
         .route("/sessions/{id}/restart", post(routes::restart))
+        .route("/sessions/{id}/revive", post(routes::revive))
         .route("/sessions/{id}/mode", post(rules::set_mode))
         .route("/sessions/{id}/agent-mode", post(rules::set_agent_option))
         .route("/sessions/{id}/pause", post(control::pause))

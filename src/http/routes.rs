@@ -154,6 +154,16 @@ pub async fn restart(
     Ok((StatusCode::ACCEPTED, Json(record.into())))
 }
 
+/// `POST /api/sessions/{id}/revive`: `200` with the session once its agent
+/// is back (a session that ended by idle timeout; `409` for any other).
+pub async fn revive(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionView>> {
+    let record = app.revive(&SessionId(id), Caller::local()).await?;
+    Ok(Json(record.into()))
+}
+
 /// `POST /api/sessions/{id}/cancel`: `200` with the ended session, or `202`
 /// with `"status": "stopping"` while the agent is still being terminated.
 pub async fn cancel(

@@ -52,6 +52,8 @@ pub struct Setup {
     pub bind: String,
     /// Extra `[[agent]]` ids running the same scenario.
     pub extra_agents: Vec<String>,
+    /// `limits.idle_timeout_secs` (the server's default when `None`).
+    pub idle_timeout_secs: Option<u64>,
 }
 
 impl Default for Setup {
@@ -61,6 +63,7 @@ impl Default for Setup {
             max_sessions: 5,
             bind: "127.0.0.1:0".into(),
             extra_agents: Vec::new(),
+            idle_timeout_secs: None,
         }
     }
 }
@@ -110,8 +113,12 @@ impl Layout {
             "[[workspace]]\nid = \"demo\"\npath = {:?}\n\n",
             self.root.join("ws").display().to_string()
         ));
+        let idle = setup
+            .idle_timeout_secs
+            .map(|s| format!("idle_timeout_secs = {s}\n"))
+            .unwrap_or_default();
         text.push_str(&format!(
-            "[limits]\nmax_sessions = {}\nstartup_timeout_secs = 20\nshutdown_grace_secs = 1\n\n[stall]\ninactivity_secs = 0\n\n[supervision]\nbackoff_initial_secs = 0\nbackoff_max_secs = 0\n",
+            "[limits]\n{idle}max_sessions = {}\nstartup_timeout_secs = 20\nshutdown_grace_secs = 1\n\n[stall]\ninactivity_secs = 0\n\n[supervision]\nbackoff_initial_secs = 0\nbackoff_max_secs = 0\n",
             setup.max_sessions
         ));
         std::fs::write(&self.config, text).expect("write config");
