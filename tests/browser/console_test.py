@@ -414,6 +414,13 @@ def walk(server, page):
         expect(page.locator(".session-head")).to_contain_text("cancelled", timeout=WAIT_MS)
         expect(page.locator(".transcript")).to_contain_text("selected reject-once")
 
+    def revive_says_why_a_stopped_session_stays_stopped():
+        # Only a session that ended by idle timeout comes back; this one was
+        # stopped by the shutdown, and the button says so.
+        page.click('button[data-control="revive"]')
+        expect(page.locator("#toast")).to_contain_text("only sessions ended by idle timeout", timeout=WAIT_MS)
+        expect(page.locator(".session-head")).to_contain_text("cancelled")
+
     for name, fn in [
         ("log in with the printed one-time link", login),
         ("a new session appears as needs input without reloading (and notifies)", appears_as_needs_input),
@@ -429,6 +436,7 @@ def walk(server, page):
         ("a forged diff stays one file; a bidi title shows its override", a_forged_diff_and_a_bidi_title_show_as_they_are),
         ("a buried plan and earlier entries stay reachable", a_buried_plan_and_earlier_entries_stay_reachable),
         ("the page recovers after the server restarts", recovers_after_restart),
+        ("revive says why a stopped session stays stopped", revive_says_why_a_stopped_session_stays_stopped),
     ]:
         check(name, fn)
 

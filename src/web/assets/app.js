@@ -374,7 +374,7 @@
       head,
       h('div', { class: 'controls' },
         control('Stop', 'cancel'), control('Pause', 'pause'), control('Resume', 'resume'), control('Nudge', 'nudge'),
-        control('Restart', 'restart'),
+        control('Restart', 'restart'), control('Revive', 'revive'),
         h('label', {}, ' approval mode ', mode),
         h('button', { type: 'button', id: 'mode-set', onclick: act('Mode', 'POST', '/api/sessions/' + enc + '/mode', () => ({ mode: mode.value })) }, 'Set')),
       rememberBox,
