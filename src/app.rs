@@ -356,7 +356,7 @@ impl App {
     pub async fn nudge(&self, id: &SessionId, caller: Caller) -> Result<(), AppError> {
         let record = self.session(id).await?;
         let Some(actor) = self.actor(id).await? else {
-            return Err(AppError::ended(record.status));
+            return Err(AppError::ended(&record));
         };
         ractor::call_t!(
             actor,

@@ -6,7 +6,7 @@ mod common;
 
 use agent_intercom::config::Config;
 use common::api_server::in_process::open_app;
-use common::api_server::{Server, sid, with_permission};
+use common::api_server::{Served, Server, sid, with_permission};
 use common::{Http, Layout, Setup, until};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -683,4 +683,62 @@ fn a_session_ended_by_idle_timeout_is_revived_over_the_api() {
     assert!(r.text.contains("idle timeout"), "{}", r.text);
     let r = http.post("/api/sessions/s-0000000000000000/revive", &json!({}));
     assert_eq!(r.status, 404, "{}", r.text);
+}
+
+#[test]
+fn a_revive_that_fails_leaves_the_session_revivable() {
+    use std::os::unix::fs::PermissionsExt;
+    let layout = Layout::new(&Setup {
+        idle_timeout_secs: Some(1),
+        ..Setup::default()
+    });
+    // The agent behind a script, so what runs can change between starts.
+    let script = layout.dir.path().join("agent.sh");
+    let set_agent = |body: &str| {
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).expect("script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    };
+    set_agent(&format!("exec {:?} \"$@\"", common::agent_bin()));
+    let config = std::fs::read_to_string(&layout.config).expect("config");
+    let scripted = format!("command = {:?}", common::agent_bin().display().to_string());
+    assert!(config.contains(&scripted), "{config}");
+    let config = config.replacen(
+        &scripted,
+        &format!("command = {:?}", script.display().to_string()),
+        1,
+    );
+    std::fs::write(&layout.config, config).expect("config");
+    let served = Served::on(&layout);
+    let http = &served.http;
+    let id = sid(&http.start("the task"));
+    http.until_status(&id, "completed");
+
+    // The agent cannot start now: the revive fails, and says so...
+    set_agent("exit 3");
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 502, "{}", r.text);
+    // ...and the session is left as it was, not crashed: it can come back.
+    let after = http.until_status(&id, "completed");
+    assert_eq!(after["status_reason"], "idle_timeout", "{after}");
+    let audit = http.get(&format!("/api/audit?session={id}")).text;
+    assert!(audit.contains("session.revive_failed"), "{audit}");
+    assert!(!audit.contains("\"session.revived\""), "{audit}");
+    // Steering it says what to do.
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "are you there?"}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert!(r.text.contains("revive"), "{}", r.text);
+
+    set_agent(&format!("exec {:?} \"$@\"", common::agent_bin()));
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    let audit = http.get(&format!("/api/audit?session={id}")).body;
+    let revived = audit
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["action"] == "session.revived"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(revived["actor"], "local", "{audit}");
 }

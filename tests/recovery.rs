@@ -364,3 +364,54 @@ fn a_second_instance_or_a_taken_port_is_refused() {
     assert!(log.contains("change [server] bind"), "{log}");
     drop(first);
 }
+
+/// Running: the process exists and is not a zombie (a dead agent whose new
+/// parent, the machine's init, has not reaped it yet counts as gone).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1.to_owned();
+            rest.split_whitespace().next().map(str::to_owned)
+        })
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+#[test]
+fn a_second_signal_exits_at_once_and_leaves_no_agent_running() {
+    let port = free_port();
+    let layout = Layout::new(&Setup {
+        // Agents that stay up after their stdin closes.
+        scenario: json!({"turns": [[{"chunk": "working"}, {"ignore_sigterm": true}, {"hang": true}]]}),
+        bind: format!("127.0.0.1:{port}"),
+        ..Setup::default()
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = ServerProcess::spawn(&layout, "first");
+    wait_healthy(&Http::new(&base, None), &mut server);
+    let http = Http::new(&base, Some(&read_token(&layout)));
+    let ids: Vec<String> = (0..3)
+        .map(|i| start(&http, "scripted", &format!("hang {i}")))
+        .collect();
+    for id in &ids {
+        http.until_transcript(id, "working");
+    }
+    let pids: Vec<i32> = ids.iter().map(|id| agent_pid(&http, id)).collect();
+
+    server.signal(libc::SIGTERM);
+    until("the graceful stop to begin", || {
+        server
+            .log()
+            .contains("shutting down gracefully")
+            .then_some(())
+    });
+    server.signal(libc::SIGTERM);
+    let status = server.wait_exit();
+    assert_eq!(status.code(), Some(130), "{status}:\n{}", server.log());
+    for pid in pids {
+        until(
+            &format!("agent {pid} to be gone after the immediate exit"),
+            || (!running(pid)).then_some(()),
+        );
+    }
+}

@@ -305,6 +305,15 @@ impl AgentChild {
         on_event: impl Fn(ChildEvent) + Send + Sync + 'static,
     ) -> Result<AgentChild, SpawnError> {
         let mut child = build_command(spec).spawn().map_err(|e| match e.kind() {
+            // The kernel says "not found" for a missing working directory too.
+            std::io::ErrorKind::NotFound if !spec.cwd.is_dir() => SpawnError::Failed {
+                profile: spec.profile.clone(),
+                command: spec.command.clone(),
+                reason: format!(
+                    "its working directory {} does not exist",
+                    spec.cwd.display()
+                ),
+            },
             std::io::ErrorKind::NotFound => SpawnError::NotFound {
                 profile: spec.profile.clone(),
                 command: spec.command.clone(),
@@ -363,6 +372,7 @@ impl AgentChild {
             events(ChildEvent::Exited { code, signal });
         });
 
+        live_groups().insert(pid);
         Ok(AgentChild {
             pid,
             started: start_time(pid),
@@ -429,7 +439,39 @@ impl AgentChild {
 impl Drop for AgentChild {
     fn drop(&mut self) {
         self.kill();
+        live_groups().remove(&self.pid);
     }
+}
+
+/// The process groups of the agents this process runs now.
+///
+/// Why: a server told to exit at once (a second SIGINT/SIGTERM) skips every
+/// session's stop, and its agents would run on unsupervised until the next
+/// start found them. [`kill_every_agent_group`] is what that exit still
+/// does. A plain set behind a lock: the exit path is synchronous and has no
+/// actor left to ask.
+static LIVE_GROUPS: Mutex<std::collections::BTreeSet<i32>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+fn live_groups() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<i32>> {
+    LIVE_GROUPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// SIGKILLs the process group of every agent this process runs (for an
+/// immediate exit); returns how many groups it signalled.
+pub fn kill_every_agent_group() -> usize {
+    let groups = live_groups();
+    for &pgid in groups.iter() {
+        signal_group(pgid, libc::SIGKILL);
+    }
+    groups.len()
+}
+
+/// Whether `pid` is the group of an agent this process runs now.
+pub fn is_live_agent_group(pid: i32) -> bool {
+    live_groups().contains(&pid)
 }
 
 /// Sends `signal` to process group `pgid` (ignoring "no such process").
@@ -513,6 +555,24 @@ mod tests {
             AgentChild::spawn(&spec("/nonexistent/agent-bin", &[]), |_| {}).expect_err("spawn");
         assert!(matches!(err, SpawnError::NotFound { .. }));
         assert!(err.to_string().contains("/nonexistent/agent-bin"));
+    }
+
+    #[tokio::test]
+    async fn a_running_agent_is_listed_for_an_immediate_exit_until_dropped() {
+        let child = AgentChild::spawn(&spec("sleep", &["30"]), |_| {}).expect("spawn");
+        let pid = child.pid();
+        assert!(is_live_agent_group(pid));
+        drop(child);
+        assert!(!is_live_agent_group(pid));
+    }
+
+    #[tokio::test]
+    async fn a_missing_working_directory_is_not_called_a_missing_binary() {
+        let mut s = spec("true", &[]);
+        s.cwd = std::env::temp_dir().join("agent-intercom-no-such-dir-4f1e");
+        let err = AgentChild::spawn(&s, |_| {}).expect_err("spawn");
+        assert!(matches!(err, SpawnError::Failed { .. }), "{err}");
+        assert!(err.to_string().contains("working directory"), "{err}");
     }
 
     #[tokio::test]

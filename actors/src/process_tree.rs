@@ -229,6 +229,43 @@ fn scan() -> Children {
     children
 }
 
+/// Those of the process groups `pgids` that still have a member that is
+/// not a zombie (`/proc/<pid>/stat`: state, field 3; group, field 5).
+pub fn groups_with_running_members(pgids: &[i32]) -> Vec<i32> {
+    let mut running = HashSet::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let group = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+        if let Some(g) = group.filter(|g| pgids.contains(g))
+            && !matches!(state, Some("Z" | "X"))
+        {
+            running.insert(g);
+        }
+    }
+    pgids
+        .iter()
+        .copied()
+        .filter(|g| running.contains(g))
+        .collect()
+}
+
 /// The parent of `pid` (`/proc/<pid>/stat` field 4), `None` when it is gone.
 fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -385,6 +422,27 @@ mod tests {
         // One scan each would be 32; those that ask while one runs share
         // the next (the threads do not all ask at the same instant).
         assert!(scans <= 16, "{scans} scans for 32 walks at once");
+    }
+
+    #[test]
+    fn a_group_of_zombies_counts_as_gone() {
+        // A leader in a group of its own, killed and not reaped: a zombie.
+        let mut leader = std::process::Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .expect("spawn sleep");
+        let pgid = leader.id() as i32;
+        assert_eq!(groups_with_running_members(&[pgid]), vec![pgid]);
+        signal(pgid, libc::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !gone(pgid) {
+            assert!(Instant::now() < deadline, "never died");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Dead but not reaped yet: its group has nothing running.
+        assert!(groups_with_running_members(&[pgid]).is_empty());
+        let _ = leader.wait();
     }
 
     #[test]

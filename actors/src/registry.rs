@@ -86,13 +86,17 @@ impl WorkspaceMap {
     /// the operator's current config, not the one the session started with.
     pub fn revivable(&self, rec: &crate::model::SessionRecord) -> Result<AgentProfile, String> {
         let cwd = Path::new(&rec.cwd);
-        if rec.workspace.is_empty() {
+        // A path session stores its directory as its workspace.
+        if rec.workspace.is_empty() || rec.workspace == rec.cwd {
             if !cwd.starts_with(&self.workspace_root) {
                 return Err(format!(
                     "its directory {} is no longer under the workspace root {}",
                     rec.cwd,
                     self.workspace_root.display()
                 ));
+            }
+            if let Err(e) = self.contain(cwd) {
+                return Err(format!("its directory {} cannot be used: {e}", rec.cwd));
             }
         } else {
             let Some(ws) = self.workspaces.iter().find(|w| w.id == rec.workspace) else {
@@ -108,6 +112,9 @@ impl WorkspaceMap {
                     ws.id,
                     ws.path.display()
                 ));
+            }
+            if !cwd.is_dir() {
+                return Err(format!("its directory {} no longer exists", rec.cwd));
             }
         }
         self.agents
@@ -338,6 +345,26 @@ mod tests {
                 .expect_err("no agent")
                 .contains("agent `zz`")
         );
+        // A path session (its directory is its workspace) comes back while
+        // its directory is usable, and not once it is gone.
+        std::fs::create_dir_all(root.join("pdir")).expect("mkdir");
+        let pdir = root.join("pdir").display().to_string();
+        let path_session = stored(&pdir, &root.join("pdir"), "a");
+        assert_eq!(m.revivable(&path_session).expect("path session").id, "a");
+        std::fs::remove_dir(root.join("pdir")).expect("rmdir");
+        assert!(
+            m.revivable(&path_session)
+                .expect_err("gone")
+                .contains("cannot be used")
+        );
+        // A workspace's directory deleted on disk.
+        std::fs::remove_dir(root.join("api")).expect("rmdir");
+        assert!(
+            m.revivable(&rec)
+                .expect_err("deleted")
+                .contains("no longer exists")
+        );
+        std::fs::create_dir_all(root.join("api")).expect("mkdir");
         // A path session outside the root.
         let outside = stored("", Path::new("/elsewhere"), "a");
         assert!(

@@ -253,6 +253,9 @@ struct Entry {
     recovering: bool,
     /// Still in its first start (failure deletes the row).
     first_start: bool,
+    /// Still in the start of a revive (failure ends it as it was: by idle
+    /// timeout, so it can be revived again once the cause is fixed).
+    reviving: bool,
 }
 
 impl Entry {
@@ -274,6 +277,7 @@ impl Entry {
             plan: None,
             recovering: false,
             first_start: false,
+            reviving: false,
         }
     }
 
@@ -288,6 +292,7 @@ impl Entry {
             plan: Some(plan),
             recovering: true,
             first_start: false,
+            reviving: false,
         }
     }
 }

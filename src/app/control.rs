@@ -28,7 +28,7 @@ impl App {
         }
         let record = self.session(id).await?;
         if !record.status.is_live() {
-            return Err(AppError::ended(record.status));
+            return Err(AppError::ended(&record));
         }
         let outcome = steer_session(&self.inner.supervisor, id, text, interrupt, &caller).await;
         match outcome {
@@ -42,7 +42,7 @@ impl App {
     pub async fn restart(&self, id: &SessionId, caller: Caller) -> Result<SessionRecord, AppError> {
         let record = self.session(id).await?;
         if !record.status.is_live() {
-            return Err(AppError::ended(record.status));
+            return Err(AppError::ended(&record));
         }
         ractor::call_t!(
             self.inner.supervisor,
@@ -131,7 +131,13 @@ impl App {
             },
             self.inner.start_wait_ms
         )
-        .map_err(|e| AppError::actor("supervisor", e))??;
+        .map_err(|e| AppError::actor("supervisor", e))?
+        .map_err(|e| match e {
+            intercom_actors::supervisor::SupervisorError::NotRevivable(why) => {
+                AppError::conflict_status(record.status, why)
+            }
+            other => other.into(),
+        })?;
         Ok(revived)
     }
 
@@ -141,7 +147,7 @@ impl App {
         let record = self.session(id).await?;
         self.actor(id)
             .await?
-            .ok_or_else(|| AppError::ended(record.status))
+            .ok_or_else(|| AppError::ended(&record))
     }
 
     /// Pauses (`true`) or resumes (`false`) a live session.

@@ -2,7 +2,7 @@
 //! [`AppError::code`] is the stable machine-readable code the HTTP API sends,
 //! built from the actors' own errors so each keeps its advice to the caller.
 
-use intercom_actors::model::SessionStatus;
+use intercom_actors::model::{SessionRecord, SessionStatus};
 use intercom_actors::ports::StoreError;
 use intercom_actors::registry::ResolveError;
 use intercom_actors::session::SessionError;
@@ -69,7 +69,21 @@ impl AppError {
         }
     }
 
-    pub(super) fn ended(status: SessionStatus) -> Self {
+    /// A session that has no agent any more: what to do instead (a session
+    /// that ended by idle timeout can be revived).
+    pub(super) fn ended(record: &SessionRecord) -> Self {
+        let status = record.status;
+        if status == SessionStatus::Completed
+            && record.status_reason.as_deref() == Some("idle_timeout")
+        {
+            let id = &record.id;
+            return Self::conflict_status(
+                status,
+                format!(
+                    "session ended by idle timeout; revive it (POST /api/sessions/{id}/revive, `ctl revive {id}`) or start a new one"
+                ),
+            );
+        }
         Self::conflict_status(status, format!("session is {status}; start a new one"))
     }
 

@@ -420,7 +420,9 @@ async fn watch_signals(stop: watch::Sender<bool>) {
     tracing::info!("signal received; shutting down gracefully (send it again to exit at once)");
     let _ = stop.send(true);
     if next_signal().await.is_ok() {
-        eprintln!("second signal: exiting immediately");
+        // No session is stopped on this path, but no agent is left running.
+        let killed = intercom_actors::child::kill_every_agent_group();
+        eprintln!("second signal: exiting immediately (killed {killed} agent process groups)");
         std::process::exit(130);
     }
 }

@@ -2,6 +2,7 @@
 //! stored as live are resumed (or marked interrupted, saying why), and a
 //! session ended by idle timeout can be revived on request.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::RpcReplyPort;
@@ -9,12 +10,14 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::restarts::RestartPlan;
-use super::starting::answer_when_ready;
 use super::{Entry, SupervisorError, SupervisorState, threads};
-use crate::model::{Protocol, SessionId, SessionRecord, SessionStatus};
-use crate::ports::NoticeLevel;
-use crate::session::{Caller, StartMode};
+use crate::model::{AuditEntry, Protocol, SessionId, SessionRecord, SessionStatus};
+use crate::ports::{NoticeLevel, SessionStore};
+use crate::session::{Caller, StartError, StartMode};
 use crate::settings::AgentProfile;
+
+/// The longest recovery waits for the previous server's agents to die.
+const ORPHANS_GONE: Duration = Duration::from_secs(2);
 
 impl SupervisorState {
     /// After a server restart: resumes each session stored as live, or marks
@@ -27,6 +30,7 @@ impl SupervisorState {
                 return (0, 0);
             }
         };
+        self.end_orphan_groups(&live).await;
         let (mut resumed, mut interrupted) = (0, 0);
         for rec in live {
             if self.recover_one(rec, &profiles).await {
@@ -41,7 +45,6 @@ impl SupervisorState {
     /// One session stored as live: true when its agent runs again.
     async fn recover_one(&mut self, rec: SessionRecord, profiles: &[AgentProfile]) -> bool {
         let id = rec.id.clone();
-        self.end_orphan_group(&id).await;
         // The agent process died with the old server: its open requests
         // cannot be answered any more. Say so explicitly.
         self.expire_open_requests(&id).await;
@@ -78,22 +81,39 @@ impl SupervisorState {
         self.sessions.get(&id).is_some_and(|e| e.actor.is_some())
     }
 
-    /// The old server died with its agents still running (SIGKILL): their
-    /// process groups are orphans now. Ends the session's, if any, before
-    /// anything is respawned.
-    async fn end_orphan_group(&self, id: &SessionId) {
+    /// The old server died with its agents still running (SIGKILL, or a
+    /// second signal): their process groups are orphans now. Kills them all,
+    /// then waits (at most [`ORPHANS_GONE`] in all, not per session) until
+    /// none has a member left that is not a zombie, before anything is
+    /// respawned. Zombies count as gone: they hold nothing, and an init that
+    /// does not reap them (some containers') would otherwise hold every
+    /// session's wait to the deadline: 50 sessions once kept the restarted
+    /// server from answering for 100 s.
+    async fn end_orphan_groups(&self, live: &[SessionRecord]) {
         let store = &self.args.store;
-        let Ok(Some((pid, start))) = store.agent_process(id).await else {
-            return;
-        };
-        if crate::child::kill_orphan_group(pid, start) {
-            tracing::warn!(session = %id, pid, "killed the agent process group left by the previous server");
-            let deadline = Instant::now() + Duration::from_secs(2);
-            while crate::child::group_alive(pid) && Instant::now() < deadline {
+        let mut killed = Vec::new();
+        for rec in live {
+            let Ok(Some((pid, start))) = store.agent_process(&rec.id).await else {
+                continue;
+            };
+            if crate::child::kill_orphan_group(pid, start) {
+                tracing::warn!(session = %rec.id, pid, "killed the agent process group left by the previous server");
+                killed.push(pid);
+            }
+            let _ = store.set_agent_process(&rec.id, None).await;
+        }
+        let deadline = Instant::now() + ORPHANS_GONE;
+        while !killed.is_empty() && Instant::now() < deadline {
+            let groups = killed.clone();
+            killed = tokio::task::spawn_blocking(move || {
+                crate::process_tree::groups_with_running_members(&groups)
+            })
+            .await
+            .unwrap_or_default();
+            if !killed.is_empty() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        let _ = store.set_agent_process(id, None).await;
     }
 
     /// Brings back a session ended by idle timeout: its agent respawned in
@@ -116,8 +136,6 @@ impl SupervisorState {
         let _ = store
             .set_status(&id, SessionStatus::Starting, Some("revived"))
             .await;
-        self.audit(&id, "session.revived", json!({"by": caller.id}))
-            .await;
         let start = StartMode::Restart {
             resume: record.acp_session_id.clone(),
             reprompt: None,
@@ -132,17 +150,21 @@ impl SupervisorState {
             .await
         {
             Ok(actor) => {
-                let entry = Entry::revived(actor, profile, record.restart_count);
+                let entry = Entry {
+                    reviving: true,
+                    ..Entry::revived(actor, profile, record.restart_count)
+                };
                 self.sessions.insert(id.clone(), entry);
                 if let (Some(ch), Some(ts)) = (&record.channel_id, &record.thread_ts) {
                     threads::posted(&self.myself, &id, ch, ts);
                 }
-                answer_when_ready(store, record, rx, reply);
+                answer_when_revived(store, record, rx, reply, caller.id);
             }
             Err(err) => {
                 let _ = store
                     .set_status(&id, SessionStatus::Completed, Some("idle_timeout"))
                     .await;
+                revive_audit(&*store, &id, &caller.id, Err(&err.to_string())).await;
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
             }
         }
@@ -204,6 +226,7 @@ pub(super) fn placeholder_entry(rec: &SessionRecord) -> Entry {
         plan: None,
         recovering: true,
         first_start: false,
+        reviving: false,
     }
 }
 
@@ -219,5 +242,56 @@ pub(super) fn placeholder_profile(rec: &SessionRecord) -> AgentProfile {
         protocol: rec.protocol,
         framing: Default::default(),
         auth_method: None,
+    }
+}
+
+/// Answers a revive once its agent is ready (or why it is not), and audits
+/// the outcome in the reviver's name: a revive that failed is not recorded
+/// as one that happened.
+fn answer_when_revived(
+    store: Arc<dyn SessionStore>,
+    record: SessionRecord,
+    ready: oneshot::Receiver<Result<(), StartError>>,
+    reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
+    by: String,
+) {
+    tokio::spawn(async move {
+        let id = record.id.clone();
+        let outcome = match ready.await {
+            Ok(Ok(())) => Ok(super::starting::stored(&*store, record).await),
+            Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
+            Err(_) => Err(super::starting::stopped_before_ready()),
+        };
+        let audited = outcome.as_ref().map(|_| ()).map_err(ToString::to_string);
+        revive_audit(
+            &*store,
+            &id,
+            &by,
+            audited.as_ref().map(|_| ()).map_err(String::as_str),
+        )
+        .await;
+        let _ = reply.send(outcome);
+    });
+}
+
+/// `session.revived`, or `session.revive_failed` with why, by `by`.
+async fn revive_audit(
+    store: &dyn SessionStore,
+    id: &SessionId,
+    by: &str,
+    outcome: Result<(), &str>,
+) {
+    let (action, detail) = match outcome {
+        Ok(()) => ("session.revived", json!({})),
+        Err(why) => ("session.revive_failed", json!({"error": why})),
+    };
+    let entry = AuditEntry {
+        session_id: Some(id.clone()),
+        actor: by.to_owned(),
+        action: action.to_owned(),
+        detail,
+    };
+    if let Err(e) = store.audit(&entry).await {
+        tracing::error!(session = %id, "audit write failed: {e}");
     }
 }

@@ -64,6 +64,18 @@ impl SupervisorState {
             SessionExit::StartFailed(err) if entry.recovering => {
                 self.not_resumed(&id, &err).await;
             }
+            SessionExit::StartFailed(err) if entry.reviving => {
+                // Not a crash of a running session: it ends as it was, by
+                // idle timeout, and can be revived once the cause is fixed.
+                tracing::info!(session = %id, "revive failed: {err}");
+                self.end_session(&id, SessionStatus::Completed, "idle_timeout")
+                    .await;
+                self.notice(
+                    &id,
+                    NoticeLevel::Warning,
+                    format!("Could not revive this session: {err}. It stays ended by idle timeout; fix the cause and revive it again, or start a new one."),
+                );
+            }
             SessionExit::StartFailed(err) => {
                 let plan = entry.plan.clone().unwrap_or_default();
                 self.maybe_restart(id, err.to_string(), plan).await;
@@ -75,6 +87,7 @@ impl SupervisorState {
                 mid_turn,
             } => {
                 entry.first_start = false;
+                entry.reviving = false;
                 let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.restart_on_request(id, by, plan).await;
             }
@@ -85,6 +98,7 @@ impl SupervisorState {
                 mid_turn,
             } => {
                 entry.first_start = false;
+                entry.reviving = false;
                 let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.maybe_restart(id, reason, plan).await;
             }

@@ -307,7 +307,7 @@ async fn first_handshake(
 
 /// The session's row as stored now (the handshake filled it in), or
 /// `record` when it cannot be read.
-async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecord {
+pub(super) async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecord {
     match store.get_session(&record.id).await {
         Ok(Some(rec)) => rec,
         _ => record,
@@ -315,7 +315,7 @@ async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecor
 }
 
 /// The answer to a start whose session stopped during its handshake.
-fn stopped_before_ready() -> SupervisorError {
+pub(super) fn stopped_before_ready() -> SupervisorError {
     SupervisorError::StartFailed(StartError::Spawn(
         "the session stopped before its agent was ready".into(),
     ))
