@@ -25,7 +25,7 @@ pub enum StartError {
         stderr: String,
     },
     /// The agent exited during startup.
-    #[error("agent `{agent}` exited during startup ({exit}); stderr: {stderr}")]
+    #[error("agent `{agent}` exited during startup ({exit}){}", stderr_suffix(.stderr))]
     Exited {
         /// Profile.
         agent: String,
@@ -123,5 +123,29 @@ impl From<StoreError> for SessionError {
             }
             other => SessionError::Storage(other.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_that_wrote_nothing_is_not_shown_with_an_empty_stderr() {
+        let silent = StartError::Exited {
+            agent: "a".into(),
+            exit: "exit code 3".into(),
+            stderr: String::new(),
+        };
+        assert_eq!(
+            silent.to_string(),
+            "agent `a` exited during startup (exit code 3); it wrote nothing to stderr"
+        );
+        let loud = StartError::Exited {
+            agent: "a".into(),
+            exit: "exit code 3".into(),
+            stderr: "no API key".into(),
+        };
+        assert!(loud.to_string().ends_with("; stderr: no API key"), "{loud}");
     }
 }
