@@ -281,6 +281,9 @@ def walk(server, page):
         assert page.evaluate("window.__xss === undefined"), "diff text ran as script"
         expect(page.locator(".plan li")).to_have_count(2, timeout=WAIT_MS)
         assert page.locator("details.thought[open]").count() == 0, "thoughts start collapsed"
+        # A running session: its controls, and no Revive.
+        expect(page.locator('button[data-control="cancel"]')).to_be_visible()
+        expect(page.locator('button[data-control="revive"]')).to_be_hidden()
         shot(page, "session.png")
 
     def steer_while_the_turn_runs():
@@ -414,12 +417,13 @@ def walk(server, page):
         expect(page.locator(".session-head")).to_contain_text("cancelled", timeout=WAIT_MS)
         expect(page.locator(".transcript")).to_contain_text("selected reject-once")
 
-    def revive_says_why_a_stopped_session_stays_stopped():
-        # Only a session that ended by idle timeout comes back; this one was
-        # stopped by the shutdown, and the button says so.
-        page.click('button[data-control="revive"]')
-        expect(page.locator("#toast")).to_contain_text("only sessions ended by idle timeout", timeout=WAIT_MS)
+    def controls_follow_the_sessions_state():
+        # Stopped by the shutdown: nothing of a running session's controls,
+        # and no Revive (only a session that ended by idle timeout comes back).
         expect(page.locator(".session-head")).to_contain_text("cancelled")
+        expect(page.locator('button[data-control="cancel"]')).to_be_hidden(timeout=WAIT_MS)
+        expect(page.locator('button[data-control="restart"]')).to_be_hidden()
+        expect(page.locator('button[data-control="revive"]')).to_be_hidden()
 
     for name, fn in [
         ("log in with the printed one-time link", login),
@@ -436,7 +440,7 @@ def walk(server, page):
         ("a forged diff stays one file; a bidi title shows its override", a_forged_diff_and_a_bidi_title_show_as_they_are),
         ("a buried plan and earlier entries stay reachable", a_buried_plan_and_earlier_entries_stay_reachable),
         ("the page recovers after the server restarts", recovers_after_restart),
-        ("revive says why a stopped session stays stopped", revive_says_why_a_stopped_session_stays_stopped),
+        ("the controls follow the session's state", controls_follow_the_sessions_state),
     ]:
         check(name, fn)
 

@@ -439,6 +439,13 @@
           d.live ? h('span', {}, d.live.turn_running ? 'turn running' : 'idle') : null,
           d.live && d.live.queued_prompts ? h('span', {}, d.live.queued_prompts + ' queued') : null,
           h('span', { class: 'muted' }, id)));
+      // Only what can be done now: controls of a running session while it
+      // runs, Revive once it ended by idle timeout.
+      const live = ['starting', 'active', 'stalled'].includes(d.status);
+      const revivable = d.status === 'completed' && d.status_reason === 'idle_timeout';
+      for (const b of root.querySelectorAll('button.control')) {
+        b.hidden = b.dataset.control === 'revive' ? !revivable : !live;
+      }
     }
 
     function drawPending(pending) {
