@@ -372,10 +372,11 @@ impl AgentChild {
             events(ChildEvent::Exited { code, signal });
         });
 
-        live_groups().insert(pid);
+        let started = start_time(pid);
+        live_groups().insert(pid, started);
         Ok(AgentChild {
             pid,
-            started: start_time(pid),
+            started,
             writer: tx,
             stderr: tail,
         })
@@ -450,28 +451,36 @@ impl Drop for AgentChild {
 /// start found them. [`kill_every_agent_group`] is what that exit still
 /// does. A plain set behind a lock: the exit path is synchronous and has no
 /// actor left to ask.
-static LIVE_GROUPS: Mutex<std::collections::BTreeSet<i32>> =
-    Mutex::new(std::collections::BTreeSet::new());
+/// Each group by its leader's pid, with the leader's start time.
+static LIVE_GROUPS: Mutex<std::collections::BTreeMap<i32, Option<u64>>> =
+    Mutex::new(std::collections::BTreeMap::new());
 
-fn live_groups() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<i32>> {
+fn live_groups() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<i32, Option<u64>>> {
     LIVE_GROUPS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// SIGKILLs the process group of every agent this process runs (for an
-/// immediate exit); returns how many groups it signalled.
+/// immediate exit), never a group whose id a recycled pid took over (see
+/// [`kill_orphan_group`]); returns how many groups it signalled.
 pub fn kill_every_agent_group() -> usize {
     let groups = live_groups();
-    for &pgid in groups.iter() {
-        signal_group(pgid, libc::SIGKILL);
-    }
-    groups.len()
+    groups
+        .iter()
+        .filter(|&(&pgid, &started)| match started {
+            Some(started) => kill_orphan_group(pgid, started),
+            None => {
+                signal_group(pgid, libc::SIGKILL);
+                true
+            }
+        })
+        .count()
 }
 
 /// Whether `pid` is the group of an agent this process runs now.
 pub fn is_live_agent_group(pid: i32) -> bool {
-    live_groups().contains(&pid)
+    live_groups().contains_key(&pid)
 }
 
 /// Sends `signal` to process group `pgid` (ignoring "no such process").
