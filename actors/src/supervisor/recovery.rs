@@ -181,7 +181,9 @@ impl SupervisorState {
             return Err(SupervisorError::ShuttingDown);
         }
         if self.sessions.contains_key(id) {
-            return refuse(format!("session {id} is still live"));
+            return refuse(format!(
+                "session {id} is still live; a session comes back only once it has ended by idle timeout (one ending now can be revived when it has ended)"
+            ));
         }
         let record = match self.args.store.get_session(id).await {
             Ok(Some(r)) => r,
