@@ -492,6 +492,19 @@ pub struct SessionRecord {
     pub last_activity_at: i64,
 }
 
+/// The `status_reason` of a session ended by idle timeout (`completed`):
+/// the one kind of ended session that can be revived.
+pub const IDLE_TIMEOUT: &str = "idle_timeout";
+
+impl SessionRecord {
+    /// Ended by idle timeout, and so revivable (an explicit stop, a crash,
+    /// an interruption stay ended).
+    pub fn ended_by_idle_timeout(&self) -> bool {
+        self.status == SessionStatus::Completed
+            && self.status_reason.as_deref() == Some(IDLE_TIMEOUT)
+    }
+}
+
 /// One transcript line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TranscriptEntry {

@@ -73,9 +73,7 @@ impl AppError {
     /// that ended by idle timeout can be revived).
     pub(super) fn ended(record: &SessionRecord) -> Self {
         let status = record.status;
-        if status == SessionStatus::Completed
-            && record.status_reason.as_deref() == Some("idle_timeout")
-        {
+        if record.ended_by_idle_timeout() {
             let id = &record.id;
             return Self::conflict_status(
                 status,

@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use intercom_actors::gateway::GatewayMsg;
-use intercom_actors::model::{AuditEntry, RequestStatus, SessionId, SessionRecord, SessionStatus};
+use intercom_actors::model::{AuditEntry, RequestStatus, SessionId, SessionRecord};
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::ApprovalMode;
@@ -51,7 +51,7 @@ use crate::root::Current;
 mod thread_replies;
 
 use thread_replies::on_event;
-pub use thread_replies::{reject_reason, revivable};
+pub use thread_replies::reject_reason;
 
 const CLICKS_IN_FLIGHT: usize = 64;
 

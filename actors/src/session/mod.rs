@@ -202,7 +202,7 @@ impl StopCause {
     fn final_status(&self) -> (SessionStatus, &'static str) {
         match self {
             StopCause::Operator => (SessionStatus::Cancelled, "stopped by operator"),
-            StopCause::IdleTimeout => (SessionStatus::Completed, "idle_timeout"),
+            StopCause::IdleTimeout => (SessionStatus::Completed, crate::model::IDLE_TIMEOUT),
             StopCause::Shutdown => (SessionStatus::Cancelled, "server_shutdown"),
             StopCause::Disconnected => (SessionStatus::Completed, "client_disconnected"),
             StopCause::AgentFinished => (SessionStatus::Completed, "agent_finished"),

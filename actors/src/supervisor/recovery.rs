@@ -162,7 +162,11 @@ impl SupervisorState {
             }
             Err(err) => {
                 let _ = store
-                    .set_status(&id, SessionStatus::Completed, Some("idle_timeout"))
+                    .set_status(
+                        &id,
+                        SessionStatus::Completed,
+                        Some(crate::model::IDLE_TIMEOUT),
+                    )
                     .await;
                 revive_audit(&*store, &id, &caller.id, Err(&err.to_string())).await;
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
@@ -190,9 +194,7 @@ impl SupervisorState {
             Ok(None) => return refuse(format!("no session {id}")),
             Err(e) => return Err(SupervisorError::Storage(e.to_string())),
         };
-        let idle_ended = record.status == SessionStatus::Completed
-            && record.status_reason.as_deref() == Some("idle_timeout");
-        if !idle_ended {
+        if !record.ended_by_idle_timeout() {
             return refuse(format!(
                 "session {id} is {} ({}); only sessions ended by idle timeout come back — start a new one",
                 record.status,

@@ -68,7 +68,7 @@ impl SupervisorState {
                 // Not a crash of a running session: it ends as it was, by
                 // idle timeout, and can be revived once the cause is fixed.
                 tracing::info!(session = %id, "revive failed: {err}");
-                self.end_session(&id, SessionStatus::Completed, "idle_timeout")
+                self.end_session(&id, SessionStatus::Completed, crate::model::IDLE_TIMEOUT)
                     .await;
                 self.notice(
                     &id,

@@ -132,18 +132,13 @@ async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, 
     }
 }
 
-/// Whether a session ended by idle timeout (and so may be revived).
-pub fn revivable(rec: &SessionRecord) -> bool {
-    rec.status == SessionStatus::Completed && rec.status_reason.as_deref() == Some("idle_timeout")
-}
-
 /// A reply in the thread of a session without a running agent: revives it
 /// when it ended by idle timeout, else says why nothing happened.
 async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldReply) {
     let Ok(Some(rec)) = ctx.store.session_by_thread(&reply.channel, thread_ts).await else {
         return; // Not one of ours (or the store failed: nothing to act on).
     };
-    if revivable(&rec) && reject_reason(&held.text).is_none() {
+    if rec.ended_by_idle_timeout() && reject_reason(&held.text).is_none() {
         if let Err(e) = ctx.may_act(&rec.id, &reply.user, "revive").await {
             reply.send(ctx, render::problem(&e));
             return;
