@@ -168,7 +168,7 @@ impl SupervisorState {
                         Some(crate::model::IDLE_TIMEOUT),
                     )
                     .await;
-                revive_audit(&*store, &id, &caller.id, Err(&err.to_string())).await;
+                revive_audit(&*store, &id, &caller.id, Some(&err.to_string())).await;
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
             }
         }
@@ -261,33 +261,19 @@ fn answer_when_revived(
 ) {
     tokio::spawn(async move {
         let id = record.id.clone();
-        let outcome = match ready.await {
-            Ok(Ok(())) => Ok(super::starting::stored(&*store, record).await),
-            Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
-            Err(_) => Err(super::starting::stopped_before_ready()),
-        };
-        let audited = outcome.as_ref().map(|_| ()).map_err(ToString::to_string);
-        revive_audit(
-            &*store,
-            &id,
-            &by,
-            audited.as_ref().map(|_| ()).map_err(String::as_str),
-        )
-        .await;
+        let outcome = super::starting::when_ready(&*store, record, ready).await;
+        let failed = outcome.as_ref().err().map(ToString::to_string);
+        revive_audit(&*store, &id, &by, failed.as_deref()).await;
         let _ = reply.send(outcome);
     });
 }
 
-/// `session.revived`, or `session.revive_failed` with why, by `by`.
-async fn revive_audit(
-    store: &dyn SessionStore,
-    id: &SessionId,
-    by: &str,
-    outcome: Result<(), &str>,
-) {
-    let (action, detail) = match outcome {
-        Ok(()) => ("session.revived", json!({})),
-        Err(why) => ("session.revive_failed", json!({"error": why})),
+/// `session.revived`, or `session.revive_failed` with why it `failed`, by
+/// `by`.
+async fn revive_audit(store: &dyn SessionStore, id: &SessionId, by: &str, failed: Option<&str>) {
+    let (action, detail) = match failed {
+        None => ("session.revived", json!({})),
+        Some(why) => ("session.revive_failed", json!({"error": why})),
     };
     let entry = AuditEntry {
         session_id: Some(id.clone()),

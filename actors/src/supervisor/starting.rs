@@ -307,7 +307,7 @@ async fn first_handshake(
 
 /// The session's row as stored now (the handshake filled it in), or
 /// `record` when it cannot be read.
-pub(super) async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecord {
+async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecord {
     match store.get_session(&record.id).await {
         Ok(Some(rec)) => rec,
         _ => record,
@@ -315,7 +315,7 @@ pub(super) async fn stored(store: &dyn SessionStore, record: SessionRecord) -> S
 }
 
 /// The answer to a start whose session stopped during its handshake.
-pub(super) fn stopped_before_ready() -> SupervisorError {
+fn stopped_before_ready() -> SupervisorError {
     SupervisorError::StartFailed(StartError::Spawn(
         "the session stopped before its agent was ready".into(),
     ))
@@ -362,11 +362,19 @@ pub(super) fn answer_when_ready(
     reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
 ) {
     tokio::spawn(async move {
-        let outcome = match ready.await {
-            Ok(Ok(())) => Ok(stored(&*store, record).await),
-            Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
-            Err(_) => Err(stopped_before_ready()),
-        };
-        let _ = reply.send(outcome);
+        let _ = reply.send(when_ready(&*store, record, ready).await);
     });
+}
+
+/// The stored record once the handshake finished, or why it did not.
+pub(super) async fn when_ready(
+    store: &dyn SessionStore,
+    record: SessionRecord,
+    ready: oneshot::Receiver<Result<(), StartError>>,
+) -> Result<SessionRecord, SupervisorError> {
+    match ready.await {
+        Ok(Ok(())) => Ok(stored(store, record).await),
+        Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
+        Err(_) => Err(stopped_before_ready()),
+    }
 }
