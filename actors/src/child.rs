@@ -449,9 +449,9 @@ impl Drop for AgentChild {
 /// Why: a server told to exit at once (a second SIGINT/SIGTERM) skips every
 /// session's stop, and its agents would run on unsupervised until the next
 /// start found them. [`kill_every_agent_group`] is what that exit still
-/// does. A plain set behind a lock: the exit path is synchronous and has no
-/// actor left to ask.
-/// Each group by its leader's pid, with the leader's start time.
+/// does. A plain map behind a lock: the exit path is synchronous and has no
+/// actor left to ask. Each group by its leader's pid, with the leader's
+/// start time.
 static LIVE_GROUPS: Mutex<std::collections::BTreeMap<i32, Option<u64>>> =
     Mutex::new(std::collections::BTreeMap::new());
 

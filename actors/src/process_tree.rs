@@ -211,21 +211,19 @@ impl Scans {
     }
 }
 
-/// Reads the parent of every process in `/proc` (a process that is gone by
-/// the time it is read is left out).
+/// Reads the parent of every process in `/proc`.
 fn scan() -> Children {
     let mut children: Children = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return children;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        if let Some(ppid) = parent_of(pid) {
+    each_stat(|pid, fields| {
+        // Field 4: the parent.
+        if let Some(ppid) = fields
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+        {
             children.entry(ppid).or_default().push(pid);
         }
-    }
+    });
     children
 }
 
@@ -233,24 +231,8 @@ fn scan() -> Children {
 /// not a zombie (`/proc/<pid>/stat`: state, field 3; group, field 5).
 pub fn groups_with_running_members(pgids: &[i32]) -> Vec<i32> {
     let mut running = HashSet::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
+    each_stat(|_, fields| {
+        let mut fields = fields.split_whitespace();
         let state = fields.next();
         let group = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
         if let Some(g) = group.filter(|g| pgids.contains(g))
@@ -258,7 +240,7 @@ pub fn groups_with_running_members(pgids: &[i32]) -> Vec<i32> {
         {
             running.insert(g);
         }
-    }
+    });
     pgids
         .iter()
         .copied()
@@ -266,16 +248,24 @@ pub fn groups_with_running_members(pgids: &[i32]) -> Vec<i32> {
         .collect()
 }
 
-/// The parent of `pid` (`/proc/<pid>/stat` field 4), `None` when it is gone.
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which may contain spaces and ')'.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+/// Calls `f` with each process's pid and the fields of its
+/// `/proc/<pid>/stat` after the command name (which may hold spaces and
+/// ')'), from field 3 on; a process gone by the time it is read is left out.
+fn each_stat(mut f: impl FnMut(i32, &str)) {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((_, fields)) = stat.rsplit_once(')') {
+            f(pid, fields);
+        }
+    }
 }
 
 fn signal(pid: i32, sig: i32) {

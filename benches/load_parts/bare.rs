@@ -91,9 +91,9 @@ pub(super) async fn start(
     };
     let mut lines = BufReader::new(stdout).lines();
     let init = json!({"protocolVersion": 1, "clientCapabilities": {}});
-    call(&mut stdin, &mut lines, 1, "initialize", init).await?;
+    request(&mut stdin, &mut lines, 1, "initialize", init).await?;
     let new = json!({"cwd": cwd, "mcpServers": []});
-    let session = call(&mut stdin, &mut lines, 2, "session/new", new).await?;
+    let session = request(&mut stdin, &mut lines, 2, "session/new", new).await?;
     let sid = session["sessionId"].as_str().unwrap_or_default().to_owned();
     let prompt = json!({"sessionId": sid, "prompt": [{"type": "text", "text": format!("load session {i}")}]});
     send(
@@ -164,7 +164,7 @@ async fn send(stdin: &mut ChildStdin, msg: &Value) -> Result<(), String> {
 }
 
 /// Sends request `id` and returns its result (skipping anything else).
-async fn call(
+async fn request(
     stdin: &mut ChildStdin,
     lines: &mut tokio::io::Lines<BufReader<ChildStdout>>,
     id: u64,
