@@ -6,7 +6,7 @@ mod common;
 
 use agent_intercom::config::Config;
 use common::api_server::in_process::open_app;
-use common::api_server::{Served, Server, sid, with_permission};
+use common::api_server::{Served, Server, idle_ended, sid, with_permission};
 use common::{Http, Layout, Setup, until};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -656,9 +656,7 @@ fn a_session_ended_by_idle_timeout_is_revived_over_the_api() {
         ..Setup::default()
     });
     let http = &server.http;
-    let id = sid(&http.start("the task"));
-    let ended = http.until_status(&id, "completed");
-    assert_eq!(ended["status_reason"], "idle_timeout", "{ended}");
+    let id = idle_ended(http, "the task");
 
     let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
     assert_eq!(r.status, 200, "{}", r.text);
@@ -710,8 +708,7 @@ fn a_revive_that_fails_leaves_the_session_revivable() {
     std::fs::write(&layout.config, config).expect("config");
     let served = Served::on(&layout);
     let http = &served.http;
-    let id = sid(&http.start("the task"));
-    http.until_status(&id, "completed");
+    let id = idle_ended(http, "the task");
 
     // The agent cannot start now: the revive fails, and says so...
     set_agent("exit 3");

@@ -6,7 +6,7 @@ mod common;
 
 use agent_intercom::ctl::{CtlArgs, run};
 use clap::Parser;
-use common::api_server::{Server, sid};
+use common::api_server::{Server, idle_ended, sid};
 use common::{Setup, TOKEN};
 use serde_json::json;
 
@@ -59,8 +59,7 @@ fn revive_from_the_terminal() {
         ..Setup::default()
     });
     let http = &server.http;
-    let id = sid(&http.start("hello"));
-    http.until_status(&id, "completed");
+    let id = idle_ended(http, "hello");
     assert_eq!(ctl(&server, &["revive", &id]), 0);
     assert_eq!(
         http.get(&format!("/api/sessions/{id}")).body["status"],

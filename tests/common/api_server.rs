@@ -67,3 +67,12 @@ pub fn with_permission() -> Setup {
 pub fn sid(session: &Value) -> String {
     session["id"].as_str().expect("id").to_owned()
 }
+
+/// Starts a session (the server's `limits.idle_timeout_secs` set short) and
+/// waits until it ended by idle timeout; its id.
+pub fn idle_ended(http: &Http, prompt: &str) -> String {
+    let id = sid(&http.start(prompt));
+    let ended = http.until_status(&id, "completed");
+    assert_eq!(ended["status_reason"], "idle_timeout", "{ended}");
+    id
+}
