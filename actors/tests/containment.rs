@@ -90,8 +90,15 @@ async fn server_files_are_refused_audited_and_shown_even_in_auto_mode() {
 #[tokio::test]
 async fn a_permission_naming_a_server_file_is_always_asked() {
     let h = Harness::new(guarded()).await;
+    // Mode auto would allow anything else; this one waits for a human.
+    waits_for_a_human_in_mode_auto(&h, "config.toml", "Edit config").await;
+}
+
+/// An edit permission naming `location`, asked in mode auto: the operator
+/// is asked (the rules did not answer it) once the session has handled it.
+async fn waits_for_a_human_in_mode_auto(h: &Harness, location: &str, title: &str) {
     let scenario = json!({"turns": [[
-        {"permission": {"tool_call_id": "t1", "title": "Edit config", "kind": "edit", "locations": ["config.toml"]}},
+        {"permission": {"tool_call_id": "t1", "title": title, "kind": "edit", "locations": [location]}},
         {"chunk": "\ndone"}
     ]]});
     let mut req = h.request(h.profile(scenario), "go");
@@ -99,13 +106,16 @@ async fn a_permission_naming_a_server_file_is_always_asked() {
     let rec = h.start_req(req).await.expect("start");
     h.until(
         "the request",
-        |e| matches!(e, OperatorEvent::RequestOpened { request } if request.title == "Edit config"),
+        |e| matches!(e, OperatorEvent::RequestOpened { request } if request.title == title),
     )
     .await;
-    // Mode auto would allow anything else; this one waits for a human.
+    // The rules run in the same turn of the session actor that opened the
+    // request: once it answers a snapshot, they have decided or not.
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, intercom_actors::session::SessionMsg::Snapshot).expect("snapshot");
     let text = h.transcript_text(&rec.id).await;
     assert!(!text.contains("permission t1: selected"), "{text}");
-    assert_eq!(pending(&h, &rec.id).await, 1);
+    assert_eq!(pending(h, &rec.id).await, 1);
 }
 
 /// A permission naming another name of a server file (a hard link, or a
@@ -119,25 +129,7 @@ async fn a_permission_naming_a_hard_link_to_a_server_file_is_always_asked() {
     std::fs::write(h.workspace.join("data/api-token"), "s3cret\n").expect("token");
     std::fs::hard_link(h.workspace.join("data/api-token"), h.workspace.join("tok"))
         .expect("hard link");
-    let scenario = json!({"turns": [[
-        {"permission": {"tool_call_id": "t1", "title": "Edit tok", "kind": "edit", "locations": ["tok"]}},
-        {"chunk": "\ndone"}
-    ]]});
-    let mut req = h.request(h.profile(scenario), "go");
-    req.mode = Some(ApprovalMode::Auto);
-    let rec = h.start_req(req).await.expect("start");
-    h.until(
-        "the request",
-        |e| matches!(e, OperatorEvent::RequestOpened { request } if request.title == "Edit tok"),
-    )
-    .await;
-    // The rules run in the same turn of the session actor that opened the
-    // request: once it answers a snapshot, they have decided or not.
-    let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, intercom_actors::session::SessionMsg::Snapshot).expect("snapshot");
-    let text = h.transcript_text(&rec.id).await;
-    assert!(!text.contains("permission t1: selected"), "{text}");
-    assert_eq!(pending(&h, &rec.id).await, 1);
+    waits_for_a_human_in_mode_auto(&h, "tok", "Edit tok").await;
 }
 
 #[tokio::test]
