@@ -668,9 +668,13 @@ fn a_session_ended_by_idle_timeout_is_revived_over_the_api() {
         &json!({"text": "welcome back"}),
     );
     assert_eq!(r.status, 202, "{}", r.text);
-    http.until_transcript(&id, "prompt: welcome back");
+    let transcript = http.until_transcript(&id, "prompt: welcome back");
+    // Said as a revive, not as a crash restart.
+    assert!(transcript.contains("Session revived"), "{transcript}");
+    assert!(!transcript.contains("Agent restarted"), "{transcript}");
     let audit = http.get(&format!("/api/audit?session={id}"));
     assert!(audit.text.contains("session.revived"), "{}", audit.text);
+    assert!(!audit.text.contains("session.restarted"), "{}", audit.text);
 
     // A live session, a cancelled one and an unknown one do not come back.
     let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));

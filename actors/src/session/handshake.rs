@@ -273,19 +273,28 @@ impl SessionState {
             StartMode::Restart {
                 reprompt,
                 was_mid_turn,
+                revived,
                 ..
             } => {
                 let how = if resumed {
                     "resumed the agent's session"
                 } else if self.is_acp() {
                     "the agent cannot resume, so it started a fresh session"
+                } else if revived {
+                    "started the agent again"
                 } else {
                     "restarted the agent"
                 };
-                self.emit_notice(NoticeLevel::Info, &format!("Agent restarted: {how}."))
-                    .await;
-                self.audit("system", "session.restarted", json!({"resumed": resumed}))
-                    .await;
+                if revived {
+                    // The supervisor audits the revive in the reviver's name.
+                    self.emit_notice(NoticeLevel::Info, &format!("Session revived: {how}."))
+                        .await;
+                } else {
+                    self.emit_notice(NoticeLevel::Info, &format!("Agent restarted: {how}."))
+                        .await;
+                    self.audit("system", "session.restarted", json!({"resumed": resumed}))
+                        .await;
+                }
                 if !self.queue.is_empty() {
                     self.deliver_queued().await;
                 } else if was_mid_turn {

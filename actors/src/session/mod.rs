@@ -98,7 +98,8 @@ pub enum StartMode {
     },
     /// An MCP client attached: no child process, no first prompt.
     Attached,
-    /// A restart after a crash or a server restart.
+    /// A restart after a crash, an operator's restart, a server restart,
+    /// or a revive after idle timeout.
     Restart {
         /// The agent's session id to resume, when there is one.
         resume: Option<String>,
@@ -109,6 +110,9 @@ pub enum StartMode {
         /// Fail instead of starting fresh when the agent cannot resume
         /// (server restart recovery: better `interrupted` than amnesiac).
         require_resume: bool,
+        /// An operator brought back a session that ended by idle timeout
+        /// (said so to the operator; the supervisor audits the revive).
+        revived: bool,
     },
 }
 

@@ -141,6 +141,7 @@ impl SupervisorState {
             reprompt: None,
             was_mid_turn: false,
             require_resume: false,
+            revived: true,
         };
         let (tx, rx) = oneshot::channel();
         let mut fresh = record.clone();

@@ -218,6 +218,7 @@ impl SupervisorState {
             reprompt: plan.reprompt.clone(),
             was_mid_turn: plan.mid_turn,
             require_resume: plan.require_resume,
+            revived: false,
         };
         match self.spawn_session(record, profile, start, None).await {
             Ok(actor) => {
