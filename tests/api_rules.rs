@@ -57,6 +57,26 @@ fn rules_answer_matching_requests_and_can_be_removed() {
     );
     assert_eq!(bad.status, 400, "{}", bad.text);
     assert!(bad.text.contains("command_regex"), "{}", bad.text);
+    // So are scopes that could never match: a typo would look like safety.
+    let typo = http.post(
+        "/api/rules",
+        &json!({"scope": "workspace", "scope_id": "dmeo", "match": {}, "action": "deny"}),
+    );
+    assert_eq!(typo.status, 400, "{}", typo.text);
+    let error = typo.body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("unknown workspace \"dmeo\""), "{error}");
+    assert!(error.contains("configured: demo"), "{error}");
+    let nobody = http.post(
+        "/api/rules",
+        &json!({"scope": "session", "scope_id": "s-0000000000000000", "match": {}, "action": "deny"}),
+    );
+    assert_eq!(nobody.status, 400, "{}", nobody.text);
+    assert!(nobody.text.contains("no session"), "{}", nobody.text);
+    let live = http.post(
+        "/api/rules",
+        &json!({"scope": "session", "scope_id": third, "match": {"kind": "edit"}, "action": "allow"}),
+    );
+    assert_eq!(live.status, 201, "a session that exists: {}", live.text);
 }
 
 #[test]

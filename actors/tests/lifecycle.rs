@@ -724,9 +724,23 @@ async fn pause_holds_steering_and_resume_delivers_it() {
         snap.paused && !snap.turn_running && snap.queued.len() == 1,
         "{snap:?}"
     );
+    // A nudge is a prompt too: refused while paused, and nothing is sent.
+    let nudged = ractor::call!(actor, |reply| SessionMsg::Nudge {
+        caller: owner(),
+        reply
+    })
+    .expect("call");
+    assert!(
+        matches!(
+            nudged,
+            Err(intercom_actors::session::SessionError::Paused(_))
+        ),
+        "{nudged:?}"
+    );
+    assert!(!snapshot(&h, &rec.id).await.turn_running);
     let text = h.transcript_text(&rec.id).await;
     assert!(
-        !text.contains("prompt: while paused"),
+        !text.contains("prompt: while paused") && !text.contains("Nudging"),
         "delivered while paused:\n{text}"
     );
     ractor::call!(actor, |reply| SessionMsg::Resume {
@@ -736,6 +750,21 @@ async fn pause_holds_steering_and_resume_delivers_it() {
     .expect("call")
     .expect("resumed");
     h.until_transcript(&rec.id, "prompt: while paused").await;
+    // Once resumed, a nudge goes through, in the name of who asked.
+    ractor::call!(actor, |reply| SessionMsg::Nudge {
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("nudged");
+    let nudges: Vec<_> = h
+        .store
+        .audit_entries()
+        .into_iter()
+        .filter(|a| a.action == "session.nudged")
+        .collect();
+    assert_eq!(nudges.len(), 1, "{nudges:?}");
+    assert_eq!(nudges[0].actor, "U_OWNER");
     let stranger = Caller {
         id: "U_X".into(),
         operator: false,

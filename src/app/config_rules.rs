@@ -5,6 +5,7 @@
 //! with every session.
 
 use super::*;
+use intercom_actors::rules::Scope;
 
 impl App {
     /// The rules `config.toml` holds now.
@@ -121,6 +122,36 @@ impl App {
             .await;
         self.refresh_rules().await;
         Ok(())
+    }
+
+    /// Refuses a rule scope that can never match: a workspace that is not
+    /// configured (nor the directory of a path session under
+    /// `workspace_root`), or a session that does not exist. A typo in the
+    /// scope of a `deny` rule would otherwise give silent false safety; the
+    /// config loader refuses the same for rules in the file.
+    pub async fn check_rule_scope(&self, scope: &Scope) -> Result<(), AppError> {
+        match scope {
+            Scope::Global => Ok(()),
+            Scope::Workspace(id) => {
+                let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
+                    .map_err(|e| AppError::actor("workspace registry", e))?;
+                let path = std::path::Path::new(id);
+                let path_session =
+                    path.is_absolute() && path.starts_with(&map.workspace_root) && path.is_dir();
+                if map.workspaces.iter().any(|w| &w.id == id) || path_session {
+                    return Ok(());
+                }
+                let known: Vec<&str> = map.workspaces.iter().map(|w| w.id.as_str()).collect();
+                Err(AppError::BadRequest(format!(
+                    "unknown workspace {id:?}; configured: {} (or the directory of a path session under workspace_root)",
+                    known.join(", ")
+                )))
+            }
+            Scope::Session(id) => match self.inner.store.get_session(id).await? {
+                Some(_) => Ok(()),
+                None => Err(AppError::BadRequest(format!("no session {id}"))),
+            },
+        }
     }
 
     /// The configured approval mode of a workspace (`None` = ask).

@@ -150,7 +150,7 @@ impl From<SessionError> for AppError {
             SessionError::NotLive(status) => AppError::conflict_status(status, message),
             SessionError::Storage(_) => AppError::Storage(message),
             SessionError::NotOffered(_) => AppError::BadRequest(message),
-            SessionError::AgentRefused(_) => AppError::Conflict {
+            SessionError::AgentRefused(_) | SessionError::Paused(_) => AppError::Conflict {
                 message,
                 status: None,
             },

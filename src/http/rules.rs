@@ -83,6 +83,7 @@ pub async fn create(
             )));
         }
     };
+    app.check_rule_scope(&scope).await?;
     let rule = Rule {
         id: String::new(),
         scope,

@@ -113,6 +113,9 @@ pub enum SessionError {
     /// The agent answered the switch with an error.
     #[error("{0}")]
     AgentRefused(String),
+    /// The session is paused: nothing reaches the agent until it is resumed.
+    #[error("session is paused; resume it first (then {0})")]
+    Paused(&'static str),
 }
 
 impl From<StoreError> for SessionError {

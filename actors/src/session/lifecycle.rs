@@ -103,7 +103,7 @@ impl SessionState {
         if self.stall.nudges < policy.max_nudges {
             self.stall.nudges += 1;
             self.stall.last_nudge = Some(now);
-            self.nudge().await;
+            self.nudge("system").await;
         } else if self.status != SessionStatus::Stalled {
             let reason = format!("no activity after {} nudges", policy.max_nudges);
             self.set_status(SessionStatus::Stalled, "stalled", Some(&reason))

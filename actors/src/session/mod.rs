@@ -675,13 +675,7 @@ impl Actor for SessionActor {
                 let _ = reply.send(r);
             }
             SessionMsg::Nudge { caller, reply } => {
-                let r = match state.authorize(&caller, "nudge").await {
-                    Ok(()) => {
-                        state.nudge().await;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                };
+                let r = state.operator_nudge(&caller).await;
                 let _ = reply.send(r);
             }
             SessionMsg::Stop {

@@ -300,15 +300,23 @@ impl SessionState {
         self.cancel_pending(why).await;
     }
 
-    /// Nudges a stalled agent.
-    pub(super) async fn nudge(&mut self) {
+    /// An operator's nudge: refused while paused (a nudge is a prompt, and
+    /// a paused session sends the agent nothing until resumed).
+    pub(super) async fn operator_nudge(&mut self, caller: &Caller) -> Result<(), SessionError> {
+        self.authorize(caller, "nudge").await?;
+        if self.paused {
+            return Err(SessionError::Paused("nudge it"));
+        }
+        self.nudge(&caller.id).await;
+        Ok(())
+    }
+
+    /// Nudges a stalled agent, in the name of `by` (`system` for the
+    /// stall detector).
+    pub(super) async fn nudge(&mut self, by: &str) {
         let text = self.settings.stall.nudge_text.clone();
-        self.audit(
-            "system",
-            "session.nudged",
-            json!({"nudges": self.stall.nudges}),
-        )
-        .await;
+        self.audit(by, "session.nudged", json!({"nudges": self.stall.nudges}))
+            .await;
         self.emit_notice(NoticeLevel::Warning, "Nudging the agent.")
             .await;
         match self.record.protocol {
