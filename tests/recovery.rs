@@ -276,6 +276,48 @@ fn sessions_survive_a_killed_server() {
     expect_group_gone(resumed_pid, "a graceful shutdown");
 }
 
+/// An operator's pause holds steering until someone resumes: a server
+/// killed and started again must not lift it and deliver what was held.
+#[test]
+fn a_pause_outlives_a_killed_server() {
+    let port = free_port();
+    let layout = Layout::new(&setup_on(port, Vec::new()));
+    let base = format!("http://127.0.0.1:{port}");
+    let mut first = ServerProcess::spawn(&layout, "first");
+    wait_healthy(&Http::new(&base, None), &mut first);
+    let http = Http::new(&base, Some(&read_token(&layout)));
+    let a = start(&http, "scripted", "pause me");
+    http.until_pending(&a, "req-1");
+    let paused = http.post(&format!("/api/sessions/{a}/pause"), &json!({}));
+    assert_eq!(paused.status, 200, "{}", paused.text);
+    let held = http.post(
+        &format!("/api/sessions/{a}/prompt"),
+        &json!({"text": "held for later"}),
+    );
+    assert_eq!((held.status, &held.body), (202, &json!({"queued": true})));
+    let pid = agent_pid(&http, &a);
+    first.signal(libc::SIGKILL);
+    first.wait_exit();
+    expect_group_gone(pid, "the SIGKILLed server");
+
+    let mut second = ServerProcess::spawn(&layout, "second");
+    wait_healthy(&http, &mut second);
+    let text = http.until_transcript(&a, "Still paused");
+    assert!(!text.contains("prompt: held for later"), "{text}");
+    let live = http.get(&format!("/api/sessions/{a}")).body;
+    assert_eq!(live["status"], "active", "{live}");
+    assert_eq!(live["live"]["paused"], true, "{live}");
+    assert_eq!(live["live"]["queued_prompts"], 1, "{live}");
+
+    let resumed = http.post(&format!("/api/sessions/{a}/resume"), &json!({}));
+    assert_eq!(resumed.status, 200, "{}", resumed.text);
+    http.until_transcript(&a, "prompt: held for later");
+    assert_eq!(
+        http.get(&format!("/api/sessions/{a}")).body["live"]["paused"],
+        false
+    );
+}
+
 /// After a restart the session's new requests must not reuse the ids of
 /// stored ones. Ignored until the core continues request numbering after a
 /// restart: today the new actor starts again at `req-1`, the insert hits the

@@ -26,6 +26,7 @@ struct Tables {
     audit: Vec<AuditEntry>,
     modes: std::collections::HashMap<SessionId, crate::rules::ApprovalMode>,
     processes: std::collections::HashMap<SessionId, (i32, u64)>,
+    paused: std::collections::HashSet<SessionId>,
     clearances: std::collections::HashMap<String, Clearance>,
     next_id: i64,
 }
@@ -293,6 +294,20 @@ impl SessionStore for MemoryStore {
             t.steering.push((s.clone(), false));
             Ok(s)
         })
+    }
+    async fn set_paused(&self, id: &SessionId, paused: bool) -> Result<(), StoreError> {
+        self.with(|t| {
+            Self::session_mut(t, id)?;
+            if paused {
+                t.paused.insert(id.clone());
+            } else {
+                t.paused.remove(id);
+            }
+            Ok(())
+        })
+    }
+    async fn is_paused(&self, id: &SessionId) -> Result<bool, StoreError> {
+        self.with(|t| Ok(t.paused.contains(id)))
     }
     async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
         self.with(|t| {

@@ -192,6 +192,12 @@ pub trait SessionStore: Send + Sync + 'static {
             .collect())
     }
 
+    /// Records whether an operator paused the session (kept across agent
+    /// and server restarts until someone resumes it).
+    async fn set_paused(&self, id: &SessionId, paused: bool) -> Result<(), StoreError>;
+    /// Whether the session is paused.
+    async fn is_paused(&self, id: &SessionId) -> Result<bool, StoreError>;
+
     /// Queues a steering message; returns it with its id.
     async fn enqueue_steering(
         &self,

@@ -545,6 +545,28 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn set_paused(&self, id: &SessionId, paused: bool) -> Result<(), StoreError> {
+        self.write((id.clone(), paused), |(id, paused), conn| {
+            let changed = exec(
+                conn,
+                "record pause",
+                "UPDATE sessions SET paused = ? WHERE id = ?",
+                params![paused, id.0],
+            )?;
+            one_session(changed, id)
+        })
+        .await
+    }
+
+    async fn is_paused(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let paused: Option<bool> = sqlx::query_scalar("SELECT paused FROM sessions WHERE id = ?")
+            .bind(&id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend("read pause"))?;
+        Ok(paused.unwrap_or(false))
+    }
+
     async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
         let rows: Vec<SteeringRow> = sqlx::query_as(
             "SELECT id, session_id, text, author, created_at FROM steering \

@@ -295,7 +295,20 @@ impl SessionState {
                     self.audit("system", "session.restarted", json!({"resumed": resumed}))
                         .await;
                 }
-                if !self.queue.is_empty() {
+                if self.paused {
+                    // Still paused: what waits is delivered on resume, and a
+                    // cut turn is continued then.
+                    if was_mid_turn {
+                        self.resume_turn =
+                            reprompt.or(Some(self.settings.stall.nudge_text.clone()));
+                    }
+                    self.emit_notice(
+                        NoticeLevel::Info,
+                        "Still paused: steering waits until the session is resumed.",
+                    )
+                    .await;
+                    self.show_activity("paused", None);
+                } else if !self.queue.is_empty() {
                     self.deliver_queued().await;
                 } else if was_mid_turn {
                     let text = if resumed {

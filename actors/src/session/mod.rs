@@ -563,6 +563,15 @@ impl Actor for SessionActor {
     ) -> Result<SessionState, ActorProcessingErr> {
         let mut state = SessionState::new(myself.clone(), args);
         state.load_queued_steering().await;
+        // An operator's pause outlives agent and server restarts.
+        state.paused = state
+            .store
+            .is_paused(&state.record.id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!(session = %state.record.id, "reading the pause: {e}");
+                false
+            });
         state.mode = state
             .store
             .approval_mode(&state.record.id)

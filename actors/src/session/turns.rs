@@ -5,6 +5,7 @@
 //! running turn ends; "interrupt and steer" cancels the turn first. A nudge
 //! prompts an idle agent, or cancels a hung turn and re-prompts after it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Value, json};
@@ -349,6 +350,7 @@ impl SessionState {
         if self.paused {
             return Ok(());
         }
+        self.store_pause(true).await?;
         self.paused = true;
         self.resume_turn = self.turn.as_ref().map(|t| t.prompt.clone());
         if self.turn.is_some() {
@@ -361,6 +363,16 @@ impl SessionState {
         Ok(())
     }
 
+    /// Stores whether the session is paused, so that a restart keeps it;
+    /// nothing changes when it cannot be stored.
+    async fn store_pause(&mut self, paused: bool) -> Result<(), SessionError> {
+        let (store, id) = (Arc::clone(&self.store), self.id().clone());
+        self.ledger
+            .wait(async move { store.set_paused(&id, paused).await })
+            .await
+            .map_err(SessionError::from)
+    }
+
     /// Resumes: held steering is delivered in order; otherwise a turn cut by
     /// the pause is continued with the nudge text.
     pub(super) async fn resume(&mut self, caller: &Caller) -> Result<(), SessionError> {
@@ -368,6 +380,7 @@ impl SessionState {
         if !self.paused {
             return Ok(());
         }
+        self.store_pause(false).await?;
         self.paused = false;
         self.stall = Default::default();
         self.last_inbound = Instant::now();

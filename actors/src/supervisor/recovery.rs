@@ -136,6 +136,10 @@ impl SupervisorState {
         let _ = store
             .set_status(&id, SessionStatus::Starting, Some("revived"))
             .await;
+        // Brought back on purpose: it comes back working, not paused.
+        if let Err(e) = store.set_paused(&id, false).await {
+            tracing::warn!(session = %id, "clearing the pause of a revived session: {e}");
+        }
         let start = StartMode::Restart {
             resume: record.acp_session_id.clone(),
             reprompt: None,
