@@ -120,6 +120,37 @@ pub enum ParseError {
     /// JSON, but not a message shape we understand.
     #[error("not a JSON-RPC message: {0}")]
     Shape(&'static str),
+    /// A JSON-RPC batch (a top-level array), which this side does not take;
+    /// the ids of the requests in it, which each deserve an error answer.
+    #[error("a JSON-RPC batch of {len} messages; batches are not supported")]
+    Batch {
+        /// How many messages it held.
+        len: usize,
+        /// The ids of the requests among them.
+        requests: Vec<RpcId>,
+    },
+}
+
+/// At most this many requests of one batch are answered (an error each):
+/// a hostile agent's batch of thousands must not become as many writes.
+const BATCH_ANSWERS: usize = 64;
+
+/// A batch, with the ids of the requests in it (messages with a method and
+/// an id, at most [`BATCH_ANSWERS`]) so that each can be answered.
+fn batch(items: &[Value]) -> ParseError {
+    let requests = items
+        .iter()
+        .filter_map(|item| {
+            let obj = item.as_object()?;
+            obj.get("method")?;
+            parse_id(obj.get("id")?.clone()).ok()
+        })
+        .take(BATCH_ANSWERS)
+        .collect();
+    ParseError::Batch {
+        len: items.len(),
+        requests,
+    }
 }
 
 impl RpcMessage {
@@ -127,8 +158,10 @@ impl RpcMessage {
     pub fn parse(body: &[u8]) -> Result<RpcMessage, ParseError> {
         let value: Value =
             serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
-        let Value::Object(mut obj) = value else {
-            return Err(ParseError::Shape("top level is not an object"));
+        let mut obj = match value {
+            Value::Object(obj) => obj,
+            Value::Array(items) => return Err(batch(&items)),
+            _ => return Err(ParseError::Shape("top level is not an object")),
         };
         let id = match obj.remove("id") {
             None => None,
@@ -288,6 +321,30 @@ mod tests {
             b"\xff\xfe",
         ] {
             assert!(RpcMessage::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_batch_names_the_requests_to_answer() {
+        let batch = br#"[{"jsonrpc":"2.0","id":"b1","method":"x"},{"jsonrpc":"2.0","method":"note"},{"jsonrpc":"2.0","id":7,"result":1},{"jsonrpc":"2.0","id":2,"method":"y"},3]"#;
+        assert_eq!(
+            RpcMessage::parse(batch),
+            Err(ParseError::Batch {
+                len: 5,
+                requests: vec![RpcId::Str("b1".into()), RpcId::Num(2)],
+            })
+        );
+        // A hostile batch of thousands is answered at most BATCH_ANSWERS times.
+        let many: Vec<Value> = (0..10_000)
+            .map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "x"}))
+            .collect();
+        let body = serde_json::to_vec(&many).expect("json");
+        match RpcMessage::parse(&body) {
+            Err(ParseError::Batch { len, requests }) => {
+                assert_eq!(len, 10_000);
+                assert_eq!(requests.len(), BATCH_ANSWERS);
+            }
+            other => panic!("{other:?}"),
         }
     }
 

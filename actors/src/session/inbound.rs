@@ -21,7 +21,7 @@ use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::protocol::acp::{self, Update, methods};
 use crate::protocol::framing::Frame;
 use crate::protocol::intercom::DialectIn;
-use crate::protocol::jsonrpc::{RpcError, RpcId, RpcMessage, codes, truncate_for_log};
+use crate::protocol::jsonrpc::{ParseError, RpcError, RpcId, RpcMessage, codes, truncate_for_log};
 
 /// How much of a malformed line goes into the log.
 const LOG_RAW_BYTES: usize = 512;
@@ -78,6 +78,23 @@ impl SessionState {
     async fn on_frame(&mut self, body: &[u8]) {
         let msg = match RpcMessage::parse(body) {
             Ok(m) => m,
+            Err(ParseError::Batch { len, requests }) => {
+                // Answer what waits for an answer, so the agent is not left
+                // waiting for replies that never come.
+                self.warn_agent(|| {
+                    format!("agent sent a JSON-RPC batch of {len} messages; batches are not supported, each request in it was answered with an error")
+                });
+                for id in requests {
+                    self.respond(
+                        id,
+                        Err(RpcError::new(
+                            codes::INVALID_REQUEST,
+                            "JSON-RPC batches are not supported; send one message per line",
+                        )),
+                    );
+                }
+                return;
+            }
             Err(e) => {
                 self.warn_agent(|| {
                     let raw = truncate_for_log(body, LOG_RAW_BYTES);
