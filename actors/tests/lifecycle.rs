@@ -620,6 +620,33 @@ async fn prompt_timeout_is_noted_and_the_session_stays_active() {
 }
 
 #[tokio::test]
+async fn waiting_for_the_operator_does_not_count_against_the_prompt_timeout() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            prompt_timeout_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let scenario = json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "title": "gate"}},
+        {"chunk": "after the gate"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("gate", |e| matches!(e, OperatorEvent::RequestOpened { .. }))
+        .await;
+    // The operator takes longer than the timeout to decide: the condition
+    // under test is time passing, several ticks of it.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+        .await
+        .expect("decided");
+    let text = h.until_transcript(&rec.id, "after the gate").await;
+    assert!(!text.contains("has not answered the prompt"), "{text}");
+}
+
+#[tokio::test]
 async fn non_owners_cannot_act_and_operators_can() {
     let h = Harness::new(Knobs {
         operators: vec!["U_OPS".into()],

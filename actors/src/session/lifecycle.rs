@@ -64,12 +64,17 @@ impl SessionState {
     async fn check_prompt_timeout(&mut self, now: Instant) {
         let timeout = self.settings.limits.prompt_timeout();
         let Some(turn) = &mut self.turn else { return };
-        if turn.timeout_noted || now.duration_since(turn.started) < timeout {
+        if !self.pending.is_empty() {
+            // Waiting for the operator is not the agent being slow.
+            turn.agent_since = now;
+            return;
+        }
+        if turn.timeout_noted || now.duration_since(turn.agent_since) < timeout {
             return;
         }
         turn.timeout_noted = true;
         let text = format!(
-            "The agent has not answered the prompt within {} s (limits.prompt_timeout_secs); the session stays active.",
+            "The agent has not answered the prompt within {} s of its own time (limits.prompt_timeout_secs; time waiting for the operator does not count); the session stays active.",
             timeout.as_secs()
         );
         tracing::warn!(session = %self.record.id, "{text}");

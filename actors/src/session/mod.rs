@@ -409,7 +409,10 @@ struct Pending {
 struct Turn {
     rpc_id: i64,
     prompt: String,
-    started: Instant,
+    /// Since when the agent has had the turn to itself: its start, or the
+    /// last moment it waited for the operator (the prompt timeout counts
+    /// only the agent's own time).
+    agent_since: Instant,
     timeout_noted: bool,
 }
 

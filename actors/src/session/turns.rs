@@ -61,7 +61,7 @@ impl SessionState {
                         self.turn = Some(Turn {
                             rpc_id,
                             prompt: text.clone(),
-                            started: Instant::now(),
+                            agent_since: Instant::now(),
                             timeout_noted: false,
                         });
                         true
