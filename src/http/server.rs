@@ -105,10 +105,12 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
             return Err(ServeError::Recover(e));
         }
     };
+    // Resumes finish in the background (each agent's handshake); one that
+    // fails is logged and its session ends `interrupted` with the reason.
     tracing::info!(
-        resumed,
+        resuming = resumed,
         interrupted,
-        "recovered stored sessions ({resumed} resumed, {interrupted} interrupted)"
+        "recovered stored sessions ({resumed} resuming, {interrupted} interrupted)"
     );
     tracing::info!(addr = %config.server.bind, "listening on http://{}", config.server.bind);
     let mcp_shutdown = tokio_util::sync::CancellationToken::new();

@@ -19,6 +19,23 @@ use crate::settings::AgentProfile;
 /// The longest recovery waits for the previous server's agents to die.
 const ORPHANS_GONE: Duration = Duration::from_secs(2);
 
+/// The agent profile a session stored as live resumes with, or why it
+/// cannot resume.
+fn resumable_with(rec: &SessionRecord, profiles: &[AgentProfile]) -> Result<AgentProfile, String> {
+    let profile = profiles
+        .iter()
+        .find(|p| p.id == rec.agent)
+        .cloned()
+        .ok_or_else(|| format!("its agent profile `{}` is no longer configured", rec.agent))?;
+    match rec.protocol {
+        Protocol::Acp if rec.acp_session_id.is_none() => {
+            Err("the agent had not given it a session id to load".to_owned())
+        }
+        Protocol::Mcp => Err("an MCP client reconnects on its own, as a new session".to_owned()),
+        Protocol::Acp | Protocol::Intercom => Ok(profile),
+    }
+}
+
 impl SupervisorState {
     /// After a server restart: resumes each session stored as live, or marks
     /// it interrupted when it cannot be; (resumed, interrupted).
@@ -48,18 +65,16 @@ impl SupervisorState {
         // The agent process died with the old server: its open requests
         // cannot be answered any more. Say so explicitly.
         self.expire_open_requests(&id).await;
-        let profile = profiles.iter().find(|p| p.id == rec.agent).cloned();
-        let resumable = match rec.protocol {
-            Protocol::Acp => rec.acp_session_id.is_some(),
-            Protocol::Intercom => true,
-            Protocol::Mcp => false,
-        };
-        let (Some(profile), true) = (profile, resumable) else {
-            let reason = "server restarted; the session could not be resumed";
-            self.sessions.insert(id.clone(), placeholder_entry(&rec));
-            self.end_session(&id, SessionStatus::Interrupted, reason)
-                .await;
-            return false;
+        let profile = match resumable_with(&rec, profiles) {
+            Ok(profile) => profile,
+            Err(why) => {
+                let reason = format!("server restarted; the session could not be resumed: {why}");
+                tracing::warn!(session = %id, "{reason}");
+                self.sessions.insert(id.clone(), placeholder_entry(&rec));
+                self.end_session(&id, SessionStatus::Interrupted, &reason)
+                    .await;
+                return false;
+            }
         };
         let plan = RestartPlan {
             resume: rec.acp_session_id.clone(),
