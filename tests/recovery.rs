@@ -347,6 +347,10 @@ fn requests_after_a_restart_get_fresh_ids() {
 
     let mut second = ServerProcess::spawn(&layout, "second");
     wait_healthy(&http, &mut second);
+    // The agent was waiting on req-2: the transcript says it expired, and
+    // the resumed agent is asked to continue its cut turn.
+    http.until_transcript(&a, "Its open request req-2 expired");
+    http.until_transcript(&a, "Continue working on the current task");
     let r = http.post(
         &format!("/api/sessions/{a}/prompt"),
         &json!({"text": "after"}),

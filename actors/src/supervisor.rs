@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::json;
 
-use crate::model::{AuditEntry, Protocol, RequestStatus, SessionId, SessionRecord, SessionStatus};
+use crate::model::{
+    AuditEntry, MessageKind, Protocol, RequestStatus, Role, SessionId, SessionRecord, SessionStatus,
+};
 use crate::ports::{NoticeLevel, OperatorEvent, OperatorSink, SessionStore};
 use crate::session::{
     Caller, SessionError, SessionExit, SessionMsg, SessionSettings, StartError, SteerOutcome,
@@ -470,13 +472,32 @@ impl SupervisorState {
         });
     }
 
-    /// Closes the session's open requests as `expired` (nobody can answer
-    /// them any more) and tells the operator.
-    async fn expire_open_requests(&self, id: &SessionId) {
+    /// [`Self::notice`], also kept in the session's transcript (what a
+    /// reader of the session later needs to know).
+    async fn notice_kept(&self, id: &SessionId, level: NoticeLevel, text: String) {
+        let kind = match level {
+            NoticeLevel::Error => MessageKind::Error,
+            _ => MessageKind::Text,
+        };
+        if let Err(e) = self
+            .args
+            .store
+            .append_message(id, Role::System, kind, &text)
+            .await
+        {
+            tracing::warn!(session = %id, "keeping a notice in the transcript: {e}");
+        }
+        self.notice(id, level, text);
+    }
+
+    /// Expires the session's open requests (nobody can answer them any
+    /// more); returns their session-scoped ids (`req-1`, ...).
+    async fn expire_open_requests(&self, id: &SessionId) -> Vec<String> {
         let store = &self.args.store;
         let Ok(open) = store.list_requests(Some(id), true).await else {
-            return;
+            return Vec::new();
         };
+        let expired = open.iter().map(|r| r.request_id.clone()).collect();
         for r in open {
             let _ = store.close_request(&r.id, RequestStatus::Expired).await;
             self.args.sink.emit(OperatorEvent::RequestClosed {
@@ -486,6 +507,7 @@ impl SupervisorState {
                 decision: None,
             });
         }
+        expired
     }
 
     /// Marks a session ended for good and forgets it.

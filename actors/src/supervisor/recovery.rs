@@ -64,7 +64,7 @@ impl SupervisorState {
         let id = rec.id.clone();
         // The agent process died with the old server: its open requests
         // cannot be answered any more. Say so explicitly.
-        self.expire_open_requests(&id).await;
+        let expired = self.expire_open_requests(&id).await;
         let profile = match resumable_with(&rec, profiles) {
             Ok(profile) => profile,
             Err(why) => {
@@ -76,10 +76,12 @@ impl SupervisorState {
                 return false;
             }
         };
+        // An agent that was waiting on a request was mid-turn: once resumed
+        // it is asked to continue (as after a crash), not left idle.
         let plan = RestartPlan {
             resume: rec.acp_session_id.clone(),
             reprompt: None,
-            mid_turn: false,
+            mid_turn: !expired.is_empty(),
             require_resume: rec.protocol == Protocol::Acp,
         };
         let entry = Entry::recovering(profile, rec.restart_count, plan);
@@ -87,11 +89,15 @@ impl SupervisorState {
         if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
             threads::posted(&self.myself, &id, ch, ts);
         }
-        self.notice(
-            &id,
-            NoticeLevel::Info,
-            "The server restarted; resuming this session.".into(),
-        );
+        let text = if expired.is_empty() {
+            "The server restarted; resuming this session.".to_owned()
+        } else {
+            format!(
+                "The server restarted; resuming this session. Its open request {} expired (the agent that asked is gone); the agent is asked to continue its turn.",
+                expired.join(", ")
+            )
+        };
+        self.notice_kept(&id, NoticeLevel::Info, text).await;
         self.restart(id.clone()).await;
         self.sessions.get(&id).is_some_and(|e| e.actor.is_some())
     }
