@@ -198,13 +198,15 @@ impl crate::slack::RulesAdmin for App {
 }
 
 /// What the server started with and a reload cannot change: the database
-/// (and so the data directory and the files agents are kept from) and the
-/// listening address. A reload that changes them is told so, instead of a
-/// summary that reads as if they took effect.
+/// (and so the data directory and the files agents are kept from), the
+/// listening address, and the sections read once at start (`[slack]`,
+/// `[mcp]`, `[limits]`, `[stall]`, `[supervision]`). A reload that changes
+/// them is told so, instead of a summary that reads as if they took effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Fixed {
     database: std::path::PathBuf,
     bind: std::net::SocketAddr,
+    started: Config,
 }
 
 impl Fixed {
@@ -212,7 +214,23 @@ impl Fixed {
         Fixed {
             database: config.database.path.clone(),
             bind: config.server.bind,
+            started: config.clone(),
         }
+    }
+
+    /// The sections read once at start that `config` changes.
+    fn sections_changed_by(&self, config: &Config) -> Vec<&'static str> {
+        let was = &self.started;
+        [
+            ("[slack]", was.slack != config.slack),
+            ("[mcp]", was.mcp != config.mcp),
+            ("[limits]", was.limits != config.limits),
+            ("[stall]", was.stall != config.stall),
+            ("[supervision]", was.supervision != config.supervision),
+        ]
+        .into_iter()
+        .filter_map(|(name, changed)| changed.then_some(name))
+        .collect()
     }
 
     /// Warnings for each fixed setting `config` changes.
@@ -229,6 +247,11 @@ impl Fixed {
             out.push(format!(
                 "[server] bind changed to {}; that takes a restart: the server still listens on {}",
                 config.server.bind, self.bind
+            ));
+        }
+        for section in self.sections_changed_by(config) {
+            out.push(format!(
+                "{section} changed; that takes a restart: the server keeps the values it started with until then"
             ));
         }
         out
@@ -254,5 +277,34 @@ mod tests {
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(warnings[0].contains("takes a restart") && warnings[0].contains("still uses"));
         assert!(warnings[1].contains("still listens on"));
+    }
+
+    #[test]
+    fn a_reload_that_changes_a_section_read_at_start_says_it_takes_a_restart() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let started =
+            Config::from_toml_str("[limits]\nmax_sessions = 20\n", dir.path()).expect("config");
+        let fixed = Fixed::of(&started);
+        let lowered = Config::from_toml_str(
+            "[limits]\nmax_sessions = 3\n[stall]\ninactivity_secs = 0\n",
+            dir.path(),
+        )
+        .expect("config");
+        let warnings = fixed.changed_by(&lowered);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].starts_with("[limits] changed; that takes a restart"));
+        assert!(warnings[1].starts_with("[stall] changed"));
+        // Workspaces, agents and rules reload: no warning for them.
+        let more = Config::from_toml_str(
+            "[limits]\nmax_sessions = 20\n[[rule]]\naction = \"deny\"\nkind = \"execute\"\n",
+            dir.path(),
+        )
+        .expect("config");
+        assert_eq!(more.rules.len(), 1);
+        assert!(
+            fixed.changed_by(&more).is_empty(),
+            "{:?}",
+            fixed.changed_by(&more)
+        );
     }
 }
