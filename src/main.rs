@@ -67,7 +67,11 @@ fn run_serve(config: Option<PathBuf>, log_format: LogFormat) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(ServeOptions { config })) {
+    let outcome = runtime.block_on(serve(ServeOptions { config }));
+    // Everything the server owns has stopped by now; a blocking task still
+    // running (a file call past its timeout) must not hold the exit.
+    runtime.shutdown_timeout(BLOCKING_AT_EXIT);
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -75,6 +79,9 @@ fn run_serve(config: Option<PathBuf>, log_format: LogFormat) -> ExitCode {
         }
     }
 }
+
+/// The longest the process waits at exit for blocking tasks still running.
+const BLOCKING_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Each agent holds three pipes and a pidfd: raise the soft open-file limit
 /// to the hard one so hundreds of sessions do not run out of descriptors.

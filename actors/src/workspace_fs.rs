@@ -121,6 +121,18 @@ pub enum FsError {
         /// The cap.
         max: usize,
     },
+    /// The requested line lies too far into the file to scan for.
+    #[error(
+        "line {line} of {path} is not within its first {scanned} bytes; read a file this large from a tool that can seek"
+    )]
+    LineTooFar {
+        /// What the agent sent.
+        path: String,
+        /// The line asked for.
+        line: u32,
+        /// How far the scan went.
+        scanned: u64,
+    },
     /// The file does not exist.
     #[error("{path} does not exist")]
     NotFound {
@@ -453,6 +465,11 @@ impl WorkspaceFs {
                 path: requested.to_owned(),
                 max: max_bytes,
             },
+            RangeError::LineTooFar => FsError::LineTooFar {
+                path: requested.to_owned(),
+                line: line.unwrap_or(1),
+                scanned: SKIP_SCAN_BYTES,
+            },
             RangeError::Io(e) => FsError::Io {
                 action: "read",
                 path: requested.to_owned(),
@@ -685,35 +702,59 @@ fn regular_only(requested: &str, meta: &std::fs::Metadata) -> Result<(), FsError
 
 enum RangeError {
     TooLarge,
+    /// `line` was not reached within [`SKIP_SCAN_BYTES`].
+    LineTooFar,
     Io(std::io::Error),
 }
 
+/// The most a read scans to reach its first `line`. Without a bound, a
+/// hostile agent's sparse file of a terabyte of zeros (`truncate -s 1T`)
+/// kept a blocking thread scanning long after the read's timeout answered,
+/// one more per read. 256 MiB scan in well under a second from the page
+/// cache.
+const SKIP_SCAN_BYTES: u64 = 256 << 20;
+
 /// Reads lines `line`.. (1-based) for `limit` lines, or the whole file, and
-/// never buffers more than `max_bytes` of output; skipped lines are scanned,
-/// not kept, and reading stops once `limit` lines are in.
+/// never buffers more than `max_bytes` of output; skipped lines are scanned
+/// (at most [`SKIP_SCAN_BYTES`] of them), not kept, and reading stops once
+/// `limit` lines are in.
 fn read_range(
     file: impl Read,
     line: Option<u32>,
     limit: Option<u32>,
     max_bytes: usize,
 ) -> Result<String, RangeError> {
+    read_range_within(file, line, limit, max_bytes, SKIP_SCAN_BYTES)
+}
+
+/// [`read_range`] scanning at most `scan` bytes to reach `line`.
+fn read_range_within(
+    file: impl Read,
+    line: Option<u32>,
+    limit: Option<u32>,
+    max_bytes: usize,
+    scan: u64,
+) -> Result<String, RangeError> {
     let mut reader = BufReader::with_capacity(64 * 1024, file);
     let mut skip = line.unwrap_or(1).saturating_sub(1);
+    let mut scanned: u64 = 0;
     while skip > 0 {
+        if scanned >= scan {
+            return Err(RangeError::LineTooFar);
+        }
         let buf = reader.fill_buf().map_err(RangeError::Io)?;
         if buf.is_empty() {
             return Ok(String::new());
         }
-        match buf.iter().position(|b| *b == b'\n') {
+        let n = match buf.iter().position(|b| *b == b'\n') {
             Some(i) => {
-                reader.consume(i + 1);
                 skip -= 1;
+                i + 1
             }
-            None => {
-                let n = buf.len();
-                reader.consume(n);
-            }
-        }
+            None => buf.len(),
+        };
+        reader.consume(n);
+        scanned += n as u64;
     }
     let mut left = limit.map_or(u64::MAX, u64::from);
     let mut out = Vec::new();

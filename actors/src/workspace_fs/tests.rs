@@ -231,6 +231,37 @@ fn a_few_lines_of_a_huge_file_read_only_what_is_needed() {
 }
 
 #[test]
+fn reaching_a_line_scans_a_bounded_amount_of_a_file_without_newlines() {
+    // An endless file of zeros (a hostile agent's `truncate -s 1T`): the
+    // scan for line 2 stops at its bound instead of running for good.
+    struct Zeros<'a>(&'a mut u64);
+    impl Read for Zeros<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            buf.fill(0);
+            *self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+    }
+    let mut pulled = 0u64;
+    let scan = 4 << 20;
+    let r = read_range_within(Zeros(&mut pulled), Some(2), Some(1), MAX, scan);
+    assert!(matches!(r, Err(RangeError::LineTooFar)));
+    assert!(pulled <= scan + (64 << 10), "scanned {pulled} bytes");
+
+    // Through the workspace, with the real bound, on a sparse file.
+    let f = fixture();
+    let sparse = std::fs::File::create(f.root.join("sparse.bin")).expect("sparse");
+    sparse.set_len(1 << 40).expect("a 1 TiB sparse file");
+    let ws = open(&f, ServerFiles::default());
+    match ws.read("sparse.bin", Some(2), Some(1), MAX) {
+        Err(e @ FsError::LineTooFar { line: 2, .. }) => {
+            assert!(e.to_string().contains("line 2 of sparse.bin"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn server_files_are_refused_by_path_by_directory_and_by_inode() {
     let f = fixture();
     std::fs::create_dir(f.root.join("data")).expect("data");
