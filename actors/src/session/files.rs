@@ -1,8 +1,11 @@
 //! `fs/read_text_file` and `fs/write_text_file`: the agent's file access,
 //! served through the session's workspace handle ([`crate::workspace_fs`]).
 //!
-//! Reads are answered at once (inside the workspace, regular files only,
-//! bounded). Writes become `file_write` requests carrying the diff; the file
+//! Reads are answered without asking (inside the workspace, regular files
+//! only, bounded), and run off the actor: a slow file (a hung filesystem, a
+//! huge one) never holds the session's decisions, steering or stop; at most
+//! [`READS_IN_FLIGHT`] run at once, past that a read is refused at once.
+//! Writes become `file_write` requests carrying the diff; the file
 //! is written only after approval, re-resolved at that moment. All file I/O
 //! runs on the blocking pool with a timeout, so a hung filesystem costs
 //! this session a few seconds, never an async worker. Attempts at what the
@@ -54,14 +57,40 @@ impl SessionState {
             Err(e) => return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
         };
         let path = path.display().to_string();
-        let max = self.settings.limits.max_read_bytes;
-        let result = match self.workspace() {
-            Ok(ws) => {
-                let p = path.clone();
-                on_blocking_pool(ws, "read", &path, move |ws| ws.read(&p, line, limit, max)).await
-            }
-            Err(e) => Err(e),
+        if self.reads_in_flight >= READS_IN_FLIGHT {
+            let text = format!(
+                "{READS_IN_FLIGHT} file reads of this session are already running; wait for their answers"
+            );
+            return self.respond(id, Err(RpcError::new(codes::INTERNAL_ERROR, text)));
+        }
+        let ws = match self.workspace() {
+            Ok(ws) => ws,
+            Err(e) => return self.fs_read_done_now(id, path, Err(e)).await,
         };
+        let max = self.settings.limits.max_read_bytes;
+        self.reads_in_flight += 1;
+        let me = self.myself.clone();
+        tokio::spawn(async move {
+            let p = path.clone();
+            let result =
+                on_blocking_pool(ws, "read", &path, move |ws| ws.read(&p, line, limit, max)).await;
+            // A session that ended meanwhile has nobody left to answer.
+            let _ = me.send_message(super::SessionMsg::FileRead { id, path, result });
+        });
+    }
+
+    /// A read that ran off the actor finished: answer the agent.
+    pub(super) async fn fs_read_done(
+        &mut self,
+        id: RpcId,
+        path: String,
+        result: Result<String, FsError>,
+    ) {
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        self.fs_read_done_now(id, path, result).await;
+    }
+
+    async fn fs_read_done_now(&mut self, id: RpcId, path: String, result: Result<String, FsError>) {
         match result {
             Ok(content) => self.respond(id, Ok(acp::fs_read_result(content))),
             Err(e) => {
@@ -170,6 +199,12 @@ impl SessionState {
         self.emit_notice(NoticeLevel::Warning, &text).await;
     }
 }
+
+/// At most this many of one session's file reads run at once. Agents wait
+/// for each read's answer (Claude Code and Gemini CLI read one file at a
+/// time); a hostile one sending reads without waiting gets an error for each
+/// past this instead of a blocking thread.
+pub(super) const READS_IN_FLIGHT: usize = 8;
 
 /// The longest path (or refusal reason, which names it) shown to the
 /// operator for a refused file call, in bytes.

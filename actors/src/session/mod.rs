@@ -231,6 +231,16 @@ pub enum SessionMsg {
         /// The whole text block.
         text: String,
     },
+    /// One of the agent's file reads finished (it ran off the actor, so a
+    /// slow file never holds decisions, steering or a stop).
+    FileRead {
+        /// The agent's request.
+        id: crate::protocol::jsonrpc::RpcId,
+        /// The path the agent named.
+        path: String,
+        /// The content, or why not.
+        result: Result<String, crate::workspace_fs::FsError>,
+    },
     /// The startup deadline passed.
     StartupDeadline,
     /// Escalate a stop: 0 = SIGTERM, 1 = SIGKILL.
@@ -533,6 +543,9 @@ pub struct SessionState {
     refusals: noise::NoiseLog,
     /// The rate limit of notices about automatic decisions.
     auto_notices: noise::NoiseLog,
+    /// The agent's file reads running off the actor (answered by
+    /// [`SessionMsg::FileRead`]); bounded by `files::READS_IN_FLIGHT`.
+    reads_in_flight: usize,
     /// Tool calls changed while flooded, persisted on the next tick.
     dirty_tools: HashSet<String>,
     /// The latest plan while flooded, persisted on the next tick.
@@ -652,6 +665,9 @@ impl Actor for SessionActor {
             SessionMsg::Tick => state.on_tick().await,
             SessionMsg::TextNotStored { message_id, text } => {
                 state.unstored_text.push((message_id, text));
+            }
+            SessionMsg::FileRead { id, path, result } => {
+                state.fs_read_done(id, path, result).await;
             }
             SessionMsg::StartupDeadline => state.on_startup_deadline().await,
             SessionMsg::KillDue(stage) => state.on_kill_due(stage),

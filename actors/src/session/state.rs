@@ -76,6 +76,7 @@ impl SessionState {
             noise: noise::NoiseLog::new(now),
             refusals: noise::NoiseLog::new(now),
             auto_notices: noise::NoiseLog::new(now),
+            reads_in_flight: 0,
             dirty_tools: HashSet::new(),
             pending_plan: None,
             usage_unsent: false,
