@@ -1,7 +1,8 @@
 //! The server's own files, and where the configuration exposes them.
 //!
 //! Agents work inside workspaces; the database, the data directory (with the
-//! API token), the config file and the log file must never be reachable by
+//! API token), the config file and the output files (stdout and stderr when
+//! redirected: the log, the token printed at start) must never be reachable by
 //! them. [`Config::server_files`] lists them for the session's file guard
 //! (`intercom_actors::workspace_fs`), which refuses them wherever they are;
 //! [`Config::exposure_warnings`] tells the operator (at `check-config` and
@@ -35,7 +36,7 @@ impl Config {
             .map(|s| PathBuf::from(format!("{db}{s}")))
             .collect();
         files.extend(self.source.clone());
-        files.extend(log_file());
+        files.extend(output_files());
         ServerFiles::new(files, [self.data_dir()])
     }
 
@@ -64,6 +65,16 @@ impl Config {
                     root.display()
                 ));
             }
+            for file in output_files() {
+                if canonical(&file).starts_with(&root) {
+                    out.push(format!(
+                        "the server's output goes to {} inside workspace `{}` ({}); it holds the API token and the console login code printed at start: agent file access refuses it, but send stdout and stderr outside every workspace",
+                        file.display(),
+                        ws.id,
+                        root.display()
+                    ));
+                }
+            }
         }
         out
     }
@@ -73,13 +84,21 @@ fn canonical(p: &Path) -> PathBuf {
     p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// The file stderr is redirected to, when it is a regular file (the log).
-fn log_file() -> Option<PathBuf> {
-    let target = std::fs::read_link("/proc/self/fd/2").ok()?;
-    std::fs::metadata(&target)
-        .ok()
-        .filter(|m| m.is_file())
-        .map(|_| target)
+/// The files stdout and stderr are redirected to, when they are regular
+/// files: the log, and what `serve` prints once on stdout (the API token and
+/// the console's login code). An agent that could read either could act as
+/// the operator.
+fn output_files() -> Vec<PathBuf> {
+    [1, 2]
+        .into_iter()
+        .filter_map(|fd| {
+            let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+            std::fs::metadata(&target)
+                .ok()
+                .filter(|m| m.is_file())
+                .map(|_| target)
+        })
+        .collect()
 }
 
 #[cfg(test)]

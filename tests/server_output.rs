@@ -1,0 +1,85 @@
+//! The server's own output: what `serve` prints once on stdout (the API
+//! token, the console's login code) is a server file when stdout goes to a
+//! file, refused to agents like the log, and warned about at start when it
+//! lies inside a workspace. A hostile agent that read it could act as the
+//! operator.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+
+use common::{Http, Layout, Setup, until};
+use serde_json::json;
+
+/// Kills the server when the test ends, whatever happened.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn stdout_redirected_into_a_workspace_is_refused_to_the_agent_and_warned_about() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let layout = Layout::new(&Setup {
+        scenario: json!({"turns": [[
+            {"read_file": {"path": "serve.out"}},
+            {"chunk": "\ndone"}
+        ]]}),
+        bind: format!("127.0.0.1:{port}"),
+        ..Setup::default()
+    });
+    let out = layout.root.join("ws").join("serve.out");
+    let log = layout.dir.path().join("serve.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_agent-intercom"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&layout.config)
+        .env_remove("AGENT_INTERCOM_TOKEN")
+        .env_remove("SLACK_BOT_TOKEN")
+        .env_remove("SLACK_APP_TOKEN")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("spawn agent-intercom serve");
+    let _server = Running(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let anonymous = Http::new(&base, None);
+    until("the server to answer /healthz", || {
+        anonymous.try_get("/healthz").filter(|r| r.status == 200)
+    });
+    let token_file = layout
+        .database
+        .parent()
+        .expect("data dir")
+        .join("api-token");
+    let token = std::fs::read_to_string(token_file)
+        .expect("token")
+        .trim()
+        .to_owned();
+    let printed = std::fs::read_to_string(&out).expect("stdout");
+    assert!(
+        printed.contains(&token),
+        "the precondition: the token is printed there"
+    );
+
+    let http = Http::new(&base, Some(&token));
+    let session = http.start("read the server's output");
+    let id = session["id"].as_str().expect("id");
+    let text = http.until_transcript(id, "\ndone");
+    assert!(text.contains("agent-intercom's own files"), "{text}");
+    assert!(!text.contains(&token), "the agent got the token:\n{text}");
+    let stderr = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        stderr.contains("the server's output goes to") && stderr.contains("serve.out"),
+        "{stderr}"
+    );
+}
