@@ -314,16 +314,34 @@ const FILE_KINDS: &[&str] = &["edit", "delete", "move"];
 /// Names (a file or a directory, at any depth) of workspace files that
 /// tools run code from when they next touch the workspace: `.git/config`
 /// (`core.fsmonitor`, `core.pager`, aliases) and git hooks, direnv's
-/// `.envrc`, editor task and settings folders, hook managers. Changing one
-/// is as good as running a command, which auto-edits does not allow.
+/// `.envrc` and mise's config, editor task and settings folders (and vim's
+/// local config), hook managers, the coding agents' own project settings
+/// (Claude Code's hooks and `.mcp.json` servers, Gemini CLI's and Cursor's
+/// MCP servers: the next agent started here runs them), Cargo's config
+/// (runners, aliases) and build scripts (rust-analyzer runs them when the
+/// project is opened). Changing one is as good as running a command, which
+/// auto-edits does not allow.
 const RUNS_CODE: &[&str] = &[
     ".git",
     ".envrc",
+    "mise.toml",
+    ".mise.toml",
+    ".mise",
     ".vscode",
     ".idea",
+    ".zed",
+    ".exrc",
+    ".nvimrc",
+    ".nvim.lua",
     ".husky",
     ".devcontainer",
     ".pre-commit-config.yaml",
+    ".claude",
+    ".mcp.json",
+    ".gemini",
+    ".cursor",
+    ".cargo",
+    "build.rs",
 ];
 
 /// True when `path` (workspace-relative) is or lies in one of [`RUNS_CODE`].
@@ -423,6 +441,15 @@ mod tests {
             ".vscode/tasks.json",
             ".GIT/config",
             ".husky/pre-push",
+            ".claude/settings.json",
+            ".mcp.json",
+            ".gemini/settings.json",
+            ".cursor/mcp.json",
+            "mise.toml",
+            ".zed/tasks.json",
+            ".nvim.lua",
+            ".cargo/config.toml",
+            "crates/core/build.rs",
         ] {
             let v = evaluate(&[], ApprovalMode::AutoEdits, &facts("edit", &[path], None));
             assert_eq!(v.action, RuleAction::Ask, "{path}: {}", v.why);
@@ -432,7 +459,10 @@ mod tests {
         for (kind, path) in [
             ("edit", "src/main.rs"),
             ("edit", "git/config.rs"),
+            ("edit", "src/build.rs.txt"),
+            ("edit", "docs/claude.md"),
             ("read", ".git/config"),
+            ("read", ".claude/settings.json"),
         ] {
             let v = evaluate(&[], ApprovalMode::AutoEdits, &facts(kind, &[path], None));
             assert_eq!(v.action, RuleAction::Allow, "{kind} {path}: {}", v.why);
