@@ -97,10 +97,37 @@ async fn a_permission_naming_a_server_file_is_always_asked() {
 /// An edit permission naming `location`, asked in mode auto: the operator
 /// is asked (the rules did not answer it) once the session has handled it.
 async fn waits_for_a_human_in_mode_auto(h: &Harness, location: &str, title: &str) {
-    let scenario = json!({"turns": [[
+    let steps = json!([
         {"permission": {"tool_call_id": "t1", "title": title, "kind": "edit", "locations": [location]}},
         {"chunk": "\ndone"}
-    ]]});
+    ]);
+    waits_for_a_human_in_mode_auto_after(h, steps, title).await;
+}
+
+/// A path given only in `rawInput` (no `locations`), as Claude Code's Read
+/// tool sends it: the request is judged by it too. A probe had a read of
+/// the API token, and a search of the data directory, allowed by auto-edits.
+#[tokio::test]
+async fn a_server_file_named_only_in_raw_input_is_asked() {
+    let h = Harness::new(guarded()).await;
+    for (kind, key, path) in [
+        ("read", "file_path", "data/api-token"),
+        ("search", "path", "data"),
+    ] {
+        let title = format!("{kind} {path}");
+        let steps = json!([
+            {"tool_call": {"id": "t1", "title": title, "kind": kind, "raw_input": {key: path}}},
+            {"permission": {"tool_call_id": "t1", "title": title, "kind": kind}},
+            {"chunk": "\ndone"}
+        ]);
+        waits_for_a_human_in_mode_auto_after(&h, steps, &title).await;
+    }
+}
+
+/// Runs `steps` as the agent's turn in mode auto and checks the permission
+/// titled `title` waits for a human.
+async fn waits_for_a_human_in_mode_auto_after(h: &Harness, steps: serde_json::Value, title: &str) {
+    let scenario = json!({"turns": [steps]});
     let mut req = h.request(h.profile(scenario), "go");
     req.mode = Some(ApprovalMode::Auto);
     let rec = h.start_req(req).await.expect("start");

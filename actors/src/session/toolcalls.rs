@@ -275,11 +275,50 @@ impl ToolCalls {
     }
 }
 
-/// The files a call names (diffs first, then locations), as the operator
-/// thinks of them.
+/// Keys of `rawInput` that name a file or directory in the agents this
+/// server runs (Claude Code's `file_path`, `notebook_path` and `path`,
+/// Gemini CLI's `absolute_path`, `dir_path`, moves' `source` and
+/// `destination`).
+const RAW_PATH_KEYS: &[&str] = &[
+    "file_path",
+    "filePath",
+    "absolute_path",
+    "notebook_path",
+    "path",
+    "dir_path",
+    "source",
+    "destination",
+    "old_path",
+    "new_path",
+];
+
+/// Paths a call names only in its `rawInput` (string values of
+/// [`RAW_PATH_KEYS`]): a request is judged by every file it names, so one
+/// that puts its path there and not in `locations` is not judged as naming
+/// none.
+fn raw_paths(call: &ToolCall) -> Vec<PathBuf> {
+    let Some(Value::Object(raw)) = &call.raw_input else {
+        return Vec::new();
+    };
+    RAW_PATH_KEYS
+        .iter()
+        .filter_map(|k| raw.get(*k)?.as_str())
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// The files a call names (diffs first, then locations, then what
+/// `rawInput` names), as the operator thinks of them.
 pub fn paths(root: &Path, call: &ToolCall) -> Vec<String> {
     let mut paths: Vec<String> = Vec::new();
-    let named = call.edits.iter().map(|e| &e.path).chain(&call.locations);
+    let raw = raw_paths(call);
+    let named = call
+        .edits
+        .iter()
+        .map(|e| &e.path)
+        .chain(&call.locations)
+        .chain(&raw);
     for p in named {
         let rel = relative(root, p);
         if !paths.contains(&rel) {
