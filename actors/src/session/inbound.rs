@@ -485,6 +485,7 @@ impl SessionState {
                 ..view.clone()
             };
             tool_doc(doc, &root, &merged, &light, &|_| None);
+            keep_small(doc, &mut self.text.tool_bytes);
             self.dirty_tools.insert(view.id);
             return;
         }
@@ -495,6 +496,7 @@ impl SessionState {
         row.refresh();
         let old_status = doc["status"].clone();
         tool_doc(&mut doc, &root, &merged, &view, &|p| self.preview(p));
+        keep_small(&mut doc, &mut self.text.tool_bytes);
         self.dirty_tools.remove(&view.id);
         let content = doc.to_string();
         let new = row.is_none();
@@ -757,6 +759,54 @@ impl SessionState {
     }
 }
 
+/// The longest tool call title kept in the transcript, in bytes (the
+/// request shows the whole of it).
+const TOOL_TITLE_KEPT: usize = 4 * 1024;
+
+/// The most diff text one tool call line keeps in the transcript.
+const TOOL_DIFFS_KEPT: usize = 256 * 1024;
+
+/// Bytes of tool call lines one turn writes to the transcript before their
+/// diffs stop being kept. Without it, an agent sending big tool calls grew
+/// the database by about 40 MB a second within one turn.
+pub(super) const TOOL_BYTES_PER_TURN: usize = 8 << 20;
+
+/// Bounds a tool call's transcript line: its title cut to
+/// [`TOOL_TITLE_KEPT`], its diffs replaced by a note when they are over
+/// [`TOOL_DIFFS_KEPT`] or the turn has written [`TOOL_BYTES_PER_TURN`] of
+/// tool calls; adds what it keeps to `turn_bytes`. The merged tool call
+/// (what a permission is judged and shown by) keeps everything.
+fn keep_small(doc: &mut Value, turn_bytes: &mut usize) {
+    if let Some(title) = doc["title"].as_str()
+        && title.len() > TOOL_TITLE_KEPT
+    {
+        doc["title"] = json!(crate::text::shorten(title, TOOL_TITLE_KEPT));
+    }
+    let diff_bytes: usize = doc["diffs"]
+        .as_array()
+        .map(|d| d.iter().filter_map(Value::as_str).map(str::len).sum())
+        .unwrap_or(0);
+    let why = if diff_bytes > TOOL_DIFFS_KEPT {
+        Some(format!("over {TOOL_DIFFS_KEPT} bytes"))
+    } else if *turn_bytes + diff_bytes > TOOL_BYTES_PER_TURN {
+        Some(format!(
+            "this turn's tool calls passed {TOOL_BYTES_PER_TURN} bytes"
+        ))
+    } else {
+        None
+    };
+    let kept = match why {
+        Some(why) => {
+            let note = format!("(a diff of {diff_bytes} bytes, not kept in the transcript: {why})");
+            let len = note.len();
+            doc["diffs"] = json!([note]);
+            len
+        }
+        None => diff_bytes,
+    };
+    *turn_bytes += kept + doc["title"].as_str().map_or(0, str::len);
+}
+
 /// Writes a tool call's merged state into its transcript document, paths
 /// relative to the workspace; diffs are rendered again only when the update
 /// carried content (rendering reads the files).
@@ -857,5 +907,56 @@ async fn store_text(
                 .append_message(&session, Role::Agent, MessageKind::Text, &tail)
                 .await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(title_bytes: usize, diff_bytes: usize) -> Value {
+        json!({"id": "t1", "title": "t".repeat(title_bytes), "diffs": ["d".repeat(diff_bytes)]})
+    }
+
+    #[test]
+    fn a_tool_call_line_keeps_a_small_diff_and_cuts_a_huge_title() {
+        let mut turn = 0;
+        let mut small = doc(100_000, 1_000);
+        keep_small(&mut small, &mut turn);
+        // Cut, with a note of its length.
+        assert!(small["title"].as_str().expect("title").len() <= TOOL_TITLE_KEPT + 40);
+        assert_eq!(small["diffs"][0].as_str().expect("diff").len(), 1_000);
+        assert!(
+            turn > 1_000 && turn < 1_000 + TOOL_TITLE_KEPT + 40,
+            "{turn}"
+        );
+    }
+
+    #[test]
+    fn a_huge_diff_or_a_full_turn_leaves_a_note_instead() {
+        let mut turn = 0;
+        let mut huge = doc(10, TOOL_DIFFS_KEPT + 1);
+        keep_small(&mut huge, &mut turn);
+        let note = huge["diffs"][0].as_str().expect("note");
+        assert!(
+            note.contains("not kept in the transcript") && note.contains("over"),
+            "{note}"
+        );
+        assert!(turn < 200, "{turn}");
+
+        // Many diffs under the per-line bound: kept until the turn's budget.
+        let mut turn = 0;
+        let mut kept = 0;
+        for _ in 0..100 {
+            let mut d = doc(10, TOOL_DIFFS_KEPT - 1);
+            keep_small(&mut d, &mut turn);
+            if !d["diffs"][0].as_str().expect("diff").contains("not kept") {
+                kept += 1;
+            }
+        }
+        // About budget / line bound of them (the titles count too).
+        let fit = TOOL_BYTES_PER_TURN / TOOL_DIFFS_KEPT;
+        assert!((fit - 1..=fit).contains(&kept), "{kept} of {fit}");
+        assert!(turn < TOOL_BYTES_PER_TURN + 100 * 200, "{turn}");
     }
 }

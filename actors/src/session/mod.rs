@@ -435,6 +435,9 @@ struct TextBuffer {
     stored: usize,
     /// Agent text received this turn (against `limits.max_turn_text_bytes`).
     turn_bytes: usize,
+    /// Tool call lines written to the transcript this turn (against
+    /// `inbound::TOOL_BYTES_PER_TURN`).
+    tool_bytes: usize,
     /// The cap was hit this turn: further text is dropped.
     truncated: bool,
     dirty: bool,
@@ -448,6 +451,7 @@ impl Default for TextBuffer {
             message_id: None,
             stored: 0,
             turn_bytes: 0,
+            tool_bytes: 0,
             truncated: false,
             dirty: false,
             flushed_at: Instant::now(),

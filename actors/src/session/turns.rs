@@ -57,6 +57,7 @@ impl SessionState {
                     Some(rpc_id) => {
                         // A new turn gets a fresh text allowance.
                         self.text.turn_bytes = 0;
+                        self.text.tool_bytes = 0;
                         self.text.truncated = false;
                         self.turn = Some(Turn {
                             rpc_id,
