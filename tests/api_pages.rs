@@ -10,18 +10,21 @@ use common::api_server::{Server, sid};
 use common::{Reply, Setup};
 use serde_json::{Value, json};
 
-/// Small tool calls, then big ones, then a last line of text.
+/// Small tool calls, then big ones (a diff of about 200 KiB each: under
+/// what one transcript line keeps, and all of them under what one turn
+/// keeps), then a last line of text.
 const SMALL: usize = 1100;
-const BIG: usize = 20;
-const BIG_TITLE: usize = 600 * 1024;
+const BIG: usize = 60;
+const BIG_DIFF_LINES: usize = 2000;
 
 fn flooding_agent() -> Setup {
     let mut steps: Vec<Value> = (0..SMALL)
         .map(|i| json!({"tool_call": {"id": format!("s{i}"), "title": format!("small {i}"), "kind": "read"}}))
         .collect();
     steps.extend((0..BIG).map(|i| {
-        let title = format!("big {i} {}", "x".repeat(BIG_TITLE));
-        json!({"tool_call": {"id": format!("b{i}"), "title": title, "kind": "read"}})
+        let content = format!("{}\n", "x".repeat(100)).repeat(BIG_DIFF_LINES);
+        json!({"tool_call": {"id": format!("b{i}"), "title": format!("big {i} "), "kind": "edit",
+            "diffs": [{"path": format!("big-{i}.txt"), "new_text": content}]}})
     }));
     steps.push(json!({"chunk": "all sent."}));
     Setup {
@@ -56,15 +59,15 @@ fn a_huge_transcript_is_read_in_bounded_pages_that_lose_nothing() {
     http.until_transcript(&id, "all sent.");
     let base = format!("/api/sessions/{id}/messages");
 
-    // The default page: the newest entries, cut by the byte budget (20 big
-    // tool calls of 600 KiB are 12 MiB; a page carries about 8 MiB).
+    // The default page: the newest entries, cut by the byte budget (60 big
+    // tool calls of about 200 KiB are 12 MiB; a page carries about 8 MiB).
     let latest = http.get(&base);
     let page = entries(&latest);
     assert!(latest.text.len() < 9 << 20, "{} bytes", latest.text.len());
     assert!(page.len() < BIG, "{} entries", page.len());
     let shown = |e: &Value| e["content"].as_str().unwrap_or_default().to_owned();
     assert!(
-        page.iter().any(|e| shown(e).contains("big 19 ")),
+        page.iter().any(|e| shown(e).contains("big 59 ")),
         "the newest tool call is on the latest page"
     );
     let page_ids = ids(&page);
@@ -105,7 +108,7 @@ fn a_huge_transcript_is_read_in_bounded_pages_that_lose_nothing() {
 
     // `ctl log` prints the latest page and says how to see the one before.
     let (out, err) = ctl_log(&server, &[&id]);
-    assert!(out.contains("big 19 ") && !out.contains("small 0"));
+    assert!(out.contains("big 59 ") && !out.contains("small 0"));
     let before = err
         .split("--before ")
         .nth(1)
@@ -113,7 +116,7 @@ fn a_huge_transcript_is_read_in_bounded_pages_that_lose_nothing() {
         .unwrap_or_else(|| panic!("no --before in {err:?}"));
     assert_eq!(before, page_ids[0]);
     let (older, _) = ctl_log(&server, &[&id, "--before", &before.to_string()]);
-    assert!(older.contains("small 1099") && !older.contains("big 19 "));
+    assert!(older.contains("small 1099") && !older.contains("big 59 "));
 }
 
 /// Runs the real binary's `ctl log <args>`; returns stdout and stderr.

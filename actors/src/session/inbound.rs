@@ -767,9 +767,10 @@ const TOOL_TITLE_KEPT: usize = 4 * 1024;
 const TOOL_DIFFS_KEPT: usize = 256 * 1024;
 
 /// Bytes of tool call lines one turn writes to the transcript before their
-/// diffs stop being kept. Without it, an agent sending big tool calls grew
-/// the database by about 40 MB a second within one turn.
-pub(super) const TOOL_BYTES_PER_TURN: usize = 8 << 20;
+/// diffs stop being kept (twice what one transcript page carries). Without
+/// it, an agent sending big tool calls grew the database by about 40 MB a
+/// second within one turn.
+pub(super) const TOOL_BYTES_PER_TURN: usize = 2 * crate::transcript::MAX_PAGE_BYTES;
 
 /// Bounds a tool call's transcript line: its title cut to
 /// [`TOOL_TITLE_KEPT`], its diffs replaced by a note when they are over
