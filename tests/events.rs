@@ -206,6 +206,13 @@ fn the_stream_needs_the_token_and_a_numeric_last_event_id() {
         .err()
         .expect("400");
     assert_eq!(bad.exit_code(), 2, "{bad}");
+    // A negative id is refused too, not read as "replay everything".
+    let negative = client
+        .stream("/api/events?after=-5", None)
+        .err()
+        .expect("400");
+    assert_eq!(negative.exit_code(), 2, "{negative}");
+    assert!(negative.to_string().contains("0 or more"), "{negative}");
     // A client that never hangs up does not keep a graceful shutdown
     // waiting: shutting down ends the stream (this drop returns).
     let open = Stream::open(&server.http.base, "/api/events", None);

@@ -208,6 +208,10 @@ async fn restart_budget_exhausted_marks_the_session_crashed() {
         reason.contains("exit code 1") && reason.contains("model exploded"),
         "{reason}"
     );
+    assert!(
+        reason.ends_with("(gave up after 2 restarts within 600 s)"),
+        "{reason}"
+    );
     assert_eq!(h.live_count().await, 0);
 }
 

@@ -470,6 +470,11 @@ async fn contract_06_stream_eof_ends_the_session_crashed() {
         reason.contains("agent exited unexpectedly (exit code 2)"),
         "{reason}"
     );
+    // The stored reason says why it was not restarted, not only the crash.
+    assert!(
+        reason.contains("(not restarted: supervision.max_restarts is 0)"),
+        "{reason}"
+    );
     let notice = h
         .until("budget notice", |e| {
             matches!(e, OperatorEvent::Notice { session_id, level: NoticeLevel::Error, text }

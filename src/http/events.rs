@@ -53,6 +53,11 @@ pub async fn events(
         Some(id) => Some(id),
         None => query.after,
     };
+    if let Some(id) = resume.filter(|id| *id < 0) {
+        return Err(ApiError::bad_request(format!(
+            "an event id is 0 or more (0: from the first event), not {id}"
+        )));
+    }
     let (last, catch_up) = match resume {
         Some(id) => (id.max(0), true),
         None => (

@@ -125,6 +125,14 @@ impl SupervisorState {
                 policy.max_restarts, policy.restart_window_secs
             );
             self.notice(&id, NoticeLevel::Error, text);
+            let reason = if policy.max_restarts == 0 {
+                format!("{reason} (not restarted: supervision.max_restarts is 0)")
+            } else {
+                format!(
+                    "{reason} (gave up after {} restarts within {} s)",
+                    policy.max_restarts, policy.restart_window_secs
+                )
+            };
             self.end_session(&id, SessionStatus::Crashed, &reason).await;
             return;
         }
