@@ -294,6 +294,8 @@ fn malformed_requests_are_400_with_json_errors() {
     assert_eq!(r.status, 400, "{}", r.text);
     let r = http.get("/api/sessions?all=maybe");
     assert_eq!(r.status, 400, "{}", r.text);
+    let r = http.get("/api/sessions?al=true");
+    assert_eq!(r.status, 400, "a typo is not ignored: {}", r.text);
 
     let id = sid(&http.start("write"));
     http.until_pending(&id, "req-1");

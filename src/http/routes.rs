@@ -96,8 +96,10 @@ pub async fn create_session(
     Ok((StatusCode::CREATED, Json(record.into())))
 }
 
-/// `GET /api/sessions` query.
+/// `GET /api/sessions` query (an unknown parameter is a 400, as on the
+/// other lists: a typo must not read as "the filter found nothing new").
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     #[serde(default)]
     all: bool,
