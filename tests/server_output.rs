@@ -30,6 +30,7 @@ fn stdout_redirected_into_a_workspace_is_refused_to_the_agent_and_warned_about()
     let layout = Layout::new(&Setup {
         scenario: json!({"turns": [[
             {"read_file": {"path": "serve.out"}},
+            {"read_file": {"path": "rotated.log"}},
             {"chunk": "\ndone"}
         ]]}),
         bind: format!("127.0.0.1:{port}"),
@@ -73,6 +74,16 @@ fn stdout_redirected_into_a_workspace_is_refused_to_the_agent_and_warned_about()
 
     let http = Http::new(&base, Some(&token));
     let session = http.start("read the server's output");
+    let id = session["id"].as_str().expect("id");
+    let text = http.until_transcript(id, "\ndone");
+    assert!(text.contains("agent-intercom's own files"), "{text}");
+    assert!(!text.contains(&token), "the agent got the token:\n{text}");
+
+    // A log rotation renames the file the server still writes to: the
+    // file stays refused under its new name.
+    let rotated = layout.root.join("ws").join("rotated.log");
+    std::fs::rename(&out, &rotated).expect("rotate");
+    let session = http.start("read the rotated output");
     let id = session["id"].as_str().expect("id");
     let text = http.until_transcript(id, "\ndone");
     assert!(text.contains("agent-intercom's own files"), "{text}");

@@ -177,6 +177,10 @@ impl FsError {
 pub struct ServerFiles {
     files: Vec<PathBuf>,
     dirs: Vec<PathBuf>,
+    /// Files protected by inode whatever their path becomes: the server's
+    /// own output, which a log rotation renames while the server still
+    /// writes to it (and which holds the token printed at start).
+    held: Vec<(u64, u64)>,
 }
 
 impl ServerFiles {
@@ -192,12 +196,20 @@ impl ServerFiles {
                 .map(|p| canonical_or_lexical(&p))
                 .collect(),
             dirs: dirs.into_iter().map(|p| canonical_or_lexical(&p)).collect(),
+            held: Vec::new(),
         }
+    }
+
+    /// Also protects the files with these `(device, inode)` pairs, whatever
+    /// path they have now or get later.
+    pub fn holding(mut self, inodes: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        self.held.extend(inodes);
+        self
     }
 
     /// True when nothing is protected (tests, embedders).
     pub fn is_empty(&self) -> bool {
-        self.files.is_empty() && self.dirs.is_empty()
+        self.files.is_empty() && self.dirs.is_empty() && self.held.is_empty()
     }
 
     /// The protected paths, for messages and checks elsewhere.
@@ -245,6 +257,7 @@ impl ServerFiles {
             .filter_map(|f| std::fs::metadata(f).ok())
             .filter(std::fs::Metadata::is_file)
             .map(|m| (m.dev(), m.ino()))
+            .chain(self.held.iter().copied())
             .collect()
     }
 }

@@ -37,7 +37,7 @@ impl Config {
             .collect();
         files.extend(self.source.clone());
         files.extend(output_files());
-        ServerFiles::new(files, [self.data_dir()])
+        ServerFiles::new(files, [self.data_dir()]).holding(output_inodes())
     }
 
     /// Warnings about server files that lie inside a workspace.
@@ -98,6 +98,19 @@ fn output_files() -> Vec<PathBuf> {
                 .filter(|m| m.is_file())
                 .map(|_| target)
         })
+        .collect()
+}
+
+/// The `(device, inode)` of the files stdout and stderr write to, when
+/// they are regular files: protected whatever they are renamed to (a log
+/// rotation moves the file the server keeps writing to).
+fn output_inodes() -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    [1, 2]
+        .into_iter()
+        .filter_map(|fd| std::fs::metadata(format!("/proc/self/fd/{fd}")).ok())
+        .filter(std::fs::Metadata::is_file)
+        .map(|m| (m.dev(), m.ino()))
         .collect()
 }
 

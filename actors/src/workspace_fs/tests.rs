@@ -264,6 +264,22 @@ fn reaching_a_line_scans_a_bounded_amount_of_a_file_without_newlines() {
 }
 
 #[test]
+fn a_held_file_stays_refused_after_it_is_renamed() {
+    use std::os::unix::fs::MetadataExt;
+    let f = fixture();
+    std::fs::write(f.root.join("serve.out"), "token: s3cret\n").expect("output");
+    let m = std::fs::metadata(f.root.join("serve.out")).expect("meta");
+    let files = ServerFiles::new(Vec::new(), Vec::new()).holding([(m.dev(), m.ino())]);
+    std::fs::rename(f.root.join("serve.out"), f.root.join("rotated.log")).expect("rotate");
+    assert!(files.covers(&f.root.join("rotated.log")));
+    let ws = open(&f, files);
+    assert!(matches!(
+        ws.read("rotated.log", None, None, MAX),
+        Err(FsError::ServerFile { .. })
+    ));
+}
+
+#[test]
 fn server_files_are_refused_by_path_by_directory_and_by_inode() {
     let f = fixture();
     std::fs::create_dir(f.root.join("data")).expect("data");
