@@ -57,6 +57,17 @@ fn rules_answer_matching_requests_and_can_be_removed() {
     );
     assert_eq!(bad.status, 400, "{}", bad.text);
     assert!(bad.text.contains("command_regex"), "{}", bad.text);
+    assert!(
+        !bad.text.contains("rule r-"),
+        "no id that was never stored: {}",
+        bad.text
+    );
+    let typo = http.post(
+        "/api/rules",
+        &json!({"scope": "global", "match": {"kind": "exec"}, "action": "deny"}),
+    );
+    assert_eq!(typo.status, 400, "{}", typo.text);
+    assert!(typo.text.contains("not a tool kind"), "{}", typo.text);
     // So are scopes that could never match: a typo would look like safety.
     let typo = http.post(
         "/api/rules",

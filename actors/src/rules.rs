@@ -118,6 +118,20 @@ pub struct Rule {
     pub action: RuleAction,
 }
 
+/// ACP tool kinds a rule may name.
+pub const RULE_KINDS: [&str; 10] = [
+    "read",
+    "edit",
+    "delete",
+    "move",
+    "search",
+    "execute",
+    "think",
+    "fetch",
+    "switch_mode",
+    "other",
+];
+
 /// A rule that cannot be used, with the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("rule {id}: {reason}")]
@@ -129,12 +143,21 @@ pub struct RuleError {
 }
 
 impl Rule {
-    /// Checks globs and regexes compile.
+    /// Checks the kind is a tool kind and globs and regexes compile: a rule
+    /// that could never match would look like it guards something.
     pub fn validate(&self) -> Result<(), RuleError> {
         let err = |reason: String| RuleError {
             id: self.id.clone(),
             reason,
         };
+        if let Some(kind) = &self.matcher.kind
+            && !RULE_KINDS.contains(&kind.as_str())
+        {
+            return Err(err(format!(
+                "{kind:?} is not a tool kind; use one of {}",
+                RULE_KINDS.join(", ")
+            )));
+        }
         for g in &self.matcher.paths {
             globset::Glob::new(g).map_err(|e| err(format!("bad path glob {g:?}: {e}")))?;
         }

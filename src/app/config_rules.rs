@@ -92,8 +92,9 @@ impl App {
         if rule.id.is_empty() {
             rule.id = crate::storage::rules::new_rule_id();
         }
+        // The reason alone: the id was just made up and is not stored.
         rule.validate()
-            .map_err(|e| AppError::BadRequest(e.to_string()))?;
+            .map_err(|e| AppError::BadRequest(e.reason))?;
         self.inner.store.insert_rule(&rule, created_by).await?;
         self.audit(created_by, "rule.added", serde_json::json!({"rule": rule}))
             .await;

@@ -23,19 +23,7 @@ use super::{AgentProfile, ConfigError};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// ACP tool kinds a rule may name.
-pub const RULE_KINDS: [&str; 10] = [
-    "read",
-    "edit",
-    "delete",
-    "move",
-    "search",
-    "execute",
-    "think",
-    "fetch",
-    "switch_mode",
-    "other",
-];
+pub use intercom_actors::rules::RULE_KINDS;
 
 /// Prefix of generated config rule ids.
 const CONFIG_PREFIX: &str = "cfg-";
