@@ -474,3 +474,41 @@ async fn one_credential_cannot_hold_more_than_its_share_of_mcp_sessions() {
     assert!(closed.status < 300, "{}: {}", closed.status, closed.body);
     raw_session(h.port, "", WORKSPACE_TOKEN).await;
 }
+
+/// `check_diff` applies only changes asked with `check_clearance`: an ACP
+/// agent's permission in the same workspace, approved for that agent to
+/// make, is not applied by an MCP client in its place, `force` or not.
+#[tokio::test]
+async fn check_diff_refuses_an_acp_agents_approved_permission() {
+    let h = Harness::new().await;
+    let acp = h
+        .start_acp(json!({"turns": [[
+            {"tool_call": {"id": "t1", "title": "Create acp.txt", "kind": "edit",
+                "diffs": [{"path": "acp.txt", "new_text": "from the agent\n"}]}},
+            {"permission": {"tool_call_id": "t1", "title": "Create acp.txt", "kind": "edit"}},
+            {"chunk": "\ndone"}
+        ]]}))
+        .await;
+    let req = h.pending().await;
+    assert_eq!(req.session_id, acp.id);
+    assert!(req.diff.is_some(), "the permission carries its diff");
+    h.decide(&req, Choice::Approve, None).await;
+    let ide = h.ws_client().await;
+    for force in [false, true] {
+        let err = call(
+            &ide,
+            "check_diff",
+            json!({"request_id": req.id, "force": force}),
+        )
+        .await
+        .expect_err("not a check_clearance request");
+        assert!(
+            err.to_string().contains("is not a check_clearance request"),
+            "force {force}: {err}"
+        );
+    }
+    assert!(
+        !h.workspace.join("acp.txt").exists(),
+        "nothing was written for the agent"
+    );
+}

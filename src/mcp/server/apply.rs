@@ -46,8 +46,16 @@ impl IntercomMcp {
             ));
         };
         let store = &self.deps().store;
-        let clearance = store.clearance(&global).await.map_err(storage)?;
-        if !force && clearance.as_ref().is_some_and(|c| c.applied_at.is_some()) {
+        // Only a change asked with check_clearance (which records its
+        // targets) is applied here, `force` or not: an agent's ACP
+        // permission in the same workspace was approved for that agent to
+        // make, not for an MCP client to apply in its place.
+        let Some(clearance) = store.clearance(&global).await.map_err(storage)? else {
+            return Err(Fail::Params(format!(
+                "argument `request_id`: {raw} is not a check_clearance request; only a change asked with check_clearance can be applied"
+            )));
+        };
+        if !force && clearance.applied_at.is_some() {
             return Err(already_applied(&raw));
         }
         let change = Change::parse(text).map_err(|e| {
@@ -65,14 +73,14 @@ impl IntercomMcp {
                 .map_err(|e| Fail::refused("outside_workspace", e.to_string()))?;
         }
         if !force {
-            let Some(clearance) = clearance.filter(|c| c.session_id == req.session_id) else {
+            if clearance.session_id != req.session_id {
                 return Err(Fail::refused(
                     "unverifiable",
                     format!(
                         "there is no record of {file_path}'s content when the change was approved; check the file and call again with force: true"
                     ),
                 ));
-            };
+            }
             unchanged_since_clearance(&ws, &files, &clearance.files).await?;
         }
         // Compute every new content before writing anything.
