@@ -140,6 +140,14 @@ fn reconnecting_with_last_event_id_gets_exactly_the_missed_events() {
     assert_eq!(replay.marker(), last_seen);
     let replayed = replay.until("the end", |e| kind(e) == "session_ended");
     assert_eq!(replayed, missed);
+
+    // An id from another history (beyond the newest: a database that was
+    // reset) gets everything kept from the first event, not silence.
+    let ahead = Stream::open(&base, "/api/events?after=1000000", None);
+    assert_eq!(ahead.marker(), 0);
+    let everything = ahead.until("the end", |e| kind(e) == "session_ended");
+    assert_eq!(everything.first().map(|(id, _)| *id), Some(1));
+    assert_eq!(everything.last(), missed.last());
 }
 
 #[test]
