@@ -843,3 +843,95 @@ async fn a_workspace_token_is_confined_to_its_workspace() {
     let s = h.mcp_session().await;
     assert_eq!(s.workspace, "ws");
 }
+
+/// Sends a raw `tools/call` of `tool` on MCP session `session` and returns
+/// the connection once the answer's headers arrived (the call is running).
+async fn call_and_hold(
+    port: u16,
+    session: &str,
+    tool: &str,
+    a: serde_json::Value,
+) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": tool, "arguments": a}})
+    .to_string();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {WORKSPACE_TOKEN}\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(mcp_common::WAIT, s.read(&mut buf))
+            .await
+            .expect("the answer's headers")
+            .expect("read");
+        assert!(
+            n > 0,
+            "closed before headers: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
+/// A client that hangs up while its call waits: the call ends as if
+/// cancelled. Its request is closed `cancelled` (the operator is not left
+/// deciding for nobody), and a `standby` nobody hears any more takes no
+/// steering: what the operator sends next stays queued.
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_call_is_treated_as_cancelling_it() {
+    let h = Harness::new().await;
+    let mcp_id = mcp_common::raw_session(h.port, "", WORKSPACE_TOKEN).await;
+
+    let held = call_and_hold(
+        h.port,
+        &mcp_id,
+        "check_clearance",
+        clearance("hung.txt", "x\n"),
+    )
+    .await;
+    let req = h.pending().await;
+    drop(held);
+    h.until_event("the request closed", |e| {
+        matches!(e, OperatorEvent::RequestClosed { id, status: RequestStatus::Cancelled, .. } if id == &req.id)
+    })
+    .await;
+
+    let session = h.mcp_session().await;
+    let held = call_and_hold(h.port, &mcp_id, "standby", json!({"timeout_seconds": 120})).await;
+    let waiting = |activity: &'static str| {
+        let id = session.id.clone();
+        move |e: &OperatorEvent| matches!(e, OperatorEvent::StatusChanged { session_id, activity: a, .. } if session_id == &id && a == activity)
+    };
+    h.until_event("the standby waiting", waiting("needs input"))
+        .await;
+    let idle = waiting("idle");
+    let idle_before = h.sink.events().iter().filter(|e| idle(e)).count();
+    drop(held);
+    // The session shows it no longer waits: the hang-up was noticed.
+    let deadline = tokio::time::Instant::now() + mcp_common::WAIT;
+    while h.sink.events().iter().filter(|e| idle(e)).count() == idle_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby was never abandoned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let outcome = h.steer(&session.id, "after the hang-up").await;
+    assert!(
+        outcome.queued,
+        "handed to a standby nobody hears: {outcome:?}"
+    );
+}

@@ -23,6 +23,7 @@
 //! and `session_owners.rs` (who may call, and which MCP session is whose).
 
 mod auth;
+mod hangup;
 mod patch;
 mod server;
 mod session_owners;
@@ -209,6 +210,7 @@ where
     );
     Router::new()
         .route_service(PATH, service)
+        .route_layer(axum::middleware::from_fn(hangup::watch))
         .route_layer(axum::middleware::from_fn_with_state(
             shared,
             auth::authenticate,

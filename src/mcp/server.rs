@@ -233,6 +233,9 @@ impl IntercomMcp {
 
     async fn check_clearance(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
         let t = self.target(ctx).await?;
+        // Cancelled by the client, or by its hanging up (its answer could
+        // not reach it any more).
+        let (call_ended, _call) = super::hangup::cancelled_or_hung_up(ctx);
         let title = args.str_or("title", "").trim().to_owned();
         let diff = args.str_or("diff", "").to_owned();
         let file_path = args.str_or("file_path", "").trim().to_owned();
@@ -286,7 +289,7 @@ impl IntercomMcp {
                 .map_err(storage)?;
         }
         let timeout = self.deps().approval_timeout;
-        let answer = match wait_for(&mut rx, timeout, &ctx.ct).await {
+        let answer = match wait_for(&mut rx, timeout, &call_ended).await {
             Waited::Answer(a) => Some(a),
             Waited::Closed => None,
             Waited::TimedOut => {
@@ -336,6 +339,9 @@ impl IntercomMcp {
 
     async fn transmit(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
         let t = self.target(ctx).await?;
+        // Cancelled by the client, or by its hanging up (its answer could
+        // not reach it any more).
+        let (call_ended, _call) = super::hangup::cancelled_or_hung_up(ctx);
         let (opened_tx, opened_rx) = oneshot::channel();
         let (tx, mut rx) = oneshot::channel();
         send(
@@ -350,7 +356,7 @@ impl IntercomMcp {
         let mut guard = RequestGuard::new(t.actor.clone(), opened_rx);
         let request_id = guard.opened().await?;
         let timeout = self.deps().transmit_timeout;
-        let answer = match wait_for(&mut rx, timeout, &ctx.ct).await {
+        let answer = match wait_for(&mut rx, timeout, &call_ended).await {
             Waited::Answer(a) => Some(a),
             Waited::Closed => None,
             Waited::TimedOut => {
@@ -391,6 +397,9 @@ impl IntercomMcp {
 
     async fn standby(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
         let t = self.target(ctx).await?;
+        // Cancelled by the client, or by its hanging up (its answer could
+        // not reach it any more).
+        let (call_ended, _call) = super::hangup::cancelled_or_hung_up(ctx);
         let timeout = args
             .u64("timeout_seconds")
             .map(Duration::from_secs)
@@ -409,7 +418,7 @@ impl IntercomMcp {
         };
         let resumed = |text: String| json!({"status": "resumed", "instruction": text});
         let timed_out = json!({"status": "timeout"});
-        match wait_for(&mut rx, timeout, &ctx.ct).await {
+        match wait_for(&mut rx, timeout, &call_ended).await {
             Waited::Answer(Some(text)) => {
                 guard.disarm();
                 Ok(resumed(text))

@@ -155,7 +155,13 @@ impl SessionState {
                     .await;
             }
             McpCall::Standby { message, reply } => self.on_standby(message, reply).await,
-            McpCall::StandbyAbandoned => self.standby = None,
+            McpCall::StandbyAbandoned => {
+                // Nobody waits for an instruction any more (the client
+                // timed out, cancelled or hung up).
+                if self.standby.take().is_some() {
+                    self.show_activity("idle", None);
+                }
+            }
             McpCall::Ping {
                 status,
                 progress,
