@@ -570,6 +570,22 @@ async fn broadcast_reaches_the_operator() {
             if text == "tests pass" && *level == intercom_actors::ports::NoticeLevel::Warning)
     })
     .await;
+    // A message past the bound is refused, saying why; nothing is posted.
+    let err = call(
+        &client,
+        "broadcast",
+        json!({"message": "x".repeat(100_000)}),
+    )
+    .await
+    .expect_err("too big");
+    assert!(err.to_string().contains("at most 65536"), "{err}");
+    assert!(
+        !h.sink
+            .events()
+            .iter()
+            .any(|e| matches!(e, OperatorEvent::Notice { text, .. } if text.len() >= 100_000)),
+        "posted anyway"
+    );
 }
 
 #[tokio::test]

@@ -57,6 +57,10 @@ use super::{ACTOR_TIMEOUT, ActorCallError, BridgedSession, McpDeps, ask};
 use apply::record_targets;
 use confine::Reach;
 use placement::Connection;
+
+/// The longest `broadcast` message, in bytes: it is shown to the operator
+/// and kept in the transcript, where 4 MB messages had no bound.
+const BROADCAST_MAX: usize = 64 * 1024;
 use waits::{RequestGuard, StandbyGuard, Waited, send, wait_for};
 
 /// Owner of sessions attached over MCP (the local operator's id).
@@ -497,13 +501,14 @@ impl IntercomMcp {
             "error" => NoticeLevel::Error,
             _ => NoticeLevel::Info,
         };
-        send(
-            &t.actor,
-            McpCall::Broadcast {
-                message: args.str_or("message", "").trim().to_owned(),
-                level,
-            },
-        )?;
+        let message = args.str_or("message", "").trim().to_owned();
+        if message.len() > BROADCAST_MAX {
+            return Err(Fail::Params(format!(
+                "argument `message` is {} bytes, at most {BROADCAST_MAX}: post a summary (the details belong in a file)",
+                message.len()
+            )));
+        }
+        send(&t.actor, McpCall::Broadcast { message, level })?;
         Ok(json!({"posted": true}))
     }
 
