@@ -281,6 +281,9 @@ impl SessionState {
         let result = match (&self.child, token) {
             (Some(child), Some(token)) => child.send_tracked(bytes, token),
             (Some(child), None) => child.send(bytes),
+            // An MCP client is the agent: there is never a process to write
+            // to (a stop's cancel has nobody to reach), nothing to warn of.
+            (None, _) if self.record.protocol == crate::model::Protocol::Mcp => return false,
             (None, _) => Err("no agent process".to_owned()),
         };
         match result {
