@@ -115,9 +115,13 @@ pub async fn security_headers(request: Request, next: Next) -> Response {
             HeaderValue::from_static("nosniff"),
         ),
         (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+        // `same-origin`, not `no-referrer`: the one-time code in the login
+        // page's URL still never leaves for another site, but Chromium
+        // sends `Origin: null` for a form posted under `no-referrer`, and
+        // the cross-origin guard then refused every login with the token.
         (
             header::REFERRER_POLICY,
-            HeaderValue::from_static("no-referrer"),
+            HeaderValue::from_static("same-origin"),
         ),
     ];
     for (name, value) in set {

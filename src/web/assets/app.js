@@ -28,6 +28,13 @@
     return text.replace(DISGUISES, (c) => '⟨U+' + c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩');
   }
 
+  // Control characters but tab and newline (ANSI escapes: invisible, and
+  // OSC 8 leftovers read as links), marked like disguises.
+  const CONTROLS = /[\u0000-\u0008\u000b-\u001f\u007f]/g;
+  function visibleControls(text) {
+    return text.replace(CONTROLS, (c) => '⟨U+' + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩');
+  }
+
   // Agent-chosen titles and paths are cut, so a huge one cannot push the
   // decision buttons off the page.
   function cut(text, max) {
@@ -181,9 +188,14 @@
   }
 
   let refreshTimer = null;
+  // At most one refresh per 120 ms, and always within 120 ms of the first
+  // event that asked for one: a timer restarted by every event (a debounce)
+  // never fired while one busy agent streamed faster than that, and a
+  // session that needed input stayed out of the list.
   function refreshSoon() {
-    clearTimeout(refreshTimer);
+    if (refreshTimer !== null) return;
     refreshTimer = setTimeout(() => {
+      refreshTimer = null;
       if (state.current) state.current.refresh().catch((e) => toast(e.message, true));
     }, 120);
   }
@@ -244,11 +256,15 @@
   // ---- one session ----
   // The server's diffs are plain unified diffs: a new file is `--- /dev/null`.
   // diff2html marks a file added only after git's `new file mode` line (else
-  // the differing names read as a rename), so give new and deleted files
-  // git's header lines before rendering. Only real file headers: inside a
-  // hunk (its line counts not yet used up) a line `--- /dev/null` is a
-  // removed line `-- /dev/null` of the agent's text, and treating it as a
-  // header let an agent show an edit of deploy.sh as a new, other file.
+  // the differing names read as a rename), and once it has seen one git
+  // header it reads a later plain `--- a/x` header as lines of the file
+  // before: a new README.md followed by an edit of deploy.sh showed as one
+  // harmless new file with the edit inside. So every file gets git's
+  // `diff --git` line (and new or deleted files their mode line) before
+  // rendering. Only real file headers: inside a hunk (its line counts not
+  // yet used up) a line `--- /dev/null` is a removed line `-- /dev/null` of
+  // the agent's text, and treating it as a header let an agent show an edit
+  // of deploy.sh as a new, other file.
   function gitHeaders(diff) {
     const lines = diff.split('\n');
     const out = [];
@@ -273,10 +289,12 @@
       }
       const from = /^--- (\S.*)$/.exec(line);
       const to = from && /^\+\+\+ (\S.*)$/.exec(lines[i + 1] || '');
-      if (from && to && from[1] === '/dev/null') {
-        out.push('diff --git ' + to[1].replace(/^b\//, 'a/') + ' ' + to[1], 'new file mode 100644');
-      } else if (from && to && to[1] === '/dev/null') {
-        out.push('diff --git ' + from[1] + ' ' + from[1].replace(/^a\//, 'b/'), 'deleted file mode 100644');
+      if (from && to) {
+        const a = from[1] === '/dev/null' ? to[1].replace(/^b\//, 'a/') : from[1];
+        const b = to[1] === '/dev/null' ? from[1].replace(/^a\//, 'b/') : to[1];
+        out.push('diff --git ' + a + ' ' + b);
+        if (from[1] === '/dev/null') out.push('new file mode 100644');
+        else if (to[1] === '/dev/null') out.push('deleted file mode 100644');
       }
       out.push(line);
     }
@@ -287,7 +305,10 @@
     const box = h('div', { class: 'diff' });
     if (window.Diff2Html) {
       // diff2html escapes the diff's text; its output is trusted markup.
-      box.innerHTML = window.Diff2Html.html(gitHeaders(diff), { drawFileList: false, matching: 'lines', outputFormat: 'line-by-line' });
+      // Disguises and control characters are marked first: diff2html's
+      // output does not pass through h(), and a bidi override in a path or a
+      // line (Trojan Source) would read other than it is.
+      box.innerHTML = window.Diff2Html.html(gitHeaders(visibleControls(visible(diff))), { drawFileList: false, matching: 'lines', outputFormat: 'line-by-line' });
     } else {
       box.append(h('pre', {}, diff));
     }
