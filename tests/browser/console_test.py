@@ -105,6 +105,19 @@ SPLITTER = {
     ]]
 }
 
+# A permission with a 20,000-line diff: the page shows its start at once
+# and the rest on demand (rendering it all froze the page for a minute).
+BIG_DIFF = {
+    "turns": [[
+        {"tool_call": {"id": "b1", "title": "Rewrite data.txt", "kind": "edit", "status": "pending",
+                       "diffs": [{"path": "data.txt",
+                                  "new_text": "".join(f"line {i}\n" for i in range(20000))}]}},
+        {"permission": {"tool_call_id": "b1"}},
+        {"chunk": "big."},
+        {"stop_reason": "end_turn"},
+    ]]
+}
+
 # An agent that pushes its plan and first tool calls out of the newest page
 # of its transcript with 1,050 trivial tool calls.
 HIDER = {
@@ -178,6 +191,9 @@ class Server:
         splitter = os.path.join(work, "splitter.json")
         with open(splitter, "w") as f:
             json.dump(SPLITTER, f)
+        big = os.path.join(work, "big.json")
+        with open(big, "w") as f:
+            json.dump(BIG_DIFF, f)
         self.config = os.path.join(work, "config.toml")
         with open(self.config, "w") as f:
             f.write(f'''workspace_root = "{work}"
@@ -208,6 +224,11 @@ args = ["--scenario", "{hider}"]
 id = "splitter"
 command = "{AGENT}"
 args = ["--scenario", "{splitter}"]
+
+[[agent]]
+id = "big"
+command = "{AGENT}"
+args = ["--scenario", "{big}"]
 
 [[workspace]]
 id = "demo"
@@ -451,6 +472,22 @@ def walk(server, page):
         page.goto(server.base + "/#/s/" + state["id"])
         expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
 
+    def a_huge_diff_shows_its_start_and_the_rest_on_demand():
+        session = server.api("POST", "/api/sessions",
+                             {"workspace": "demo", "prompt": "big", "agent": "big"})
+        page.goto(server.base + "/#/s/" + session["id"])
+        card = page.locator(".request").first
+        expect(card).to_be_visible(timeout=WAIT_MS)
+        expect(card.locator(".d2h-file-wrapper")).to_contain_text("line 0", timeout=WAIT_MS)
+        more = card.locator("button.diff-more")
+        expect(more).to_contain_text("Show all")
+        expect(card.locator(".d2h-file-wrapper")).not_to_contain_text("line 19999")
+        more.click()
+        expect(card.locator(".d2h-file-wrapper")).to_contain_text("line 19999", timeout=WAIT_MS)
+        server.api("POST", f"/api/sessions/{session['id']}/cancel", {})
+        page.goto(server.base + "/#/s/" + state["id"])
+        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+
     def a_buried_plan_and_earlier_entries_stay_reachable():
         session = server.api("POST", "/api/sessions",
                              {"workspace": "demo", "prompt": "bury", "agent": "hider"})
@@ -498,6 +535,7 @@ def walk(server, page):
         ("rules, audit and start views", other_views),
         ("a forged diff stays one file; a bidi title shows its override", a_forged_diff_and_a_bidi_title_show_as_they_are),
         ("each file of a change gets its own panel", each_file_of_a_change_gets_its_own_panel),
+        ("a huge diff shows its start, the rest on demand", a_huge_diff_shows_its_start_and_the_rest_on_demand),
         ("a buried plan and earlier entries stay reachable", a_buried_plan_and_earlier_entries_stay_reachable),
         ("the page recovers after the server restarts", recovers_after_restart),
         ("the controls follow the session's state", controls_follow_the_sessions_state),

@@ -301,7 +301,21 @@
     return out.join('\n');
   }
 
-  function renderDiff(diff) {
+  // The most diff lines rendered at once: diff2html made about 20 DOM
+  // elements a line, and an 85,000-line diff froze the page for a minute.
+  // Past it, the first lines and a button for the rest.
+  const DIFF_LINES_SHOWN = 3000;
+
+  function renderDiff(diff, whole) {
+    const lines = diff.split('\n');
+    if (!whole && lines.length > DIFF_LINES_SHOWN) {
+      const box = renderDiff(lines.slice(0, DIFF_LINES_SHOWN).join('\n'), true);
+      const rest = h('button', { type: 'button', class: 'diff-more' },
+        'Show all ' + lines.length + ' lines (' + (lines.length - DIFF_LINES_SHOWN) + ' more; slow)');
+      rest.onclick = () => box.replaceWith(renderDiff(diff, true));
+      box.append(rest);
+      return box;
+    }
     const box = h('div', { class: 'diff' });
     if (window.Diff2Html) {
       // diff2html escapes the diff's text; its output is trusted markup.
@@ -312,6 +326,17 @@
     } else {
       box.append(h('pre', {}, diff));
     }
+    return box;
+  }
+
+  // A collapsed diff of the transcript is rendered when first opened, not
+  // with the page: a session of many big tool calls rebuilt them all on
+  // every refresh.
+  function lazyDiff(diff) {
+    const box = h('details', { class: 'tool-diff' }, h('summary', {}, 'diff'));
+    box.addEventListener('toggle', () => {
+      if (box.open && box.childElementCount === 1) box.append(renderDiff(diff));
+    });
     return box;
   }
 
@@ -352,7 +377,7 @@
         h('strong', {}, cut(t.title || t.id || 'tool call', 300)),
         t.kind ? h('span', { class: 'muted' }, ' (' + t.kind + ')') : null,
         t.paths && t.paths.length ? h('div', { class: 'paths' }, cut(t.paths.join(', '), 2000)) : null,
-        (t.diffs || []).map((d) => h('details', { class: 'tool-diff' }, h('summary', {}, 'diff'), renderDiff(d))));
+        (t.diffs || []).map((d) => lazyDiff(d)));
     }
     if (m.kind === 'plan') {
       return h('div', { class: 'entry plan-note muted' }, time, 'plan updated');
