@@ -237,6 +237,19 @@ fn approvals_and_the_audit_log_are_read_in_bounded_pages() {
     assert_eq!(decided.len(), WRITES);
     assert!(pages >= 5, "{pages} pages of 5");
     assert!(decided.iter().all(|a| a["status"] == "decided"));
+    // Brief pages: the same approvals without their diffs, and the link to
+    // the next page keeps it brief.
+    let (brief, pages) = all_pages(http, "/api/approvals?status=decided&limit=5&brief=true");
+    assert_eq!(brief.len(), WRITES);
+    assert!(pages >= 5, "{pages} pages of 5");
+    assert!(
+        brief.iter().all(|a| a["diff"].is_null()),
+        "a diff in a brief page"
+    );
+    assert!(
+        decided.iter().all(|a| !a["diff"].is_null()),
+        "the full pages keep them"
+    );
 
     // The audit log: newest first, paged by count here.
     let (whole, _) = all_pages(http, &format!("/api/audit?session={id}&limit=1000"));

@@ -189,9 +189,12 @@ pub struct ApprovalQuery {
     status: Option<String>,
     before: Option<i64>,
     limit: Option<usize>,
+    /// Without the diffs (a list that needs only who waits since when).
+    #[serde(default)]
+    brief: bool,
 }
 
-/// `GET /api/approvals[?status=pending|decided|cancelled|expired|all][&before=K][&limit=N]`:
+/// `GET /api/approvals[?status=pending|decided|cancelled|expired|all][&before=K][&limit=N][&brief=true]`:
 /// a page, newest first, with a `Link` to the older page ([`paging`]).
 pub async fn list_approvals(
     State(app): State<App>,
@@ -210,12 +213,22 @@ pub async fn list_approvals(
     let views: Vec<ApprovalView> = page
         .items
         .into_iter()
-        .map(|r| ApprovalView::new(r, None))
+        .map(|mut r| {
+            if query.brief {
+                r.diff = None;
+            }
+            ApprovalView::new(r, None)
+        })
         .collect();
     let mut response = Json(views).into_response();
-    let kept = status
+    let mut kept: Vec<String> = status
         .map(|s| format!("status={}", s.as_str()))
-        .unwrap_or_default();
+        .into_iter()
+        .collect();
+    if query.brief {
+        kept.push("brief=true".to_owned());
+    }
+    let kept = kept.join("&");
     paging::link_older(
         &mut response,
         "/api/approvals",

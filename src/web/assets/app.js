@@ -226,7 +226,8 @@
     async function refresh() {
       const [sessions, pending] = await Promise.all([
         api('GET', '/api/sessions?all=true'),
-        apiAll('/api/approvals?status=pending'),
+        // Who waits since when; the diffs would be megabytes per refresh.
+        apiAll('/api/approvals?status=pending&brief=true'),
       ]);
       const waiting = {};
       for (const p of pending) {
