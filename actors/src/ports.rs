@@ -426,6 +426,17 @@ pub enum NoticeLevel {
     Error,
 }
 
+impl NoticeLevel {
+    /// How a notice of this level is kept in the transcript: an error as an
+    /// error entry, the rest as text.
+    pub fn message_kind(self) -> MessageKind {
+        match self {
+            NoticeLevel::Error => MessageKind::Error,
+            NoticeLevel::Info | NoticeLevel::Warning => MessageKind::Text,
+        }
+    }
+}
+
 /// Where operator events go. Must not block: implementations queue.
 pub trait OperatorSink: Send + Sync + 'static {
     /// Hands one event to the operator side.

@@ -17,7 +17,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use serde_json::json;
 
 use crate::model::{
-    AuditEntry, MessageKind, Protocol, RequestStatus, Role, SessionId, SessionRecord, SessionStatus,
+    AuditEntry, Protocol, RequestStatus, Role, SessionId, SessionRecord, SessionStatus,
 };
 use crate::ports::{NoticeLevel, OperatorEvent, OperatorSink, SessionStore};
 use crate::session::{
@@ -475,10 +475,7 @@ impl SupervisorState {
     /// [`Self::notice`], also kept in the session's transcript (what a
     /// reader of the session later needs to know).
     async fn notice_kept(&self, id: &SessionId, level: NoticeLevel, text: String) {
-        let kind = match level {
-            NoticeLevel::Error => MessageKind::Error,
-            _ => MessageKind::Text,
-        };
+        let kind = level.message_kind();
         if let Err(e) = self
             .args
             .store

@@ -205,16 +205,13 @@ impl crate::slack::RulesAdmin for App {
 /// them is told so, instead of a summary that reads as if they took effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Fixed {
-    database: std::path::PathBuf,
-    bind: std::net::SocketAddr,
+    /// The config the server started with.
     started: Config,
 }
 
 impl Fixed {
     pub(super) fn of(config: &Config) -> Self {
         Fixed {
-            database: config.database.path.clone(),
-            bind: config.server.bind,
             started: config.clone(),
         }
     }
@@ -237,17 +234,18 @@ impl Fixed {
     /// Warnings for each fixed setting `config` changes.
     pub(super) fn changed_by(&self, config: &Config) -> Vec<String> {
         let mut out = Vec::new();
-        if config.database.path != self.database {
+        let was = &self.started;
+        if config.database.path != was.database.path {
             out.push(format!(
                 "[database] path changed to {}; that takes a restart: the server still uses {} (and agent file access still guards its directory)",
                 config.database.path.display(),
-                self.database.display()
+                was.database.path.display()
             ));
         }
-        if config.server.bind != self.bind {
+        if config.server.bind != was.server.bind {
             out.push(format!(
                 "[server] bind changed to {}; that takes a restart: the server still listens on {}",
-                config.server.bind, self.bind
+                config.server.bind, was.server.bind
             ));
         }
         for section in self.sections_changed_by(config) {

@@ -36,8 +36,9 @@ impl Config {
             .map(|s| PathBuf::from(format!("{db}{s}")))
             .collect();
         files.extend(self.source.clone());
-        files.extend(output_files());
-        ServerFiles::new(files, [self.data_dir()]).holding(output_inodes())
+        let outputs = output_files();
+        files.extend(outputs.iter().map(|o| o.path.clone()));
+        ServerFiles::new(files, [self.data_dir()]).holding(outputs.iter().map(|o| o.inode))
     }
 
     /// Warnings about server files that lie inside a workspace.
@@ -45,6 +46,7 @@ impl Config {
         let mut out = Vec::new();
         let data = canonical(&self.data_dir());
         let config = self.source.as_deref().map(canonical);
+        let outputs = output_files();
         for ws in self.workspaces.iter().chain(self.discovered.iter()) {
             let root = canonical(&ws.path);
             if data.starts_with(&root) {
@@ -65,11 +67,11 @@ impl Config {
                     root.display()
                 ));
             }
-            for file in output_files() {
-                if canonical(&file).starts_with(&root) {
+            for file in &outputs {
+                if canonical(&file.path).starts_with(&root) {
                     out.push(format!(
                         "the server's output goes to {} inside workspace `{}` ({}); it holds the API token and the console login code printed at start: agent file access refuses it, but send stdout and stderr outside every workspace",
-                        file.display(),
+                        file.path.display(),
                         ws.id,
                         root.display()
                     ));
@@ -84,33 +86,31 @@ fn canonical(p: &Path) -> PathBuf {
     p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// A file the server's stdout or stderr is redirected to.
+struct Output {
+    /// Its path now (a log rotation may rename it later).
+    path: PathBuf,
+    /// Its `(device, inode)`: protected whatever it is renamed to.
+    inode: (u64, u64),
+}
+
 /// The files stdout and stderr are redirected to, when they are regular
 /// files: the log, and what `serve` prints once on stdout (the API token and
 /// the console's login code). An agent that could read either could act as
 /// the operator.
-fn output_files() -> Vec<PathBuf> {
-    [1, 2]
-        .into_iter()
-        .filter_map(|fd| {
-            let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
-            std::fs::metadata(&target)
-                .ok()
-                .filter(|m| m.is_file())
-                .map(|_| target)
-        })
-        .collect()
-}
-
-/// The `(device, inode)` of the files stdout and stderr write to, when
-/// they are regular files: protected whatever they are renamed to (a log
-/// rotation moves the file the server keeps writing to).
-fn output_inodes() -> Vec<(u64, u64)> {
+fn output_files() -> Vec<Output> {
     use std::os::unix::fs::MetadataExt;
     [1, 2]
         .into_iter()
-        .filter_map(|fd| std::fs::metadata(format!("/proc/self/fd/{fd}")).ok())
-        .filter(std::fs::Metadata::is_file)
-        .map(|m| (m.dev(), m.ino()))
+        .filter_map(|fd| {
+            let link = format!("/proc/self/fd/{fd}");
+            // The link's target is the file, whatever its name is now.
+            let meta = std::fs::metadata(&link).ok().filter(|m| m.is_file())?;
+            Some(Output {
+                path: std::fs::read_link(&link).ok()?,
+                inode: (meta.dev(), meta.ino()),
+            })
+        })
         .collect()
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{Outgoing, Phase, SessionState, StartError, StartMode};
-use crate::model::{MessageKind, Role, SessionStatus};
+use crate::model::{Role, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::protocol::acp::{self, AgentInfo, methods};
 use crate::protocol::jsonrpc::{RpcError, RpcId, RpcMessage, codes};
@@ -326,11 +326,7 @@ impl SessionState {
 
     /// Records a notice in the transcript and tells the operator.
     pub(super) async fn emit_notice(&self, level: NoticeLevel, text: &str) {
-        let kind = match level {
-            NoticeLevel::Error => MessageKind::Error,
-            _ => MessageKind::Text,
-        };
-        self.note(Role::System, kind, text);
+        self.note(Role::System, level.message_kind(), text);
         self.emit(OperatorEvent::Notice {
             session_id: self.id().clone(),
             level,

@@ -24,15 +24,19 @@
   // which writes these as visible marks: `notes-\u202etxt.sh` shows as
   // `notes-⟨U+202E⟩txt.sh`, not as `notes-hs.txt`.
   const DISGUISES = /[\u{ad}\u{61c}\u{180e}\u{200b}\u{200e}\u{200f}\u{2028}-\u{202e}\u{2060}-\u{206f}\u{feff}\u{fff9}-\u{fffb}\u{e0000}-\u{e007f}]/gu;
+  // A character shown by its code point: `⟨U+202E⟩`.
+  function mark(c) {
+    return '⟨U+' + c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩';
+  }
   function visible(text) {
-    return text.replace(DISGUISES, (c) => '⟨U+' + c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩');
+    return text.replace(DISGUISES, mark);
   }
 
   // Control characters but tab and newline (ANSI escapes: invisible, and
   // OSC 8 leftovers read as links), marked like disguises.
   const CONTROLS = /[\u0000-\u0008\u000b-\u001f\u007f]/g;
   function visibleControls(text) {
-    return text.replace(CONTROLS, (c) => '⟨U+' + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, '0') + '⟩');
+    return text.replace(CONTROLS, mark);
   }
 
   // Agent-chosen titles and paths are cut, so a huge one cannot push the
