@@ -5,17 +5,11 @@
 mod common;
 
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Http, Layout, Setup, WAIT, until};
+use common::{Http, Layout, Setup, WAIT, free_port, serve_command, until};
 use serde_json::{Value, json};
-
-/// A free loopback port (bound, read, released).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 0");
-    listener.local_addr().expect("addr").port()
-}
 
 /// `agent-intercom serve` as a child process; its stderr goes to a file.
 struct ServerProcess {
@@ -27,15 +21,7 @@ impl ServerProcess {
     fn spawn(layout: &Layout, name: &str) -> ServerProcess {
         let log = layout.dir.path().join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_agent-intercom"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&layout.config)
-            .env_remove("AGENT_INTERCOM_TOKEN")
-            .env_remove("SLACK_BOT_TOKEN")
-            .env_remove("SLACK_APP_TOKEN")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
+        let child = serve_command(&layout.config)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr))
             .spawn()
@@ -178,6 +164,34 @@ fn read_token(layout: &Layout) -> String {
         .to_owned()
 }
 
+/// A first server on a fresh layout (`setup_on`, no extra agents), healthy,
+/// and a client holding its API token.
+fn first_server() -> (Layout, ServerProcess, Http) {
+    let port = free_port();
+    let layout = Layout::new(&setup_on(port, Vec::new()));
+    let base = format!("http://127.0.0.1:{port}");
+    let mut first = ServerProcess::spawn(&layout, "first");
+    wait_healthy(&Http::new(&base, None), &mut first);
+    let http = Http::new(&base, Some(&read_token(&layout)));
+    (layout, first, http)
+}
+
+/// SIGKILLs `first` (its agent `pid`'s group goes with it) and starts a
+/// second server on the same layout and database, healthy.
+fn kill_and_start_again(
+    layout: &Layout,
+    first: &mut ServerProcess,
+    http: &Http,
+    pid: i32,
+) -> ServerProcess {
+    first.signal(libc::SIGKILL);
+    first.wait_exit();
+    expect_group_gone(pid, "the SIGKILLed server");
+    let mut second = ServerProcess::spawn(layout, "second");
+    wait_healthy(http, &mut second);
+    second
+}
+
 #[test]
 fn sessions_survive_a_killed_server() {
     let port = free_port();
@@ -281,12 +295,7 @@ fn sessions_survive_a_killed_server() {
 /// killed and started again must not lift it and deliver what was held.
 #[test]
 fn a_pause_outlives_a_killed_server() {
-    let port = free_port();
-    let layout = Layout::new(&setup_on(port, Vec::new()));
-    let base = format!("http://127.0.0.1:{port}");
-    let mut first = ServerProcess::spawn(&layout, "first");
-    wait_healthy(&Http::new(&base, None), &mut first);
-    let http = Http::new(&base, Some(&read_token(&layout)));
+    let (layout, mut first, http) = first_server();
     let a = start(&http, "scripted", "pause me");
     http.until_pending(&a, "req-1");
     let paused = http.post(&format!("/api/sessions/{a}/pause"), &json!({}));
@@ -297,12 +306,7 @@ fn a_pause_outlives_a_killed_server() {
     );
     assert_eq!((held.status, &held.body), (202, &json!({"queued": true})));
     let pid = agent_pid(&http, &a);
-    first.signal(libc::SIGKILL);
-    first.wait_exit();
-    expect_group_gone(pid, "the SIGKILLed server");
-
-    let mut second = ServerProcess::spawn(&layout, "second");
-    wait_healthy(&http, &mut second);
+    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
     let text = http.until_transcript(&a, "Still paused");
     assert!(!text.contains("prompt: held for later"), "{text}");
     let live = http.get(&format!("/api/sessions/{a}")).body;
@@ -326,12 +330,7 @@ fn a_pause_outlives_a_killed_server() {
 /// answered with a storage error.
 #[test]
 fn requests_after_a_restart_get_fresh_ids() {
-    let port = free_port();
-    let layout = Layout::new(&setup_on(port, Vec::new()));
-    let base = format!("http://127.0.0.1:{port}");
-    let mut first = ServerProcess::spawn(&layout, "first");
-    wait_healthy(&Http::new(&base, None), &mut first);
-    let http = Http::new(&base, Some(&read_token(&layout)));
+    let (layout, mut first, http) = first_server();
     let a = start(&http, "scripted", "before");
     http.until_pending(&a, "req-1");
     let r = http.post(
@@ -341,12 +340,7 @@ fn requests_after_a_restart_get_fresh_ids() {
     assert_eq!(r.status, 200, "{}", r.text);
     http.until_pending(&a, "req-2");
     let pid = agent_pid(&http, &a);
-    first.signal(libc::SIGKILL);
-    first.wait_exit();
-    expect_group_gone(pid, "the SIGKILLed server");
-
-    let mut second = ServerProcess::spawn(&layout, "second");
-    wait_healthy(&http, &mut second);
+    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
     // The agent was waiting on req-2: the transcript says it expired, and
     // the resumed agent is asked to continue its cut turn.
     http.until_transcript(&a, "Its open request req-2 expired");

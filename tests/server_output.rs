@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
-use common::{Http, Layout, Setup, until};
+use common::{Http, Layout, Setup, free_port, serve_command, until};
 use serde_json::json;
 
 /// Kills the server when the test ends, whatever happened.
@@ -23,10 +23,7 @@ impl Drop for Running {
 
 #[test]
 fn stdout_redirected_into_a_workspace_is_refused_to_the_agent_and_warned_about() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let layout = Layout::new(&Setup {
         scenario: json!({"turns": [[
             {"read_file": {"path": "serve.out"}},
@@ -38,15 +35,7 @@ fn stdout_redirected_into_a_workspace_is_refused_to_the_agent_and_warned_about()
     });
     let out = layout.root.join("ws").join("serve.out");
     let log = layout.dir.path().join("serve.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_agent-intercom"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&layout.config)
-        .env_remove("AGENT_INTERCOM_TOKEN")
-        .env_remove("SLACK_BOT_TOKEN")
-        .env_remove("SLACK_APP_TOKEN")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
+    let child = serve_command(&layout.config)
         .stdout(std::fs::File::create(&out).expect("stdout file"))
         .stderr(std::fs::File::create(&log).expect("log file"))
         .spawn()

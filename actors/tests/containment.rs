@@ -13,7 +13,7 @@ use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::rules::ApprovalMode;
 use intercom_actors::session::{Caller, Choice, SessionMsg};
 use serde_json::json;
-use support::{Harness, Knobs};
+use support::{Harness, Knobs, decide_as};
 
 fn owner() -> Caller {
     Caller {
@@ -294,16 +294,9 @@ async fn slow_reads_never_hold_a_decision_and_past_eight_are_refused() {
         matches!(e, OperatorEvent::RequestOpened { .. })
     })
     .await;
-    let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: "req-1".into(),
-        choice: Choice::Approve,
-        reason: None,
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect("decided while the reads still scan");
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+        .await
+        .expect("decided while the reads still scan");
     let text = h.until_transcript(&rec.id, "busy=").await;
     let report = text
         .lines()
@@ -381,16 +374,9 @@ async fn an_edit_that_names_no_path_is_asked_even_in_auto_edits() {
     })
     .await;
     assert_eq!(pending(&h, &rec.id).await, 1);
-    let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: "req-1".into(),
-        choice: Choice::Approve,
-        reason: None,
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect("decided");
+    decide_as(&h, &rec.id, "req-1", Choice::Approve, None, owner())
+        .await
+        .expect("decided");
     // The edit that names its path is allowed by the mode on its own.
     let text = h.until_transcript(&rec.id, "\ndone").await;
     assert!(

@@ -604,16 +604,21 @@ async fn auth_required_without_a_method_names_the_offered_methods() {
         .expect("authenticated start");
 }
 
-#[tokio::test]
-async fn prompt_timeout_is_noted_and_the_session_stays_active() {
-    let h = Harness::new(Knobs {
+/// A harness whose prompts time out after one second.
+async fn one_second_prompt_timeout() -> Harness {
+    Harness::new(Knobs {
         limits: Limits {
             prompt_timeout_secs: 1,
             ..Knobs::default().limits
         },
         ..Knobs::default()
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn prompt_timeout_is_noted_and_the_session_stays_active() {
+    let h = one_second_prompt_timeout().await;
     let rec = h.start(json!({"turns": [[{"hang": true}]]}), "go").await;
     let text = h
         .until_transcript(&rec.id, "has not answered the prompt within 1 s")
@@ -625,14 +630,7 @@ async fn prompt_timeout_is_noted_and_the_session_stays_active() {
 
 #[tokio::test]
 async fn waiting_for_the_operator_does_not_count_against_the_prompt_timeout() {
-    let h = Harness::new(Knobs {
-        limits: Limits {
-            prompt_timeout_secs: 1,
-            ..Knobs::default().limits
-        },
-        ..Knobs::default()
-    })
-    .await;
+    let h = one_second_prompt_timeout().await;
     let scenario = json!({"turns": [[
         {"permission": {"tool_call_id": "t1", "title": "gate"}},
         {"chunk": "after the gate"}

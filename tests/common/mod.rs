@@ -22,6 +22,29 @@ pub const TOKEN: &str = "test-token-0123456789";
 mod scripted_agent;
 pub use scripted_agent::agent_bin;
 
+/// A loopback port free at the moment of asking.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 0");
+    listener.local_addr().expect("addr").port()
+}
+
+/// `agent-intercom serve --config <config>` with no API token or Slack
+/// credentials from the test's environment, info logging and no stdin; the
+/// caller chooses where stdout and stderr go.
+pub fn serve_command(config: &std::path::Path) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_agent-intercom"));
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env_remove("AGENT_INTERCOM_TOKEN")
+        .env_remove("SLACK_BOT_TOKEN")
+        .env_remove("SLACK_APP_TOKEN")
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null());
+    command
+}
+
 /// Polls `f` every 50 ms until it returns `Some`, or panics after [`WAIT`].
 pub fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + WAIT;
