@@ -1,15 +1,15 @@
 //! What the agent sends: frames become requests, responses and
-//! notifications; `session/update`s become transcript entries and operator
-//! events; `fs/*` calls are served inside the workspace; dialect messages map
-//! onto the same pending-request machinery as ACP.
+//! notifications; permission requests become pending requests; `fs/*` calls
+//! are served inside the workspace; dialect messages map onto the same
+//! pending-request machinery as ACP. `session/update`s go on to
+//! `updates.rs`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::ledger::RowId;
 use super::toolcalls::{self, ToolCalls};
 use super::{Outgoing, Pending, Phase, SessionState};
 use crate::child::ChildEvent;
@@ -18,7 +18,7 @@ use crate::model::{
     SessionStatus, now_ms,
 };
 use crate::ports::{NoticeLevel, OperatorEvent};
-use crate::protocol::acp::{self, Update, methods};
+use crate::protocol::acp::{self, methods};
 use crate::protocol::framing::Frame;
 use crate::protocol::intercom::DialectIn;
 use crate::protocol::jsonrpc::{ParseError, RpcError, RpcId, RpcMessage, codes, truncate_for_log};
@@ -174,7 +174,7 @@ impl SessionState {
 
     /// A file the agent named, read beneath the workspace handle for a diff
     /// in context (refused like a read: outside, server files, symlinks out).
-    fn preview(&self, path: &Path) -> Option<String> {
+    pub(super) fn preview(&self, path: &Path) -> Option<String> {
         let ws = self.workspace.as_ref().ok()?;
         let named = path.display().to_string();
         ws.current(&named, toolcalls::MAX_PREVIEW_BYTES)
@@ -350,64 +350,6 @@ impl SessionState {
         }
     }
 
-    async fn on_update(&mut self, params: &Value) {
-        let (_, update) = match acp::parse_update(params) {
-            Ok(u) => u,
-            Err(e) => {
-                self.warn_agent(|| format!("skipping session/update: {e}"));
-                return;
-            }
-        };
-        if self.replaying {
-            // History replayed by session/load is already in our transcript.
-            self.replayed += 1;
-            return;
-        }
-        match update {
-            Update::AgentText(t) => {
-                if !self.thought.is_empty() {
-                    self.flush_thought().await;
-                }
-                self.push_agent_text(&t);
-            }
-            Update::Thought(t) => {
-                if !self.text.text.is_empty() {
-                    // Keep the transcript in the order the agent spoke.
-                    self.flush_text(true).await;
-                }
-                // Thoughts share the per-turn cap's size: never unbounded.
-                let room = self
-                    .settings
-                    .limits
-                    .max_turn_text_bytes
-                    .saturating_sub(self.thought.len());
-                let mut take = t.len().min(room);
-                while !t.is_char_boundary(take) {
-                    take -= 1;
-                }
-                self.thought.push_str(&t[..take]);
-            }
-            Update::Usage(usage) => {
-                self.usage = Some(usage);
-                // Only the latest counts: during a flood it is shown on the
-                // next tick, not once per update (each one is an event the
-                // journal stores).
-                self.usage_unsent = true;
-                if !self.flooded() {
-                    self.send_usage();
-                }
-            }
-            Update::ToolCall(view) | Update::ToolCallUpdate(view) => self.on_tool(view).await,
-            Update::Plan(entries) => self.on_plan(entries).await,
-            Update::Other(_) => {
-                if let Some(update) = params.get("update") {
-                    self.agent_options.apply_update(update);
-                }
-            }
-            Update::UserText(_) => {}
-        }
-    }
-
     /// Counts inbound frames; warns once per burst over the limit.
     fn count_frame(&mut self) {
         let limit = self.settings.limits.inbound_messages_per_sec;
@@ -424,232 +366,9 @@ impl SessionState {
     /// True while the agent sends more than `limits.inbound_messages_per_sec`:
     /// updates are then coalesced (persisted and shown once per tick), never
     /// dropped; requests and responses are always handled at once.
-    fn flooded(&self) -> bool {
+    pub(super) fn flooded(&self) -> bool {
         self.rate
             .flooded(self.settings.limits.inbound_messages_per_sec)
-    }
-
-    /// Lets go of the transcript lines of tool calls the session no
-    /// longer remembers (a later update of one starts a new line).
-    fn forget_tool_lines(&mut self) {
-        for id in self.toolcalls.take_forgotten() {
-            self.tools.remove(&id);
-            self.dirty_tools.remove(&id);
-        }
-    }
-
-    /// Shows the agent's latest usage, if not shown yet.
-    fn send_usage(&mut self) {
-        if !std::mem::take(&mut self.usage_unsent) {
-            return;
-        }
-        if let Some(usage) = self.usage.clone() {
-            self.emit(OperatorEvent::Usage {
-                session_id: self.id().clone(),
-                usage,
-            });
-        }
-    }
-
-    /// Persists and shows what was coalesced during a flood.
-    pub(super) async fn flush_coalesced(&mut self) {
-        self.send_usage();
-        for id in std::mem::take(&mut self.dirty_tools) {
-            if let Some((row, doc)) = self.tools.get(&id).cloned() {
-                self.queue_update(&row, doc.to_string());
-                self.emit(OperatorEvent::ToolCall {
-                    session_id: self.id().clone(),
-                    tool_call_id: id,
-                    title: doc["title"].as_str().unwrap_or_default().to_owned(),
-                    status: doc["status"].as_str().unwrap_or_default().to_owned(),
-                });
-            }
-        }
-        if let Some(entries) = self.pending_plan.take() {
-            self.write_plan(entries).await;
-        }
-    }
-
-    async fn on_tool(&mut self, view: acp::ToolCallView) {
-        let root = PathBuf::from(&self.record.cwd);
-        let merged = self.toolcalls.update(&view).clone();
-        self.forget_tool_lines();
-        if self.flooded()
-            && let Some((row, doc)) = self.tools.get_mut(&view.id)
-            && !row.is_none()
-        {
-            // No diff rendering (file reads) while flooded; the merged state
-            // keeps every edit for the permission that may follow.
-            let light = acp::ToolCallView {
-                edits: None,
-                ..view.clone()
-            };
-            tool_doc(doc, &root, &merged, &light, &|_| None);
-            keep_small(doc, &mut self.text.tool_bytes);
-            self.dirty_tools.insert(view.id);
-            return;
-        }
-        let (mut row, mut doc) = self.tools.get(&view.id).cloned().unwrap_or((
-            RowId::None,
-            json!({"id": view.id, "title": "", "kind": "other", "status": "pending"}),
-        ));
-        row.refresh();
-        let old_status = doc["status"].clone();
-        tool_doc(&mut doc, &root, &merged, &view, &|p| self.preview(p));
-        keep_small(&mut doc, &mut self.text.tool_bytes);
-        self.dirty_tools.remove(&view.id);
-        let content = doc.to_string();
-        let new = row.is_none();
-        if new {
-            row = self.queue_append(Role::System, MessageKind::Tool, content);
-        } else {
-            self.queue_update(&row, content);
-        }
-        let changed = new || old_status != doc["status"] || view.title.is_some();
-        self.tools.insert(view.id.clone(), (row, doc.clone()));
-        if changed {
-            self.emit(OperatorEvent::ToolCall {
-                session_id: self.id().clone(),
-                tool_call_id: view.id,
-                title: doc["title"].as_str().unwrap_or_default().to_owned(),
-                status: doc["status"].as_str().unwrap_or_default().to_owned(),
-            });
-        }
-    }
-
-    async fn on_plan(&mut self, entries: Vec<(String, String)>) {
-        if self.flooded() && !self.plan_message.is_none() {
-            self.pending_plan = Some(entries);
-            return;
-        }
-        self.pending_plan = None;
-        self.write_plan(entries).await;
-    }
-
-    async fn write_plan(&mut self, entries: Vec<(String, String)>) {
-        let content = json!(
-            entries
-                .iter()
-                .map(|(c, s)| json!({"content": c, "status": s}))
-                .collect::<Vec<_>>()
-        )
-        .to_string();
-        self.plan_message.refresh();
-        if self.plan_message.is_none() {
-            self.plan_message = self.queue_append(Role::System, MessageKind::Plan, content);
-        } else {
-            self.queue_update(&self.plan_message, content);
-        }
-        self.emit(OperatorEvent::Plan {
-            session_id: self.id().clone(),
-            entries,
-        });
-    }
-
-    /// Stores the agent's aggregated thought and shows it to the operator.
-    async fn flush_thought(&mut self) {
-        let text = std::mem::take(&mut self.thought);
-        if text.trim().is_empty() {
-            return;
-        }
-        self.note(Role::Agent, MessageKind::Thought, &text);
-        self.emit(OperatorEvent::AgentThought {
-            session_id: self.id().clone(),
-            text,
-        });
-    }
-
-    /// Adds agent text to the turn, up to `limits.max_turn_text_bytes`; past
-    /// the cap the rest of the turn's text is dropped with a visible note.
-    fn push_agent_text(&mut self, chunk: &str) {
-        if self.text.truncated {
-            return;
-        }
-        let cap = self.settings.limits.max_turn_text_bytes;
-        let room = cap.saturating_sub(self.text.turn_bytes);
-        let mut take = chunk.len().min(room);
-        while !chunk.is_char_boundary(take) {
-            take -= 1;
-        }
-        self.text.text.push_str(&chunk[..take]);
-        self.text.turn_bytes += take;
-        if take < chunk.len() {
-            self.text.truncated = true;
-            self.text.text.push_str(&format!(
-                "\n\n[agent-intercom: the rest of this turn's text was dropped; it passed limits.max_turn_text_bytes ({cap} bytes)]"
-            ));
-            tracing::warn!(session = %self.record.id, cap, "agent text over the per-turn cap; truncated");
-        }
-        self.text.dirty = true;
-    }
-
-    /// Persists aggregated agent text (appending only what is new); `publish`
-    /// also tells the operator and starts a new block.
-    pub(super) async fn flush_text(&mut self, publish: bool) {
-        if publish && !self.thought.is_empty() {
-            self.flush_thought().await;
-        }
-        if self.text.dirty && publish {
-            // The block is complete: nothing needs its row id any more, so
-            // nothing waits for the write either.
-            self.queue_text();
-            self.text.stored = self.text.text.len();
-            self.text.dirty = false;
-        }
-        if self.text.dirty {
-            self.text.flushed_at = Instant::now();
-            let store = Arc::clone(&self.store);
-            let (id, sid) = (self.text.message_id, self.id().clone());
-            let tail = self.text.text[self.text.stored..].to_owned();
-            let written = self
-                .ledger
-                .wait(store_text(store, sid, id, tail))
-                .await
-                .map(|id| self.text.message_id = Some(id));
-            if let Err(e) = &written {
-                tracing::warn!(session = %self.record.id, "agent text not stored yet, kept for a retry: {e}");
-            }
-            let stored = written.is_ok();
-            if stored {
-                self.text.stored = self.text.text.len();
-            }
-            // A failed write stays dirty and is retried on the next tick.
-            self.text.dirty = !stored;
-        }
-        if publish && !self.text.text.is_empty() {
-            if self.text.dirty {
-                // Not stored yet: keep it for the retry, whole, as its own entry.
-                self.unstored_text
-                    .push((self.text.message_id, self.text.text.clone()));
-                self.text.dirty = false;
-            }
-            let text = std::mem::take(&mut self.text.text);
-            self.text.message_id = None;
-            self.text.stored = 0;
-            self.emit(OperatorEvent::AgentText {
-                session_id: self.id().clone(),
-                text,
-            });
-        }
-    }
-
-    /// Retries transcript writes that failed (storage outage): nothing the
-    /// agent said is lost once storage works again.
-    pub(super) async fn retry_unstored_text(&mut self) {
-        let pending = std::mem::take(&mut self.unstored_text);
-        for (message_id, text) in pending {
-            let ok = match message_id {
-                Some(id) => self.store.update_message(id, &text).await.is_ok(),
-                None => self
-                    .store
-                    .append_message(self.id(), Role::Agent, MessageKind::Text, &text)
-                    .await
-                    .is_ok(),
-            };
-            if !ok {
-                self.unstored_text.push((message_id, text));
-            }
-        }
     }
 
     async fn on_dialect_message(&mut self, msg: RpcMessage) {
@@ -756,208 +475,5 @@ impl SessionState {
         } else if was_alerted {
             tracing::info!(session = %self.record.id, "agent activity resumed after a stall alert");
         }
-    }
-}
-
-/// The longest tool call title kept in the transcript, in bytes (the
-/// request shows the whole of it).
-const TOOL_TITLE_KEPT: usize = 4 * 1024;
-
-/// The most diff text one tool call line keeps in the transcript.
-const TOOL_DIFFS_KEPT: usize = 256 * 1024;
-
-/// Bytes of tool call lines one turn writes to the transcript before their
-/// diffs stop being kept (twice what one transcript page carries). Without
-/// it, an agent sending big tool calls grew the database by about 40 MB a
-/// second within one turn.
-pub(super) const TOOL_BYTES_PER_TURN: usize = 2 * crate::transcript::MAX_PAGE_BYTES;
-
-/// Bounds a tool call's transcript line: its title cut to
-/// [`TOOL_TITLE_KEPT`], its diffs replaced by a note when they are over
-/// [`TOOL_DIFFS_KEPT`] or the turn has written [`TOOL_BYTES_PER_TURN`] of
-/// tool calls; adds what it keeps to `turn_bytes`. The merged tool call
-/// (what a permission is judged and shown by) keeps everything.
-fn keep_small(doc: &mut Value, turn_bytes: &mut usize) {
-    if let Some(title) = doc["title"].as_str()
-        && title.len() > TOOL_TITLE_KEPT
-    {
-        doc["title"] = json!(crate::text::shorten(title, TOOL_TITLE_KEPT));
-    }
-    let diff_bytes: usize = doc["diffs"]
-        .as_array()
-        .map(|d| d.iter().filter_map(Value::as_str).map(str::len).sum())
-        .unwrap_or(0);
-    let why = if diff_bytes > TOOL_DIFFS_KEPT {
-        Some(format!("over {TOOL_DIFFS_KEPT} bytes"))
-    } else if *turn_bytes + diff_bytes > TOOL_BYTES_PER_TURN {
-        Some(format!(
-            "this turn's tool calls passed {TOOL_BYTES_PER_TURN} bytes"
-        ))
-    } else {
-        None
-    };
-    let kept = match why {
-        Some(why) => {
-            let note = format!("(a diff of {diff_bytes} bytes, not kept in the transcript: {why})");
-            let len = note.len();
-            doc["diffs"] = json!([note]);
-            len
-        }
-        None => diff_bytes,
-    };
-    *turn_bytes += kept + doc["title"].as_str().map_or(0, str::len);
-}
-
-/// Writes a tool call's merged state into its transcript document, paths
-/// relative to the workspace; diffs are rendered again only when the update
-/// carried content (rendering reads the files).
-fn tool_doc(
-    doc: &mut Value,
-    root: &Path,
-    merged: &toolcalls::ToolCall,
-    view: &acp::ToolCallView,
-    preview: toolcalls::Preview<'_>,
-) {
-    if let Some(t) = &merged.title {
-        doc["title"] = json!(toolcalls::relative_title(root, t));
-    }
-    if let Some(k) = &merged.kind {
-        doc["kind"] = json!(k);
-    }
-    if let Some(s) = &merged.status {
-        doc["status"] = json!(s);
-    }
-    let paths = toolcalls::paths(root, merged);
-    if !paths.is_empty() {
-        doc["paths"] = json!(paths);
-    }
-    if view.edits.is_some() {
-        doc["diffs"] = json!(toolcalls::show(root, merged, preview).diffs);
-    }
-}
-
-impl SessionState {
-    /// Queues the agent's finished text block; if the write fails, the
-    /// block comes back as [`super::SessionMsg::TextNotStored`] and is
-    /// retried every tick, never lost.
-    fn queue_text(&self) {
-        let store = Arc::clone(&self.store);
-        let (me, sid) = (self.myself.clone(), self.id().clone());
-        let (id, whole) = (self.text.message_id, self.text.text.clone());
-        let tail = self.text.text[self.text.stored..].to_owned();
-        self.ledger.queue(async move {
-            if let Err(e) = store_text(store, sid.clone(), id, tail).await {
-                tracing::warn!(session = %sid, "agent text not stored yet, kept for a retry: {e}");
-                let _ = me.send_message(super::SessionMsg::TextNotStored {
-                    message_id: id,
-                    text: whole,
-                });
-            }
-        });
-    }
-
-    /// Queues a new transcript row; its id follows.
-    fn queue_append(&self, role: Role, kind: MessageKind, content: String) -> RowId {
-        let (store, sid) = (Arc::clone(&self.store), self.id().clone());
-        let (answer, id) = tokio::sync::oneshot::channel();
-        self.ledger.queue(async move {
-            let appended = store.append_message(&sid, role, kind, &content).await;
-            if let Err(e) = &appended {
-                tracing::warn!(session = %sid, "transcript write failed: {e}");
-            }
-            let _ = answer.send(appended.ok());
-        });
-        RowId::pending(id)
-    }
-
-    /// Queues new content for the transcript row `row` (once it exists).
-    fn queue_update(&self, row: &RowId, content: String) {
-        let (store, sid, id) = (Arc::clone(&self.store), self.id().clone(), row.later());
-        // A row still on its way: this write reaches the store only after
-        // the append committed, maybe after a write queued behind it that
-        // someone waits for, who then waits for this one too. Not chatter
-        // then, so the store does not hold it back.
-        let late = row.is_on_its_way();
-        self.ledger.queue(async move {
-            let Some(id) = id.await else { return };
-            let update = store.update_message(id, &content);
-            let updated = if late {
-                crate::ports::awaited(update).await
-            } else {
-                update.await
-            };
-            if let Err(e) = updated {
-                tracing::warn!(session = %sid, "transcript update failed: {e}");
-            }
-        });
-    }
-}
-
-/// Stores the part of a text block not yet stored: appended to its row
-/// `id`, or as a new row (`tail` is then the whole block); the row's id.
-async fn store_text(
-    store: Arc<dyn crate::ports::SessionStore>,
-    session: crate::model::SessionId,
-    id: Option<i64>,
-    tail: String,
-) -> Result<i64, crate::ports::StoreError> {
-    match id {
-        Some(id) => store.append_to_message(id, &tail).await.map(|()| id),
-        None => {
-            store
-                .append_message(&session, Role::Agent, MessageKind::Text, &tail)
-                .await
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn doc(title_bytes: usize, diff_bytes: usize) -> Value {
-        json!({"id": "t1", "title": "t".repeat(title_bytes), "diffs": ["d".repeat(diff_bytes)]})
-    }
-
-    #[test]
-    fn a_tool_call_line_keeps_a_small_diff_and_cuts_a_huge_title() {
-        let mut turn = 0;
-        let mut small = doc(100_000, 1_000);
-        keep_small(&mut small, &mut turn);
-        // Cut, with a note of its length.
-        assert!(small["title"].as_str().expect("title").len() <= TOOL_TITLE_KEPT + 40);
-        assert_eq!(small["diffs"][0].as_str().expect("diff").len(), 1_000);
-        assert!(
-            turn > 1_000 && turn < 1_000 + TOOL_TITLE_KEPT + 40,
-            "{turn}"
-        );
-    }
-
-    #[test]
-    fn a_huge_diff_or_a_full_turn_leaves_a_note_instead() {
-        let mut turn = 0;
-        let mut huge = doc(10, TOOL_DIFFS_KEPT + 1);
-        keep_small(&mut huge, &mut turn);
-        let note = huge["diffs"][0].as_str().expect("note");
-        assert!(
-            note.contains("not kept in the transcript") && note.contains("over"),
-            "{note}"
-        );
-        assert!(turn < 200, "{turn}");
-
-        // Many diffs under the per-line bound: kept until the turn's budget.
-        let mut turn = 0;
-        let mut kept = 0;
-        for _ in 0..100 {
-            let mut d = doc(10, TOOL_DIFFS_KEPT - 1);
-            keep_small(&mut d, &mut turn);
-            if !d["diffs"][0].as_str().expect("diff").contains("not kept") {
-                kept += 1;
-            }
-        }
-        // About budget / line bound of them (the titles count too).
-        let fit = TOOL_BYTES_PER_TURN / TOOL_DIFFS_KEPT;
-        assert!((fit - 1..=fit).contains(&kept), "{kept} of {fit}");
-        assert!(turn < TOOL_BYTES_PER_TURN + 100 * 200, "{turn}");
     }
 }

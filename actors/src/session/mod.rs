@@ -25,6 +25,7 @@ mod rules;
 mod state;
 mod toolcalls;
 mod turns;
+mod updates;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
