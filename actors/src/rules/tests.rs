@@ -1,0 +1,388 @@
+//! Approval rules: matching, precedence, scopes and validation.
+
+use super::*;
+
+fn rule(id: &str, scope: Scope, matcher: RuleMatch, action: RuleAction) -> Rule {
+    Rule {
+        id: id.into(),
+        scope,
+        matcher,
+        action,
+    }
+}
+
+fn facts(kind: &str, paths: &[&str], command: Option<&str>) -> RequestFacts {
+    RequestFacts {
+        kind: Some(kind.into()),
+        paths: paths.iter().map(|p| p.to_string()).collect(),
+        paths_inside: true,
+        server_file: false,
+        command: command.map(str::to_owned),
+        agent: "claude".into(),
+        workspace: "api".into(),
+        session: SessionId("s-1".into()),
+    }
+}
+
+fn kind(k: &str) -> RuleMatch {
+    RuleMatch {
+        kind: Some(k.into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn auto_edits_asks_before_changing_a_file_that_runs_code() {
+    for path in [
+        ".git/config",
+        ".git/hooks/pre-commit",
+        "vendor/lib/.git/config",
+        ".envrc",
+        ".vscode/tasks.json",
+        ".GIT/config",
+        ".husky/pre-push",
+        ".claude/settings.json",
+        ".mcp.json",
+        ".gemini/settings.json",
+        ".cursor/mcp.json",
+        "mise.toml",
+        ".zed/tasks.json",
+        ".nvim.lua",
+        ".cargo/config.toml",
+        "crates/core/build.rs",
+    ] {
+        let v = evaluate(&[], ApprovalMode::AutoEdits, &facts("edit", &[path], None));
+        assert_eq!(v.action, RuleAction::Ask, "{path}: {}", v.why);
+        assert!(v.why.contains("runs code"), "{path}: {}", v.why);
+    }
+    // Ordinary edits, and reading those files, are still allowed.
+    for (kind, path) in [
+        ("edit", "src/main.rs"),
+        ("edit", "git/config.rs"),
+        ("edit", "src/build.rs.txt"),
+        ("edit", "docs/claude.md"),
+        ("read", ".git/config"),
+        ("read", ".claude/settings.json"),
+    ] {
+        let v = evaluate(&[], ApprovalMode::AutoEdits, &facts(kind, &[path], None));
+        assert_eq!(v.action, RuleAction::Allow, "{kind} {path}: {}", v.why);
+    }
+}
+
+#[test]
+fn evaluation_order_table() {
+    let ws = || Scope::Workspace("api".into());
+    let sess = || Scope::Session(SessionId("s-1".into()));
+    let docs = RuleMatch {
+        paths: vec!["docs/**".into()],
+        ..Default::default()
+    };
+    let git = RuleMatch {
+        kind: Some("execute".into()),
+        command_prefix: Some("git ".into()),
+        ..Default::default()
+    };
+    let rm = RuleMatch {
+        command_regex: Some(r"^rm\s+-rf".into()),
+        ..Default::default()
+    };
+    type Case = (
+        &'static str,
+        Vec<Rule>,
+        ApprovalMode,
+        RequestFacts,
+        RuleAction,
+        Option<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "no rules, ask mode",
+            vec![],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Ask,
+            None,
+        ),
+        (
+            "global allow by kind",
+            vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)],
+            ApprovalMode::Ask,
+            facts("read", &["a.rs"], None),
+            RuleAction::Allow,
+            Some("g1"),
+        ),
+        (
+            "kind mismatch falls through",
+            vec![rule("g1", Scope::Global, kind("read"), RuleAction::Allow)],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Ask,
+            None,
+        ),
+        (
+            "deny beats a more specific allow",
+            vec![
+                rule("g-deny", Scope::Global, kind("edit"), RuleAction::Deny),
+                rule("s-allow", sess(), kind("edit"), RuleAction::Allow),
+            ],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Deny,
+            Some("g-deny"),
+        ),
+        (
+            "session beats workspace",
+            vec![
+                rule("w-ask", ws(), kind("edit"), RuleAction::Ask),
+                rule("s-allow", sess(), kind("edit"), RuleAction::Allow),
+            ],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Allow,
+            Some("s-allow"),
+        ),
+        (
+            "workspace beats global",
+            vec![
+                rule("g-allow", Scope::Global, kind("edit"), RuleAction::Allow),
+                rule("w-ask", ws(), kind("edit"), RuleAction::Ask),
+            ],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Ask,
+            Some("w-ask"),
+        ),
+        (
+            "ask beats allow in one scope",
+            vec![
+                rule("a", Scope::Global, kind("edit"), RuleAction::Allow),
+                rule("b", Scope::Global, kind("edit"), RuleAction::Ask),
+            ],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Ask,
+            Some("b"),
+        ),
+        (
+            "other workspace does not apply",
+            vec![rule(
+                "w",
+                Scope::Workspace("web".into()),
+                kind("edit"),
+                RuleAction::Allow,
+            )],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Ask,
+            None,
+        ),
+        (
+            "path glob matches all paths",
+            vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)],
+            ApprovalMode::Ask,
+            facts("edit", &["docs/a.md", "docs/x/b.md"], None),
+            RuleAction::Allow,
+            Some("d"),
+        ),
+        (
+            "one path outside the glob",
+            vec![rule("d", Scope::Global, docs.clone(), RuleAction::Allow)],
+            ApprovalMode::Ask,
+            facts("edit", &["docs/a.md", "src/b.rs"], None),
+            RuleAction::Ask,
+            None,
+        ),
+        (
+            "command prefix",
+            vec![rule("git", Scope::Global, git.clone(), RuleAction::Allow)],
+            ApprovalMode::Ask,
+            facts("execute", &[], Some("git status")),
+            RuleAction::Allow,
+            Some("git"),
+        ),
+        (
+            "command prefix mismatch",
+            vec![rule("git", Scope::Global, git, RuleAction::Allow)],
+            ApprovalMode::Ask,
+            facts("execute", &[], Some("gitk")),
+            RuleAction::Ask,
+            None,
+        ),
+        (
+            "command regex deny beats auto",
+            vec![rule("rm", Scope::Global, rm, RuleAction::Deny)],
+            ApprovalMode::Auto,
+            facts("execute", &[], Some("rm -rf /")),
+            RuleAction::Deny,
+            Some("rm"),
+        ),
+        (
+            "auto allows the rest",
+            vec![],
+            ApprovalMode::Auto,
+            facts("execute", &[], Some("make")),
+            RuleAction::Allow,
+            None,
+        ),
+        (
+            "auto-edits allows edits inside",
+            vec![],
+            ApprovalMode::AutoEdits,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Allow,
+            None,
+        ),
+        (
+            "auto-edits asks for execute",
+            vec![],
+            ApprovalMode::AutoEdits,
+            facts("execute", &[], Some("make")),
+            RuleAction::Ask,
+            None,
+        ),
+        (
+            "agent filter",
+            vec![rule(
+                "ag",
+                Scope::Global,
+                RuleMatch {
+                    agent: Some("gemini".into()),
+                    ..Default::default()
+                },
+                RuleAction::Allow,
+            )],
+            ApprovalMode::Ask,
+            facts("edit", &["a.rs"], None),
+            RuleAction::Ask,
+            None,
+        ),
+    ];
+    for (name, rules, mode, facts, action, rule_id) in cases {
+        let v = evaluate(&rules, mode, &facts);
+        assert_eq!(
+            (v.action, v.rule.as_deref()),
+            (action, rule_id),
+            "case: {name}"
+        );
+    }
+}
+
+#[test]
+fn auto_edits_never_allows_paths_outside() {
+    let mut f = facts("edit", &["../x"], None);
+    f.paths_inside = false;
+    assert_eq!(
+        evaluate(&[], ApprovalMode::AutoEdits, &f).action,
+        RuleAction::Ask
+    );
+    let glob = rule(
+        "d",
+        Scope::Global,
+        RuleMatch {
+            paths: vec!["**".into()],
+            ..Default::default()
+        },
+        RuleAction::Allow,
+    );
+    assert_eq!(
+        evaluate(&[glob], ApprovalMode::Ask, &f).action,
+        RuleAction::Ask
+    );
+}
+
+#[test]
+fn invalid_globs_and_regexes_are_reported() {
+    let bad = rule(
+        "x",
+        Scope::Global,
+        RuleMatch {
+            command_regex: Some("(".into()),
+            ..Default::default()
+        },
+        RuleAction::Deny,
+    );
+    assert!(
+        bad.validate()
+            .expect_err("bad")
+            .to_string()
+            .contains("command_regex")
+    );
+    let bad = rule(
+        "y",
+        Scope::Global,
+        RuleMatch {
+            paths: vec!["a/[".into()],
+            ..Default::default()
+        },
+        RuleAction::Deny,
+    );
+    assert!(bad.validate().is_err());
+}
+
+#[test]
+fn modes_parse() {
+    for m in [
+        ApprovalMode::Ask,
+        ApprovalMode::AutoEdits,
+        ApprovalMode::Auto,
+    ] {
+        assert_eq!(ApprovalMode::parse(m.as_str()), Some(m));
+    }
+}
+
+#[test]
+fn modes_never_allow_file_changes_without_paths_outside_or_on_server_files() {
+    let allow_all = rule(
+        "allow-all",
+        Scope::Global,
+        RuleMatch::default(),
+        RuleAction::Allow,
+    );
+    for mode in [ApprovalMode::AutoEdits, ApprovalMode::Auto] {
+        for k in ["edit", "delete", "move"] {
+            let v = evaluate(&[], mode, &facts(k, &[], None));
+            assert_eq!(v.action, RuleAction::Ask, "{mode:?} {k} without paths");
+        }
+        let mut outside = facts("edit", &["/etc/passwd"], None);
+        outside.paths_inside = false;
+        assert_eq!(evaluate(&[], mode, &outside).action, RuleAction::Ask);
+        let mut server = facts("edit", &["config.toml"], None);
+        server.server_file = true;
+        assert_eq!(evaluate(&[], mode, &server).action, RuleAction::Ask);
+        // Not even an allow-everything rule decides for a server file.
+        assert_eq!(
+            evaluate(std::slice::from_ref(&allow_all), mode, &server).action,
+            RuleAction::Ask
+        );
+    }
+    // What the modes are for still works.
+    assert_eq!(
+        evaluate(
+            &[],
+            ApprovalMode::AutoEdits,
+            &facts("edit", &["src/a.rs"], None)
+        )
+        .action,
+        RuleAction::Allow
+    );
+    assert_eq!(
+        evaluate(&[], ApprovalMode::Auto, &facts("execute", &[], Some("ls"))).action,
+        RuleAction::Allow
+    );
+}
+
+#[test]
+fn a_deny_rule_still_denies_a_server_file() {
+    let deny = rule(
+        "deny-all",
+        Scope::Global,
+        RuleMatch::default(),
+        RuleAction::Deny,
+    );
+    let mut server = facts("read", &["data/api-token"], None);
+    server.server_file = true;
+    assert_eq!(
+        evaluate(&[deny], ApprovalMode::Auto, &server).action,
+        RuleAction::Deny
+    );
+}
