@@ -185,24 +185,64 @@ impl Rule {
             return false;
         }
         if let Some(prefix) = &m.command_prefix
-            && !facts
-                .command
-                .as_deref()
-                .is_some_and(|c| c.trim_start().starts_with(prefix.as_str()))
+            && !self.command_matches(facts, |c| self.starts_with_command(c, prefix))
         {
             return false;
         }
         if let Some(re) = &m.command_regex {
-            let ok = regex::Regex::new(re)
-                .ok()
-                .zip(facts.command.as_deref())
-                .is_some_and(|(re, c)| re.is_match(c));
-            if !ok {
+            let Ok(re) = regex::Regex::new(re) else {
+                return false;
+            };
+            if !self.command_matches(facts, |c| re.is_match(c)) {
                 return false;
             }
         }
         true
     }
+
+    /// Whether `command` starts with `prefix`. For an allow rule the
+    /// prefix must end at a word boundary (`git status` allows
+    /// `git status -s`, not `git statusx`) unless it ends in a space; a deny
+    /// or ask rule matches any command that starts with it (`rm` also holds
+    /// `rmdir`).
+    fn starts_with_command(&self, command: &str, prefix: &str) -> bool {
+        let Some(rest) = command.trim_start().strip_prefix(prefix) else {
+            return false;
+        };
+        self.action != RuleAction::Allow
+            || rest.is_empty()
+            || prefix.ends_with(char::is_whitespace)
+            || rest.starts_with(char::is_whitespace)
+    }
+
+    /// Whether the request's command passes `test`. An allow rule vouches
+    /// for one command: a command line that chains, pipes, substitutes or
+    /// redirects ([`SHELL_CONTROL`]) never matches it, or a remembered
+    /// `git status` would allow `git status && rm -rf ~`. A deny or ask rule
+    /// matches the whole line or any command in it.
+    fn command_matches(&self, facts: &RequestFacts, test: impl Fn(&str) -> bool) -> bool {
+        let Some(command) = facts.command.as_deref() else {
+            return false;
+        };
+        if self.action == RuleAction::Allow {
+            return !command.contains(SHELL_CONTROL) && test(command);
+        }
+        test(command) || command_segments(command).any(test)
+    }
+}
+
+/// Characters with which a shell runs more than one command, or more than
+/// the command written: separators, pipes, background, substitutions,
+/// redirections, subshells and line breaks.
+pub const SHELL_CONTROL: &[char] = &[';', '&', '|', '`', '$', '<', '>', '(', ')', '\n', '\r'];
+
+/// The pieces of a command line between [`SHELL_CONTROL`] characters,
+/// trimmed: what a deny rule is also held against.
+fn command_segments(command: &str) -> impl Iterator<Item = &str> {
+    command
+        .split(SHELL_CONTROL)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
 }
 
 fn paths_match(globs: &[String], facts: &RequestFacts) -> bool {
