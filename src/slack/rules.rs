@@ -20,7 +20,7 @@ use intercom_actors::model::{
     TranscriptEntry,
 };
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
-use intercom_actors::rules::{ApprovalMode, Rule, RuleAction, RuleMatch, Scope};
+use intercom_actors::rules::{ApprovalMode, Rule, RuleAction, RuleMatch, SHELL_CONTROL, Scope};
 use intercom_actors::slack_port::MessageBody;
 
 use super::inbound::{Ctx, Reply};
@@ -235,6 +235,10 @@ pub fn remembered_match(
     }
     match kind.as_deref() {
         Some("execute") => match backticked(&r.title) {
+            Some(cmd) if allow && cmd.contains(SHELL_CONTROL) => Err(format!(
+                "`{}` is more than one command (it chains, pipes, substitutes or redirects), and an allow rule vouches for one command only; decide such requests one at a time, or add a rule for each command through `POST /api/rules`.",
+                render::escape(cmd)
+            )),
             Some(cmd) => Ok(RuleMatch {
                 kind: kind.clone(),
                 command_prefix: Some(cmd.to_owned()),
@@ -666,6 +670,10 @@ mod tests {
         assert_eq!(m.command_prefix.as_deref(), Some("cargo test"));
         assert!(allows(&m, &facts("execute", &[], Some("cargo test --all"))));
         assert!(!allows(&m, &facts("execute", &[], Some("rm -rf /"))));
+        // An allow rule cannot vouch for a chained command line.
+        let chained = request(RequestKind::Permission, "`cargo test && ./deploy.sh`", &[]);
+        let refused = remembered_match(&chained, Some("execute"), cwd, true).unwrap_err();
+        assert!(refused.contains("more than one command"), "{refused}");
         let vague = request(RequestKind::Permission, "Run a command", &[]);
         assert!(remembered_match(&vague, Some("execute"), cwd, true).is_err());
         let deny = remembered_match(&vague, Some("execute"), cwd, false).expect("deny all");
