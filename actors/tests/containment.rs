@@ -111,13 +111,43 @@ async fn waits_for_a_human_in_mode_auto(h: &Harness, location: &str, title: &str
 async fn a_server_file_named_only_in_raw_input_is_asked() {
     let h = Harness::new(guarded()).await;
     for (kind, key, path) in [
-        ("read", "file_path", "data/api-token"),
-        ("search", "path", "data"),
+        ("read", "file_path", json!("data/api-token")),
+        ("search", "path", json!("data")),
+        ("read", "file", json!("data/api-token")),
+        ("read", "paths", json!(["README.md", "data/api-token"])),
     ] {
-        let title = format!("{kind} {path}");
+        let title = format!("{kind} {key}");
         let steps = json!([
             {"tool_call": {"id": "t1", "title": title, "kind": kind, "raw_input": {key: path}}},
             {"permission": {"tool_call_id": "t1", "title": title, "kind": kind}},
+            {"chunk": "\ndone"}
+        ]);
+        waits_for_a_human_in_mode_auto_after(&h, steps, &title).await;
+    }
+}
+
+/// An edit is judged by where it lands, as the kernel resolves the path:
+/// `..` after a link to a directory outside, a dangling link (writing
+/// through it creates its target), a path the agent's shell would expand,
+/// and an empty path are all asked. A probe had each allowed by auto-edits.
+#[tokio::test]
+async fn an_edit_that_lands_outside_through_a_link_is_asked() {
+    let h = Harness::new(Knobs::default()).await;
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::create_dir(outside.path().join("sub")).expect("sub");
+    std::os::unix::fs::symlink(outside.path().join("sub"), h.workspace.join("L")).expect("L");
+    std::os::unix::fs::symlink(outside.path().join("new.txt"), h.workspace.join("dangling"))
+        .expect("dangling");
+    for location in [
+        "L/../target.txt",
+        "dangling",
+        "~/.bashrc",
+        "$HOME/.bashrc",
+        "",
+    ] {
+        let title = format!("Edit {location:?}");
+        let steps = json!([
+            {"permission": {"tool_call_id": "t1", "title": title, "kind": "edit", "locations": [location]}},
             {"chunk": "\ndone"}
         ]);
         waits_for_a_human_in_mode_auto_after(&h, steps, &title).await;

@@ -731,42 +731,25 @@ fn auto_check_facts(
         .and_then(serde_json::Value::as_str)
         .map(str::to_owned)
         .or_else(|| (kind.as_deref() == Some("execute")).then(|| tool.clone()));
-    let mut server_file = false;
     // Each path is resolved on the filesystem: past a bound, the answer is
     // "ask" (as for a path outside), without resolving any.
     let too_many = paths.len() > intercom_actors::rules::MAX_REQUEST_PATHS;
-    let (relative, inside) = match &t.cwd {
-        _ if too_many => (Vec::new(), false),
+    let judged = match &t.cwd {
+        _ if too_many => intercom_actors::fsjail::Judged::default(),
         Some(cwd) => {
-            let root = cwd.canonicalize().unwrap_or_else(|_| cwd.clone());
             let guard = server_files.checker();
-            let mut inside = true;
-            let rel = paths
-                .iter()
-                .map(|p| {
-                    match intercom_actors::fsjail::resolve_inside(cwd, std::path::Path::new(p)) {
-                        Ok(real) => {
-                            server_file |= guard.covers(&real);
-                            real.strip_prefix(&root)
-                                .map(|r| r.display().to_string())
-                                .unwrap_or_else(|_| p.clone())
-                        }
-                        Err(_) => {
-                            inside = false;
-                            p.clone()
-                        }
-                    }
-                })
-                .collect();
-            (rel, inside)
+            intercom_actors::fsjail::judge_paths(cwd, &paths, |p| guard.covers(p))
         }
-        None => (paths.clone(), false),
+        None => intercom_actors::fsjail::Judged {
+            relative: paths.clone(),
+            ..Default::default()
+        },
     };
     intercom_actors::rules::RequestFacts {
         kind,
-        paths: relative,
-        paths_inside: inside,
-        server_file,
+        paths: judged.relative,
+        paths_inside: judged.inside,
+        server_file: judged.server_file,
         command,
         agent: "mcp".to_owned(),
         workspace: t.workspace.clone(),

@@ -28,34 +28,13 @@ impl SessionState {
         kind: Option<String>,
         command: Option<String>,
     ) -> RequestFacts {
-        let root = Path::new(&self.record.cwd);
-        let root_real = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
-        let mut inside = true;
-        let mut server_file = false;
-        let mut relative = Vec::with_capacity(paths.len());
         let guard = self.settings.server_files.checker();
-        for p in paths {
-            match fsjail::resolve_inside(root, Path::new(p)) {
-                Ok(real) => {
-                    server_file |= guard.covers(&real);
-                    relative.push(
-                        real.strip_prefix(&root_real)
-                            .map(|r| r.display().to_string())
-                            .unwrap_or_else(|_| p.clone()),
-                    )
-                }
-                Err(_) => {
-                    server_file |= guard.covers(&fsjail::normalize(&root.join(p)));
-                    inside = false;
-                    relative.push(p.clone());
-                }
-            }
-        }
+        let judged = fsjail::judge_paths(Path::new(&self.record.cwd), paths, |p| guard.covers(p));
         RequestFacts {
             kind,
-            paths: relative,
-            paths_inside: inside,
-            server_file,
+            paths: judged.relative,
+            paths_inside: judged.inside,
+            server_file: judged.server_file,
             command,
             agent: self.record.agent.clone(),
             workspace: self.record.workspace.clone(),

@@ -290,10 +290,24 @@ const RAW_PATH_KEYS: &[&str] = &[
     "destination",
     "old_path",
     "new_path",
+    "file",
+    "files",
+    "filename",
+    "paths",
+    "file_paths",
+    "filePaths",
+    "target_file",
+    "target_path",
+    "directory",
+    "dir",
 ];
 
+/// The most paths taken from one `rawInput` (the request's paths are
+/// bounded again when rules judge them).
+const RAW_PATHS_MAX: usize = 512;
+
 /// Paths a call names only in its `rawInput` (string values of
-/// [`RAW_PATH_KEYS`]): a request is judged by every file it names, so one
+/// [`RAW_PATH_KEYS`], or strings in a list there): a request is judged by every file it names, so one
 /// that puts its path there and not in `locations` is not judged as naming
 /// none.
 fn raw_paths(call: &ToolCall) -> Vec<PathBuf> {
@@ -302,8 +316,14 @@ fn raw_paths(call: &ToolCall) -> Vec<PathBuf> {
     };
     RAW_PATH_KEYS
         .iter()
-        .filter_map(|k| raw.get(*k)?.as_str())
+        .filter_map(|k| raw.get(*k))
+        .flat_map(|v| match v {
+            Value::String(p) => vec![p.as_str()],
+            Value::Array(items) => items.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        })
         .filter(|p| !p.is_empty())
+        .take(RAW_PATHS_MAX)
         .map(PathBuf::from)
         .collect()
 }
@@ -319,7 +339,8 @@ pub fn paths(root: &Path, call: &ToolCall) -> Vec<String> {
         .map(|e| &e.path)
         .chain(&call.locations)
         .chain(&raw);
-    for p in named {
+    // An empty path names no file (it is not the workspace itself).
+    for p in named.filter(|p| !p.as_os_str().is_empty()) {
         let rel = relative(root, p);
         if !paths.contains(&rel) {
             paths.push(rel);
@@ -418,13 +439,23 @@ pub fn normalize(root: &Path, path: &Path) -> PathBuf {
 }
 
 /// The path as the operator thinks of it: relative to the workspace when
-/// inside it, absolute otherwise.
+/// it starts there, absolute otherwise. `..` stays as written: resolved
+/// by text, `link/../x` would read as a file of the workspace when it
+/// lands beside the link's target (rules resolve it as the kernel does).
 pub fn relative(root: &Path, path: &Path) -> String {
-    let n = normalize(root, path);
+    let n: PathBuf = if path.is_absolute() {
+        path.components().collect()
+    } else {
+        root.join(path).components().collect()
+    };
+    let climbs = |p: &Path| {
+        p.components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    };
     match n.strip_prefix(root) {
         Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
-        Ok(rel) => rel.display().to_string(),
-        Err(_) => n.display().to_string(),
+        Ok(rel) if !climbs(rel) => rel.display().to_string(),
+        _ => n.display().to_string(),
     }
 }
 
@@ -493,8 +524,9 @@ mod tests {
         assert_eq!(relative(Path::new("/w"), Path::new("src/x.rs")), "src/x.rs");
         assert_eq!(
             relative(Path::new("/w"), Path::new("/w/../etc/passwd")),
-            "/etc/passwd"
+            "/w/../etc/passwd"
         );
+        assert_eq!(relative(Path::new("/w"), Path::new("L/../x")), "/w/L/../x");
         assert_eq!(relative(Path::new("/w"), Path::new("/wx/a")), "/wx/a");
         assert_eq!(
             relative_title(Path::new("/w"), "Edit `/w/a.rs` and /wx/b"),
