@@ -277,6 +277,12 @@ fn sessions_survive_a_killed_server() {
         http.get(&format!("/api/approvals/{b}:req-1")).body["status"],
         "expired"
     );
+    // Its transcript says so too, naming the request that expired.
+    let b_text = http.until_transcript(&b, "could not be resumed");
+    assert!(
+        b_text.contains("`doomed` is no longer configured") && b_text.contains("req-1 expired"),
+        "{b_text}"
+    );
 
     // The resumed agent keeps working: its new turn asks again, and that
     // request can be decided.

@@ -467,3 +467,83 @@ async fn an_agent_killed_for_a_framing_error_is_told_why() {
     })
     .await;
 }
+
+/// An agent that reuses a request id while the first request waits, asks
+/// again once the session is stopping (after `session/cancel`), and once
+/// more at stdin's end; it reports each error it is answered.
+const ASKS_OUT_OF_TURN: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def ask(rid, title):
+    send({"jsonrpc": "2.0", "id": rid, "method": "session/request_permission", "params": {
+        "sessionId": "s1", "toolCall": {"toolCallId": title, "title": title, "kind": "edit"},
+        "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
+prompt = None
+for line in sys.stdin:
+    m = json.loads(line)
+    method, mid = m.get("method"), m.get("id")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
+    elif method == "session/prompt":
+        prompt = mid
+        ask(77, "FIRST")
+        ask(77, "SECOND")
+    elif method == "session/cancel":
+        ask(99, "DURING STOP")
+        send({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "cancelled"}})
+    elif method is None and "error" in m:
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+              "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text",
+              "text": "error for %s: %s\n" % (mid, m["error"]["message"])}}}})
+ask(100, "AT EOF")
+"#;
+
+/// A request whose id is still waiting for an answer is refused (its answer
+/// could not be told from the first one's), and requests sent while the
+/// session stops are refused, not left pending for ever. A probe had both
+/// shown to the operator; the stopping ones stayed pending across restarts.
+#[tokio::test]
+async fn a_reused_id_or_a_request_during_stop_is_refused_not_left_pending() {
+    let h = Harness::new(Knobs::default()).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "python3".into();
+    profile.args = vec!["-c".into(), ASKS_OUT_OF_TURN.into()];
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    let text = h.until_transcript(&rec.id, "error for 77").await;
+    assert!(text.contains("already waiting for an answer"), "{text}");
+    let open = h
+        .store
+        .list_requests(Some(&rec.id), true)
+        .await
+        .expect("open");
+    let titles: Vec<&str> = open.iter().map(|r| r.title.as_str()).collect();
+    assert_eq!(titles, ["FIRST"]);
+
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: intercom_actors::session::StopCause::Operator,
+        caller: Caller::local(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("stopped");
+    h.until_record(&rec.id, "ended", |r| !r.status.is_live())
+        .await;
+    let open = h
+        .store
+        .list_requests(Some(&rec.id), true)
+        .await
+        .expect("open");
+    assert!(open.is_empty(), "left pending: {open:?}");
+    let all = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("all");
+    let titles: Vec<&str> = all.iter().map(|r| r.title.as_str()).collect();
+    assert_eq!(titles, ["FIRST"], "only the first request was ever taken");
+}

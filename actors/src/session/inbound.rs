@@ -230,6 +230,27 @@ impl SessionState {
         options: Vec<PermissionOption>,
         write: Option<(String, String)>,
     ) -> Result<u64, String> {
+        if matches!(self.phase, Phase::Stopping | Phase::Ended) {
+            // Nobody will decide it: the session's requests were closed when
+            // it began to stop, and a request shown now would stay pending
+            // for ever.
+            let why = "the session is stopping; no new request is taken".to_owned();
+            let note =
+                "The agent asked for something while the session was stopping; it was refused."
+                    .to_owned();
+            self.refuse_request(wire, kind, &why, note).await;
+            return Err(why);
+        }
+        if !from_mcp_client(&wire) && self.pending.values().any(|p| p.wire == wire) {
+            // Its answer could not be told from the first one's.
+            let why = format!(
+                "request id {} is already waiting for an answer; give each request its own id",
+                serde_json::to_string(&wire).unwrap_or_default()
+            );
+            let note = "The agent reused the id of a request still waiting for an answer; the second request was refused.".to_owned();
+            self.refuse_request(wire, kind, &why, note).await;
+            return Err(why);
+        }
         let cap = self.settings.limits.max_pending_requests;
         if self.pending.len() >= cap {
             let why = format!(

@@ -22,6 +22,12 @@ const ORPHANS_GONE: Duration = Duration::from_secs(2);
 /// The agent profile a session stored as live resumes with, or why it
 /// cannot resume.
 fn resumable_with(rec: &SessionRecord, profiles: &[AgentProfile]) -> Result<AgentProfile, String> {
+    if rec.protocol == Protocol::Mcp {
+        return Err(
+            "its MCP client's connection ended with the old server; the client reconnects on its own, as a new session"
+                .to_owned(),
+        );
+    }
     let profile = profiles
         .iter()
         .find(|p| p.id == rec.agent)
@@ -31,8 +37,7 @@ fn resumable_with(rec: &SessionRecord, profiles: &[AgentProfile]) -> Result<Agen
         Protocol::Acp if rec.acp_session_id.is_none() => {
             Err("the agent had not given it a session id to load".to_owned())
         }
-        Protocol::Mcp => Err("an MCP client reconnects on its own, as a new session".to_owned()),
-        Protocol::Acp | Protocol::Intercom => Ok(profile),
+        Protocol::Acp | Protocol::Intercom | Protocol::Mcp => Ok(profile),
     }
 }
 
@@ -71,6 +76,15 @@ impl SupervisorState {
                 let reason = format!("server restarted; the session could not be resumed: {why}");
                 tracing::warn!(session = %id, "{reason}");
                 self.sessions.insert(id.clone(), placeholder_entry(&rec));
+                let mut text =
+                    format!("The server restarted; this session could not be resumed: {why}.");
+                if !expired.is_empty() {
+                    text.push_str(&format!(
+                        " Its open request {} expired.",
+                        expired.join(", ")
+                    ));
+                }
+                self.notice_kept(&id, NoticeLevel::Warning, text).await;
                 self.end_session(&id, SessionStatus::Interrupted, &reason)
                     .await;
                 return false;
@@ -309,5 +323,43 @@ async fn revive_audit(store: &dyn SessionStore, id: &SessionId, by: &str, failed
     };
     if let Err(e) = store.audit(&entry).await {
         tracing::error!(session = %id, "audit write failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(agent: &str, protocol: Protocol, acp_session_id: Option<&str>) -> SessionRecord {
+        SessionRecord {
+            id: SessionId::from("s-1"),
+            workspace: "ws".into(),
+            cwd: "/tmp".into(),
+            agent: agent.into(),
+            protocol,
+            status: SessionStatus::Active,
+            status_reason: None,
+            title: "t".into(),
+            owner: "U1".into(),
+            acp_session_id: acp_session_id.map(str::to_owned),
+            channel_id: None,
+            thread_ts: None,
+            restart_count: 0,
+            created_at: 0,
+            updated_at: 0,
+            last_activity_at: 0,
+        }
+    }
+
+    /// An MCP session never had an agent profile: the reason says its client
+    /// reconnects, not that a profile `mcp` is missing from the config (a
+    /// probe was sent to fix the config for nothing).
+    #[test]
+    fn each_session_that_cannot_resume_says_why_in_its_own_terms() {
+        let why = resumable_with(&stored("mcp", Protocol::Mcp, None), &[]).unwrap_err();
+        assert!(why.contains("MCP client"), "{why}");
+        assert!(!why.contains("configured"), "{why}");
+        let why = resumable_with(&stored("gone", Protocol::Acp, Some("a1")), &[]).unwrap_err();
+        assert!(why.contains("`gone` is no longer configured"), "{why}");
     }
 }
