@@ -547,3 +547,50 @@ async fn a_reused_id_or_a_request_during_stop_is_refused_not_left_pending() {
     let titles: Vec<&str> = all.iter().map(|r| r.title.as_str()).collect();
     assert_eq!(titles, ["FIRST"], "only the first request was ever taken");
 }
+
+/// An agent that sends a request with a float id, a line that is not
+/// JSON and a line over `max_line_bytes`, and reports every answer it gets
+/// with a null id.
+const SENDS_UNREADABLE_LINES: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+answers = []
+for line in sys.stdin:
+    m = json.loads(line)
+    method, mid = m.get("method"), m.get("id")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
+    elif method == "session/prompt":
+        prompt = mid
+        send({"jsonrpc": "2.0", "id": 1.5, "method": "session/request_permission", "params": {}})
+        sys.stdout.write("this is not json\n")
+        sys.stdout.write('{"jsonrpc": "2.0", "id": 9, "method": "x", "params": "' + "a" * 5000 + '"}\n')
+        sys.stdout.flush()
+    elif method is None and mid is None and "error" in m:
+        answers.append(str(m["error"]["code"]))
+        if len(answers) == 3:
+            send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+                  "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text",
+                  "text": "null-id answers: %s\n" % ",".join(answers)}}}})
+            send({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "end_turn"}})
+"#;
+
+/// A request the server cannot read is answered with an error and a null id
+/// (JSON-RPC 2.0), so the agent is not left waiting for an answer that never
+/// comes: a float id, a line that is not JSON, a line over the limit. A
+/// probe's agent waited for ever on each.
+#[tokio::test]
+async fn lines_that_cannot_be_read_are_answered_with_a_null_id() {
+    let mut knobs = Knobs::default();
+    knobs.limits.max_line_bytes = 4096;
+    let h = Harness::new(knobs).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "python3".into();
+    profile.args = vec!["-c".into(), SENDS_UNREADABLE_LINES.into()];
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    let text = h.until_transcript(&rec.id, "null-id answers").await;
+    assert!(text.contains("null-id answers: -32600,-32700,-32600"), "{text}");
+}

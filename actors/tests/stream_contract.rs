@@ -325,9 +325,11 @@ async fn contract_04_malformed_lines_are_skipped_and_the_stream_continues() {
         next(&mut frames).await,
         Event::Malformed(ParseError::Shape(_))
     ));
+    // A request the agent got wrong is answered (-32600, null id); a
+    // malformed response is not.
     assert_eq!(
         next(&mut frames).await,
-        Event::Malformed(ParseError::Shape("method is not a string"))
+        Event::Malformed(ParseError::Invalid("method is not a string"))
     );
     assert_eq!(next(&mut frames).await, status("after the garbage"));
     assert!(matches!(

@@ -117,9 +117,14 @@ pub enum ParseError {
     /// Not JSON at all.
     #[error("malformed JSON: {0}")]
     Json(String),
-    /// JSON, but not a message shape we understand.
+    /// JSON, but not a message shape we understand (a malformed response:
+    /// never answered, or two strict peers could answer each other for ever).
     #[error("not a JSON-RPC message: {0}")]
     Shape(&'static str),
+    /// Not a valid request or notification: JSON-RPC answers it with
+    /// -32600 and a null id.
+    #[error("not a valid JSON-RPC request: {0}")]
+    Invalid(&'static str),
     /// A JSON-RPC batch (a top-level array), which this side does not take;
     /// the ids of the requests in it, which each deserve an error answer.
     #[error("a JSON-RPC batch of {len} messages; batches are not supported")]
@@ -129,6 +134,25 @@ pub enum ParseError {
         /// The ids of the requests among them.
         requests: Vec<RpcId>,
     },
+}
+
+impl ParseError {
+    /// The error a line that failed to parse is answered with (with a null
+    /// id, as JSON-RPC 2.0 asks), or `None` when it must not be answered
+    /// (a malformed response; a batch is answered per request).
+    pub fn answer(&self) -> Option<RpcError> {
+        match self {
+            ParseError::Json(e) => Some(RpcError::new(
+                codes::PARSE_ERROR,
+                format!("parse error: {e}; send one JSON object per line"),
+            )),
+            ParseError::Invalid(why) => Some(RpcError::new(
+                codes::INVALID_REQUEST,
+                format!("invalid request: {why}; the id must be an integer or a string"),
+            )),
+            ParseError::Shape(_) | ParseError::Batch { .. } => None,
+        }
+    }
 }
 
 /// At most this many requests of one batch are answered (an error each):
@@ -161,24 +185,28 @@ impl RpcMessage {
         let mut obj = match value {
             Value::Object(obj) => obj,
             Value::Array(items) => return Err(batch(&items)),
-            _ => return Err(ParseError::Shape("top level is not an object")),
+            _ => return Err(ParseError::Invalid("top level is not an object")),
         };
+        let asks = obj.contains_key("method");
         let id = match obj.remove("id") {
             None => None,
             Some(Value::Null) => Some(None),
-            Some(v) => Some(Some(parse_id(v)?)),
+            Some(v) => Some(Some(parse_id(v).map_err(|e| match e {
+                ParseError::Shape(why) if asks => ParseError::Invalid(why),
+                other => other,
+            })?)),
         };
         let params = obj.remove("params").unwrap_or(Value::Null);
         if let Some(method) = obj.remove("method") {
             let Value::String(method) = method else {
-                return Err(ParseError::Shape("method is not a string"));
+                return Err(ParseError::Invalid("method is not a string"));
             };
             return Ok(match id {
                 Some(Some(id)) => RpcMessage::Request { id, method, params },
                 _ => RpcMessage::Notification { method, params },
             });
         }
-        let id = id.ok_or(ParseError::Shape("neither method nor id"))?;
+        let id = id.ok_or(ParseError::Invalid("neither method nor id"))?;
         if let Some(err) = obj.remove("error") {
             let err: RpcError = serde_json::from_value(err)
                 .map_err(|_| ParseError::Shape("error member is not an error object"))?;
@@ -294,6 +322,52 @@ mod tests {
             }) => assert_eq!(e.code, -32000),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn what_an_agent_got_wrong_is_answered_and_a_bad_response_is_not() {
+        let answered = |line: &[u8]| {
+            RpcMessage::parse(line)
+                .expect_err("malformed")
+                .answer()
+                .map(|e| e.code)
+        };
+        assert_eq!(
+            answered(b"{\"id\": 1, \"method\""),
+            Some(codes::PARSE_ERROR)
+        );
+        for bad_request in [
+            &br#"{"jsonrpc":"2.0","id":1.5,"method":"session/request_permission"}"#[..],
+            br#"{"jsonrpc":"2.0","id":{"a":1},"method":"fs/read_text_file"}"#,
+            br#"{"jsonrpc":"2.0","id":true,"method":"x"}"#,
+            br#"{"jsonrpc":"2.0","id":1180591620717411303424,"method":"x"}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":42}"#,
+            br#"{"jsonrpc":"2.0"}"#,
+            b"42",
+        ] {
+            assert_eq!(
+                answered(bad_request),
+                Some(codes::INVALID_REQUEST),
+                "{}",
+                String::from_utf8_lossy(bad_request)
+            );
+        }
+        for bad_response in [
+            &br#"{"jsonrpc":"2.0","id":1}"#[..],
+            br#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"error":"nope"}"#,
+        ] {
+            assert_eq!(answered(bad_response), None);
+        }
+        // The answer carries a null id, as JSON-RPC 2.0 asks.
+        let bytes = RpcMessage::Response {
+            id: None,
+            outcome: Err(RpcError::new(codes::INVALID_REQUEST, "x")),
+        }
+        .to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["id"], Value::Null);
+        assert_eq!(v["error"]["code"], codes::INVALID_REQUEST);
     }
 
     #[test]

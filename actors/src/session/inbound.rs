@@ -54,6 +54,13 @@ impl SessionState {
                         );
                         self.warn_agent(|| text.clone());
                         self.note(Role::System, MessageKind::Error, &text);
+                        self.answer_unreadable(RpcError::new(
+                            codes::INVALID_REQUEST,
+                            format!(
+                                "a {len}-byte line is over the server's limit of {} bytes (limits.max_line_bytes); it was not read",
+                                self.settings.limits.max_line_bytes
+                            ),
+                        ));
                     }
                 }
             }
@@ -100,6 +107,9 @@ impl SessionState {
                     let raw = truncate_for_log(body, LOG_RAW_BYTES);
                     format!("skipping malformed line from agent: {e}; raw={raw}")
                 });
+                if let Some(error) = e.answer() {
+                    self.answer_unreadable(error);
+                }
                 return;
             }
         };
@@ -108,6 +118,21 @@ impl SessionState {
         } else {
             self.on_dialect_message(msg).await;
         }
+    }
+
+    /// Answers a line that could not be read as a request with `error` and
+    /// a null id (JSON-RPC 2.0), so an agent that sent a request is not left
+    /// waiting. Not while the agent floods: answers to an agent that sends
+    /// faster than it reads would pile up in its pipe.
+    fn answer_unreadable(&mut self, error: RpcError) {
+        if self.flooded() {
+            return;
+        }
+        let msg = RpcMessage::Response {
+            id: None,
+            outcome: Err(error),
+        };
+        self.send_bytes(msg.to_bytes());
     }
 
     async fn on_acp_message(&mut self, msg: RpcMessage) {
