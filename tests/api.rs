@@ -268,6 +268,8 @@ fn malformed_requests_are_400_with_json_errors() {
         json!({"workspace": "demo", "path": "ws", "prompt": "x"}),
         json!({"prompt": "x"}),
         json!({"workspace": "demo", "prompt": "x", "colour": "red"}),
+        // A list of the fields' values in order is not a body.
+        json!(["demo", null, "x"]),
     ];
     for body in cases {
         let r = http.post("/api/sessions", &body);
@@ -307,6 +309,7 @@ fn malformed_requests_are_400_with_json_errors() {
         json!({"decision": "maybe"}),
         json!({"decision": "approve", "option_id": "allow-once"}),
         json!({"option_id": "no-such-option"}),
+        json!([null, "approve", null]),
     ] {
         let r = http.post(&approval, &body);
         assert_eq!(
@@ -379,7 +382,7 @@ fn prompts_queue_behind_a_blocked_turn_and_arrive_in_order() {
     for text in ["second", "third"] {
         let r = http.post(&prompt, &json!({"text": text}));
         assert_eq!(r.status, 202, "{}", r.text);
-        assert_eq!(r.body, json!({"queued": true}));
+        assert_eq!(r.body, json!({"queued": true, "paused": false}));
     }
     let detail = http.get(&format!("/api/sessions/{id}"));
     assert_eq!(detail.body["live"]["queued_prompts"], 2, "{}", detail.text);

@@ -83,6 +83,20 @@ fn rules_answer_matching_requests_and_can_be_removed() {
     );
     assert_eq!(nobody.status, 400, "{}", nobody.text);
     assert!(nobody.text.contains("no session"), "{}", nobody.text);
+    // An agent that is not configured, as the config refuses it.
+    let ghost = http.post(
+        "/api/rules",
+        &json!({"scope": "global", "match": {"agent": "ghost"}, "action": "deny"}),
+    );
+    assert_eq!(ghost.status, 400, "{}", ghost.text);
+    assert!(ghost.text.contains("unknown agent"), "{}", ghost.text);
+    // The error names the field to give.
+    let unscoped = http.post(
+        "/api/rules",
+        &json!({"scope": "workspace", "match": {}, "action": "deny"}),
+    );
+    assert_eq!(unscoped.status, 400, "{}", unscoped.text);
+    assert!(unscoped.text.contains("scope_id"), "{}", unscoped.text);
     let live = http.post(
         "/api/rules",
         &json!({"scope": "session", "scope_id": third, "match": {"kind": "edit"}, "action": "allow"}),

@@ -1119,3 +1119,19 @@ fn check_config_warns_about_agent_commands_that_cannot_be_found() {
         "{out}"
     );
 }
+
+#[test]
+fn check_config_warns_about_a_workspace_directory_that_does_not_exist() {
+    let (dir, path) = write_config(
+        "[[workspace]]\nid = \"here\"\npath = \"ws/here\"\n\n[[workspace]]\nid = \"nowhere\"\npath = \"ws/nowhere\"\n",
+    );
+    std::fs::create_dir_all(dir.path().join("ws/here")).expect("mkdir");
+    let out = check_config(&path).unwrap();
+    assert!(out.starts_with("config OK"), "{out}");
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{out}");
+    assert!(
+        warnings[0].contains("workspace `nowhere`") && warnings[0].contains("does not exist"),
+        "{out}"
+    );
+}

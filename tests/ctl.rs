@@ -35,6 +35,19 @@ fn pause_resume_mode_nudge_and_stop_from_the_terminal() {
 
     assert_eq!(ctl(&server, &["pause", &id]), 0);
     assert_eq!(show("live")["paused"], true);
+    // Steering while paused is held for the resume, and the answer says so
+    // (ctl used to say it waited for a running turn).
+    let held = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "later"}),
+    );
+    assert_eq!(held.status, 202, "{}", held.text);
+    assert_eq!(
+        (held.body["queued"].as_bool(), held.body["paused"].as_bool()),
+        (Some(true), Some(true)),
+        "{}",
+        held.text
+    );
     assert_eq!(ctl(&server, &["resume", &id]), 0);
     assert_eq!(show("live")["paused"], false);
 

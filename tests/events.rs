@@ -221,6 +221,13 @@ fn the_stream_needs_the_token_and_a_numeric_last_event_id() {
         .expect("400");
     assert_eq!(negative.exit_code(), 2, "{negative}");
     assert!(negative.to_string().contains("0 or more"), "{negative}");
+    // A stream for a session that does not exist would stay silent for
+    // ever (`ctl watch nope` hung): 404 instead.
+    let unknown = client
+        .stream("/api/events?session=nope", None)
+        .err()
+        .expect("404");
+    assert!(unknown.to_string().contains("no session nope"), "{unknown}");
     // A client that never hangs up does not keep a graceful shutdown
     // waiting: shutting down ends the stream (this drop returns).
     let open = Stream::open(&server.http.base, "/api/events", None);

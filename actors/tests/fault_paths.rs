@@ -592,5 +592,8 @@ async fn lines_that_cannot_be_read_are_answered_with_a_null_id() {
     profile.args = vec!["-c".into(), SENDS_UNREADABLE_LINES.into()];
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
     let text = h.until_transcript(&rec.id, "null-id answers").await;
-    assert!(text.contains("null-id answers: -32600,-32700,-32600"), "{text}");
+    assert!(
+        text.contains("null-id answers: -32600,-32700,-32600"),
+        "{text}"
+    );
 }

@@ -155,6 +155,25 @@ impl App {
         }
     }
 
+    /// Refuses a rule naming an agent profile that is not configured (nor
+    /// `mcp`, what MCP clients' requests are judged as): it could never
+    /// match, as the config's own rules are refused for it.
+    pub async fn check_rule_agent(&self, agent: Option<&str>) -> Result<(), AppError> {
+        let Some(agent) = agent else {
+            return Ok(());
+        };
+        let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
+            .map_err(|e| AppError::actor("workspace registry", e))?;
+        if agent == "mcp" || map.agents.iter().any(|a| a.id == agent) {
+            return Ok(());
+        }
+        let known: Vec<&str> = map.agents.iter().map(|a| a.id.as_str()).collect();
+        Err(AppError::BadRequest(format!(
+            "unknown agent {agent:?}; configured: {} (or \"mcp\" for MCP clients)",
+            known.join(", ")
+        )))
+    }
+
     /// The configured approval mode of a workspace (`None` = ask).
     pub(crate) fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
         self.inner

@@ -644,8 +644,25 @@ impl Config {
     /// Also: server files that lie inside a workspace.
     pub fn warnings(&self) -> Vec<String> {
         let mut all = agent_check::agent_command_warnings(&self.agents);
+        all.extend(self.workspace_warnings());
         all.extend(self.exposure_warnings());
         all
+    }
+
+    /// Workspaces whose directory does not exist (yet): sessions there fail
+    /// to start until it is created or `path` is fixed.
+    fn workspace_warnings(&self) -> Vec<String> {
+        self.workspaces
+            .iter()
+            .filter(|w| !w.path.is_dir())
+            .map(|w| {
+                format!(
+                    "workspace `{}`: directory {} does not exist; sessions there fail to start until it is created or its `path` is fixed",
+                    w.id,
+                    w.path.display()
+                )
+            })
+            .collect()
     }
 }
 

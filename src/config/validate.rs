@@ -359,9 +359,8 @@ fn workspaces(
                 format!("{} is not a directory", resolved.display()),
             ));
         }
-        if !resolved.exists() {
-            tracing::warn!(workspace = %ws.id, path = %resolved.display(), "workspace directory does not exist (yet)");
-        }
+        // A directory that does not exist yet is a warning
+        // (`Config::warnings`): it may be created later.
         ws.path = resolved;
         if let Some(agent) = &ws.default_agent
             && !agents.iter().any(|a| &a.id == agent)

@@ -384,7 +384,9 @@ fn prompt(
     let body = json!({"text": text, "interrupt": interrupt});
     let (raw, answer) = client.post_as::<PromptAccepted>(&url, &body)?;
     emit(json, &raw, || {
-        if answer.queued {
+        if answer.paused {
+            format!("held: the session is paused; it is delivered after `ctl resume {id}`\n")
+        } else if answer.queued {
             "queued: it is delivered when the running turn ends\n".to_owned()
         } else {
             "delivered\n".to_owned()

@@ -107,10 +107,21 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => Err(json_rejection(&rejection)),
+        let value = match Json::<serde_json::Value>::from_request(req, state).await {
+            Ok(Json(value)) => value,
+            Err(rejection) => return Err(json_rejection(&rejection)),
+        };
+        // Every body is an object with named fields: serde would also take
+        // a list of the fields' values in order (`["text", false]`), and its
+        // errors would name the server's own types.
+        if !value.is_object() {
+            return Err(ApiError::bad_request(
+                "the body must be a JSON object with named fields; see docs/api.md",
+            ));
         }
+        serde_json::from_value(value)
+            .map(ApiJson)
+            .map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
     }
 }
 

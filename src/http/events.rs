@@ -25,6 +25,7 @@ use super::error::{ApiError, ApiQuery};
 use crate::app::App;
 use crate::journal::EventJournal;
 use crate::storage::events::StoredEvent;
+use intercom_actors::model::SessionId;
 
 /// Rows read from the table per page while catching up.
 const PAGE: u32 = 500;
@@ -47,6 +48,12 @@ pub async fn events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let session = query.session.filter(|s| !s.is_empty());
+    if let Some(id) = &session {
+        // A stream for a session that does not exist would stay silent for
+        // ever, which looks like calm: say so instead.
+        app.session(&SessionId::from(id.as_str())).await?;
+    }
     let journal = app.journal().clone();
     let live = journal.subscribe();
     let resume = match last_event_id(&headers)? {
@@ -76,7 +83,7 @@ pub async fn events(
         journal,
         live,
         last,
-        session: query.session.filter(|s| !s.is_empty()),
+        session,
         backlog: VecDeque::new(),
         catch_up,
         started: false,

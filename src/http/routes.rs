@@ -143,6 +143,7 @@ pub async fn prompt(
         .await?;
     let answer = PromptAccepted {
         queued: outcome.queued,
+        paused: outcome.paused,
     };
     Ok((StatusCode::ACCEPTED, Json(answer)))
 }

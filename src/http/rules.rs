@@ -71,10 +71,12 @@ pub async fn create(
         ("global", None) => Scope::Global,
         ("workspace", Some(id)) => Scope::Workspace(id),
         ("session", Some(id)) => Scope::Session(SessionId(id)),
-        ("global", Some(_)) => return Err(ApiError::bad_request("a global rule takes no \"id\"")),
+        ("global", Some(_)) => {
+            return Err(ApiError::bad_request("a global rule takes no \"scope_id\""));
+        }
         ("workspace" | "session", None) => {
             return Err(ApiError::bad_request(
-                "workspace and session rules need an \"id\"",
+                "workspace and session rules need a \"scope_id\" (the workspace or session id)",
             ));
         }
         (other, _) => {
@@ -84,6 +86,7 @@ pub async fn create(
         }
     };
     app.check_rule_scope(&scope).await?;
+    app.check_rule_agent(body.matcher.agent.as_deref()).await?;
     let rule = Rule {
         id: String::new(),
         scope,

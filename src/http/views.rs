@@ -260,8 +260,11 @@ impl ApprovalView {
 /// `POST /api/sessions/{id}/prompt` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PromptAccepted {
-    /// True when it waits behind a running turn.
+    /// True when it waits behind a running turn (or a pause).
     pub queued: bool,
+    /// True when the session is paused: it is delivered after a resume.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// The error body of every failed `/api` call.

@@ -120,8 +120,11 @@ pub enum StartMode {
 /// Result of a steering request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SteerOutcome {
-    /// True when it waits behind a running turn.
+    /// True when it waits behind a running turn (or a pause).
     pub queued: bool,
+    /// True when the session is paused: it waits for a resume, not for a
+    /// turn to end.
+    pub paused: bool,
     /// The stored steering row.
     pub steering_id: i64,
 }

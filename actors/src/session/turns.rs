@@ -241,6 +241,7 @@ impl SessionState {
             if self.steer_mcp(steering.clone()).await {
                 return Ok(SteerOutcome {
                     queued: false,
+                    paused: false,
                     steering_id: id,
                 });
             }
@@ -252,6 +253,7 @@ impl SessionState {
                 });
                 return Ok(SteerOutcome {
                     queued: true,
+                    paused: false,
                     steering_id: id,
                 });
             }
@@ -268,6 +270,7 @@ impl SessionState {
             }
             return Ok(SteerOutcome {
                 queued: !sent,
+                paused: false,
                 steering_id: id,
             });
         }
@@ -282,6 +285,7 @@ impl SessionState {
         }
         Ok(SteerOutcome {
             queued: true,
+            paused: self.paused,
             steering_id: id,
         })
     }

@@ -142,6 +142,7 @@ impl SupervisorState {
         });
         Ok(SteerOutcome {
             queued: true,
+            paused: false,
             steering_id,
         })
     }

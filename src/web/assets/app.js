@@ -470,7 +470,8 @@
       try {
         const r = await api('POST', '/api/sessions/' + enc + '/prompt', { text, interrupt: interrupt.checked });
         steerText.value = '';
-        steerResult.textContent = r.queued ? 'queued: delivered when the running turn ends' : 'delivered';
+        steerResult.textContent = r.paused ? 'held: the session is paused; delivered after Resume'
+          : r.queued ? 'queued: delivered when the running turn ends' : 'delivered';
       } catch (e) {
         steerResult.textContent = e.message;
       }
