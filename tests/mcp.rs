@@ -640,6 +640,17 @@ async fn bad_arguments_name_the_argument() {
             "`timeout_seconds`",
         ),
         ("ping", json!({"status": "x"}), "unknown argument `status`"),
+        // A kind no rule knows would skip every rule naming a kind.
+        (
+            "auto_check",
+            json!({"tool_name": "x", "kind": "teleport"}),
+            "argument `kind`",
+        ),
+        (
+            "auto_check",
+            json!({"tool_name": "x", "context": "src/a.rs"}),
+            "argument `context`",
+        ),
         (
             "check_diff",
             json!({"request_id": "req-99"}),

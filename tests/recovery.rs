@@ -217,7 +217,10 @@ fn sessions_survive_a_killed_server() {
         &format!("/api/sessions/{a}/prompt"),
         &json!({"text": "steer after restart"}),
     );
-    assert_eq!((steer.status, &steer.body), (202, &json!({"queued": true, "paused": false})));
+    assert_eq!(
+        (steer.status, &steer.body),
+        (202, &json!({"queued": true, "paused": false}))
+    );
     // Session B: its agent profile will be gone after the restart.
     let b = start(&http, "doomed", "forget me");
     http.until_pending(&b, "req-1");
@@ -310,7 +313,10 @@ fn a_pause_outlives_a_killed_server() {
         &format!("/api/sessions/{a}/prompt"),
         &json!({"text": "held for later"}),
     );
-    assert_eq!((held.status, &held.body), (202, &json!({"queued": true, "paused": true})));
+    assert_eq!(
+        (held.status, &held.body),
+        (202, &json!({"queued": true, "paused": true}))
+    );
     let pid = agent_pid(&http, &a);
     let _second = kill_and_start_again(&layout, &mut first, &http, pid);
     let text = http.until_transcript(&a, "Still paused");

@@ -523,7 +523,7 @@ impl IntercomMcp {
             SessionMsg::Snapshot,
         )
         .await?;
-        let facts = auto_check_facts(&args, &t, &self.deps().server_files);
+        let facts = auto_check_facts(&args, &t, &self.deps().server_files)?;
         let verdict =
             intercom_actors::rules::evaluate(&self.deps().rules.current(), snap.mode, &facts);
         let matched = verdict.rule.clone().or_else(|| {
@@ -698,18 +698,33 @@ fn auto_check_facts(
     args: &Args,
     t: &Target,
     server_files: &intercom_actors::workspace_fs::ServerFiles,
-) -> intercom_actors::rules::RequestFacts {
+) -> Result<intercom_actors::rules::RequestFacts, Fail> {
+    use intercom_actors::rules::RULE_KINDS;
     let tool = args.str_or("tool_name", "").trim().to_owned();
+    // A kind no rule knows would skip every rule that names a kind (a deny
+    // on `execute` among them), which looks like "not denied".
     let kind = match args.str("kind").map(str::trim) {
         Some("terminal_command" | "command" | "shell") => Some("execute".to_owned()),
         Some("file_operation" | "file_write" | "write") => Some("edit".to_owned()),
-        Some(k) if !k.is_empty() => Some(k.to_owned()),
+        Some(k) if RULE_KINDS.contains(&k) => Some(k.to_owned()),
+        Some(k) if !k.is_empty() => {
+            return Err(Fail::Params(format!(
+                "argument `kind`: {k:?} is not a kind of action; use one of {}, or terminal_command / file_operation",
+                RULE_KINDS.join(", ")
+            )));
+        }
         _ => None,
     };
-    let context = args
-        .value("context")
-        .cloned()
-        .unwrap_or(serde_json::Value::Null);
+    let context = match args.value("context") {
+        None | Some(serde_json::Value::Null) => serde_json::Value::Null,
+        Some(c @ serde_json::Value::Object(_)) => c.clone(),
+        Some(_) => {
+            return Err(Fail::Params(
+                "argument `context`: an object such as {\"path\": \"src/x.rs\"} or {\"command\": \"cargo test\"}"
+                    .to_owned(),
+            ));
+        }
+    };
     let mut paths: Vec<String> = ["path", "file_path"]
         .iter()
         .filter_map(|k| {
@@ -745,7 +760,7 @@ fn auto_check_facts(
             ..Default::default()
         },
     };
-    intercom_actors::rules::RequestFacts {
+    Ok(intercom_actors::rules::RequestFacts {
         kind,
         paths: judged.relative,
         paths_inside: judged.inside,
@@ -754,5 +769,5 @@ fn auto_check_facts(
         agent: "mcp".to_owned(),
         workspace: t.workspace.clone(),
         session: t.id.clone(),
-    }
+    })
 }

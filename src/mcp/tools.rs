@@ -134,7 +134,11 @@ pub static SPECS: &[Spec] = &[
                 Kind::Str,
                 "What kind of action it is (e.g. terminal_command, file_operation).",
             ),
-            opt("context", Kind::Any, "Details of the action (any JSON)."),
+            opt(
+                "context",
+                Kind::Any,
+                "Details of the action, an object: path, file_path, paths, command.",
+            ),
         ],
     },
     Spec {
