@@ -11,7 +11,7 @@ use intercom_actors::ports::OperatorEvent;
 use intercom_actors::session::Choice;
 use mcp_common::{
     Harness, INITIALIZE, OPERATOR_TOKEN, Timeouts, WORKSPACE_TOKEN, call, ok, raw_post,
-    raw_post_with, refused,
+    raw_post_answer, raw_post_with, refused,
 };
 use rmcp::ServiceError;
 use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ErrorCode};
@@ -961,4 +961,29 @@ async fn a_client_that_hangs_up_mid_call_is_treated_as_cancelling_it() {
         outcome.queued,
         "handed to a standby nobody hears: {outcome:?}"
     );
+}
+
+/// A body the server cannot read is a JSON-RPC error with a null id and
+/// HTTP 400, not rmcp's plain-text 415 "Unsupported Media Type" (the
+/// media type was right).
+#[tokio::test]
+async fn malformed_bodies_get_json_rpc_errors() {
+    let h = Harness::new().await;
+    for (body, code) in [
+        (&b"{\"jsonrpc\":"[..], -32700),
+        (b"\xff\xfe not utf-8", -32700),
+        (b"[]", -32600),
+        (b"42", -32600),
+        (br#"{"hello":"world"}"#, -32600),
+    ] {
+        let (status, answer) = raw_post_answer(h.port, body).await;
+        let shown = String::from_utf8_lossy(body);
+        assert_eq!(status, 400, "{shown}: {answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).expect("a JSON body");
+        assert_eq!(v["error"]["code"], code, "{shown}: {answer}");
+        assert!(v["id"].is_null(), "{shown}: {answer}");
+    }
+    // A well-formed message still goes through.
+    let (status, _) = raw_post_answer(h.port, INITIALIZE.as_bytes()).await;
+    assert_eq!(status, 200);
 }

@@ -24,6 +24,7 @@
 
 mod auth;
 mod hangup;
+mod malformed;
 mod patch;
 mod server;
 mod session_owners;
@@ -198,6 +199,7 @@ where
     let deps = &shared.deps;
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(deps.hosts())
+        .with_max_request_body_bytes(malformed::MAX_BODY_BYTES)
         .with_cancellation_token(deps.shutdown.child_token());
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(deps.longest_wait() + Duration::from_secs(300));
@@ -210,6 +212,7 @@ where
     );
     Router::new()
         .route_service(PATH, service)
+        .route_layer(axum::middleware::from_fn(malformed::refuse_malformed))
         .route_layer(axum::middleware::from_fn(hangup::watch))
         .route_layer(axum::middleware::from_fn_with_state(
             shared,

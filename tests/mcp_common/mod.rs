@@ -486,6 +486,33 @@ pub async fn raw_post(port: u16, path: &str, host: &str, body: &str) -> u16 {
     raw_post_with(port, path, host, &[("Authorization", &auth)], body).await
 }
 
+/// A raw HTTP/1.1 POST of `body` to `/mcp` with the operator token, read
+/// to its end (for answers that end: errors); (status, body).
+pub async fn raw_post_answer(port: u16, body: &[u8]) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {OPERATOR_TOKEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    s.write_all(body).await.expect("write body");
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.expect("read");
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// A raw HTTP/1.1 POST with exactly these extra headers; returns the status code.
 pub async fn raw_post_with(
     port: u16,

@@ -1,0 +1,83 @@
+//! Malformed MCP bodies answered the JSON-RPC way.
+//!
+//! rmcp answers a POST whose body it cannot deserialize with HTTP 415
+//! "Unsupported Media Type" in plain text, even when the media type was
+//! right and the JSON was wrong: a client is sent to fix its headers. This
+//! middleware reads the body first (up to rmcp's own limit) and answers
+//! what is not JSON with 400 and a JSON-RPC parse error (-32700), and what
+//! is JSON but not one message (a batch, a bare value) or that rmcp could
+//! not read as a message with 400 and -32600, both with a null id as
+//! JSON-RPC 2.0 asks.
+
+use axum::body::{Body, to_bytes};
+use axum::extract::Request;
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// The most an MCP POST body may hold: rmcp's own default.
+pub(crate) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// The longest part of rmcp's own reason quoted back.
+const REASON_BYTES: usize = 300;
+
+/// Middleware: checks a JSON POST body is one JSON object before rmcp reads
+/// it, and turns rmcp's 415 for a message it cannot read into a JSON-RPC
+/// error.
+pub(crate) async fn refuse_malformed(req: Request, next: Next) -> Response {
+    let is_json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    if req.method() != Method::POST || !is_json {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("cannot read the request body ({e}); send at most {MAX_BODY_BYTES} bytes"),
+            )
+                .into_response();
+        }
+    };
+    match serde_json::from_slice::<Value>(&bytes) {
+        Err(e) => return rpc_error(-32700, format!("parse error: {e}")),
+        Ok(Value::Object(_)) => {}
+        Ok(_) => {
+            return rpc_error(
+                -32600,
+                "invalid request: send one JSON-RPC message, an object, per POST (batches are not supported)".to_owned(),
+            );
+        }
+    }
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return response;
+    }
+    let reason: String = to_bytes(response.into_body(), REASON_BYTES * 4)
+        .await
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .chars()
+                .take(REASON_BYTES)
+                .collect()
+        })
+        .unwrap_or_default();
+    rpc_error(
+        -32600,
+        format!("invalid request: not a JSON-RPC message the server can read ({reason})"),
+    )
+}
+
+/// 400 with a JSON-RPC error and a null id.
+fn rpc_error(code: i64, message: String) -> Response {
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
