@@ -487,6 +487,7 @@ fn restart_respawns_a_hung_agent_in_the_same_session() {
     let r = http.post(&format!("/api/sessions/{id}/restart"), &json!({}));
     assert_eq!(r.status, 202, "{}", r.text);
     assert_eq!(r.body["id"], id.as_str());
+    assert_eq!(r.body["status"], "starting", "{}", r.text);
     until("resumed and working", || {
         transcript(http, &id)
             .contains("working again")

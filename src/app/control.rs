@@ -54,7 +54,13 @@ impl App {
             OPERATOR_CALL.as_millis() as u64
         )
         .map_err(|e| AppError::actor("supervisor", e))??;
-        self.session(id).await
+        // The restart was taken: the agent is being killed and respawned,
+        // and the stored record catches up when the new agent starts.
+        let mut record = self.session(id).await?;
+        if record.status.is_live() {
+            record.status = intercom_actors::model::SessionStatus::Starting;
+        }
+        Ok(record)
     }
 
     /// Stops a session (idempotent). Waits briefly for it to end and returns
