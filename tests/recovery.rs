@@ -265,6 +265,7 @@ fn sessions_survive_a_killed_server() {
         &json!({"decision": "approve"}),
     );
     assert_eq!(late.status, 409, "{}", late.text);
+    assert!(late.text.contains("server restarted"), "{}", late.text);
 
     // B: its agent profile is gone, so it is interrupted with a reason.
     let b_now = http.get(&format!("/api/sessions/{b}")).body;

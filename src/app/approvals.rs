@@ -54,7 +54,7 @@ impl App {
                     RequestStatus::Pending => format!(
                         "session {session} has no running agent to answer request {global_id}"
                     ),
-                    status => format!("request {global_id} is already {}", status.as_str()),
+                    status => super::errors::already(global_id, status.as_str()),
                 },
                 status: None,
             });

@@ -44,8 +44,8 @@ impl App {
     }
 
     /// Marks the config stale after a bad edit (the previous map stays).
+    /// The watcher has logged why, naming the file and the key.
     pub fn config_stale(&self, error: &dyn std::fmt::Display) {
-        tracing::error!("config reload failed, keeping the previous one: {error}");
         self.inner.config_status.stale(error);
     }
 

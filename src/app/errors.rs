@@ -90,12 +90,24 @@ impl AppError {
     }
 }
 
+/// Why a request can no longer be decided, and what to look at instead.
+pub(crate) fn already(id: &str, status: &str) -> String {
+    let hint = match status {
+        "expired" => {
+            "; the server restarted after it was asked, so its agent can no longer receive an answer (a resumed agent asks again under a new id: GET /api/approvals?status=pending)"
+        }
+        "cancelled" => "; its turn or session ended before anyone decided",
+        _ => "",
+    };
+    format!("request {id} is already {status}{hint}")
+}
+
 impl From<StoreError> for AppError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound { what } => AppError::NotFound(format!("{what} not found")),
             StoreError::AlreadyResolved { id, status } => AppError::Conflict {
-                message: format!("request {id} is already {status}"),
+                message: already(&id, &status.to_string()),
                 status: None,
             },
             other @ StoreError::Backend { .. } => AppError::Storage(other.to_string()),
@@ -143,8 +155,8 @@ impl From<SessionError> for AppError {
             SessionError::Unauthorized { .. } => AppError::Forbidden(message),
             SessionError::NotFound(_) => AppError::NotFound(message),
             SessionError::InvalidOption { .. } => AppError::BadRequest(message),
-            SessionError::AlreadyResolved { .. } => AppError::Conflict {
-                message,
+            SessionError::AlreadyResolved { id, status } => AppError::Conflict {
+                message: already(&id, &status.to_string()),
                 status: None,
             },
             SessionError::NotLive(status) => AppError::conflict_status(status, message),
