@@ -80,3 +80,13 @@ fn revive_from_the_terminal() {
     );
     assert_ne!(ctl(&server, &["revive", "s-no-such-session"]), 0);
 }
+
+/// A `--url` that is not an http:// address is a usage error naming the
+/// option, not "an unexpected answer from the server".
+#[test]
+fn a_url_that_is_not_http_is_a_usage_error() {
+    for url in ["notaurl", "https://127.0.0.1:3000", "http://"] {
+        let argv = vec!["ctl", "--url", url, "--token", TOKEN, "sessions"];
+        assert_eq!(run(&Cli::parse_from(argv).ctl), 2, "{url}");
+    }
+}

@@ -247,6 +247,15 @@ fn connect(args: &CtlArgs) -> Result<Client, CtlError> {
         (None, Some(d)) => d.url.clone(),
         (None, None) => format!("http://{DEFAULT_BIND}"),
     };
+    // ctl speaks plain HTTP (the server serves it on loopback); anything
+    // else would fail later with a transport error that reads like the
+    // server's answer.
+    let host = url.strip_prefix("http://").unwrap_or_default();
+    if host.is_empty() || host.starts_with('/') {
+        return Err(CtlError::Usage(format!(
+            "--url {url:?} is not a server address; give http://HOST:PORT, e.g. http://127.0.0.1:3000 (ctl speaks plain HTTP)"
+        )));
+    }
     let token = match (&args.token, &defaults) {
         (Some(t), _) if !t.trim().is_empty() => t.trim().to_owned(),
         (_, Some(d)) => read_token(&d.token_file)?,
