@@ -298,6 +298,14 @@ fn malformed_requests_are_400_with_json_errors() {
     assert_eq!(r.status, 400, "{}", r.text);
     let r = http.get("/api/sessions?al=true");
     assert_eq!(r.status, 400, "a typo is not ignored: {}", r.text);
+    // An id that is not UTF-8 gets the API's JSON error, not plain text.
+    let r = http.get("/api/sessions/%ff%fe");
+    assert_eq!(
+        (r.status, r.body["code"].as_str()),
+        (400, Some("bad_request")),
+        "{}",
+        r.text
+    );
 
     let id = sid(&http.start("write"));
     http.until_pending(&id, "req-1");

@@ -6,14 +6,14 @@
 //! same token, the same [`App`] operations, the same errors).
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use intercom_actors::model::SessionId;
 use intercom_actors::session::Caller;
 use serde::{Deserialize, Serialize};
 
 use axum::response::{IntoResponse, Response};
 
-use super::error::{ApiError, ApiQuery};
+use super::error::{ApiError, ApiPath, ApiQuery};
 use super::paging;
 use crate::app::App;
 use crate::ctl::client::segment;
@@ -37,7 +37,7 @@ fn done(id: String, what: &str) -> Json<ControlDone> {
 /// `POST /api/sessions/{id}/pause`.
 pub async fn pause(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ControlDone>, ApiError> {
     app.pause(&SessionId(id.clone()), true, Caller::local())
         .await?;
@@ -47,7 +47,7 @@ pub async fn pause(
 /// `POST /api/sessions/{id}/resume`.
 pub async fn resume(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ControlDone>, ApiError> {
     app.pause(&SessionId(id.clone()), false, Caller::local())
         .await?;
@@ -57,7 +57,7 @@ pub async fn resume(
 /// `POST /api/sessions/{id}/nudge`.
 pub async fn nudge(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ControlDone>, ApiError> {
     app.nudge(&SessionId(id.clone()), Caller::local()).await?;
     Ok(done(id, "nudged"))

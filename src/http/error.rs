@@ -159,6 +159,29 @@ fn query_rejection(rejection: &QueryRejection) -> ApiError {
     ApiError::bad_request(format!("bad query string: {}", rejection.body_text()))
 }
 
+/// Path parameters whose rejection (an id that is not UTF-8, say) is a
+/// JSON `bad_request` like every other error of the API.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(ApiPath(value)),
+            Err(rejection) => Err(ApiError::bad_request(format!(
+                "bad path: {}",
+                rejection.body_text()
+            ))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::model::{RequestStatus, SessionId};
@@ -14,7 +14,7 @@ use intercom_actors::session::{Caller, Choice};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::error::{ApiError, ApiJson, ApiQuery};
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use super::paging;
 use super::views::{
     ApprovalView, ErrorBody, Health, PromptAccepted, SessionDetailView, SessionView,
@@ -117,7 +117,7 @@ pub async fn list_sessions(
 /// `GET /api/sessions/{id}`.
 pub async fn get_session(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<SessionDetailView>> {
     let detail = app.session_detail(&SessionId(id)).await?;
     Ok(Json(detail.into()))
@@ -135,7 +135,7 @@ pub struct PromptBody {
 /// `POST /api/sessions/{id}/prompt`.
 pub async fn prompt(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<PromptBody>,
 ) -> ApiResult<(StatusCode, Json<PromptAccepted>)> {
     let outcome = app
@@ -151,7 +151,7 @@ pub async fn prompt(
 /// `POST /api/sessions/{id}/restart`.
 pub async fn restart(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<(StatusCode, Json<SessionView>)> {
     let record = app.restart(&SessionId(id), Caller::local()).await?;
     Ok((StatusCode::ACCEPTED, Json(record.into())))
@@ -161,7 +161,7 @@ pub async fn restart(
 /// is back (a session that ended by idle timeout; `409` for any other).
 pub async fn revive(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<SessionView>> {
     let record = app.revive(&SessionId(id), Caller::local()).await?;
     Ok(Json(record.into()))
@@ -171,7 +171,7 @@ pub async fn revive(
 /// with `"status": "stopping"` while the agent is still being terminated.
 pub async fn cancel(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let outcome = app.cancel(&SessionId(id), Caller::local()).await?;
     let mut view = serde_json::to_value(SessionView::from(outcome.record))
@@ -243,7 +243,7 @@ pub async fn list_approvals(
 /// `GET /api/approvals/{id}`.
 pub async fn get_approval(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<ApprovalView>> {
     let (request, decision) = app.approval(&id).await?;
     Ok(Json(ApprovalView::new(request, decision)))
@@ -280,7 +280,7 @@ impl DecideBody {
 /// `POST /api/approvals/{id}`.
 pub async fn decide(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<DecideBody>,
 ) -> ApiResult<Json<ApprovalView>> {
     let choice = body.choice()?;

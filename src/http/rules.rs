@@ -4,7 +4,7 @@
 //! as Slack's "Remember" buttons do), `POST /api/sessions/{id}/mode`.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use intercom_actors::model::SessionId;
 use intercom_actors::protocol::agent_options::AgentSetting;
@@ -12,7 +12,7 @@ use intercom_actors::rules::{ApprovalMode, Rule, RuleAction, RuleMatch, Scope};
 use intercom_actors::session::Caller;
 use serde::{Deserialize, Serialize};
 
-use super::error::{ApiError, ApiJson};
+use super::error::{ApiError, ApiJson, ApiPath};
 use crate::app::{App, LOCAL_OWNER};
 use crate::slack::rules::{RememberScope, remember_decision};
 
@@ -100,7 +100,7 @@ pub async fn create(
 /// `DELETE /api/rules/{id}` -> 204.
 pub async fn delete(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     app.delete_rule(&id, LOCAL_OWNER).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -122,7 +122,7 @@ pub struct RememberBody {
 /// (docs/rules.md).
 pub async fn remember(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<RememberBody>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let scope = match body.scope.as_str() {
@@ -179,7 +179,7 @@ impl AgentOptionBody {
 /// `session/set_config_option`, sent only for offered values).
 pub async fn set_agent_option(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<AgentOptionBody>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let setting = body.setting()?;
@@ -199,7 +199,7 @@ pub struct ModeBody {
 /// `POST /api/sessions/{id}/mode` -> 200 `{"mode": ...}`.
 pub async fn set_mode(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ModeBody>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let mode = parse_mode(&body.mode)?;

@@ -6,11 +6,11 @@
 //! here (and keeps it current from the event stream).
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use intercom_actors::model::SessionId;
 use serde::{Deserialize, Serialize};
 
-use super::error::ApiError;
+use super::error::{ApiError, ApiPath};
 use crate::app::App;
 
 /// How many of the latest steering messages are listed.
@@ -34,7 +34,7 @@ pub struct SteeringView {
 /// `GET /api/sessions/{id}/steering`: the latest 200, oldest first.
 pub async fn list(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Vec<SteeringView>>, ApiError> {
     let id = SessionId(id);
     app.session(&id).await?;

@@ -9,13 +9,13 @@
 //! ones (`?after=<id>`). The body stays a plain array, as before paging.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::model::{MessageKind, SessionId};
 use intercom_actors::transcript::{Anchor, DEFAULT_LIMIT, TranscriptPage};
 use serde::Deserialize;
 
-use super::error::{ApiError, ApiQuery};
+use super::error::{ApiError, ApiPath, ApiQuery};
 use super::paging::{self, Toward};
 use super::views::MessageView;
 use crate::app::App;
@@ -65,7 +65,7 @@ impl PageQuery {
 /// `GET /api/sessions/{id}/messages[?before=<id>|after=<id>][&limit=<n>]`.
 pub async fn messages(
     State(app): State<App>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PageQuery>,
 ) -> Result<Response, ApiError> {
     let page = query.page()?;
