@@ -102,6 +102,18 @@ fn rules_answer_matching_requests_and_can_be_removed() {
         &json!({"scope": "session", "scope_id": third, "match": {"kind": "edit"}, "action": "allow"}),
     );
     assert_eq!(live.status, 201, "a session that exists: {}", live.text);
+    // A session that ended (and cannot be revived) asks nothing more.
+    let stopped = http.post(&format!("/api/sessions/{third}/cancel"), &json!({}));
+    assert!(stopped.status < 300, "{}", stopped.text);
+    until("the session ended", || {
+        (http.get(&format!("/api/sessions/{third}")).body["status"] == "cancelled").then_some(())
+    });
+    let ended = http.post(
+        "/api/rules",
+        &json!({"scope": "session", "scope_id": third, "match": {"kind": "edit"}, "action": "allow"}),
+    );
+    assert_eq!(ended.status, 400, "{}", ended.text);
+    assert!(ended.text.contains("has ended"), "{}", ended.text);
 }
 
 #[test]

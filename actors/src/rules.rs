@@ -225,7 +225,10 @@ impl Rule {
             return false;
         };
         if self.action == RuleAction::Allow {
-            return !command.contains(SHELL_CONTROL) && test(command);
+            // `2>&1` only joins the command's own error output to its
+            // output: agents add it to nearly every command they run.
+            let plain = command.replace(" 2>&1", "");
+            return !plain.contains(SHELL_CONTROL) && test(&plain);
         }
         test(command) || command_segments(command).any(test)
     }

@@ -149,6 +149,14 @@ impl App {
                 )))
             }
             Scope::Session(id) => match self.inner.store.get_session(id).await? {
+                // An ended session asks nothing more, unless it is revived
+                // (only one that ended by idle timeout can be).
+                Some(r) if !r.status.is_live() && !r.ended_by_idle_timeout() => {
+                    Err(AppError::BadRequest(format!(
+                        "session {id} has ended ({}) and asks nothing more; a rule for it could never apply",
+                        r.status.as_str()
+                    )))
+                }
                 Some(_) => Ok(()),
                 None => Err(AppError::BadRequest(format!("no session {id}"))),
             },

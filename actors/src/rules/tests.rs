@@ -419,7 +419,12 @@ fn an_allowed_command_never_allows_what_is_chained_to_it() {
         execute_rule(None, Some(r"^git (status|diff|log)\b"), RuleAction::Allow),
     ] {
         let rules = [allow];
-        for ok in ["git status", "git status -s", "git status --porcelain"] {
+        for ok in [
+            "git status",
+            "git status -s",
+            "git status --porcelain",
+            "git status 2>&1",
+        ] {
             assert_eq!(decided(&rules, ok), RuleAction::Allow, "{ok}");
         }
         for hostile in [
@@ -434,6 +439,8 @@ fn an_allowed_command_never_allows_what_is_chained_to_it() {
             "git status < /etc/shadow",
             "git status & rm -rf ~",
             "git status || (rm -rf ~)",
+            "git status 2>&1 | sh",
+            "git status 2>&1 > ~/.bashrc",
         ] {
             assert_eq!(decided(&rules, hostile), RuleAction::Ask, "{hostile:?}");
         }
