@@ -505,6 +505,32 @@ impl SessionRecord {
     }
 }
 
+#[cfg(test)]
+impl SessionRecord {
+    /// A stored session for tests: `s-1`, ACP, active, owned by `U1`, in
+    /// `/tmp`, run by `agent`.
+    pub(crate) fn sample(agent: &str) -> SessionRecord {
+        SessionRecord {
+            id: SessionId::from("s-1"),
+            workspace: "ws".into(),
+            cwd: "/tmp".into(),
+            agent: agent.into(),
+            protocol: Protocol::Acp,
+            status: SessionStatus::Active,
+            status_reason: None,
+            title: "t".into(),
+            owner: "U1".into(),
+            acp_session_id: None,
+            channel_id: None,
+            thread_ts: None,
+            restart_count: 0,
+            created_at: 0,
+            updated_at: 0,
+            last_activity_at: 0,
+        }
+    }
+}
+
 /// One transcript line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TranscriptEntry {

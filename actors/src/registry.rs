@@ -312,22 +312,11 @@ mod tests {
 
     fn stored(workspace: &str, cwd: &Path, agent: &str) -> crate::model::SessionRecord {
         crate::model::SessionRecord {
-            id: crate::model::SessionId::from("s-1"),
             workspace: workspace.into(),
             cwd: cwd.display().to_string(),
-            agent: agent.into(),
-            protocol: crate::model::Protocol::Acp,
             status: crate::model::SessionStatus::Completed,
             status_reason: Some("idle_timeout".into()),
-            title: "t".into(),
-            owner: "U1".into(),
-            acp_session_id: None,
-            channel_id: None,
-            thread_ts: None,
-            restart_count: 0,
-            created_at: 0,
-            updated_at: 0,
-            last_activity_at: 0,
+            ..crate::model::SessionRecord::sample(agent)
         }
     }
 

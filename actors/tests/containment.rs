@@ -270,40 +270,29 @@ async fn fifos_are_refused_at_once_and_never_hang_the_server() {
 /// `sparse.bin` without waiting, then a permission request, and reports in
 /// its text which answers came and in what order.
 const READS_WITHOUT_WAITING: &str = r#"
-import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-def chunk(sid, text):
-    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid,
-          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}})
-for line in sys.stdin:
-    m = json.loads(line)
-    method, mid = m.get("method"), m.get("id")
-    if method == "initialize":
-        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
-    elif method == "session/new":
-        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
-    elif method == "session/prompt":
-        for i in range(10):
-            send({"jsonrpc": "2.0", "id": "r%d" % i, "method": "fs/read_text_file",
-                  "params": {"sessionId": "s1", "path": "sparse.bin", "line": 2, "limit": 1}})
-        send({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission", "params": {
-            "sessionId": "s1", "toolCall": {"toolCallId": "t1", "title": "gate", "kind": "edit"},
-            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
-                        {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
-        order, busy, waiting = [], 0, 11
-        for reply in sys.stdin:
-            r = json.loads(reply)
-            if r.get("id") not in ["p1"] + ["r%d" % i for i in range(10)]:
-                continue
-            order.append(r["id"])
-            if "already running" in json.dumps(r.get("error", "")):
-                busy += 1
-            waiting -= 1
-            if waiting == 0:
-                break
-        chunk("s1", "busy=%d order=%s\n" % (busy, ",".join(order)))
-        send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+def on(m, method, mid):
+    if method != "session/prompt":
+        return
+    for i in range(10):
+        send({"jsonrpc": "2.0", "id": "r%d" % i, "method": "fs/read_text_file",
+              "params": {"sessionId": "s1", "path": "sparse.bin", "line": 2, "limit": 1}})
+    send({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission", "params": {
+        "sessionId": "s1", "toolCall": {"toolCallId": "t1", "title": "gate", "kind": "edit"},
+        "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
+    order, busy, waiting = [], 0, 11
+    for reply in sys.stdin:
+        r = json.loads(reply)
+        if r.get("id") not in ["p1"] + ["r%d" % i for i in range(10)]:
+            continue
+        order.append(r["id"])
+        if "already running" in json.dumps(r.get("error", "")):
+            busy += 1
+        waiting -= 1
+        if waiting == 0:
+            break
+    chunk("busy=%d order=%s\n" % (busy, ",".join(order)))
+    send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
 "#;
 
 #[tokio::test]
@@ -313,9 +302,7 @@ async fn slow_reads_never_hold_a_decision_and_past_eight_are_refused() {
     sparse
         .set_len(1 << 30)
         .expect("a 1 GiB sparse file of zeros (past the scan bound)");
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec!["-c".into(), READS_WITHOUT_WAITING.into()];
+    let profile = h.python_agent(READS_WITHOUT_WAITING);
     let rec = h
         .start_req(h.request(profile, "read"))
         .await

@@ -472,23 +472,10 @@ async fn an_agent_killed_for_a_framing_error_is_told_why() {
 /// again once the session is stopping (after `session/cancel`), and once
 /// more at stdin's end; it reports each error it is answered.
 const ASKS_OUT_OF_TURN: &str = r#"
-import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-def ask(rid, title):
-    send({"jsonrpc": "2.0", "id": rid, "method": "session/request_permission", "params": {
-        "sessionId": "s1", "toolCall": {"toolCallId": title, "title": title, "kind": "edit"},
-        "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
-                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
 prompt = None
-for line in sys.stdin:
-    m = json.loads(line)
-    method, mid = m.get("method"), m.get("id")
-    if method == "initialize":
-        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
-    elif method == "session/new":
-        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
-    elif method == "session/prompt":
+def on(m, method, mid):
+    global prompt
+    if method == "session/prompt":
         prompt = mid
         ask(77, "FIRST")
         ask(77, "SECOND")
@@ -496,10 +483,9 @@ for line in sys.stdin:
         ask(99, "DURING STOP")
         send({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "cancelled"}})
     elif method is None and "error" in m:
-        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
-              "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text",
-              "text": "error for %s: %s\n" % (mid, m["error"]["message"])}}}})
-ask(100, "AT EOF")
+        chunk("error for %s: %s\n" % (mid, m["error"]["message"]))
+def at_eof():
+    ask(100, "AT EOF")
 "#;
 
 /// A request whose id is still waiting for an answer is refused (its answer
@@ -509,9 +495,7 @@ ask(100, "AT EOF")
 #[tokio::test]
 async fn a_reused_id_or_a_request_during_stop_is_refused_not_left_pending() {
     let h = Harness::new(Knobs::default()).await;
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec!["-c".into(), ASKS_OUT_OF_TURN.into()];
+    let profile = h.python_agent(ASKS_OUT_OF_TURN);
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
     let text = h.until_transcript(&rec.id, "error for 77").await;
     assert!(text.contains("already waiting for an answer"), "{text}");
@@ -552,18 +536,10 @@ async fn a_reused_id_or_a_request_during_stop_is_refused_not_left_pending() {
 /// JSON and a line over `max_line_bytes`, and reports every answer it gets
 /// with a null id.
 const SENDS_UNREADABLE_LINES: &str = r#"
-import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-answers = []
-for line in sys.stdin:
-    m = json.loads(line)
-    method, mid = m.get("method"), m.get("id")
-    if method == "initialize":
-        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
-    elif method == "session/new":
-        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
-    elif method == "session/prompt":
+answers, prompt = [], None
+def on(m, method, mid):
+    global prompt
+    if method == "session/prompt":
         prompt = mid
         send({"jsonrpc": "2.0", "id": 1.5, "method": "session/request_permission", "params": {}})
         sys.stdout.write("this is not json\n")
@@ -572,9 +548,7 @@ for line in sys.stdin:
     elif method is None and mid is None and "error" in m:
         answers.append(str(m["error"]["code"]))
         if len(answers) == 3:
-            send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
-                  "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text",
-                  "text": "null-id answers: %s\n" % ",".join(answers)}}}})
+            chunk("null-id answers: %s\n" % ",".join(answers))
             send({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "end_turn"}})
 "#;
 
@@ -587,9 +561,7 @@ async fn lines_that_cannot_be_read_are_answered_with_a_null_id() {
     let mut knobs = Knobs::default();
     knobs.limits.max_line_bytes = 4096;
     let h = Harness::new(knobs).await;
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec!["-c".into(), SENDS_UNREADABLE_LINES.into()];
+    let profile = h.python_agent(SENDS_UNREADABLE_LINES);
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
     let text = h.until_transcript(&rec.id, "null-id answers").await;
     assert!(

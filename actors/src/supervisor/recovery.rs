@@ -332,22 +332,9 @@ mod tests {
 
     fn stored(agent: &str, protocol: Protocol, acp_session_id: Option<&str>) -> SessionRecord {
         SessionRecord {
-            id: SessionId::from("s-1"),
-            workspace: "ws".into(),
-            cwd: "/tmp".into(),
-            agent: agent.into(),
             protocol,
-            status: SessionStatus::Active,
-            status_reason: None,
-            title: "t".into(),
-            owner: "U1".into(),
             acp_session_id: acp_session_id.map(str::to_owned),
-            channel_id: None,
-            thread_ts: None,
-            restart_count: 0,
-            created_at: 0,
-            updated_at: 0,
-            last_activity_at: 0,
+            ..SessionRecord::sample(agent)
         }
     }
 

@@ -22,7 +22,7 @@ use intercom_actors::supervisor::{
     SessionSupervisor, StartRequest, SupervisorArgs, SupervisorError, SupervisorMsg,
 };
 use ractor::{Actor, ActorRef};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Deadline for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -151,6 +151,21 @@ impl Harness {
             framing,
             auth_method: None,
         }
+    }
+
+    /// An agent profile running a hostile ACP agent written in Python.
+    /// `body` defines `on(m, method, mid)`, called for every message after
+    /// the handshake (which [`PYTHON_AGENT`] answers: session id `s1`), and
+    /// may define `at_eof()`; it can use `send(m)`, `chunk(text)` and
+    /// `ask(rid, title)` (a permission request for an edit).
+    pub fn python_agent(&self, body: &str) -> AgentProfile {
+        let mut profile = self.profile(json!({}));
+        profile.command = "python3".into();
+        profile.args = vec![
+            "-c".into(),
+            format!("{PYTHON_AGENT_HEAD}\n{body}\n{PYTHON_AGENT_LOOP}"),
+        ];
+        profile
     }
 
     pub fn request(&self, profile: AgentProfile, prompt: &str) -> StartRequest {
@@ -308,3 +323,35 @@ pub async fn decide_as(
     .expect("decide call")
     .map(|decided| decided.decision)
 }
+
+/// What every Python agent of the tests starts with (see
+/// [`Harness::python_agent`]).
+const PYTHON_AGENT_HEAD: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def chunk(text):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}})
+def ask(rid, title):
+    send({"jsonrpc": "2.0", "id": rid, "method": "session/request_permission", "params": {
+        "sessionId": "s1", "toolCall": {"toolCallId": title, "title": title, "kind": "edit"},
+        "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
+def at_eof():
+    pass
+"#;
+
+/// The handshake, then each message to the body's `on`, then `at_eof`.
+const PYTHON_AGENT_LOOP: &str = r#"
+for line in sys.stdin:
+    m = json.loads(line)
+    method, mid = m.get("method"), m.get("id")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
+    else:
+        on(m, method, mid)
+at_eof()
+"#;

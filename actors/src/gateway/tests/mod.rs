@@ -4,7 +4,7 @@
 use super::*;
 use crate::memory::MemoryStore;
 use crate::model::SessionStatus;
-use crate::model::{Decision, OptionKind, PermissionOption, Protocol, RequestKind, RequestStatus};
+use crate::model::{Decision, OptionKind, PermissionOption, RequestKind, RequestStatus};
 use crate::ports::NoticeLevel;
 use crate::slack_port::MemoryOutbox;
 use crate::slack_port::{OutboxEntry, Snippet};
@@ -167,21 +167,10 @@ impl ThreadIndex for Threads {
 fn record(id: &str, channel: Option<&str>) -> SessionRecord {
     SessionRecord {
         id: SessionId::from(id),
-        workspace: "ws".into(),
-        cwd: "/tmp".into(),
-        agent: "a".into(),
-        protocol: Protocol::Acp,
         status: SessionStatus::Starting,
-        status_reason: None,
         title: format!("title {id}"),
-        owner: "U1".into(),
-        acp_session_id: None,
         channel_id: channel.map(str::to_owned),
-        thread_ts: None,
-        restart_count: 0,
-        created_at: 0,
-        updated_at: 0,
-        last_activity_at: 0,
+        ..SessionRecord::sample("a")
     }
 }
 
