@@ -17,7 +17,6 @@ use intercom_actors::model::{PendingRequest, SessionId, SessionRecord};
 use intercom_actors::ports::{FanOut, OperatorEvent, OperatorSink, SessionStore};
 use intercom_actors::registry::{RegistryMsg, Target};
 use intercom_actors::session::{Caller, SessionMsg, SessionSettings, SessionSnapshot};
-use intercom_actors::settings::AgentProfile;
 use intercom_actors::supervisor::{
     OPERATOR_CALL, StartRequest, SupervisorArgs, SupervisorMsg, directory, steer_session,
 };
@@ -186,7 +185,6 @@ struct Inner {
     events: Arc<LocalEvents>,
     /// Every operator event, stored with an id (`GET /api/events`).
     journal: Arc<crate::journal::EventJournal>,
-    profiles: Vec<AgentProfile>,
     slack: AtomicU8,
     /// Config rules + operator rules, as sessions see them.
     rules: SharedRules,
@@ -293,7 +291,6 @@ impl App {
             failure: children.failure,
             events,
             journal,
-            profiles: config.agents.clone(),
             slack: AtomicU8::new(SlackState::Disabled.to_u8()),
             rules,
             config_rules: RwLock::new(config.rules.clone()),
@@ -323,10 +320,11 @@ impl App {
     /// After a server restart: resumes or interrupts the sessions stored as
     /// live. Returns (resumed, interrupted).
     pub async fn recover(&self) -> Result<(usize, usize), AppError> {
-        let profiles = self.inner.profiles.clone();
+        let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
+            .map_err(|e| AppError::actor("workspace registry", e))?;
         ractor::call_t!(
             self.inner.supervisor,
-            |reply| SupervisorMsg::Recover { profiles, reply },
+            |reply| SupervisorMsg::Recover { map, reply },
             RECOVER_TIMEOUT_MS
         )
         .map_err(|e| AppError::actor("recovery", e))

@@ -167,8 +167,16 @@ fn read_token(layout: &Layout) -> String {
 /// A first server on a fresh layout (`setup_on`, no extra agents), healthy,
 /// and a client holding its API token.
 fn first_server() -> (Layout, ServerProcess, Http) {
+    first_server_with(two_permissions())
+}
+
+/// [`first_server`], its scripted agent running `scenario`.
+fn first_server_with(scenario: Value) -> (Layout, ServerProcess, Http) {
     let port = free_port();
-    let layout = Layout::new(&setup_on(port, Vec::new()));
+    let layout = Layout::new(&Setup {
+        scenario,
+        ..setup_on(port, Vec::new())
+    });
     let base = format!("http://127.0.0.1:{port}");
     let mut first = ServerProcess::spawn(&layout, "first");
     wait_healthy(&Http::new(&base, None), &mut first);
@@ -334,6 +342,36 @@ fn a_pause_outlives_a_killed_server() {
         http.get(&format!("/api/sessions/{a}")).body["live"]["paused"],
         false
     );
+}
+
+/// A turn that a killed server cut after its approval was answered is
+/// continued once the session is resumed, as after a crash: the approved
+/// action has not run yet. A probe had such a turn dropped silently, the
+/// session idle and nobody told.
+#[test]
+fn a_turn_cut_by_a_killed_server_is_continued() {
+    let (layout, mut first, http) = first_server_with(json!({"turns": [[
+        {"permission": {"tool_call_id": "p1", "title": "Edit a"}},
+        {"chunk": "approved, now working. "},
+        {"sleep_ms": 60000},
+        {"chunk": "never reached"}
+    ]]}));
+    let a = start(&http, "scripted", "work");
+    http.until_pending(&a, "req-1");
+    let approved = http.post(
+        &format!("/api/approvals/{a}:req-1"),
+        &json!({"decision": "approve"}),
+    );
+    assert_eq!(approved.status, 200, "{}", approved.text);
+    http.until_transcript(&a, "approved, now working");
+    let pid = agent_pid(&http, &a);
+    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
+    http.until_transcript(&a, "asked to continue its turn");
+    // The resumed agent is prompted again (the scripted agent echoes each
+    // prompt it gets): once for "work", once to continue.
+    until("the continue prompt to reach the agent", || {
+        (http.transcript(&a).matches("prompt: ").count() >= 2).then_some(())
+    });
 }
 
 /// After a restart the session's new requests must not reuse the ids of

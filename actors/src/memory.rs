@@ -27,6 +27,7 @@ struct Tables {
     modes: std::collections::HashMap<SessionId, crate::rules::ApprovalMode>,
     processes: std::collections::HashMap<SessionId, (i32, u64)>,
     paused: std::collections::HashSet<SessionId>,
+    in_turn: std::collections::HashSet<SessionId>,
     clearances: std::collections::HashMap<String, Clearance>,
     next_id: i64,
 }
@@ -308,6 +309,20 @@ impl SessionStore for MemoryStore {
     }
     async fn is_paused(&self, id: &SessionId) -> Result<bool, StoreError> {
         self.with(|t| Ok(t.paused.contains(id)))
+    }
+    async fn set_turn_running(&self, id: &SessionId, running: bool) -> Result<(), StoreError> {
+        self.with(|t| {
+            Self::session_mut(t, id)?;
+            if running {
+                t.in_turn.insert(id.clone());
+            } else {
+                t.in_turn.remove(id);
+            }
+            Ok(())
+        })
+    }
+    async fn turn_was_running(&self, id: &SessionId) -> Result<bool, StoreError> {
+        self.with(|t| Ok(t.in_turn.contains(id)))
     }
     async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
         self.with(|t| {

@@ -198,6 +198,12 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Whether the session is paused.
     async fn is_paused(&self, id: &SessionId) -> Result<bool, StoreError>;
 
+    /// Records whether the agent is in a turn (a prompt sent, its answer
+    /// not yet in), so recovery can tell a turn the server's death cut.
+    async fn set_turn_running(&self, id: &SessionId, running: bool) -> Result<(), StoreError>;
+    /// Whether the agent was in a turn when this was last recorded.
+    async fn turn_was_running(&self, id: &SessionId) -> Result<bool, StoreError>;
+
     /// Queues a steering message; returns it with its id.
     async fn enqueue_steering(
         &self,

@@ -213,8 +213,9 @@ pub enum SupervisorMsg {
     LiveCount(RpcReplyPort<usize>),
     /// After a server restart: resume or interrupt sessions stored as live.
     Recover {
-        /// Agent profiles by id.
-        profiles: Vec<AgentProfile>,
+        /// The current config's workspaces and agent profiles: what a
+        /// session may resume in.
+        map: crate::registry::WorkspaceMap,
         /// (resumed, interrupted).
         reply: RpcReplyPort<(usize, usize)>,
     },
@@ -386,8 +387,8 @@ impl Actor for SessionSupervisor {
             SupervisorMsg::LiveCount(reply) => {
                 let _ = reply.send(state.sessions.len());
             }
-            SupervisorMsg::Recover { profiles, reply } => {
-                let counts = state.recover(profiles).await;
+            SupervisorMsg::Recover { map, reply } => {
+                let counts = state.recover(map).await;
                 let _ = reply.send(counts);
             }
             SupervisorMsg::Shutdown(reply) => state.begin_shutdown(reply).await,

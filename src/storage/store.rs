@@ -567,6 +567,29 @@ impl SessionStore for SqliteStore {
         Ok(paused.unwrap_or(false))
     }
 
+    async fn set_turn_running(&self, id: &SessionId, running: bool) -> Result<(), StoreError> {
+        self.write((id.clone(), running), |(id, running), conn| {
+            let changed = exec(
+                conn,
+                "record turn",
+                "UPDATE sessions SET turn_running = ? WHERE id = ?",
+                params![running, id.0],
+            )?;
+            one_session(changed, id)
+        })
+        .await
+    }
+
+    async fn turn_was_running(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let running: Option<bool> =
+            sqlx::query_scalar("SELECT turn_running FROM sessions WHERE id = ?")
+                .bind(&id.0)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend("read turn"))?;
+        Ok(running.unwrap_or(false))
+    }
+
     async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
         let rows: Vec<SteeringRow> = sqlx::query_as(
             "SELECT id, session_id, text, author, created_at FROM steering \

@@ -65,6 +65,7 @@ impl SessionState {
                             agent_since: Instant::now(),
                             timeout_noted: false,
                         });
+                        self.record_turn(true);
                         true
                     }
                     None => false,
@@ -95,6 +96,7 @@ impl SessionState {
             tracing::warn!(session = %self.record.id, rpc_id, "prompt response for a turn that is not running");
         }
         self.turn = None;
+        self.record_turn(false);
         // An approval covers writes of its own turn only.
         self.toolcalls.clear_grants();
         self.flush_text(true).await;
@@ -145,6 +147,17 @@ impl SessionState {
         } else {
             self.show_activity("idle", None);
         }
+    }
+
+    /// Stores whether a turn runs (in the next commit, not awaited): after
+    /// a server crash, recovery asks a cut turn to continue.
+    fn record_turn(&self, running: bool) {
+        let (store, id) = (Arc::clone(&self.store), self.id().clone());
+        self.ledger.queue(async move {
+            if let Err(e) = store.set_turn_running(&id, running).await {
+                tracing::warn!(session = %id, "cannot record whether a turn runs: {e}");
+            }
+        });
     }
 
     /// Delivers what waits in the queue as far as the agent can take it: ACP

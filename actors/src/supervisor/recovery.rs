@@ -13,6 +13,7 @@ use super::restarts::RestartPlan;
 use super::{Entry, SupervisorError, SupervisorState, threads};
 use crate::model::{AuditEntry, Protocol, SessionId, SessionRecord, SessionStatus};
 use crate::ports::{NoticeLevel, SessionStore};
+use crate::registry::WorkspaceMap;
 use crate::session::{Caller, StartError, StartMode};
 use crate::settings::AgentProfile;
 
@@ -20,31 +21,28 @@ use crate::settings::AgentProfile;
 const ORPHANS_GONE: Duration = Duration::from_secs(2);
 
 /// The agent profile a session stored as live resumes with, or why it
-/// cannot resume.
-fn resumable_with(rec: &SessionRecord, profiles: &[AgentProfile]) -> Result<AgentProfile, String> {
+/// cannot resume. The current config decides, as for a revive: the
+/// session's workspace must still be configured and its directory still in
+/// it (under the current `workspace_root`), and its agent profile still
+/// exist; an agent is never started where the operator no longer allows.
+fn resumable_with(rec: &SessionRecord, map: &WorkspaceMap) -> Result<AgentProfile, String> {
     if rec.protocol == Protocol::Mcp {
         return Err(
             "its MCP client's connection ended with the old server; the client reconnects on its own, as a new session"
                 .to_owned(),
         );
     }
-    let profile = profiles
-        .iter()
-        .find(|p| p.id == rec.agent)
-        .cloned()
-        .ok_or_else(|| format!("its agent profile `{}` is no longer configured", rec.agent))?;
-    match rec.protocol {
-        Protocol::Acp if rec.acp_session_id.is_none() => {
-            Err("the agent had not given it a session id to load".to_owned())
-        }
-        Protocol::Acp | Protocol::Intercom | Protocol::Mcp => Ok(profile),
+    let profile = map.revivable(rec)?;
+    if rec.protocol == Protocol::Acp && rec.acp_session_id.is_none() {
+        return Err("the agent had not given it a session id to load".to_owned());
     }
+    Ok(profile)
 }
 
 impl SupervisorState {
     /// After a server restart: resumes each session stored as live, or marks
     /// it interrupted when it cannot be; (resumed, interrupted).
-    pub(super) async fn recover(&mut self, profiles: Vec<AgentProfile>) -> (usize, usize) {
+    pub(super) async fn recover(&mut self, map: WorkspaceMap) -> (usize, usize) {
         let live = match self.args.store.list_sessions(true).await {
             Ok(l) => l,
             Err(e) => {
@@ -55,7 +53,7 @@ impl SupervisorState {
         self.end_orphan_groups(&live).await;
         let (mut resumed, mut interrupted) = (0, 0);
         for rec in live {
-            if self.recover_one(rec, &profiles).await {
+            if self.recover_one(rec, &map).await {
                 resumed += 1;
             } else {
                 interrupted += 1;
@@ -65,12 +63,12 @@ impl SupervisorState {
     }
 
     /// One session stored as live: true when its agent runs again.
-    async fn recover_one(&mut self, rec: SessionRecord, profiles: &[AgentProfile]) -> bool {
+    async fn recover_one(&mut self, rec: SessionRecord, map: &WorkspaceMap) -> bool {
         let id = rec.id.clone();
         // The agent process died with the old server: its open requests
         // cannot be answered any more. Say so explicitly.
         let expired = self.expire_open_requests(&id).await;
-        let profile = match resumable_with(&rec, profiles) {
+        let profile = match resumable_with(&rec, map) {
             Ok(profile) => profile,
             Err(why) => {
                 let reason = format!("server restarted; the session could not be resumed: {why}");
@@ -90,12 +88,21 @@ impl SupervisorState {
                 return false;
             }
         };
-        // An agent that was waiting on a request was mid-turn: once resumed
-        // it is asked to continue (as after a crash), not left idle.
+        // An agent that was in a turn (waiting on a request, or working
+        // after one was answered) was cut: once resumed it is asked to
+        // continue (as after a crash), not left idle.
+        let turn_cut = match self.args.store.turn_was_running(&id).await {
+            Ok(running) => running,
+            Err(e) => {
+                tracing::warn!(session = %id, "cannot tell whether a turn was running: {e}");
+                false
+            }
+        };
+        let mid_turn = turn_cut || !expired.is_empty();
         let plan = RestartPlan {
             resume: rec.acp_session_id.clone(),
             reprompt: None,
-            mid_turn: !expired.is_empty(),
+            mid_turn,
             require_resume: rec.protocol == Protocol::Acp,
         };
         let entry = Entry::recovering(profile, rec.restart_count, plan);
@@ -103,7 +110,9 @@ impl SupervisorState {
         if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
             threads::posted(&self.myself, &id, ch, ts);
         }
-        let text = if expired.is_empty() {
+        let text = if expired.is_empty() && mid_turn {
+            "The server restarted during the agent's turn; resuming this session, and the agent is asked to continue its turn.".to_owned()
+        } else if expired.is_empty() {
             "The server restarted; resuming this session.".to_owned()
         } else {
             format!(
@@ -341,12 +350,66 @@ mod tests {
     /// An MCP session never had an agent profile: the reason says its client
     /// reconnects, not that a profile `mcp` is missing from the config (a
     /// probe was sent to fix the config for nothing).
+    fn map(root: &std::path::Path) -> WorkspaceMap {
+        WorkspaceMap {
+            workspace_root: root.to_path_buf(),
+            workspaces: vec![crate::settings::WorkspaceEntry {
+                id: "ws".into(),
+                path: root.join("ws"),
+                channel_id: String::new(),
+                label: None,
+                default_agent: None,
+            }],
+            agents: vec![placeholder_profile(&stored("a", Protocol::Acp, None))],
+            default_agent: Some("a".into()),
+        }
+    }
+
     #[test]
     fn each_session_that_cannot_resume_says_why_in_its_own_terms() {
-        let why = resumable_with(&stored("mcp", Protocol::Mcp, None), &[]).unwrap_err();
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        std::fs::create_dir(root.join("ws")).expect("ws");
+        let m = map(&root);
+        let here = |agent: &str, protocol, acp: Option<&str>| SessionRecord {
+            cwd: root.join("ws").display().to_string(),
+            ..stored(agent, protocol, acp)
+        };
+        let why = resumable_with(&here("mcp", Protocol::Mcp, None), &m).unwrap_err();
         assert!(why.contains("MCP client"), "{why}");
         assert!(!why.contains("configured"), "{why}");
-        let why = resumable_with(&stored("gone", Protocol::Acp, Some("a1")), &[]).unwrap_err();
+        let why = resumable_with(&here("gone", Protocol::Acp, Some("a1")), &m).unwrap_err();
         assert!(why.contains("`gone` is no longer configured"), "{why}");
+        assert!(resumable_with(&here("a", Protocol::Acp, Some("a1")), &m).is_ok());
+        let why = resumable_with(&here("a", Protocol::Acp, None), &m).unwrap_err();
+        assert!(why.contains("session id"), "{why}");
+    }
+
+    /// An agent is never started again where the current config no longer
+    /// allows: a workspace removed, or a directory outside it (a probe had
+    /// agents resumed under an old `workspace_root`).
+    #[test]
+    fn a_session_outside_the_current_config_is_not_resumed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        std::fs::create_dir_all(root.join("ws")).expect("ws");
+        std::fs::create_dir_all(root.join("old")).expect("old");
+        let m = map(&root);
+        let removed = SessionRecord {
+            workspace: "gone".into(),
+            cwd: root.join("old").display().to_string(),
+            ..stored("a", Protocol::Acp, Some("a1"))
+        };
+        let why = resumable_with(&removed, &m).unwrap_err();
+        assert!(
+            why.contains("workspace `gone` is no longer configured"),
+            "{why}"
+        );
+        let moved = SessionRecord {
+            cwd: root.join("old").display().to_string(),
+            ..stored("a", Protocol::Acp, Some("a1"))
+        };
+        let why = resumable_with(&moved, &m).unwrap_err();
+        assert!(why.contains("no longer in workspace `ws`"), "{why}");
     }
 }
