@@ -216,3 +216,35 @@ fn approval_modes_apply_at_start_and_later() {
     );
     assert_eq!(bad.status, 400);
 }
+
+/// "Remember" makes its rule for the kind the request was judged and shown
+/// as: an agent announcing the same title as another kind after the
+/// decision cannot turn an "always" on a thought into a rule allowing
+/// every edit (a probe did).
+#[test]
+fn remember_keeps_the_kind_the_operator_saw() {
+    let server = Server::start(common::Setup {
+        scenario: json!({"turns": [[
+            {"tool_call": {"id": "t1", "title": "Plan the change", "kind": "think"}},
+            {"permission": {"tool_call_id": "t1", "title": "Plan the change"}},
+            {"tool_call": {"id": "t2", "title": "Plan the change", "kind": "edit"}},
+            {"chunk": "swapped."}
+        ]]}),
+        ..common::Setup::default()
+    });
+    let http = &server.http;
+    let id = sid(&http.start("plan"));
+    http.until_pending(&id, "req-1");
+    let r = http.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"option_id": "allow-always"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+    http.until_transcript(&id, "swapped.");
+    let made = http.post(
+        &format!("/api/approvals/{id}:req-1/remember"),
+        &json!({"scope": "session"}),
+    );
+    assert_eq!(made.status, 201, "{}", made.text);
+    assert_eq!(made.body["rule"]["match"]["kind"], "think", "{}", made.text);
+}

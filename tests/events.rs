@@ -78,7 +78,7 @@ fn permission_setup() -> Setup {
     Setup {
         scenario: json!({"turns": [[
             {"chunk": "working. "},
-            {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit"}},
+            {"permission": {"tool_call_id": "t1", "title": "Write notes.txt", "kind": "edit", "locations": ["notes.txt"]}},
             {"chunk": "done."}
         ]]}),
         ..Setup::default()

@@ -498,11 +498,10 @@ async fn after_a_server_restart_an_unanswered_request_says_expired() {
     // A new server on the same database recovers the session.
     let events = rig.restart_core().await;
     rig.spawn_slack(events).await;
+    let map = ractor::call!(rig.registry, intercom_actors::registry::RegistryMsg::Get)
+        .expect("workspace map");
     let (resumed, _) = ractor::call!(rig.sup, |reply| {
-        intercom_actors::supervisor::SupervisorMsg::Recover {
-            profiles: rig.profiles.clone(),
-            reply,
-        }
+        intercom_actors::supervisor::SupervisorMsg::Recover { map, reply }
     })
     .expect("recover");
     assert_eq!(resumed, 1);
@@ -757,7 +756,7 @@ async fn rules_are_listed_and_only_operators_may_remove_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_always_remembered_for_the_session_answers_matching_requests() {
-    let ask = |id: &str| json!({"permission": {"tool_call_id": id, "title": "Write notes.txt", "kind": "edit"}});
+    let ask = |id: &str| json!({"permission": {"tool_call_id": id, "title": "Write notes.txt", "kind": "edit", "locations": ["notes.txt"]}});
     let scenario = json!({"turns": [[
         {"tool_call": {"id": "t1", "title": "Write notes.txt", "kind": "edit", "status": "pending"}},
         ask("t1"),

@@ -41,6 +41,7 @@ fn request(session: &str, n: u32, created_at: i64) -> PendingRequest {
         session_id: sid,
         request_id,
         kind: RequestKind::FileWrite,
+        tool_kind: None,
         title: format!("write file {n}"),
         diff: Some("--- a\n+++ b\n".into()),
         paths: vec!["src/main.rs".into(), "README.md".into()],

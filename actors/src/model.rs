@@ -391,6 +391,11 @@ pub struct PendingRequest {
     pub request_id: String,
     /// What it is.
     pub kind: RequestKind,
+    /// The ACP tool kind it was judged and shown as (`edit`, `execute`,
+    /// ...), when known: an operator's "Remember" makes its rule for this
+    /// kind, never for one the agent announces later.
+    #[serde(default)]
+    pub tool_kind: Option<String>,
     /// One-line summary for the operator.
     pub title: String,
     /// A unified diff when the request changes a file.

@@ -16,8 +16,7 @@ use std::path::{Component, Path};
 use async_trait::async_trait;
 use intercom_actors::gateway::GatewayMsg;
 use intercom_actors::model::{
-    AuditEntry, MessageKind, OptionKind, PendingRequest, RequestKind, RequestStatus, SessionId,
-    TranscriptEntry,
+    AuditEntry, OptionKind, PendingRequest, RequestKind, RequestStatus, SessionId,
 };
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::rules::{ApprovalMode, Rule, RuleAction, RuleMatch, SHELL_CONTROL, Scope};
@@ -181,24 +180,14 @@ fn relative(path: &str, cwd: &Path) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("/"))
 }
 
-/// The tool kind the transcript recorded for the request's tool call: the
-/// latest tool call with the same title (`None` when unknown or `other`).
-pub fn transcript_kind(entries: &[TranscriptEntry], title: &str) -> Option<String> {
-    entries
-        .iter()
-        .rev()
-        .filter(|e| e.kind == MessageKind::Tool)
-        .filter_map(|e| serde_json::from_str::<serde_json::Value>(&e.content).ok())
-        .find(|doc| doc["title"].as_str() == Some(title))
-        .and_then(|doc| doc["kind"].as_str().map(str::to_owned))
-        .filter(|k| !k.is_empty() && k != "other")
-}
-
 /// What a remembered decision on `r` matches:
 ///
-/// - the tool kind: `edit` for file writes, else the kind the agent gave the
-///   tool call (`known_kind`, from the transcript), else the kind the title
-///   names ([`title_kind`]);
+/// - the tool kind: `edit` for file writes, else the kind the request was
+///   judged and shown as (`known_kind`, stored with it), else the kind the
+///   title names ([`title_kind`]);
+/// - an allow rule for a kind that works on files (read, edit, delete, move,
+///   search) needs the request's files: without them it would allow that
+///   kind everywhere;
 /// - the request's files as exact paths (relative to the workspace `cwd`);
 ///   files outside the workspace cannot be remembered;
 /// - for `execute`, commands starting with the backticked command of the
@@ -253,6 +242,9 @@ pub fn remembered_match(
                     .into(),
             ),
         },
+        Some(k) if allow && paths.is_empty() && FILE_KINDS.contains(&k) => Err(format!(
+            "This request names no file, so a rule from it would allow every `{k}` anywhere; decide such requests one at a time, or add a rule with `paths` through `POST /api/rules`."
+        )),
         Some(_) => Ok(RuleMatch {
             kind,
             paths,
@@ -268,6 +260,10 @@ pub fn remembered_match(
         ),
     }
 }
+
+/// Kinds of action that work on files: a rule allowing one of them names
+/// the files.
+const FILE_KINDS: &[&str] = &["read", "edit", "delete", "move", "search"];
 
 /// `/intercom rules`: every rule in force.
 pub async fn list(ctx: &Ctx, reply: &Reply) {
@@ -390,10 +386,13 @@ pub async fn remember_decision(
         Ok(None) => return Err(format!("Session `{session}` does not exist.")),
         Err(e) => return Err(format!("Cannot read session `{session}`: {e}")),
     };
-    let known = match store.transcript(&session).await {
-        Ok(entries) => transcript_kind(&entries, &request.title),
-        Err(_) => None,
-    };
+    // The kind the request was judged and shown as, stored with it: what
+    // the agent announces after the decision cannot change what is
+    // remembered.
+    let known = request
+        .tool_kind
+        .clone()
+        .filter(|k| !k.is_empty() && k != "other");
     let matcher = remembered_match(
         &request,
         known.as_deref(),
@@ -535,6 +534,7 @@ mod tests {
             session_id: SessionId::from("s-1"),
             request_id: "req-1".into(),
             kind,
+            tool_kind: None,
             title: title.into(),
             diff: None,
             paths: paths.iter().map(|p| (*p).to_owned()).collect(),
@@ -629,14 +629,19 @@ mod tests {
     }
 
     #[test]
-    fn kinds_come_from_the_transcript_then_the_title() {
+    fn kinds_come_from_the_request_then_the_title() {
         let cwd = Path::new("/ws");
-        let r = request(RequestKind::Permission, "Write notes.txt", &[]);
+        let r = request(
+            RequestKind::Permission,
+            "Write notes.txt",
+            &["/ws/notes.txt"],
+        );
         let m = remembered_match(&r, None, cwd, true).expect("title kind");
         assert_eq!(
             m,
             RuleMatch {
                 kind: Some("edit".into()),
+                paths: vec!["notes.txt".into()],
                 ..RuleMatch::default()
             }
         );
@@ -647,19 +652,23 @@ mod tests {
         let with_files = request(RequestKind::Permission, "Frobnicate", &["/ws/a"]);
         let m = remembered_match(&with_files, None, cwd, true).expect("paths only");
         assert_eq!((m.kind, m.paths), (None, vec!["a".to_owned()]));
-        let entries = vec![TranscriptEntry {
-            id: 1,
-            role: intercom_actors::model::Role::System,
-            kind: MessageKind::Tool,
-            content: r#"{"id":"t1","title":"Write notes.txt","kind":"edit","status":"pending"}"#
-                .into(),
-            created_at: 0,
-        }];
-        assert_eq!(
-            transcript_kind(&entries, "Write notes.txt").as_deref(),
-            Some("edit")
-        );
-        assert_eq!(transcript_kind(&entries, "Other"), None);
+        // A thought needs no files; a think rule allows thinking.
+        let think = request(RequestKind::Permission, "Plan the change", &[]);
+        let m = remembered_match(&think, Some("think"), cwd, true).expect("think");
+        assert_eq!(m.kind.as_deref(), Some("think"));
+    }
+
+    /// A request on files that names none cannot become an allow rule: it
+    /// would allow that kind everywhere (a probe got every edit, outside
+    /// the workspace too, allowed from one click). A deny is still fine.
+    #[test]
+    fn a_file_request_without_files_is_not_remembered_as_an_allow() {
+        let cwd = Path::new("/ws");
+        let r = request(RequestKind::Permission, "Edit something", &[]);
+        let refused = remembered_match(&r, Some("edit"), cwd, true).unwrap_err();
+        assert!(refused.contains("names no file"), "{refused}");
+        let deny = remembered_match(&r, Some("edit"), cwd, false).expect("deny");
+        assert_eq!(deny.kind.as_deref(), Some("edit"));
     }
 
     #[test]

@@ -189,6 +189,7 @@ pub(crate) struct RequestRow {
     pub reason: Option<String>,
     pub decided_by: Option<String>,
     pub decided_at: Option<i64>,
+    pub tool_kind: Option<String>,
 }
 
 /// A [`RequestRow`] with its `rowid` (the approvals list's page key).
@@ -211,7 +212,7 @@ impl KeyedRequestRow {
 macro_rules! request_columns {
     () => {
         "id, session_id, request_id, kind, title, diff, paths, options, status, wire_id, \
-         created_at, option_id, approved, reason, decided_by, decided_at"
+         created_at, option_id, approved, reason, decided_by, decided_at, tool_kind"
     };
 }
 pub(crate) use request_columns;
@@ -267,6 +268,7 @@ impl RequestRow {
                 session_id: SessionId(self.session_id),
                 request_id: self.request_id,
                 kind,
+                tool_kind: self.tool_kind,
                 title: self.title,
                 diff: self.diff,
                 paths,

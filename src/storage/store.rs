@@ -390,7 +390,8 @@ impl SessionStore for SqliteStore {
                     OP,
                     &req.session_id,
                     "INSERT INTO requests (id, session_id, request_id, kind, title, diff, paths, \
-                 options, status, wire_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 options, status, wire_id, created_at, tool_kind) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     params![
                         req.id,
                         req.session_id.0,
@@ -403,6 +404,7 @@ impl SessionStore for SqliteStore {
                         req.status.as_str(),
                         req.wire_id,
                         req.created_at,
+                        req.tool_kind,
                     ],
                 )?;
                 Ok(())

@@ -135,15 +135,16 @@ impl SessionState {
         }
         let diff = acp::unified_diff(&rel, current, &content);
         let opened = self
-            .open_request(
-                id,
-                RequestKind::FileWrite,
-                format!("Write {rel}"),
-                Some(diff),
-                vec![rel],
-                write_options(),
-                Some((path, content)),
-            )
+            .open_request(super::inbound::Opening {
+                wire: id,
+                kind: RequestKind::FileWrite,
+                tool_kind: Some("edit".into()),
+                title: format!("Write {rel}"),
+                diff: Some(diff),
+                paths: vec![rel],
+                options: write_options(),
+                write: Some((path, content)),
+            })
             .await;
         if let Ok(n) = opened {
             self.apply_rules(n, Some("edit".into()), None).await;

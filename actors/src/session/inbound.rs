@@ -36,6 +36,27 @@ fn from_mcp_client(wire: &RpcId) -> bool {
 /// The most bytes of titles and diffs a session's waiting requests hold.
 const MAX_PENDING_BYTES: usize = 8 << 20;
 
+/// A request about to be shown to the operator ([`SessionState::open_request`]).
+pub(super) struct Opening {
+    /// The id the agent (or an MCP client's call) gave it.
+    pub wire: RpcId,
+    /// What it is.
+    pub kind: RequestKind,
+    /// The ACP tool kind it is judged and shown as (`edit`, `execute`, ...),
+    /// kept with it: "Remember" makes its rule for this kind.
+    pub tool_kind: Option<String>,
+    /// One line for the operator.
+    pub title: String,
+    /// The change, when it changes files.
+    pub diff: Option<String>,
+    /// Files it names.
+    pub paths: Vec<String>,
+    /// The buttons.
+    pub options: Vec<PermissionOption>,
+    /// For `fs/write_text_file`: the path and content to write once allowed.
+    pub write: Option<(String, String)>,
+}
+
 impl SessionState {
     pub(super) async fn on_child_event(&mut self, ev: ChildEvent) {
         match ev {
@@ -224,15 +245,16 @@ impl SessionState {
         let mut options = ask.options;
         let cancel_option = super::requests::add_reject_if_missing(&mut options);
         let opened = self
-            .open_request(
-                id,
-                RequestKind::Permission,
+            .open_request(Opening {
+                wire: id,
+                kind: RequestKind::Permission,
+                tool_kind: shown.kind.clone(),
                 title,
                 diff,
-                shown.paths,
+                paths: shown.paths,
                 options,
-                None,
-            )
+                write: None,
+            })
             .await;
         if let Ok(n) = opened {
             if let Some(p) = self.pending.get_mut(&n) {
@@ -243,74 +265,73 @@ impl SessionState {
         }
     }
 
-    /// Stores a new pending request and shows it to the operator.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn open_request(
-        &mut self,
-        wire: RpcId,
-        kind: RequestKind,
-        title: String,
-        diff: Option<String>,
-        paths: Vec<String>,
-        options: Vec<PermissionOption>,
-        write: Option<(String, String)>,
-    ) -> Result<u64, String> {
+    /// Why a new request cannot be taken (the reason told to the agent and
+    /// the notice shown to the operator), or `None` when it can.
+    fn refusal(&self, o: &Opening) -> Option<(String, String)> {
         if matches!(self.phase, Phase::Stopping | Phase::Ended) {
             // Nobody will decide it: the session's requests were closed when
             // it began to stop, and a request shown now would stay pending
             // for ever.
-            let why = "the session is stopping; no new request is taken".to_owned();
-            let note =
+            return Some((
+                "the session is stopping; no new request is taken".to_owned(),
                 "The agent asked for something while the session was stopping; it was refused."
-                    .to_owned();
-            self.refuse_request(wire, kind, &why, note).await;
-            return Err(why);
+                    .to_owned(),
+            ));
         }
-        if !from_mcp_client(&wire) && self.pending.values().any(|p| p.wire == wire) {
+        if !from_mcp_client(&o.wire) && self.pending.values().any(|p| p.wire == o.wire) {
             // Its answer could not be told from the first one's.
-            let why = format!(
-                "request id {} is already waiting for an answer; give each request its own id",
-                serde_json::to_string(&wire).unwrap_or_default()
-            );
-            let note = "The agent reused the id of a request still waiting for an answer; the second request was refused.".to_owned();
-            self.refuse_request(wire, kind, &why, note).await;
-            return Err(why);
+            return Some((
+                format!(
+                    "request id {} is already waiting for an answer; give each request its own id",
+                    serde_json::to_string(&o.wire).unwrap_or_default()
+                ),
+                "The agent reused the id of a request still waiting for an answer; the second request was refused.".to_owned(),
+            ));
         }
         let cap = self.settings.limits.max_pending_requests;
         if self.pending.len() >= cap {
-            let why = format!(
-                "{cap} requests are already waiting for the operator (limits.max_pending_requests); wait for them to be answered"
-            );
-            let note = format!(
-                "The agent asked for more than {cap} things at once; the extra requests were refused."
-            );
-            self.refuse_request(wire, kind, &why, note).await;
-            return Err(why);
+            return Some((
+                format!(
+                    "{cap} requests are already waiting for the operator (limits.max_pending_requests); wait for them to be answered"
+                ),
+                format!(
+                    "The agent asked for more than {cap} things at once; the extra requests were refused."
+                ),
+            ));
         }
-        if paths.len() > crate::rules::MAX_REQUEST_PATHS {
-            let why = format!(
-                "the request names {} paths; at most {} are accepted",
-                paths.len(),
-                crate::rules::MAX_REQUEST_PATHS
-            );
-            let note = "The agent asked about more paths at once than are accepted; the request was refused.".to_owned();
-            self.refuse_request(wire, kind, &why, note).await;
-            return Err(why);
+        if o.paths.len() > crate::rules::MAX_REQUEST_PATHS {
+            return Some((
+                format!(
+                    "the request names {} paths; at most {} are accepted",
+                    o.paths.len(),
+                    crate::rules::MAX_REQUEST_PATHS
+                ),
+                "The agent asked about more paths at once than are accepted; the request was refused.".to_owned(),
+            ));
         }
         // What waiting requests hold (titles and diffs) is bounded too: the
         // agent sets their size, and each is held until decided.
-        let size = title.len() + diff.as_ref().map_or(0, String::len);
+        let size = o.title.len() + o.diff.as_ref().map_or(0, String::len);
         let held: usize = self
             .pending
             .values()
             .map(|p| p.record.title.len() + p.record.diff.as_ref().map_or(0, String::len))
             .sum();
         if !self.pending.is_empty() && held + size > MAX_PENDING_BYTES {
-            let why = format!(
-                "the requests waiting for the operator already hold {held} bytes of titles and diffs (at most {MAX_PENDING_BYTES}); wait for them to be answered"
-            );
-            let note = "The agent's waiting requests reached their size bound; the extra requests were refused.".to_owned();
-            self.refuse_request(wire, kind, &why, note).await;
+            return Some((
+                format!(
+                    "the requests waiting for the operator already hold {held} bytes of titles and diffs (at most {MAX_PENDING_BYTES}); wait for them to be answered"
+                ),
+                "The agent's waiting requests reached their size bound; the extra requests were refused.".to_owned(),
+            ));
+        }
+        None
+    }
+
+    /// Stores a new pending request and shows it to the operator.
+    pub(super) async fn open_request(&mut self, o: Opening) -> Result<u64, String> {
+        if let Some((why, note)) = self.refusal(&o) {
+            self.refuse_request(o.wire, o.kind, &why, note).await;
             return Err(why);
         }
         let n = self.next_request;
@@ -320,13 +341,14 @@ impl SessionState {
             id: PendingRequest::global_id(self.id(), &request_id),
             session_id: self.id().clone(),
             request_id,
-            kind,
-            title,
-            diff,
-            paths,
-            options,
+            kind: o.kind,
+            tool_kind: o.tool_kind,
+            title: o.title,
+            diff: o.diff,
+            paths: o.paths,
+            options: o.options,
             status: RequestStatus::Pending,
-            wire_id: serde_json::to_string(&wire).ok(),
+            wire_id: serde_json::to_string(&o.wire).ok(),
             created_at: now_ms(),
         };
         let (store, stored) = (Arc::clone(&self.store), record.clone());
@@ -338,8 +360,11 @@ impl SessionState {
             // Without a record the operator could not answer it durably.
             tracing::error!(session = %self.record.id, "cannot store request: {e}");
             let why = format!("agent-intercom could not record the request: {e}");
-            if self.is_acp() && !from_mcp_client(&wire) {
-                self.respond(wire, Err(RpcError::new(codes::INTERNAL_ERROR, why.clone())));
+            if self.is_acp() && !from_mcp_client(&o.wire) {
+                self.respond(
+                    o.wire,
+                    Err(RpcError::new(codes::INTERNAL_ERROR, why.clone())),
+                );
             }
             return Err(why);
         }
@@ -348,8 +373,8 @@ impl SessionState {
             Pending {
                 number: n,
                 record: record.clone(),
-                wire,
-                write,
+                wire: o.wire,
+                write: o.write,
                 governed: None,
                 announced: None,
                 cancel_option: None,
@@ -444,15 +469,16 @@ impl SessionState {
                     req.title, req.risk_level, req.description
                 );
                 let opened = self
-                    .open_request(
-                        RpcId::Str(id),
-                        RequestKind::Permission,
+                    .open_request(Opening {
+                        wire: RpcId::Str(id),
+                        kind: RequestKind::Permission,
+                        tool_kind: Some("edit".into()),
                         title,
-                        req.diff,
-                        vec![req.file_path],
+                        diff: req.diff,
+                        paths: vec![req.file_path],
                         options,
-                        None,
-                    )
+                        write: None,
+                    })
                     .await;
                 if let Ok(n) = opened {
                     self.apply_rules(n, Some("edit".into()), None).await;
@@ -479,15 +505,16 @@ impl SessionState {
                 let title = format!("[{kind}] {text}");
                 // A refusal was already answered to the agent.
                 let _ = self
-                    .open_request(
-                        RpcId::Str(id),
-                        RequestKind::ForwardedPrompt,
+                    .open_request(Opening {
+                        wire: RpcId::Str(id),
+                        kind: RequestKind::ForwardedPrompt,
+                        tool_kind: None,
                         title,
-                        None,
-                        vec![],
+                        diff: None,
+                        paths: vec![],
                         options,
-                        None,
-                    )
+                        write: None,
+                    })
                     .await;
             }
             DialectIn::Status { message } => {

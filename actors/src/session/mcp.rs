@@ -266,7 +266,16 @@ impl SessionState {
     ) {
         let wire = RpcId::Str(format!("mcp-{}", self.next_request));
         match self
-            .open_request(wire, kind, title, diff, paths, options, None)
+            .open_request(super::inbound::Opening {
+                wire,
+                kind,
+                tool_kind: (kind == RequestKind::Permission).then(|| "edit".to_owned()),
+                title,
+                diff,
+                paths,
+                options,
+                write: None,
+            })
             .await
         {
             Ok(n) => {

@@ -55,6 +55,7 @@ fn request(kind: RequestKind) -> PendingRequest {
         session_id: SessionId::from("s-1"),
         request_id: "req-1".into(),
         kind,
+        tool_kind: None,
         title: HOSTILE.into(),
         diff: Some(format!("+{HOSTILE}\n")),
         paths: vec![HOSTILE.into()],

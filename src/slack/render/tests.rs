@@ -46,6 +46,7 @@ fn request(diff: Option<String>, kind: RequestKind) -> PendingRequest {
         session_id: SessionId::from("s-1"),
         request_id: "req-1".into(),
         kind,
+        tool_kind: None,
         title: "Write notes.txt".into(),
         diff,
         paths: vec!["notes.txt".into()],

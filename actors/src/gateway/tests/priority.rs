@@ -10,6 +10,7 @@ pub(super) fn permission(id: &str, title: &str) -> PendingRequest {
         session_id: SessionId::from(id),
         request_id: "req-1".into(),
         kind: RequestKind::Permission,
+        tool_kind: None,
         title: title.into(),
         diff: None,
         paths: vec![],
