@@ -636,3 +636,67 @@ fn fs_escapes_are_refused_end_to_end() {
         "each refused read and write is audited: {audit:?}"
     );
 }
+
+/// Silent connections cannot take every place: an agent (it runs on this
+/// machine and may connect to the server) that opened thousands of them
+/// made `/healthz` stop answering until it let go. The server here runs with
+/// 600 descriptors, so it keeps 300 connection places; 400 silent sockets
+/// are opened, and the server still answers: a full house sheds the
+/// connection silent longest.
+#[test]
+fn silent_connections_cannot_take_every_place() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "workspace_root = {root:?}\n\n[server]\nbind = \"127.0.0.1:{port}\"\n\n[database]\npath = {db:?}\n",
+            root = dir.path().display().to_string(),
+            db = dir.path().join("data/db.sqlite").display().to_string(),
+        ),
+    )
+    .expect("config");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_agent-intercom"));
+    command
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env_remove("SLACK_BOT_TOKEN")
+        .env_remove("SLACK_APP_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 600,
+                rlim_max: 600,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = command.spawn().expect("spawn agent-intercom serve");
+    let healthz = format!("http://127.0.0.1:{port}/healthz");
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(30)))
+        .build()
+        .new_agent();
+    until("the server to answer", || {
+        agent.get(&healthz).call().ok().filter(|r| r.status() == 200)
+    });
+    let silent: Vec<std::net::TcpStream> = (0..400)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("a silent connection"))
+        .collect();
+    let answered = agent.get(&healthz).call();
+    let _ = server.kill();
+    let _ = server.wait();
+    drop(silent);
+    let status = answered.expect("/healthz answered").status();
+    assert_eq!(status, 200);
+}

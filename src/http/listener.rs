@@ -12,20 +12,40 @@
 //! direction for [`IDLE`] is closed (axum's `serve` sets no hyper timer, so
 //! nothing else would close a client that connects and never speaks). Event
 //! streams are not idle: they send a keep-alive every 15 s.
+//!
+//! The bound alone let anyone who can connect hold every place: an agent (it
+//! runs on this machine) opened 8,321 silent connections and `/healthz`
+//! stopped answering until it let go. So a full house sheds: the connection
+//! that has been silent longest (at least [`SHED_AFTER`]) is closed to make
+//! room for the new one. Whoever is talking keeps their place; a flood of
+//! silent sockets only ever displaces itself (or a client's idle keep-alive
+//! connection, which it opens again).
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// How long a connection may pass no bytes either way before it is closed.
 pub const IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A connection silent for less than this is never shed to make room (it
+/// may be in the middle of a request).
+pub const SHED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The shortest list of places that is swept of closed connections.
+const SWEEP_MIN: usize = 64;
+
+/// How often a full listener that found nobody to shed looks again.
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The fewest connections allowed, whatever the descriptor limit.
 const MIN_CONNECTIONS: usize = 256;
@@ -49,12 +69,29 @@ pub fn limit() -> usize {
     (soft / 2).clamp(MIN_CONNECTIONS, MAX_CONNECTIONS)
 }
 
+/// What the listener knows of one open connection: when it last passed a
+/// byte, and how to close it to make room.
+#[derive(Debug)]
+struct Place {
+    /// Milliseconds since the listener started, at the last byte.
+    last_active: AtomicU64,
+    /// Cancelled to shed the connection.
+    shed: CancellationToken,
+}
+
 /// A TCP listener that holds one permit per open connection.
 #[derive(Debug)]
 pub struct BoundedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
     idle: std::time::Duration,
+    shed_after: std::time::Duration,
+    /// The open connections, oldest first (dropped ones are swept out).
+    places: Vec<Weak<Place>>,
+    started: tokio::time::Instant,
+    shed_count: u64,
+    /// `places` is swept of closed connections when it reaches this length.
+    sweep_at: usize,
 }
 
 impl BoundedListener {
@@ -64,6 +101,58 @@ impl BoundedListener {
             inner,
             permits: Arc::new(Semaphore::new(max.max(1))),
             idle: IDLE,
+            shed_after: SHED_AFTER,
+            places: Vec::new(),
+            started: tokio::time::Instant::now(),
+            shed_count: 0,
+            sweep_at: SWEEP_MIN,
+        }
+    }
+
+    /// A permit for one more connection: at once when there is room, else
+    /// after shedding the connection silent longest, else when one closes.
+    async fn place(&mut self) -> OwnedSemaphorePermit {
+        loop {
+            if let Ok(p) = self.permits.clone().try_acquire_owned() {
+                return p;
+            }
+            self.shed_longest_silent();
+            tokio::select! {
+                p = self.permits.clone().acquire_owned() => {
+                    // The semaphore is never closed.
+                    if let Ok(p) = p {
+                        return p;
+                    }
+                }
+                () = tokio::time::sleep(RECHECK) => {}
+            }
+        }
+    }
+
+    /// Closes the open connection that has been silent longest, if one has
+    /// been silent for at least `shed_after`.
+    fn shed_longest_silent(&mut self) {
+        self.places.retain(|w| w.strong_count() > 0);
+        let now = self.started.elapsed().as_millis() as u64;
+        let limit = self.shed_after.as_millis() as u64;
+        let longest = self
+            .places
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|p| !p.shed.is_cancelled())
+            .map(|p| (p.last_active.load(Ordering::Relaxed), p))
+            .filter(|(at, _)| now.saturating_sub(*at) >= limit)
+            .min_by_key(|(at, _)| *at);
+        if let Some((at, place)) = longest {
+            place.shed.cancel();
+            self.shed_count += 1;
+            if self.shed_count == 1 || self.shed_count.is_multiple_of(1000) {
+                tracing::warn!(
+                    shed = self.shed_count,
+                    silent_ms = now.saturating_sub(at),
+                    "every connection place is taken: closing the connection silent longest to let a new one in"
+                );
+            }
         }
     }
 }
@@ -73,19 +162,35 @@ impl Listener for BoundedListener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Bounded, SocketAddr) {
-        // The semaphore is never closed, so acquiring only waits.
-        let permit = loop {
-            if let Ok(p) = self.permits.clone().acquire_owned().await {
-                break p;
-            }
-        };
+        let permit = self.place().await;
         let (io, addr) = Listener::accept(&mut self.inner).await;
-        (Bounded::new(io, permit, self.idle), addr)
+        let place = Arc::new(Place {
+            last_active: AtomicU64::new(self.started.elapsed().as_millis() as u64),
+            shed: CancellationToken::new(),
+        });
+        if self.places.len() >= self.sweep_at {
+            // Amortised: closed connections leave only a dead `Weak` behind.
+            self.places.retain(|w| w.strong_count() > 0);
+            self.sweep_at = (self.places.len() * 2).max(SWEEP_MIN);
+        }
+        self.places.push(Arc::downgrade(&place));
+        let clock = Clock {
+            started: self.started,
+            place,
+        };
+        (Bounded::new(io, permit, self.idle, clock), addr)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }
+}
+
+/// A connection's place as the listener sees it.
+#[derive(Debug)]
+struct Clock {
+    started: tokio::time::Instant,
+    place: Arc<Place>,
 }
 
 /// A connection; its permit is given back when it closes.
@@ -96,22 +201,35 @@ pub struct Bounded {
     idle: std::time::Duration,
     /// When the connection counts as idle: pushed back by every byte.
     deadline: Pin<Box<tokio::time::Sleep>>,
+    clock: Clock,
+    /// Ready once the listener sheds this connection to make room.
+    shed: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl Bounded {
-    fn new(io: TcpStream, permit: OwnedSemaphorePermit, idle: std::time::Duration) -> Self {
+    fn new(
+        io: TcpStream,
+        permit: OwnedSemaphorePermit,
+        idle: std::time::Duration,
+        clock: Clock,
+    ) -> Self {
+        let shed = Box::pin(clock.place.shed.clone().cancelled_owned());
         Bounded {
             io,
             _permit: permit,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
+            clock,
+            shed,
         }
     }
 
     /// Bytes passed: the idle clock starts again.
     fn touch(&mut self) {
-        let next = tokio::time::Instant::now() + self.idle;
-        self.deadline.as_mut().reset(next);
+        let now = tokio::time::Instant::now();
+        self.deadline.as_mut().reset(now + self.idle);
+        let at = now.duration_since(self.clock.started).as_millis() as u64;
+        self.clock.place.last_active.store(at, Ordering::Relaxed);
     }
 
     /// A write's outcome: bytes written restart the idle clock; a write
@@ -136,6 +254,12 @@ impl Bounded {
     /// For an operation that would wait: an error once the connection was
     /// idle too long, else keep waiting (woken by the I/O or the deadline).
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if self.shed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room: every connection place was taken and this one was silent longest",
+            )));
+        }
         match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -254,5 +378,41 @@ mod tests {
         drop(first);
         let (_third, _) = listener.accept().await;
         assert_eq!(listener.permits.available_permits(), 0);
+    }
+
+    /// A full house sheds the connection silent longest to let a new one
+    /// in: an agent holding thousands of silent sockets made `/healthz`
+    /// stop answering. The one that spoke last keeps its place.
+    #[tokio::test]
+    async fn a_full_house_sheds_the_connection_silent_longest() {
+        use tokio::io::AsyncReadExt;
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr");
+        let mut listener = BoundedListener::new(tcp, 2);
+        listener.shed_after = std::time::Duration::ZERO;
+        let _c1 = TcpStream::connect(addr).await.expect("c1");
+        let (mut s1, _) = listener.accept().await;
+        let mut c2 = TcpStream::connect(addr).await.expect("c2");
+        let (mut s2, _) = listener.accept().await;
+        // c2 speaks; c1 stays silent.
+        c2.write_all(b"x").await.expect("a byte");
+        let mut one = [0u8; 1];
+        s2.read_exact(&mut one).await.expect("read");
+        let first = tokio::spawn(async move {
+            let mut buf = [0u8; 1];
+            s1.read(&mut buf).await
+        });
+        let second = tokio::spawn(async move {
+            let mut buf = [0u8; 1];
+            s2.read(&mut buf).await
+        });
+        let _c3 = TcpStream::connect(addr).await.expect("c3");
+        let (_s3, _) = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the third got a place");
+        let shed = first.await.expect("join").expect_err("c1 was shed");
+        assert_eq!(shed.kind(), io::ErrorKind::ConnectionAborted);
+        assert!(!second.is_finished(), "the one that spoke keeps its place");
+        second.abort();
     }
 }
