@@ -640,6 +640,12 @@ async fn bad_arguments_name_the_argument() {
             "`timeout_seconds`",
         ),
         ("ping", json!({"status": "x"}), "unknown argument `status`"),
+        // Where `..` lands depends on the links it passes: not taken.
+        (
+            "check_clearance",
+            json!({"title": "t", "diff": "x\n", "file_path": "docs/l/../../src/main.rs"}),
+            "climbs with `..`",
+        ),
         // A kind no rule knows would skip every rule naming a kind.
         (
             "auto_check",

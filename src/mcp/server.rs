@@ -255,6 +255,18 @@ impl IntercomMcp {
             .into_iter()
             .map(|(rel, _)| rel)
             .collect();
+        // Where `a/../b` lands depends on whether `a` is a link: rules judge
+        // it as the kernel resolves it, so it must be written that way too,
+        // or not at all. Not at all is simpler to trust.
+        if let Some(p) = paths.iter().find(|p| {
+            std::path::Path::new(p)
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
+        }) {
+            return Err(Fail::Params(format!(
+                "argument `file_path`: {p:?} climbs with `..`; give the file's path inside the workspace without `..`"
+            )));
+        }
         let recorded = match &t.cwd {
             Some(root) => {
                 record_targets(&self.shared.workspace(root)?, &change, &file_path).await?
