@@ -688,7 +688,11 @@ fn silent_connections_cannot_take_every_place() {
         .build()
         .new_agent();
     until("the server to answer", || {
-        agent.get(&healthz).call().ok().filter(|r| r.status() == 200)
+        agent
+            .get(&healthz)
+            .call()
+            .ok()
+            .filter(|r| r.status() == 200)
     });
     let silent: Vec<std::net::TcpStream> = (0..400)
         .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("a silent connection"))

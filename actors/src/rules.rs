@@ -230,7 +230,7 @@ impl Rule {
             let plain = command.replace(" 2>&1", "");
             return !plain.contains(SHELL_CONTROL) && test(&plain);
         }
-        test(command) || command_segments(command).any(test)
+        test(command) || command_segments(command).any(|c| test(c) || test(&command_words(c)))
     }
 }
 
@@ -239,13 +239,45 @@ impl Rule {
 /// redirections, subshells and line breaks.
 pub const SHELL_CONTROL: &[char] = &[';', '&', '|', '`', '$', '<', '>', '(', ')', '\n', '\r'];
 
-/// The pieces of a command line between [`SHELL_CONTROL`] characters,
-/// trimmed: what a deny rule is also held against.
+/// The pieces of a command line between [`SHELL_CONTROL`] characters and
+/// braces, trimmed: what a deny rule is also held against.
 fn command_segments(command: &str) -> impl Iterator<Item = &str> {
     command
-        .split(SHELL_CONTROL)
+        .split(|c| SHELL_CONTROL.contains(&c) || c == '{' || c == '}')
         .map(str::trim)
         .filter(|s| !s.is_empty())
+}
+
+/// Words that run the command after them (or start a clause whose command
+/// follows): `then rm -rf /` runs `rm -rf /`.
+const COMMAND_PREFIXES: &[&str] = &[
+    "then", "do", "else", "elif", "if", "while", "until", "!", "time", "command", "builtin",
+    "exec", "nohup", "env", "sudo", "nice", "xargs",
+];
+
+/// The command a piece of a command line runs, as a deny rule should see
+/// it: runs of blanks made one space, leading clause words, wrappers
+/// ([`COMMAND_PREFIXES`]) and `NAME=value` assignments dropped, and a
+/// leading `\` (which only skips aliases) removed. A deny rule is a
+/// seatbelt, not a sandbox: a shell can always spell a command another way.
+fn command_words(segment: &str) -> String {
+    let words: Vec<&str> = segment.split_whitespace().collect();
+    let first = words
+        .iter()
+        .position(|w| !COMMAND_PREFIXES.contains(w) && !is_assignment(w))
+        .unwrap_or(words.len());
+    let line = words[first..].join(" ");
+    match line.strip_prefix('\\') {
+        Some(rest) => rest.to_owned(),
+        None => line,
+    }
+}
+
+/// `NAME=value`, as before a command.
+fn is_assignment(word: &str) -> bool {
+    word.split_once('=').is_some_and(|(name, _)| {
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 fn paths_match(globs: &[String], facts: &RequestFacts) -> bool {

@@ -470,6 +470,16 @@ fn a_denied_command_is_denied_wherever_it_appears_in_the_line() {
         "ls | rm -rf /",
         "ls\nrm -rf /",
         "echo $(rm -rf /)",
+        // Spelled another way: blanks, clause words, wrappers, a backslash.
+        "ls && rm  -rf /",
+        "ls && rm\t-rf /",
+        "ls && { rm -rf /; }",
+        "if true; then rm -rf /; fi",
+        "ls && ! rm -rf /",
+        "ls && \\rm -rf /",
+        "ls && command rm -rf /",
+        "FOO=1 rm -rf /",
+        "sudo rm -rf /",
     ] {
         assert_eq!(decided(&rules, line), RuleAction::Deny, "{line:?}");
     }
