@@ -74,7 +74,9 @@ pub struct Resolved {
 /// symlinks before it, so `link/../x` is beside the link's target, not in
 /// the workspace. Past the first component that does not exist, the rest
 /// is a new file and is taken as written. A path the agent's shell would
-/// expand (`~`, `$HOME`) or an empty one cannot be resolved.
+/// expand (`~`, `$HOME`), a URI (`file:///etc/passwd`) or an empty one
+/// cannot be resolved. A file with more than one hard link does not count
+/// as inside: its other names may lie outside.
 pub fn resolve(root: &Path, requested: &Path) -> Result<Resolved, PathError> {
     let root_real = root.canonicalize().map_err(|e| PathError::Workspace {
         root: root.display().to_string(),
@@ -90,6 +92,14 @@ pub fn resolve(root: &Path, requested: &Path) -> Result<Resolved, PathError> {
     }
     if text.starts_with('~') || text.contains('$') {
         return Err(unresolvable("a shell would expand it (`~` or `$`)"));
+    }
+    if text
+        .split('/')
+        .next()
+        .is_some_and(|first| first.ends_with(':'))
+        && text.contains("://")
+    {
+        return Err(unresolvable("it is a URI, not a path"));
     }
     let mut real = if requested.is_absolute() {
         PathBuf::from("/")
@@ -136,7 +146,11 @@ pub fn resolve(root: &Path, requested: &Path) -> Result<Resolved, PathError> {
             Err(e) => return Err(unresolvable(&e.to_string())),
         }
     }
-    let inside = real.starts_with(&root_real);
+    // A file with other hard links is also wherever those are: changing it
+    // inside changes them too, and they may lie outside.
+    let shared = std::fs::symlink_metadata(&real)
+        .is_ok_and(|m| m.is_file() && std::os::unix::fs::MetadataExt::nlink(&m) > 1);
+    let inside = real.starts_with(&root_real) && !shared;
     Ok(Resolved { real, inside })
 }
 
@@ -290,7 +304,14 @@ mod tests {
                 .real,
             out.join("created.txt")
         );
-        for unresolvable in ["", "~/.bashrc", "~", "$HOME/.bashrc", "loop"] {
+        for unresolvable in [
+            "",
+            "~/.bashrc",
+            "~",
+            "$HOME/.bashrc",
+            "loop",
+            "file:///etc/passwd",
+        ] {
             assert!(
                 matches!(
                     resolve(&root, Path::new(unresolvable)),
@@ -299,6 +320,17 @@ mod tests {
                 "{unresolvable:?} was resolved"
             );
         }
+        // A hard link may lead anywhere: a file with two names is not
+        // inside, whatever the name used.
+        std::fs::write(out.join("victim.txt"), "x").expect("victim");
+        std::fs::hard_link(out.join("victim.txt"), root.join("hard.txt")).expect("hard link");
+        assert!(!resolve(&root, Path::new("hard.txt")).expect("hard").inside);
+        std::fs::write(root.join("single.txt"), "x").expect("single");
+        assert!(
+            resolve(&root, Path::new("single.txt"))
+                .expect("single")
+                .inside
+        );
         // A link that stays inside is fine, and a new file under a missing
         // directory is checked through what exists.
         std::fs::create_dir(root.join("src")).expect("mkdir");

@@ -115,6 +115,11 @@ async fn a_server_file_named_only_in_raw_input_is_asked() {
         ("search", "path", json!("data")),
         ("read", "file", json!("data/api-token")),
         ("read", "paths", json!(["README.md", "data/api-token"])),
+        (
+            "edit",
+            "edits",
+            json!([{"path": "data/api-token", "new": "x"}]),
+        ),
     ] {
         let title = format!("{kind} {key}");
         let steps = json!([
@@ -129,21 +134,33 @@ async fn a_server_file_named_only_in_raw_input_is_asked() {
 /// An edit is judged by where it lands, as the kernel resolves the path:
 /// `..` after a link to a directory outside, a dangling link (writing
 /// through it creates its target), a path the agent's shell would expand,
-/// and an empty path are all asked. A probe had each allowed by auto-edits.
+/// an empty path, a URI and a hard link to a file outside are all asked. A
+/// probe had each allowed by auto-edits.
 #[tokio::test]
 async fn an_edit_that_lands_outside_through_a_link_is_asked() {
-    let h = Harness::new(Knobs::default()).await;
+    // One session per path.
+    let mut knobs = Knobs::default();
+    knobs.limits.max_sessions = 16;
+    let h = Harness::new(knobs).await;
     let outside = tempfile::tempdir().expect("outside");
     std::fs::create_dir(outside.path().join("sub")).expect("sub");
     std::os::unix::fs::symlink(outside.path().join("sub"), h.workspace.join("L")).expect("L");
     std::os::unix::fs::symlink(outside.path().join("new.txt"), h.workspace.join("dangling"))
         .expect("dangling");
+    std::fs::write(outside.path().join("victim.txt"), "x").expect("victim");
+    std::fs::hard_link(
+        outside.path().join("victim.txt"),
+        h.workspace.join("hard.txt"),
+    )
+    .expect("hard link");
     for location in [
         "L/../target.txt",
         "dangling",
         "~/.bashrc",
         "$HOME/.bashrc",
         "",
+        "file:///etc/passwd",
+        "hard.txt",
     ] {
         let title = format!("Edit {location:?}");
         let steps = json!([
@@ -172,7 +189,7 @@ async fn waits_for_a_human_in_mode_auto_after(h: &Harness, steps: serde_json::Va
     ractor::call!(actor, intercom_actors::session::SessionMsg::Snapshot).expect("snapshot");
     let text = h.transcript_text(&rec.id).await;
     assert!(!text.contains("permission t1: selected"), "{text}");
-    assert_eq!(pending(h, &rec.id).await, 1);
+    assert_eq!(pending(h, &rec.id).await, 1, "{title}: {text}");
 }
 
 /// A permission naming another name of a server file (a hard link, or a

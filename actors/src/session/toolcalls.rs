@@ -311,21 +311,45 @@ const RAW_PATHS_MAX: usize = 512;
 /// that puts its path there and not in `locations` is not judged as naming
 /// none.
 fn raw_paths(call: &ToolCall) -> Vec<PathBuf> {
-    let Some(Value::Object(raw)) = &call.raw_input else {
-        return Vec::new();
+    let mut found = Vec::new();
+    if let Some(raw) = &call.raw_input {
+        collect_raw_paths(raw, RAW_DEPTH, &mut found);
+    }
+    found.into_iter().map(PathBuf::from).collect()
+}
+
+/// How deep into `rawInput` paths are looked for (`{"edits": [{"path":
+/// ...}]}` is three levels).
+const RAW_DEPTH: usize = 4;
+
+/// Adds the paths named under [`RAW_PATH_KEYS`] in `value` and the objects
+/// and lists within it, down to `depth` levels, at most [`RAW_PATHS_MAX`].
+fn collect_raw_paths<'a>(value: &'a Value, depth: usize, found: &mut Vec<&'a str>) {
+    let Some(depth) = depth.checked_sub(1) else {
+        return;
     };
-    RAW_PATH_KEYS
-        .iter()
-        .filter_map(|k| raw.get(*k))
-        .flat_map(|v| match v {
-            Value::String(p) => vec![p.as_str()],
-            Value::Array(items) => items.iter().filter_map(Value::as_str).collect(),
-            _ => Vec::new(),
-        })
-        .filter(|p| !p.is_empty())
-        .take(RAW_PATHS_MAX)
-        .map(PathBuf::from)
-        .collect()
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                if RAW_PATH_KEYS.contains(&key.as_str()) {
+                    let named: Vec<&str> = match v {
+                        Value::String(p) => vec![p.as_str()],
+                        Value::Array(items) => items.iter().filter_map(Value::as_str).collect(),
+                        _ => Vec::new(),
+                    };
+                    let room = RAW_PATHS_MAX.saturating_sub(found.len());
+                    found.extend(named.into_iter().filter(|p| !p.is_empty()).take(room));
+                }
+                collect_raw_paths(v, depth, found);
+            }
+        }
+        Value::Array(items) => {
+            for v in items {
+                collect_raw_paths(v, depth, found);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The files a call names (diffs first, then locations, then what
@@ -443,6 +467,10 @@ pub fn normalize(root: &Path, path: &Path) -> PathBuf {
 /// by text, `link/../x` would read as a file of the workspace when it
 /// lands beside the link's target (rules resolve it as the kernel does).
 pub fn relative(root: &Path, path: &Path) -> String {
+    if path.to_string_lossy().contains("://") {
+        // A URI, not a path: shown (and judged) as written.
+        return path.display().to_string();
+    }
     let n: PathBuf = if path.is_absolute() {
         path.components().collect()
     } else {
