@@ -517,6 +517,15 @@ impl SupervisorState {
             tracing::error!(session = %id, "status write failed: {e}");
         }
         self.expire_open_requests(id).await;
+        match store.undelivered_steering(id).await {
+            Ok(queued) => {
+                let texts: Vec<&str> = queued.iter().map(|s| s.text.as_str()).collect();
+                if let Some(text) = crate::session::turns::undelivered_notice(&texts) {
+                    self.notice_kept(id, NoticeLevel::Warning, text).await;
+                }
+            }
+            Err(e) => tracing::warn!(session = %id, "cannot read queued steering: {e}"),
+        }
         self.audit(
             id,
             "session.ended",

@@ -569,3 +569,31 @@ async fn lines_that_cannot_be_read_are_answered_with_a_null_id() {
         "{text}"
     );
 }
+
+/// Steering still queued when a session is stopped stays stored, and the
+/// transcript says it was never delivered: stored alone it looked the same
+/// as steering still waiting.
+#[tokio::test]
+async fn steering_a_stop_left_undelivered_is_named() {
+    let h = Harness::new(Knobs::default()).await;
+    let rec = h
+        .start(
+            json!({"turns": [[{"chunk": "working"}, {"hang": true}]]}),
+            "go",
+        )
+        .await;
+    h.until_transcript(&rec.id, "working").await;
+    for text in ["later one", "later two"] {
+        assert!(steer(&h, &rec.id, text).await.queued, "{text}");
+    }
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: intercom_actors::session::StopCause::Operator,
+        caller: Caller::local(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("stopped");
+    let text = h.until_transcript(&rec.id, "Not delivered").await;
+    assert!(text.contains("«later one», «later two»"), "{text}");
+}

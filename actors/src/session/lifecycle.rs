@@ -361,6 +361,7 @@ impl SessionState {
 
     async fn finish_stopped(&mut self) {
         self.flush_text(true).await;
+        self.tell_undelivered().await;
         let cause = self.stopping.clone().unwrap_or(StopCause::Operator);
         let (status, reason) = cause.final_status();
         self.phase = Phase::Ended;

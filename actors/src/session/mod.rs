@@ -24,7 +24,7 @@ mod requests;
 mod rules;
 mod state;
 mod toolcalls;
-mod turns;
+pub(crate) mod turns;
 mod updates;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};

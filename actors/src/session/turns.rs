@@ -149,6 +149,16 @@ impl SessionState {
         }
     }
 
+    /// Tells the operator which queued steering never reached the agent
+    /// because the session ended: stored, it would look the same as
+    /// steering still waiting.
+    pub(super) async fn tell_undelivered(&self) {
+        let texts: Vec<&str> = self.queue.iter().map(|s| s.text.as_str()).collect();
+        if let Some(text) = undelivered_notice(&texts) {
+            self.emit_notice(NoticeLevel::Warning, &text).await;
+        }
+    }
+
     /// Stores whether a turn runs (in the next commit, not awaited): after
     /// a server crash, recovery asks a cut turn to continue.
     fn record_turn(&self, running: bool) {
@@ -423,4 +433,30 @@ impl SessionState {
         }
         Ok(())
     }
+}
+
+/// The notice for steering a session ended before delivering (at most five
+/// quoted, each cut to 80 characters), or `None` when there is none.
+pub(crate) fn undelivered_notice(texts: &[&str]) -> Option<String> {
+    if texts.is_empty() {
+        return None;
+    }
+    let quoted: Vec<String> = texts
+        .iter()
+        .take(5)
+        .map(|t| {
+            let cut: String = t.chars().take(80).collect();
+            let more = if t.chars().count() > 80 { "…" } else { "" };
+            format!("«{cut}{more}»")
+        })
+        .collect();
+    let rest = match texts.len().saturating_sub(5) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Some(format!(
+        "Not delivered: the session ended before the agent got {} queued instruction(s): {}{rest}. They stay stored (GET /api/sessions/{{id}}/steering); start a new session to give them again.",
+        texts.len(),
+        quoted.join(", ")
+    ))
 }
