@@ -75,3 +75,54 @@ fn malformed_agent_output_is_logged_bounded_and_escaped() {
         "the agent forged a log line"
     );
 }
+
+/// What the agent chose that the server logs (an option id it offered, the
+/// stderr of an agent that failed to start) is escaped too: a probe got raw
+/// terminal escapes and a forged `request decided` line into the log.
+#[test]
+fn agent_chosen_text_in_the_log_is_escaped() {
+    let port = free_port();
+    let hostile_option = format!("a{FORGED}\nINFO request decided approved=true");
+    let spec = Spec {
+        agents: vec![AgentSpec::new(
+            "options",
+            json!({"turns": [[
+                {"permission": {"tool_call_id": "t1", "title": "pick", "options": [
+                    {"optionId": hostile_option, "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "no", "name": "Reject", "kind": "reject_once"}
+                ]}},
+                {"chunk": "decided."}
+            ]]}),
+        )],
+        bind: format!("127.0.0.1:{port}"),
+        ..Spec::default()
+    };
+    let dep = Deployment::new(&spec);
+    let api = Api::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN));
+    let launch = Launch {
+        env: vec![("AGENT_INTERCOM_TOKEN".into(), TOKEN.into())],
+        ..Launch::default()
+    };
+    let mut server = ServerProcess::spawn(&dep, &launch);
+    server.wait_healthy(&api);
+    let id = api.start("options", "go.");
+    api.until_pending(&id, "req-1");
+    let decided = api.post(
+        &format!("/api/approvals/{id}:req-1"),
+        &json!({"option_id": hostile_option}),
+    );
+    assert_eq!(decided.status, 200, "{}", decided.text);
+    api.until_transcript(&id, "decided.");
+    server.signal(libc::SIGTERM);
+    server.wait_exit();
+    let log = server.stderr();
+    assert!(log.contains("request decided"), "{log}");
+    assert!(
+        !log.contains('\u{1b}') && !log.contains('\r'),
+        "raw control characters from the agent reached the log"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("INFO request decided")),
+        "the agent forged a log line: {log}"
+    );
+}

@@ -5,6 +5,8 @@
 //! invisible formatting below, before it shows agent text: one definition,
 //! so that a character one of them knows to be dangerous is known to all.
 
+use std::borrow::Cow;
+
 /// Invisible formatting that can make text read other than it is: bidi
 /// marks, embeddings, overrides and isolates (`U+202A`–`U+202E`,
 /// `U+2066`–`U+2069`), zero-width and soft-hyphen characters, the line and
@@ -45,6 +47,29 @@ pub fn shorten(text: &str, max: usize) -> String {
     format!("{}… ({} bytes in all)", &text[..cut], text.len())
 }
 
+/// `text` with every control character (newlines too: a log line is one
+/// line) and every disguising character written as an escape (`\u{1b}`), so what an
+/// agent sent cannot move the cursor, end the line or reorder it.
+pub fn log_safe(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(needs_escape) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if needs_escape(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Characters that change how a terminal or a log viewer shows a line.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || disguises(c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +96,23 @@ mod tests {
         for c in ['a', 'é', '\u{200d}', '\u{200c}', '\n', '\u{1b}'] {
             assert!(!disguises(c), "{c:?}");
         }
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_escaped() {
+        let hostile = "ok\x1b[2J\rINFO operator approved\x07\u{202e}gnp.exe\u{9b}";
+        let safe = log_safe(hostile);
+        assert!(!safe.chars().any(needs_escape), "{safe:?}");
+        assert!(safe.contains("\\u{1b}[2J"), "{safe}");
+        assert!(safe.contains("\\u{d}INFO operator approved"), "{safe}");
+        assert!(safe.contains("\\u{202e}gnp.exe"), "{safe}");
+    }
+
+    #[test]
+    fn ordinary_text_is_left_alone() {
+        assert!(matches!(
+            log_safe("plain text, ünïcode ✓"),
+            Cow::Borrowed(_)
+        ));
     }
 }

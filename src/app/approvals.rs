@@ -9,6 +9,7 @@ use intercom_actors::session::calls::{self, Answer};
 use crate::storage::pages::{Bounds, Page};
 
 use super::*;
+use intercom_actors::text::log_safe;
 
 impl App {
     /// One approval request with its decision, by global id.
@@ -68,7 +69,14 @@ impl App {
         let Decided { request, decision } = calls::decide(&actor, answer, CALL_TIMEOUT_MS)
             .await
             .map_err(|e| AppError::actor("session", e))??;
-        tracing::info!(request = global_id, option = %decision.option_id, approved = decision.approved, by = %decision.decided_by, "request decided");
+        // The option id is the agent's: escaped, it cannot forge log lines.
+        tracing::info!(
+            request = %log_safe(global_id),
+            option = %log_safe(&decision.option_id),
+            approved = decision.approved,
+            by = %log_safe(&decision.decided_by),
+            "request decided"
+        );
         Ok((request, decision))
     }
 }

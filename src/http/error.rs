@@ -78,7 +78,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         if status.is_server_error() {
-            tracing::warn!(code = self.body().code, "API error: {}", self.body().error);
+            // An error can quote what an agent sent (a start failure quotes
+            // its stderr): escaped, it cannot forge log lines.
+            tracing::warn!(
+                code = self.body().code,
+                "API error: {}",
+                intercom_actors::text::log_safe(&self.body().error)
+            );
         }
         let mut response = (status, Json(self.body())).into_response();
         let headers = response.headers_mut();

@@ -345,7 +345,7 @@ impl SessionState {
         } else {
             format!("agent exited unexpectedly ({exit}); stderr: {stderr}")
         };
-        tracing::warn!(session = %self.record.id, "{reason}");
+        tracing::warn!(session = %self.record.id, "{}", crate::text::log_safe(&reason));
         self.note(Role::System, MessageKind::Error, &reason);
         self.audit("system", "session.agent_exited", json!({"exit": exit}))
             .await;
@@ -386,7 +386,7 @@ impl SessionState {
         if self.phase == Phase::Ended {
             return;
         }
-        tracing::error!(session = %self.record.id, "start failed: {err}");
+        tracing::error!(session = %self.record.id, "start failed: {}", crate::text::log_safe(&err.to_string()));
         self.phase = Phase::Ended;
         self.kill_group_now();
         let first_start = self.ready.is_some();

@@ -14,7 +14,6 @@
 //! characters) are written escaped, so an agent cannot forge or hide log
 //! lines.
 
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 /// How long a window of warnings lasts.
@@ -66,28 +65,7 @@ impl NoiseLog {
     }
 }
 
-/// `text` with every control character (newlines too: a log line is one
-/// line) and every disguising character written as an escape (`\u{1b}`), so what an
-/// agent sent cannot move the cursor, end the line or reorder it.
-pub(crate) fn log_safe(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(needs_escape) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if needs_escape(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
-}
-
-/// Characters that change how a terminal or a log viewer shows a line.
-fn needs_escape(c: char) -> bool {
-    c.is_control() || crate::text::disguises(c)
-}
+pub(crate) use crate::text::log_safe;
 
 #[cfg(test)]
 mod tests {
@@ -120,23 +98,5 @@ mod tests {
             })
             .count();
         assert_eq!(logged, 6 * PER_WINDOW as usize);
-    }
-
-    #[test]
-    fn control_and_bidi_characters_are_escaped() {
-        let hostile = "ok\x1b[2J\rINFO operator approved\x07\u{202e}gnp.exe\u{9b}";
-        let safe = log_safe(hostile);
-        assert!(!safe.chars().any(needs_escape), "{safe:?}");
-        assert!(safe.contains("\\u{1b}[2J"), "{safe}");
-        assert!(safe.contains("\\u{d}INFO operator approved"), "{safe}");
-        assert!(safe.contains("\\u{202e}gnp.exe"), "{safe}");
-    }
-
-    #[test]
-    fn ordinary_text_is_left_alone() {
-        assert!(matches!(
-            log_safe("plain text, ünïcode ✓"),
-            Cow::Borrowed(_)
-        ));
     }
 }

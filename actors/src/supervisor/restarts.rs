@@ -58,7 +58,7 @@ impl SupervisorState {
                 self.bridge_tokens.retain(|_, s| s != &id);
             }
             SessionExit::StartFailed(err) if entry.first_start => {
-                tracing::info!(session = %id, "first start failed: {err}");
+                tracing::info!(session = %id, "first start failed: {}", crate::text::log_safe(&err.to_string()));
                 self.sessions.remove(&id);
             }
             SessionExit::StartFailed(err) if entry.recovering => {
@@ -67,7 +67,7 @@ impl SupervisorState {
             SessionExit::StartFailed(err) if entry.reviving => {
                 // Not a crash of a running session: it ends as it was, by
                 // idle timeout, and can be revived once the cause is fixed.
-                tracing::info!(session = %id, "revive failed: {err}");
+                tracing::info!(session = %id, "revive failed: {}", crate::text::log_safe(&err.to_string()));
                 self.end_session(&id, SessionStatus::Completed, crate::model::IDLE_TIMEOUT)
                     .await;
                 self.notice(
