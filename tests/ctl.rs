@@ -90,3 +90,44 @@ fn a_url_that_is_not_http_is_a_usage_error() {
         assert_eq!(run(&Cli::parse_from(argv).ctl), 2, "{url}");
     }
 }
+
+/// A config file with an error (a rule's bad regex) still tells ctl where
+/// the server listens and where its token is: a bad edit at 2 a.m. must not
+/// lock the operator out of the terminal while the server runs on.
+#[test]
+fn a_broken_config_still_tells_ctl_where_the_server_is() {
+    let server = Server::start(Setup::default());
+    let dir = tempfile::tempdir().expect("tmp");
+    let bind = server.http.base.trim_start_matches("http://");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    std::fs::write(
+        data.join(agent_intercom::http::auth::TOKEN_FILE_NAME),
+        format!("{TOKEN}\n"),
+    )
+    .expect("token");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nbind = \"{bind}\"\n\n[database]\npath = \"data/db.sqlite\"\n\n[[rule]]\naction = \"deny\"\ncommand_regex = \"(\"\n"
+        ),
+    )
+    .expect("config");
+    let argv = vec![
+        "ctl",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "sessions",
+    ];
+    assert_eq!(run(&Cli::parse_from(argv).ctl), 0);
+    // Not TOML at all: a usage error naming the way out.
+    std::fs::write(&config, "[server\nbind = ").expect("broken");
+    let argv = vec![
+        "ctl",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "sessions",
+    ];
+    assert_eq!(run(&Cli::parse_from(argv).ctl), 2);
+}

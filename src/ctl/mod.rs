@@ -197,7 +197,19 @@ pub fn run(args: &CtlArgs) -> i32 {
     match result {
         Ok(()) => client::exit::OK,
         Err(e) => {
-            eprintln!("error: {}", render::bounded(&e.to_string(), ERROR_MAX));
+            let text = e.to_string();
+            match e {
+                // The operator's own input (a config file's parse error
+                // points at its line): shown on the lines it spans.
+                CtlError::Usage(_) => {
+                    for (i, line) in text.lines().enumerate() {
+                        let lead = if i == 0 { "error: " } else { "  " };
+                        eprintln!("{lead}{}", render::bounded(line, ERROR_MAX));
+                    }
+                }
+                // Anything else may quote the server or an agent: one line.
+                _ => eprintln!("error: {}", render::bounded(&text, ERROR_MAX)),
+            }
             e.exit_code()
         }
     }
@@ -217,12 +229,55 @@ fn defaults(explicit: Option<&Path>) -> Result<Defaults, CtlError> {
             url: url_for(config.server.bind),
             token_file: token_path(&config.database.path),
         }),
-        Err(e) if explicit.is_some() => Err(CtlError::Usage(e.to_string())),
-        Err(_) => Ok(Defaults {
-            url: format!("http://{DEFAULT_BIND}"),
-            token_file: PathBuf::from("data").join(crate::http::auth::TOKEN_FILE_NAME),
-        }),
+        Err(e) => {
+            // A bad edit must not lock the operator out of the terminal: the
+            // server keeps running on its last good config, and ctl needs
+            // only where it listens and where its token is.
+            if let Some(d) = lenient_defaults(&choice.path) {
+                eprintln!(
+                    "warning: {} has an error, so only its [server] bind and [database] path were read: {}",
+                    choice.path.display(),
+                    e.to_string().lines().next().unwrap_or_default()
+                );
+                return Ok(d);
+            }
+            if explicit.is_some() {
+                return Err(CtlError::Usage(format!(
+                    "{e}\nctl cannot read where the server listens from it; fix the file, or give --url and --token (the server keeps running on its last good config)"
+                )));
+            }
+            Ok(Defaults {
+                url: format!("http://{DEFAULT_BIND}"),
+                token_file: PathBuf::from("data").join(crate::http::auth::TOKEN_FILE_NAME),
+            })
+        }
     }
+}
+
+/// `[server] bind` and `[database] path` read from a config file that does
+/// not load (a rule with a bad regex, an unknown key), as long as it is
+/// TOML at all; `None` when it is not.
+fn lenient_defaults(path: &Path) -> Option<Defaults> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let value: toml::Table = toml::from_str(&text).ok()?;
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let base = Config::default_for_dir(dir);
+    let bind = value
+        .get("server")
+        .and_then(|s| s.get("bind"))
+        .and_then(toml::Value::as_str)
+        .and_then(|b| b.parse::<SocketAddr>().ok())
+        .unwrap_or(base.server.bind);
+    let database = value
+        .get("database")
+        .and_then(|d| d.get("path"))
+        .and_then(toml::Value::as_str)
+        .map(|p| base.workspace_root.join(p))
+        .unwrap_or(base.database.path);
+    Some(Defaults {
+        url: url_for(bind),
+        token_file: token_path(&database),
+    })
 }
 
 /// The URL a client uses for a bind address (wildcards become loopback).
