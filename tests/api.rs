@@ -250,12 +250,24 @@ fn path_sessions_stay_under_the_workspace_root() {
             r.text
         );
     }
-    let ok = http.post("/api/sessions", &json!({"path": "ws", "prompt": "hi"}));
+    let elsewhere = server.layout.root.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    let ok = http.post(
+        "/api/sessions",
+        &json!({"path": "elsewhere", "prompt": "hi"}),
+    );
     assert_eq!(ok.status, 201, "{}", ok.text);
-    let ws = server.layout.root.join("ws");
-    assert_eq!(ok.body["workspace"], ws.display().to_string());
-    assert_eq!(ok.body["cwd"], ws.display().to_string());
+    assert_eq!(ok.body["workspace"], elsewhere.display().to_string());
+    assert_eq!(ok.body["cwd"], elsewhere.display().to_string());
     assert_eq!(ok.body["agent"], "scripted");
+    // A directory in a configured workspace is that workspace (its rules,
+    // mode and channel hold there).
+    let sub = server.layout.root.join("ws/sub");
+    std::fs::create_dir_all(&sub).expect("mkdir");
+    let inside = http.post("/api/sessions", &json!({"path": "ws/sub", "prompt": "hi"}));
+    assert_eq!(inside.status, 201, "{}", inside.text);
+    assert_eq!(inside.body["workspace"], "demo");
+    assert_eq!(inside.body["cwd"], sub.display().to_string());
 }
 
 #[test]

@@ -185,6 +185,18 @@ impl WorkspaceMap {
         }
         let path = target.path.as_ref().ok_or(ResolveError::NoTarget)?;
         let cwd = self.contain(path)?;
+        // A directory in a configured workspace is that workspace: its
+        // rules, mode and channel hold there too (a path session used to
+        // escape a workspace's deny rules).
+        if let Some(entry) = self.workspace_containing(&cwd) {
+            let wanted = target.agent.as_deref().or(entry.default_agent.as_deref());
+            return Ok(Resolved {
+                workspace: entry.id.clone(),
+                cwd,
+                channel_id: Some(entry.channel_id.clone()).filter(|c| !c.is_empty()),
+                profile: self.pick_agent(wanted)?,
+            });
+        }
         let profile = self.pick_agent(target.agent.as_deref())?;
         Ok(Resolved {
             workspace: cwd.display().to_string(),
@@ -192,6 +204,17 @@ impl WorkspaceMap {
             channel_id: None,
             profile,
         })
+    }
+
+    /// The configured workspace whose directory holds `dir` (the deepest,
+    /// when workspaces nest).
+    fn workspace_containing(&self, dir: &Path) -> Option<&WorkspaceEntry> {
+        self.workspaces
+            .iter()
+            .filter_map(|w| self.contain(&w.path).ok().map(|p| (w, p)))
+            .filter(|(_, p)| dir.starts_with(p))
+            .max_by_key(|(_, p)| p.components().count())
+            .map(|(w, _)| w)
     }
 
     /// Resolves `path` (relative to the root) and proves it is an existing
@@ -442,15 +465,21 @@ mod tests {
         let root = dir.path().canonicalize().expect("canon");
         let m = map(&root);
         std::os::unix::fs::symlink(outside.path(), root.join("escape")).expect("symlink");
+        std::fs::create_dir_all(root.join("other")).expect("other");
         let ok = m
             .resolve(&Target {
-                path: Some("api".into()),
+                path: Some("other".into()),
                 ..Default::default()
             })
             .expect("resolve");
         assert_eq!(
-            (ok.cwd, ok.profile.id.as_str(), ok.channel_id),
-            (root.join("api"), "a", None)
+            (ok.workspace, ok.cwd, ok.profile.id.as_str(), ok.channel_id),
+            (
+                root.join("other").display().to_string(),
+                root.join("other"),
+                "a",
+                None
+            )
         );
         for bad in ["escape", "api/../..", "/"] {
             assert!(
@@ -471,5 +500,34 @@ mod tests {
             }),
             Err(ResolveError::PathNotFound(_))
         ));
+    }
+
+    /// A directory in a configured workspace is that workspace: its rules,
+    /// mode, channel and agent hold there (a path session escaped the
+    /// workspace's deny rules).
+    #[test]
+    fn a_path_in_a_workspace_is_that_workspace() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let m = map(&root);
+        std::fs::create_dir_all(root.join("api/src")).expect("api/src");
+        for path in ["api", "api/src"] {
+            let r = m
+                .resolve(&Target {
+                    path: Some(path.into()),
+                    ..Default::default()
+                })
+                .expect(path);
+            assert_eq!(
+                (
+                    r.workspace.as_str(),
+                    r.channel_id.as_deref(),
+                    r.profile.id.as_str()
+                ),
+                ("api", Some("C1"), "b"),
+                "{path}"
+            );
+            assert_eq!(r.cwd, root.join(path));
+        }
     }
 }
