@@ -373,19 +373,31 @@ fn view_of_update(upd: &acp::ToolCallUpdate) -> ToolCallView {
 
 /// Digests `session/update` params; errors name what did not match.
 pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
-    let n: acp::SessionNotification = serde_json::from_value(params.clone())
-        .map_err(|e| format!("session/update does not match the ACP schema: {e}"))?;
+    let n: acp::SessionNotification = match serde_json::from_value(params.clone()) {
+        Ok(n) => n,
+        Err(e) => {
+            return lenient_plan(params)
+                .ok_or_else(|| format!("session/update does not match the ACP schema: {e}"));
+        }
+    };
     let update = match &n.update {
         acp::SessionUpdate::AgentMessageChunk(c) => Update::AgentText(text_of(&c.content)),
         acp::SessionUpdate::UserMessageChunk(c) => Update::UserText(text_of(&c.content)),
         acp::SessionUpdate::AgentThoughtChunk(c) => Update::Thought(text_of(&c.content)),
         acp::SessionUpdate::ToolCall(call) => Update::ToolCall(view_of_call(call)),
         acp::SessionUpdate::ToolCallUpdate(u) => Update::ToolCallUpdate(view_of_update(u)),
-        acp::SessionUpdate::Plan(p) => Update::Plan(
-            p.entries
-                .iter()
-                .map(|e| (e.content.clone(), snake(&e.status).unwrap_or_default()))
-                .collect(),
+        // Read from the wire, not the schema's type: it leaves out entries
+        // whose status or priority it does not know.
+        acp::SessionUpdate::Plan(p) => lenient_plan(params).map_or_else(
+            || {
+                Update::Plan(
+                    p.entries
+                        .iter()
+                        .map(|e| (e.content.clone(), snake(&e.status).unwrap_or_default()))
+                        .collect(),
+                )
+            },
+            |(_, plan)| plan,
         ),
         acp::SessionUpdate::UsageUpdate(u) => Update::Usage(Usage {
             used: u.used,
@@ -405,6 +417,32 @@ pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
         ),
     };
     Ok((n.session_id.to_string(), update))
+}
+
+/// A plan whose entries stray from the schema (a status such as
+/// `blocked`, a missing or unknown priority): every entry with text is kept,
+/// its status as given, rather than the whole plan dropped unseen.
+fn lenient_plan(params: &Value) -> Option<(String, Update)> {
+    let update = params.get("update")?;
+    if update.get("sessionUpdate")?.as_str()? != "plan" {
+        return None;
+    }
+    let session = params.get("sessionId")?.as_str()?.to_owned();
+    let entries = update
+        .get("entries")?
+        .as_array()?
+        .iter()
+        .filter_map(|e| {
+            let content = e.get("content")?.as_str()?.to_owned();
+            let status = e
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            Some((content, status))
+        })
+        .collect();
+    Some((session, Update::Plan(entries)))
 }
 
 /// A permission request, digested.
@@ -611,6 +649,19 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+        // Entries off the schema are kept, as given, not dropped unseen.
+        let loose = json!({"sessionId":"s","update":{"sessionUpdate":"plan","entries":[
+            {"content":"a","status":"blocked","priority":"low"},
+            {"content":"b","status":"pending"},
+            {"content":"c","status":"pending","priority":"urgent"}]}});
+        assert_eq!(
+            parse_update(&loose).expect("plan").1,
+            Update::Plan(vec![
+                ("a".into(), "blocked".into()),
+                ("b".into(), "pending".into()),
+                ("c".into(), "pending".into())
+            ])
+        );
         let plan = json!({"sessionId":"s","update":{"sessionUpdate":"plan","entries":[{"content":"x","status":"pending","priority":"low"}]}});
         assert_eq!(
             parse_update(&plan).expect("plan").1,
