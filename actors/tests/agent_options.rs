@@ -86,3 +86,33 @@ async fn an_operator_who_is_not_the_owner_cannot_switch() {
     .expect("call");
     assert!(matches!(r, Err(SessionError::Unauthorized { .. })), "{r:?}");
 }
+
+/// An agent that switches its own mode does it in the operator's sight: a
+/// probe's agent moved itself to a mode it never offered and only the
+/// session's snapshot showed it.
+#[tokio::test]
+async fn an_agent_switching_its_own_mode_is_told() {
+    let h = Harness::new(Knobs::default()).await;
+    let update = |mode: &str| {
+        json!({"raw": json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": "s", "update": {"sessionUpdate": "current_mode_update", "currentModeId": mode}}})
+        .to_string()})
+    };
+    let scenario = json!({
+        "session_options": {
+            "modes": {"currentModeId": "default", "availableModes": [
+                {"id": "default", "name": "Default"}, {"id": "plan", "name": "Plan Mode"}]}
+        },
+        "turns": [[update("plan"), update("bypassPermissions"), {"chunk": "switched"}]]
+    });
+    let rec = h.start(scenario, "go").await;
+    let text = h.until_transcript(&rec.id, "switched").await;
+    assert!(
+        text.contains("The agent switched its own mode to `plan`."),
+        "{text}"
+    );
+    assert!(
+        text.contains("switched its own mode to `bypassPermissions` (not a mode it offered)"),
+        "{text}"
+    );
+}

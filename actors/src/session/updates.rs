@@ -68,11 +68,38 @@ impl SessionState {
             Update::Plan(entries) => self.on_plan(entries).await,
             Update::Other(_) => {
                 if let Some(update) = params.get("update") {
+                    let before = self.agent_options.current_mode.clone();
                     self.agent_options.apply_update(update);
+                    self.tell_mode_change(before).await;
                 }
             }
             Update::UserText(_) => {}
         }
+    }
+
+    /// An agent that switches its own mode (to one that asks less, say)
+    /// does it in the operator's sight: a notice names the new mode, and
+    /// says so when it is not one the agent offered. Not while it floods.
+    async fn tell_mode_change(&mut self, before: Option<String>) {
+        let now = self.agent_options.current_mode.clone();
+        if now == before || self.flooded() {
+            return;
+        }
+        let Some(mode) = now else {
+            return;
+        };
+        let offered = self.agent_options.modes.iter().any(|m| m.id == mode);
+        let text = format!(
+            "The agent switched its own mode to `{}`{}.",
+            crate::text::log_safe(&mode),
+            if offered {
+                ""
+            } else {
+                " (not a mode it offered)"
+            }
+        );
+        self.emit_notice(crate::ports::NoticeLevel::Info, &text)
+            .await;
     }
 
     /// Lets go of the transcript lines of tool calls the session no
