@@ -135,6 +135,16 @@ pub fn event_line(e: &Value, with_session: bool) -> String {
         ),
         "status_changed" => format!("status    {} · {}{}", s("status"), s("activity"), reason(e)),
         "agent_text" => format!("agent     {}", indent(&e["text"])),
+        "agent_thought" => format!("thought   {}", indent(&e["text"])),
+        "usage" => {
+            let n = |k: &str| {
+                e["usage"][k]
+                    .as_u64()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            };
+            format!("usage     {}/{} tokens", n("used"), n("size"))
+        }
         "tool_call" => format!("tool      [{}] {}", s("status"), s("title")),
         "plan" => format!("plan      {}", plan(e)),
         "request_opened" => {
@@ -286,6 +296,11 @@ mod tests {
             assert!(out.contains(SHOWN), "{out}");
             assert!(out.ends_with("gpj.exe\n          FORGED line\n"), "{out}");
         }
+        let thought = json!({"event": "agent_thought", "emitted_at": 0, "text": "hmm"});
+        assert!(event_line(&thought, false).contains("thought   hmm"));
+        let usage =
+            json!({"event": "usage", "emitted_at": 0, "usage": {"used": 53000, "size": 200000}});
+        assert!(event_line(&usage, false).contains("usage     53000/200000 tokens"));
         let plain = json!({"event": "agent_text", "emitted_at": 0, "text": "one\ntwo\n"});
         assert_eq!(
             event_line(&plain, false),
