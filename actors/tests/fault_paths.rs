@@ -14,7 +14,7 @@ use intercom_actors::model::{SessionId, SessionStatus};
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::session::{Caller, SessionError, SessionMsg, SteerOutcome};
 use intercom_actors::settings::SupervisionPolicy;
-use intercom_actors::supervisor::{SupervisorMsg, steer_session};
+use intercom_actors::supervisor::{SupervisorError, SupervisorMsg, steer_session};
 use serde_json::{Value, json};
 use support::{Harness, Knobs, until_group_gone};
 
@@ -596,4 +596,27 @@ async fn steering_a_stop_left_undelivered_is_named() {
     .expect("stopped");
     let text = h.until_transcript(&rec.id, "Not delivered").await;
     assert!(text.contains("«later one», «later two»"), "{text}");
+}
+
+/// A shutdown that cuts a start's handshake answers the start that the
+/// server is shutting down, not that the agent failed to start (a 502 where
+/// the API promises one only when no session is kept).
+#[tokio::test]
+async fn a_shutdown_during_start_answers_shutting_down() {
+    let h = Harness::new(Knobs::default()).await;
+    let req = h.request(h.profile(json!({"handshake_delay_ms": 60000})), "go");
+    let sup = h.sup.clone();
+    let starting = tokio::spawn(async move {
+        ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
+    });
+    h.until("session started", |e| {
+        matches!(e, OperatorEvent::SessionStarted { .. })
+    })
+    .await;
+    ractor::call!(h.sup, SupervisorMsg::Shutdown).expect("shutdown");
+    let outcome = starting.await.expect("start task");
+    assert!(
+        matches!(outcome, Err(SupervisorError::ShuttingDown)),
+        "{outcome:?}"
+    );
 }

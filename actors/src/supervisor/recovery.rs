@@ -32,6 +32,16 @@ fn resumable_with(rec: &SessionRecord, map: &WorkspaceMap) -> Result<AgentProfil
                 .to_owned(),
         );
     }
+    // `starting` is also the status between crash restarts; a session that
+    // never started has neither restarts nor an agent session id.
+    let never_started = rec.status == SessionStatus::Starting
+        && rec.restart_count == 0
+        && rec.acp_session_id.is_none();
+    if never_started {
+        return Err(
+            "the server stopped before its agent was ready; the session never started".to_owned(),
+        );
+    }
     let profile = map.revivable(rec)?;
     if rec.protocol == Protocol::Acp && rec.acp_session_id.is_none() {
         return Err("the agent had not given it a session id to load".to_owned());
@@ -383,6 +393,12 @@ mod tests {
         assert!(resumable_with(&here("a", Protocol::Acp, Some("a1")), &m).is_ok());
         let why = resumable_with(&here("a", Protocol::Acp, None), &m).unwrap_err();
         assert!(why.contains("session id"), "{why}");
+        let starting = SessionRecord {
+            status: SessionStatus::Starting,
+            ..here("a", Protocol::Acp, None)
+        };
+        let why = resumable_with(&starting, &m).unwrap_err();
+        assert!(why.contains("never started"), "{why}");
     }
 
     /// An agent is never started again where the current config no longer

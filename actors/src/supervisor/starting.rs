@@ -296,9 +296,15 @@ async fn first_handshake(
         Ok(Ok(())) => Ok(stored(store, record).await),
         Ok(Err(err)) => Err(first_start_failed(store, sink, &id, err).await),
         Err(_) => {
-            let ended = matches!(store.get_session(&id).await, Ok(Some(r)) if !r.status.is_live());
+            let stored = store.get_session(&id).await.ok().flatten();
+            let ended = stored.as_ref().is_some_and(|r| !r.status.is_live());
             if !ended {
                 let _ = store.delete_session(&id).await;
+            }
+            // A shutdown cut the handshake: say so (503), not that the
+            // agent failed to start.
+            if stored.is_some_and(|r| r.status_reason.as_deref() == Some("server_shutdown")) {
+                return Err(SupervisorError::ShuttingDown);
             }
             Err(stopped_before_ready())
         }
