@@ -86,8 +86,11 @@ impl SupervisorState {
                 interrupted_prompt,
                 mid_turn,
             } => {
+                // It ran: what follows is a restart, not a first start, a
+                // revive or a recovery.
                 entry.first_start = false;
                 entry.reviving = false;
+                entry.recovering = false;
                 let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.restart_on_request(id, by, plan).await;
             }
@@ -99,6 +102,7 @@ impl SupervisorState {
             } => {
                 entry.first_start = false;
                 entry.reviving = false;
+                entry.recovering = false;
                 let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.maybe_restart(id, reason, plan).await;
             }
