@@ -79,7 +79,12 @@ impl SessionState {
         if !sent {
             return false;
         }
-        self.note(role, MessageKind::Text, &text);
+        // Steering is written to the transcript once its write is confirmed
+        // ([`Self::on_written`]): a write that fails is given again to the
+        // restarted agent, and was shown twice.
+        if token.is_none() {
+            self.note(role, MessageKind::Text, &text);
+        }
         // Tool call ids are per turn: a new turn's `t1` is a new entry.
         self.tools.clear();
         self.last_any = Instant::now();
@@ -216,6 +221,7 @@ impl SessionState {
         let Some(steering) = self.in_flight.remove(&token) else {
             return;
         };
+        self.note(Role::User, MessageKind::Text, &steering.text);
         if let Err(e) = self.store.mark_steering_delivered(steering.id).await {
             tracing::error!(session = %self.record.id, "marking steering delivered: {e}");
         }
