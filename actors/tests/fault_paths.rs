@@ -470,7 +470,7 @@ async fn an_agent_killed_for_a_framing_error_is_told_why() {
 
 /// An agent that reuses a request id while the first request waits, asks
 /// again once the session is stopping (after `session/cancel`), and once
-/// more at stdin's end; it reports each error it is answered.
+/// more at stdin's end; it reports the first answer it gets on the reused id.
 const ASKS_OUT_OF_TURN: &str = r#"
 prompt = None
 def on(m, method, mid):
@@ -482,14 +482,15 @@ def on(m, method, mid):
     elif method == "session/cancel":
         ask(99, "DURING STOP")
         send({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "cancelled"}})
-    elif method is None and "error" in m:
-        chunk("error for %s: %s\n" % (mid, m["error"]["message"]))
+    elif method is None and mid == 77:
+        chunk("first answer for 77: %s\n" % ("error" if "error" in m else "result"))
 def at_eof():
     ask(100, "AT EOF")
 "#;
 
-/// A request whose id is still waiting for an answer is refused (its answer
-/// could not be told from the first one's), and requests sent while the
+/// A request whose id is still waiting for an answer is not taken and not
+/// answered (an answer on that id could not be told from the first one's),
+/// and requests sent while the
 /// session stops are refused, not left pending for ever. A probe had both
 /// shown to the operator; the stopping ones stayed pending across restarts.
 #[tokio::test]
@@ -497,8 +498,7 @@ async fn a_reused_id_or_a_request_during_stop_is_refused_not_left_pending() {
     let h = Harness::new(Knobs::default()).await;
     let profile = h.python_agent(ASKS_OUT_OF_TURN);
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
-    let text = h.until_transcript(&rec.id, "error for 77").await;
-    assert!(text.contains("already waiting for an answer"), "{text}");
+    h.until_transcript(&rec.id, "reused the id").await;
     let open = h
         .store
         .list_requests(Some(&rec.id), true)
@@ -506,6 +506,17 @@ async fn a_reused_id_or_a_request_during_stop_is_refused_not_left_pending() {
         .expect("open");
     let titles: Vec<&str> = open.iter().map(|r| r.title.as_str()).collect();
     assert_eq!(titles, ["FIRST"]);
+    // The agent hears one answer on id 77: the operator's, not a refusal it
+    // would take for the first request's answer.
+    support::decide(
+        &h,
+        &rec.id,
+        "req-1",
+        intercom_actors::session::Choice::Approve,
+    )
+    .await;
+    let text = h.until_transcript(&rec.id, "first answer for 77").await;
+    assert!(text.contains("first answer for 77: result"), "{text}");
 
     let actor = h.actor(&rec.id).await;
     ractor::call!(actor, |reply| SessionMsg::Stop {
@@ -619,4 +630,24 @@ async fn a_shutdown_during_start_answers_shutting_down() {
         matches!(outcome, Err(SupervisorError::ShuttingDown)),
         "{outcome:?}"
     );
+}
+
+/// An intercom (dialect) agent that crashes is given its prompt again once
+/// restarted: the dialect has no turns, so its work was cut. A probe's
+/// session sat active and idle for ever after the restart.
+#[tokio::test]
+async fn a_crashed_dialect_agent_is_given_its_prompt_again() {
+    let h = Harness::new(Knobs::default()).await;
+    let once = marker(&h, "dialect-exit-once");
+    let rec = h
+        .start(
+            json!({"protocol": "intercom", "turns": [[
+                {"status": "working"},
+                {"exit_once": {"code": 1, "marker": once}},
+                {"status": "second run did the work"}
+            ]]}),
+            "do the work",
+        )
+        .await;
+    h.until_transcript(&rec.id, "second run did the work").await;
 }

@@ -61,6 +61,37 @@ pub struct ClearanceRequest {
     pub risk_level: String,
 }
 
+impl ClearanceRequest {
+    /// Every file the request changes: `file_path`, then each file its diff
+    /// names in a `---` or `+++` header (`a/` and `b/` prefixes dropped,
+    /// `/dev/null` skipped). Rules and modes judge them all: a diff can
+    /// change other files than the one the agent names.
+    pub fn paths(&self) -> Vec<String> {
+        let mut paths = vec![self.file_path.clone()];
+        let lines: Vec<&str> = self.diff.iter().flat_map(|d| d.lines()).collect();
+        // A header is a `---` line followed by a `+++` line: a removed line
+        // that began with `-- ` (an SQL comment) is not one.
+        for pair in lines.windows(2) {
+            let (Some(old), Some(new)) =
+                (pair[0].strip_prefix("--- "), pair[1].strip_prefix("+++ "))
+            else {
+                continue;
+            };
+            for named in [old, new] {
+                let path = named.split('\t').next().unwrap_or(named).trim();
+                let path = path
+                    .strip_prefix("a/")
+                    .or_else(|| path.strip_prefix("b/"))
+                    .unwrap_or(path);
+                if !path.is_empty() && path != "/dev/null" && !paths.iter().any(|p| p == path) {
+                    paths.push(path.to_owned());
+                }
+            }
+        }
+        paths
+    }
+}
+
 fn default_risk() -> String {
     "low".to_owned()
 }
@@ -285,5 +316,32 @@ mod tests {
             let v: Value = serde_json::from_slice(&bytes).expect("json");
             assert!(v.get("id").is_none());
         }
+    }
+
+    /// A clearance is judged by every file its diff changes, not only the
+    /// one it names: a probe had `../../data/api-token` and `.git/hooks`
+    /// approved by mode auto behind an innocent `file_path`.
+    #[test]
+    fn a_clearance_names_every_file_its_diff_changes() {
+        let req = ClearanceRequest {
+            title: "tidy".into(),
+            description: String::new(),
+            diff: Some(
+                "--- a/../../data/api-token\n+++ b/../../data/api-token\n@@ -1 +1 @@\n-x\n+y\n\
+                 --- /dev/null\n+++ b/.git/hooks/post-checkout\t2026-01-01\n@@ -0,0 +1 @@\n+sh\n\
+                 --- sql comment removed, not a header\n"
+                    .into(),
+            ),
+            file_path: "src/ok.rs".into(),
+            risk_level: "low".into(),
+        };
+        assert_eq!(
+            req.paths(),
+            vec![
+                "src/ok.rs",
+                "../../data/api-token",
+                ".git/hooks/post-checkout"
+            ]
+        );
     }
 }

@@ -265,9 +265,26 @@ impl SessionState {
         }
     }
 
-    /// Why a new request cannot be taken (the reason told to the agent and
-    /// the notice shown to the operator), or `None` when it can.
-    fn refusal(&self, o: &Opening) -> Option<(String, String)> {
+    /// A request reusing the id of one still waiting: refused, but not
+    /// answered. An answer on that id would reach the agent as the answer
+    /// to the first request (it can only match answers by id), so only the
+    /// operator is told; the agent gets one answer, the operator's.
+    fn refusal_without_answer(&self, o: &Opening) -> Option<(String, String)> {
+        (!from_mcp_client(&o.wire) && self.pending.values().any(|p| p.wire == o.wire)).then(|| {
+            (
+                format!(
+                    "request id {} is already waiting for an answer",
+                    serde_json::to_string(&o.wire).unwrap_or_default()
+                ),
+                "The agent reused the id of a request still waiting for an answer; the second request was not taken (its answer could not be told from the first's).".to_owned(),
+            )
+        })
+    }
+
+    /// Why a new request cannot be taken (the reason told to the agent, on
+    /// the request's own id, and the notice shown to the operator), or
+    /// `None` when it can.
+    fn refusal_with_answer(&self, o: &Opening) -> Option<(String, String)> {
         if matches!(self.phase, Phase::Stopping | Phase::Ended) {
             // Nobody will decide it: the session's requests were closed when
             // it began to stop, and a request shown now would stay pending
@@ -276,16 +293,6 @@ impl SessionState {
                 "the session is stopping; no new request is taken".to_owned(),
                 "The agent asked for something while the session was stopping; it was refused."
                     .to_owned(),
-            ));
-        }
-        if !from_mcp_client(&o.wire) && self.pending.values().any(|p| p.wire == o.wire) {
-            // Its answer could not be told from the first one's.
-            return Some((
-                format!(
-                    "request id {} is already waiting for an answer; give each request its own id",
-                    serde_json::to_string(&o.wire).unwrap_or_default()
-                ),
-                "The agent reused the id of a request still waiting for an answer; the second request was refused.".to_owned(),
             ));
         }
         let cap = self.settings.limits.max_pending_requests;
@@ -330,7 +337,12 @@ impl SessionState {
 
     /// Stores a new pending request and shows it to the operator.
     pub(super) async fn open_request(&mut self, o: Opening) -> Result<u64, String> {
-        if let Some((why, note)) = self.refusal(&o) {
+        if let Some((why, note)) = self.refusal_without_answer(&o) {
+            self.warn_agent(|| format!("refused a new request: {why}"));
+            self.emit_notice(NoticeLevel::Warning, &note).await;
+            return Err(why);
+        }
+        if let Some((why, note)) = self.refusal_with_answer(&o) {
             self.refuse_request(o.wire, o.kind, &why, note).await;
             return Err(why);
         }
@@ -468,6 +480,7 @@ impl SessionState {
                     "{} ({} risk): {}",
                     req.title, req.risk_level, req.description
                 );
+                let paths = req.paths();
                 let opened = self
                     .open_request(Opening {
                         wire: RpcId::Str(id),
@@ -475,7 +488,7 @@ impl SessionState {
                         tool_kind: Some("edit".into()),
                         title,
                         diff: req.diff,
-                        paths: vec![req.file_path],
+                        paths,
                         options,
                         write: None,
                     })

@@ -325,8 +325,16 @@ impl SessionState {
     /// The agent died mid-session (or was killed for an operator's
     /// restart): report it for a restart.
     async fn on_crash(&mut self, exit: String, stderr: String) {
-        let mid_turn = self.turn.is_some();
-        let interrupted_prompt = self.turn.take().map(|t| t.prompt);
+        // The intercom dialect has no turns: its agent works until it is
+        // stopped, so a crash cuts its work, and the fresh agent is given
+        // its last prompt again.
+        let dialect = self.record.protocol == crate::model::Protocol::Intercom;
+        let mid_turn = self.turn.is_some() || (dialect && self.dialect_prompt.is_some());
+        let interrupted_prompt = match self.turn.take() {
+            Some(t) => Some(t.prompt),
+            None if dialect => self.dialect_prompt.clone(),
+            None => None,
+        };
         self.cancel_pending("agent exited").await;
         self.flush_text(true).await;
         if let Some(by) = self.restart_by.take() {

@@ -505,6 +505,9 @@ pub struct SessionState {
     pending: BTreeMap<u64, Pending>,
     next_request: u64,
     turn: Option<Turn>,
+    /// The intercom dialect has no turns: the last prompt it was given, to
+    /// give again to a fresh agent after a crash.
+    dialect_prompt: Option<String>,
     reprompt_after_cancel: Option<String>,
     /// The prompt of a turn cut short by a pause (continued on resume).
     resume_turn: Option<String>,

@@ -52,6 +52,7 @@ impl SessionState {
             pending: BTreeMap::new(),
             next_request: 1,
             turn: None,
+            dialect_prompt: None,
             reprompt_after_cancel: None,
             resume_turn: None,
             queue: VecDeque::new(),

@@ -73,6 +73,7 @@ impl SessionState {
             }
             _ => {
                 let bytes = self.dialect.prompt_send(&text);
+                self.dialect_prompt = Some(text.clone());
                 self.write_to_agent(bytes, token)
             }
         };
