@@ -188,6 +188,10 @@ impl LspCodec {
     }
 }
 
+/// A `Content-Length` this many times the limit is not an oversized
+/// message to skip but a broken stream.
+const ABSURD_FACTOR: usize = 64;
+
 impl Decoder for LspCodec {
     type Item = Frame;
     type Error = FramingError;
@@ -216,6 +220,14 @@ impl Decoder for LspCodec {
                     return Ok(None);
                 };
                 let n = Self::parse_headers(&buf[..end])?;
+                if n > self.max.saturating_mul(ABSURD_FACTOR) {
+                    // Skipping a terabyte would swallow the stream for good,
+                    // silently: a length like that is a stream out of step.
+                    return Err(FramingError::BadHeader(format!(
+                        "Content-Length {n} is far past any message this server takes ({} bytes, limits.max_line_bytes); the stream is out of step",
+                        self.max
+                    )));
+                }
                 buf.advance(end + 4);
                 if n > self.max {
                     self.skipping = n;
@@ -342,6 +354,23 @@ mod tests {
             &[&long[..20], &long[20..], b"\nok\n"],
         );
         assert_eq!(got, vec![Frame::Oversized { len: 50 }, msg("ok")]);
+    }
+
+    /// An oversized LSP frame is skipped; a length no message could have
+    /// is a broken stream, said at once (a probe's terabyte header
+    /// swallowed everything after it, silently).
+    #[test]
+    fn an_absurd_content_length_is_a_broken_stream() {
+        let mut codec = LspCodec::new(10);
+        let mut buf = BytesMut::from(&b"Content-Length: 1000000000000\r\n\r\n{}"[..]);
+        let err = codec.decode(&mut buf).expect_err("broken");
+        assert!(err.to_string().contains("out of step"), "{err}");
+        let mut codec = LspCodec::new(10);
+        let mut buf = BytesMut::from(&b"Content-Length: 20\r\n\r\n01234567890123456789"[..]);
+        assert_eq!(
+            codec.decode(&mut buf).expect("skip"),
+            Some(Frame::Oversized { len: 20 })
+        );
     }
 
     #[test]
