@@ -24,11 +24,12 @@ fn noisy_scenario() -> Value {
     json!({"turns": [turn]})
 }
 
-#[test]
-fn malformed_agent_output_is_logged_bounded_and_escaped() {
+/// The real binary serving one agent profile `id` running `scenario`,
+/// healthy; its API client. The deployment must outlive the server.
+fn serve(id: &str, scenario: Value) -> (Deployment, ServerProcess, Api) {
     let port = free_port();
     let spec = Spec {
-        agents: vec![AgentSpec::new("noisy", noisy_scenario())],
+        agents: vec![AgentSpec::new(id, scenario)],
         bind: format!("127.0.0.1:{port}"),
         ..Spec::default()
     };
@@ -40,6 +41,12 @@ fn malformed_agent_output_is_logged_bounded_and_escaped() {
     };
     let mut server = ServerProcess::spawn(&dep, &launch);
     server.wait_healthy(&api);
+    (dep, server, api)
+}
+
+#[test]
+fn malformed_agent_output_is_logged_bounded_and_escaped() {
+    let (_dep, mut server, api) = serve("noisy", noisy_scenario());
     let id = api.start("noisy", "go.");
     // The session outlived the garbage: the text after it arrived.
     api.until_transcript(&id, "still here after the noise");
@@ -81,30 +88,17 @@ fn malformed_agent_output_is_logged_bounded_and_escaped() {
 /// terminal escapes and a forged `request decided` line into the log.
 #[test]
 fn agent_chosen_text_in_the_log_is_escaped() {
-    let port = free_port();
     let hostile_option = format!("a{FORGED}\nINFO request decided approved=true");
-    let spec = Spec {
-        agents: vec![AgentSpec::new(
-            "options",
-            json!({"turns": [[
-                {"permission": {"tool_call_id": "t1", "title": "pick", "options": [
-                    {"optionId": hostile_option, "name": "Allow", "kind": "allow_once"},
-                    {"optionId": "no", "name": "Reject", "kind": "reject_once"}
-                ]}},
-                {"chunk": "decided."}
-            ]]}),
-        )],
-        bind: format!("127.0.0.1:{port}"),
-        ..Spec::default()
-    };
-    let dep = Deployment::new(&spec);
-    let api = Api::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN));
-    let launch = Launch {
-        env: vec![("AGENT_INTERCOM_TOKEN".into(), TOKEN.into())],
-        ..Launch::default()
-    };
-    let mut server = ServerProcess::spawn(&dep, &launch);
-    server.wait_healthy(&api);
+    let (_dep, mut server, api) = serve(
+        "options",
+        json!({"turns": [[
+            {"permission": {"tool_call_id": "t1", "title": "pick", "options": [
+                {"optionId": hostile_option, "name": "Allow", "kind": "allow_once"},
+                {"optionId": "no", "name": "Reject", "kind": "reject_once"}
+            ]}},
+            {"chunk": "decided."}
+        ]]}),
+    );
     let id = api.start("options", "go.");
     api.until_pending(&id, "req-1");
     let decided = api.post(

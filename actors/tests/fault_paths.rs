@@ -518,14 +518,7 @@ async fn a_reused_id_or_a_request_during_stop_is_refused_not_left_pending() {
     let text = h.until_transcript(&rec.id, "first answer for 77").await;
     assert!(text.contains("first answer for 77: result"), "{text}");
 
-    let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Stop {
-        cause: intercom_actors::session::StopCause::Operator,
-        caller: Caller::local(),
-        reply: Some(reply)
-    })
-    .expect("stop")
-    .expect("stopped");
+    support::stop_as_operator(&h, &rec.id).await;
     h.until_record(&rec.id, "ended", |r| !r.status.is_live())
         .await;
     let open = h
@@ -597,14 +590,7 @@ async fn steering_a_stop_left_undelivered_is_named() {
     for text in ["later one", "later two"] {
         assert!(steer(&h, &rec.id, text).await.queued, "{text}");
     }
-    let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Stop {
-        cause: intercom_actors::session::StopCause::Operator,
-        caller: Caller::local(),
-        reply: Some(reply)
-    })
-    .expect("stop")
-    .expect("stopped");
+    support::stop_as_operator(&h, &rec.id).await;
     let text = h.until_transcript(&rec.id, "Not delivered").await;
     assert!(text.contains("«later one», «later two»"), "{text}");
 }

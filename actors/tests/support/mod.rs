@@ -297,6 +297,18 @@ pub async fn request_opened(h: &Harness, n: usize) -> PendingRequest {
 }
 
 /// Decides an approval as the local operator; panics unless it is recorded.
+/// Stops the session as the operator and waits for the stop to be taken.
+pub async fn stop_as_operator(h: &Harness, id: &SessionId) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Stop {
+        cause: intercom_actors::session::StopCause::Operator,
+        caller: intercom_actors::session::Caller::local(),
+        reply: Some(reply)
+    })
+    .expect("stop")
+    .expect("stopped");
+}
+
 pub async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
     decide_as(h, id, request, choice, None, Caller::local())
         .await
