@@ -322,6 +322,9 @@ def walk(server, page):
         # A running session: its controls, and no Revive.
         expect(page.locator('button[data-control="cancel"]')).to_be_visible()
         expect(page.locator('button[data-control="revive"]')).to_be_hidden()
+        # Not paused: Pause, and no Resume.
+        expect(page.locator('button[data-control="pause"]')).to_be_visible()
+        expect(page.locator('button[data-control="resume"]')).to_be_hidden()
         shot(page, "session.png")
 
     def steer_while_the_turn_runs():

@@ -495,8 +495,11 @@
       // runs, Revive once it ended by idle timeout.
       const live = ['starting', 'active', 'stalled'].includes(d.status);
       const revivable = d.status === 'completed' && d.status_reason === 'idle_timeout';
+      const paused = !!(d.live && d.live.paused);
+      const shown = { revive: revivable, pause: live && !paused, resume: live && paused };
       for (const b of root.querySelectorAll('button.control')) {
-        b.hidden = b.dataset.control === 'revive' ? !revivable : !live;
+        const c = b.dataset.control;
+        b.hidden = !(c in shown ? shown[c] : live);
       }
     }
 
