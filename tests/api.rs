@@ -260,14 +260,16 @@ fn path_sessions_stay_under_the_workspace_root() {
     assert_eq!(ok.body["workspace"], elsewhere.display().to_string());
     assert_eq!(ok.body["cwd"], elsewhere.display().to_string());
     assert_eq!(ok.body["agent"], "scripted");
-    // A directory in a configured workspace is that workspace (its rules,
-    // mode and channel hold there).
-    let sub = server.layout.root.join("ws/sub");
-    std::fs::create_dir_all(&sub).expect("mkdir");
+    // A configured workspace's directory is that workspace (its rules, mode
+    // and channel hold there); a directory inside it is refused, saying
+    // which workspace to start instead.
+    let top = http.post("/api/sessions", &json!({"path": "ws", "prompt": "hi"}));
+    assert_eq!(top.status, 201, "{}", top.text);
+    assert_eq!(top.body["workspace"], "demo");
+    std::fs::create_dir_all(server.layout.root.join("ws/sub")).expect("mkdir");
     let inside = http.post("/api/sessions", &json!({"path": "ws/sub", "prompt": "hi"}));
-    assert_eq!(inside.status, 201, "{}", inside.text);
-    assert_eq!(inside.body["workspace"], "demo");
-    assert_eq!(inside.body["cwd"], sub.display().to_string());
+    assert_eq!(inside.status, 400, "{}", inside.text);
+    assert!(inside.text.contains("workspace `demo`"), "{}", inside.text);
 }
 
 #[test]

@@ -68,6 +68,16 @@ pub enum ResolveError {
     /// The path does not exist.
     #[error("path {0} does not exist or is not a directory")]
     PathNotFound(String),
+    /// The path lies inside a configured workspace (below its top).
+    #[error(
+        "path {path} lies inside workspace `{workspace}`; start the session in workspace `{workspace}`, or give a directory no workspace holds (a workspace's rules name paths from its top)"
+    )]
+    InsideWorkspace {
+        /// Given, resolved.
+        path: String,
+        /// The workspace holding it.
+        workspace: String,
+    },
     /// The path is outside `workspace_root`.
     #[error("path {path} is outside workspace_root {root}")]
     OutsideRoot {
@@ -185,10 +195,18 @@ impl WorkspaceMap {
         }
         let path = target.path.as_ref().ok_or(ResolveError::NoTarget)?;
         let cwd = self.contain(path)?;
-        // A directory in a configured workspace is that workspace: its
-        // rules, mode and channel hold there too (a path session used to
-        // escape a workspace's deny rules).
-        if let Some(entry) = self.workspace_containing(&cwd) {
+        // A configured workspace's directory is that workspace: its rules,
+        // mode and channel hold there (a path session used to escape its
+        // deny rules). A directory inside one is refused: the workspace's
+        // rules name paths from its top, and a session below it would be
+        // judged by paths from its own directory.
+        if let Some((entry, top)) = self.workspace_containing(&cwd) {
+            if cwd != top {
+                return Err(ResolveError::InsideWorkspace {
+                    path: cwd.display().to_string(),
+                    workspace: entry.id.clone(),
+                });
+            }
             let wanted = target.agent.as_deref().or(entry.default_agent.as_deref());
             return Ok(Resolved {
                 workspace: entry.id.clone(),
@@ -207,14 +225,13 @@ impl WorkspaceMap {
     }
 
     /// The configured workspace whose directory holds `dir` (the deepest,
-    /// when workspaces nest).
-    fn workspace_containing(&self, dir: &Path) -> Option<&WorkspaceEntry> {
+    /// when workspaces nest), with that directory resolved.
+    fn workspace_containing(&self, dir: &Path) -> Option<(&WorkspaceEntry, PathBuf)> {
         self.workspaces
             .iter()
             .filter_map(|w| self.contain(&w.path).ok().map(|p| (w, p)))
             .filter(|(_, p)| dir.starts_with(p))
             .max_by_key(|(_, p)| p.components().count())
-            .map(|(w, _)| w)
     }
 
     /// Resolves `path` (relative to the root) and proves it is an existing
@@ -502,32 +519,38 @@ mod tests {
         ));
     }
 
-    /// A directory in a configured workspace is that workspace: its rules,
-    /// mode, channel and agent hold there (a path session escaped the
-    /// workspace's deny rules).
+    /// A workspace's directory is that workspace: its rules, mode, channel
+    /// and agent hold there (a path session escaped the workspace's deny
+    /// rules). Below its top a session would be judged by paths from its own
+    /// directory, not the ones the workspace's rules name: refused.
     #[test]
-    fn a_path_in_a_workspace_is_that_workspace() {
+    fn a_path_in_a_workspace_is_that_workspace_or_refused() {
         let dir = tempfile::tempdir().expect("tmp");
         let root = dir.path().canonicalize().expect("canon");
         let m = map(&root);
         std::fs::create_dir_all(root.join("api/src")).expect("api/src");
-        for path in ["api", "api/src"] {
-            let r = m
-                .resolve(&Target {
-                    path: Some(path.into()),
-                    ..Default::default()
-                })
-                .expect(path);
-            assert_eq!(
-                (
-                    r.workspace.as_str(),
-                    r.channel_id.as_deref(),
-                    r.profile.id.as_str()
-                ),
-                ("api", Some("C1"), "b"),
-                "{path}"
-            );
-            assert_eq!(r.cwd, root.join(path));
-        }
+        let r = m
+            .resolve(&Target {
+                path: Some("api".into()),
+                ..Default::default()
+            })
+            .expect("api");
+        assert_eq!(
+            (
+                r.workspace.as_str(),
+                r.channel_id.as_deref(),
+                r.profile.id.as_str()
+            ),
+            ("api", Some("C1"), "b")
+        );
+        assert_eq!(r.cwd, root.join("api"));
+        let below = m.resolve(&Target {
+            path: Some("api/src".into()),
+            ..Default::default()
+        });
+        assert!(
+            matches!(&below, Err(ResolveError::InsideWorkspace { workspace, .. }) if workspace == "api"),
+            "{below:?}"
+        );
     }
 }

@@ -118,7 +118,9 @@ impl From<StoreError> for AppError {
 impl From<ResolveError> for AppError {
     fn from(e: ResolveError) -> Self {
         match e {
-            ResolveError::NoTarget => AppError::BadRequest(e.to_string()),
+            ResolveError::NoTarget | ResolveError::InsideWorkspace { .. } => {
+                AppError::BadRequest(e.to_string())
+            }
             ResolveError::OutsideRoot { .. } => AppError::Forbidden(e.to_string()),
             ResolveError::UnknownWorkspace(..)
             | ResolveError::UnknownAgent(..)
