@@ -50,6 +50,16 @@ pub struct Target {
     pub agent: Option<String>,
 }
 
+/// A start in workspace `entry`, running in `cwd`.
+fn in_workspace(entry: &WorkspaceEntry, cwd: PathBuf, profile: AgentProfile) -> Resolved {
+    Resolved {
+        workspace: entry.id.clone(),
+        cwd,
+        channel_id: Some(entry.channel_id.clone()).filter(|c| !c.is_empty()),
+        profile,
+    }
+}
+
 /// Why resolution failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResolveError {
@@ -180,18 +190,12 @@ impl WorkspaceMap {
                         },
                     )
                 })?;
-            let wanted = target.agent.as_deref().or(entry.default_agent.as_deref());
-            let profile = self.pick_agent(wanted)?;
+            let profile = self.workspace_agent(entry, target)?;
             // Checked again at every start: a workspace directory swapped
             // for a symlink leading out of workspace_root since the config
             // was loaded (or the repository was discovered) is refused.
             let cwd = self.contain(&entry.path)?;
-            return Ok(Resolved {
-                workspace: entry.id.clone(),
-                cwd,
-                channel_id: Some(entry.channel_id.clone()).filter(|c| !c.is_empty()),
-                profile,
-            });
+            return Ok(in_workspace(entry, cwd, profile));
         }
         let path = target.path.as_ref().ok_or(ResolveError::NoTarget)?;
         let cwd = self.contain(path)?;
@@ -207,13 +211,8 @@ impl WorkspaceMap {
                     workspace: entry.id.clone(),
                 });
             }
-            let wanted = target.agent.as_deref().or(entry.default_agent.as_deref());
-            return Ok(Resolved {
-                workspace: entry.id.clone(),
-                cwd,
-                channel_id: Some(entry.channel_id.clone()).filter(|c| !c.is_empty()),
-                profile: self.pick_agent(wanted)?,
-            });
+            let profile = self.workspace_agent(entry, target)?;
+            return Ok(in_workspace(entry, cwd, profile));
         }
         let profile = self.pick_agent(target.agent.as_deref())?;
         Ok(Resolved {
@@ -222,6 +221,16 @@ impl WorkspaceMap {
             channel_id: None,
             profile,
         })
+    }
+
+    /// The agent a start in workspace `entry` runs: the one asked for, else
+    /// the workspace's default, else the server's.
+    fn workspace_agent(
+        &self,
+        entry: &WorkspaceEntry,
+        target: &Target,
+    ) -> Result<AgentProfile, ResolveError> {
+        self.pick_agent(target.agent.as_deref().or(entry.default_agent.as_deref()))
     }
 
     /// The configured workspace whose directory holds `dir` (the deepest,
