@@ -82,6 +82,11 @@ pub fn resolve(root: &Path, requested: &Path) -> Result<Resolved, PathError> {
         root: root.display().to_string(),
         reason: e.to_string(),
     })?;
+    resolve_from(&root_real, requested)
+}
+
+/// [`resolve`] under a workspace root already resolved.
+fn resolve_from(root_real: &Path, requested: &Path) -> Result<Resolved, PathError> {
     let unresolvable = |why: &str| PathError::Unresolvable {
         path: requested.display().to_string(),
         why: why.to_owned(),
@@ -104,7 +109,7 @@ pub fn resolve(root: &Path, requested: &Path) -> Result<Resolved, PathError> {
     let mut real = if requested.is_absolute() {
         PathBuf::from("/")
     } else {
-        root_real.clone()
+        root_real.to_path_buf()
     };
     let mut todo: std::collections::VecDeque<PathBuf> = parts(requested).collect();
     let (mut hops, mut missing) = (0, false);
@@ -150,7 +155,7 @@ pub fn resolve(root: &Path, requested: &Path) -> Result<Resolved, PathError> {
     // inside changes them too, and they may lie outside.
     let shared = std::fs::symlink_metadata(&real)
         .is_ok_and(|m| m.is_file() && std::os::unix::fs::MetadataExt::nlink(&m) > 1);
-    let inside = real.starts_with(&root_real) && !shared;
+    let inside = real.starts_with(root_real) && !shared;
     Ok(Resolved { real, inside })
 }
 
@@ -199,14 +204,23 @@ pub fn judge_paths(
     paths: &[String],
     is_server_file: impl Fn(&Path) -> bool,
 ) -> Judged {
-    let root_real = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let lexically_server_file = |p: &String| is_server_file(&normalize(&root.join(p)));
+    // Resolved once for every path. A root that cannot be resolved leaves
+    // every path unresolved, hence outside.
+    let Ok(root_real) = root.canonicalize() else {
+        return Judged {
+            relative: paths.to_vec(),
+            inside: paths.is_empty(),
+            server_file: paths.iter().any(lexically_server_file),
+        };
+    };
     let mut judged = Judged {
         inside: true,
         ..Judged::default()
     };
     for p in paths {
-        judged.server_file |= is_server_file(&normalize(&root.join(p)));
-        match resolve(root, Path::new(p)) {
+        judged.server_file |= lexically_server_file(p);
+        match resolve_from(&root_real, Path::new(p)) {
             Ok(r) if r.inside => {
                 judged.server_file |= is_server_file(&r.real);
                 judged.relative.push(
