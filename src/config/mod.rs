@@ -438,10 +438,32 @@ impl Config {
 
     fn load_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let source = paths::absolutize(path);
-        let base_dir = source
-            .parent()
-            .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
-        Self::parse(text, &base_dir, Some(&source))
+        Self::parse(text, &dir_of(&source), Some(&source))
+    }
+
+    /// `[server] bind` and `[database] path` of a config file that does not
+    /// load (a rule with a bad regex, an unknown key), resolved as a load
+    /// would resolve them, each defaulted when absent or unreadable; `None`
+    /// when the file cannot be read or is not TOML at all. For `ctl`: a bad
+    /// edit must not lock the operator out while the server runs on.
+    pub fn bind_and_database(path: &Path) -> Option<(SocketAddr, PathBuf)> {
+        let table: toml::Table = toml::from_str(&read_text(path).ok()?).ok()?;
+        let base = paths::canonicalish(&dir_of(&paths::absolutize(path)));
+        let defaults = Config::default_for_dir(&base);
+        let text_at = |section: &str, key: &str| {
+            table
+                .get(section)
+                .and_then(|s| s.get(key))
+                .and_then(toml::Value::as_str)
+                .map(str::to_owned)
+        };
+        let bind = text_at("server", "bind")
+            .and_then(|b| validate::server(&b).ok())
+            .map_or(defaults.server.bind, |s| s.bind);
+        let database = text_at("database", "path")
+            .and_then(|p| validate::database(Path::new(&p), &base).ok())
+            .map_or(defaults.database.path, |d| d.path);
+        Some((bind, database))
     }
 
     /// Parses, resolves and validates `text` as if it were a config file in
@@ -636,6 +658,13 @@ pub fn check_config(path: &Path) -> Result<String, ConfigError> {
         }
         out
     })
+}
+
+/// The directory a config file's relative paths start from.
+fn dir_of(source: &Path) -> PathBuf {
+    source
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
 }
 
 impl Config {

@@ -93,7 +93,7 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
     })
 }
 
-fn server(bind: &str) -> Result<ServerSection> {
+pub(super) fn server(bind: &str) -> Result<ServerSection> {
     let bind: SocketAddr = bind.trim().parse().map_err(|e| {
         ConfigError::invalid(
             "server.bind",
@@ -126,7 +126,7 @@ fn workspace_root(root: Option<&Path>, base: &Path) -> Result<PathBuf> {
     Ok(resolved)
 }
 
-fn database(path: &Path, base: &Path) -> Result<DatabaseSection> {
+pub(super) fn database(path: &Path, base: &Path) -> Result<DatabaseSection> {
     if path.as_os_str().is_empty() {
         return Err(ConfigError::invalid("database.path", "must not be empty"));
     }

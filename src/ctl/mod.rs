@@ -233,13 +233,16 @@ fn defaults(explicit: Option<&Path>) -> Result<Defaults, CtlError> {
             // A bad edit must not lock the operator out of the terminal: the
             // server keeps running on its last good config, and ctl needs
             // only where it listens and where its token is.
-            if let Some(d) = lenient_defaults(&choice.path) {
+            if let Some((bind, database)) = Config::bind_and_database(&choice.path) {
                 eprintln!(
                     "warning: {} has an error, so only its [server] bind and [database] path were read: {}",
                     choice.path.display(),
                     e.to_string().lines().next().unwrap_or_default()
                 );
-                return Ok(d);
+                return Ok(Defaults {
+                    url: url_for(bind),
+                    token_file: token_path(&database),
+                });
             }
             if explicit.is_some() {
                 return Err(CtlError::Usage(format!(
@@ -252,32 +255,6 @@ fn defaults(explicit: Option<&Path>) -> Result<Defaults, CtlError> {
             })
         }
     }
-}
-
-/// `[server] bind` and `[database] path` read from a config file that does
-/// not load (a rule with a bad regex, an unknown key), as long as it is
-/// TOML at all; `None` when it is not.
-fn lenient_defaults(path: &Path) -> Option<Defaults> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let value: toml::Table = toml::from_str(&text).ok()?;
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let base = Config::default_for_dir(dir);
-    let bind = value
-        .get("server")
-        .and_then(|s| s.get("bind"))
-        .and_then(toml::Value::as_str)
-        .and_then(|b| b.parse::<SocketAddr>().ok())
-        .unwrap_or(base.server.bind);
-    let database = value
-        .get("database")
-        .and_then(|d| d.get("path"))
-        .and_then(toml::Value::as_str)
-        .map(|p| base.workspace_root.join(p))
-        .unwrap_or(base.database.path);
-    Some(Defaults {
-        url: url_for(bind),
-        token_file: token_path(&database),
-    })
 }
 
 /// The URL a client uses for a bind address (wildcards become loopback).
