@@ -339,7 +339,7 @@ impl SessionState {
     pub(super) async fn open_request(&mut self, o: Opening) -> Result<u64, String> {
         if let Some((why, note)) = self.refusal_without_answer(&o) {
             self.warn_agent(|| format!("refused a new request: {why}"));
-            self.emit_notice(NoticeLevel::Warning, &note).await;
+            self.tell_refusal_once(&note).await;
             return Err(why);
         }
         if let Some((why, note)) = self.refusal_with_answer(&o) {
@@ -427,9 +427,15 @@ impl SessionState {
             }
             crate::model::Protocol::Mcp => {}
         }
+        self.tell_refusal_once(&note).await;
+    }
+
+    /// Shows the operator why the agent's requests are refused, once per
+    /// session: an agent that keeps asking cannot fill the transcript.
+    async fn tell_refusal_once(&mut self, note: &str) {
         if !self.over_request_cap_noted {
             self.over_request_cap_noted = true;
-            self.emit_notice(NoticeLevel::Warning, &note).await;
+            self.emit_notice(NoticeLevel::Warning, note).await;
         }
     }
 
