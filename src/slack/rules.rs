@@ -242,7 +242,7 @@ pub fn remembered_match(
                     .into(),
             ),
         },
-        Some(k) if allow && paths.is_empty() && FILE_KINDS.contains(&k) => Err(format!(
+        Some(k) if allow && paths.is_empty() && KINDS_ON_FILES.contains(&k) => Err(format!(
             "This request names no file, so a rule from it would allow every `{k}` anywhere; decide such requests one at a time, or add a rule with `paths` through `POST /api/rules`."
         )),
         Some(_) => Ok(RuleMatch {
@@ -261,9 +261,10 @@ pub fn remembered_match(
     }
 }
 
-/// Kinds of action that work on files: a rule allowing one of them names
-/// the files.
-const FILE_KINDS: &[&str] = &["read", "edit", "delete", "move", "search"];
+/// Kinds of action that work on files, reads and searches included: a
+/// remembered rule allowing one of them names the files. (The modes' own
+/// list, `rules::FILE_KINDS`, is the kinds that change files.)
+const KINDS_ON_FILES: &[&str] = &["read", "edit", "delete", "move", "search"];
 
 /// `/intercom rules`: every rule in force.
 pub async fn list(ctx: &Ctx, reply: &Reply) {
