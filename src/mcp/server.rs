@@ -248,25 +248,7 @@ impl IntercomMcp {
                 "argument `diff` looks like a unified diff but is not a valid one: {e}"
             ))
         })?;
-        // Every file the change writes is in the request: rules and the
-        // operator judge all of them (a diff over several files names more
-        // than `file_path`).
-        let paths: Vec<String> = apply::targets(&change, &file_path)
-            .into_iter()
-            .map(|(rel, _)| rel)
-            .collect();
-        // Where `a/../b` lands depends on whether `a` is a link: rules judge
-        // it as the kernel resolves it, so it must be written that way too,
-        // or not at all. Not at all is simpler to trust.
-        if let Some(p) = paths.iter().find(|p| {
-            std::path::Path::new(p)
-                .components()
-                .any(|c| c == std::path::Component::ParentDir)
-        }) {
-            return Err(Fail::Params(format!(
-                "argument `file_path`: {p:?} climbs with `..`; give the file's path inside the workspace without `..`"
-            )));
-        }
+        let paths = clearance_paths(&change, &file_path)?;
         let recorded = match &t.cwd {
             Some(root) => {
                 record_targets(&self.shared.workspace(root)?, &change, &file_path).await?
@@ -321,36 +303,7 @@ impl IntercomMcp {
             }
         };
         guard.disarm();
-        let mut out = json!({"request_id": request_id});
-        match answer {
-            Some(McpAnswer::Decided(d)) => {
-                out["status"] = json!(if d.approved { "approved" } else { "rejected" });
-                if let Some(reason) = d.reason {
-                    out["reason"] = json!(reason);
-                }
-            }
-            Some(McpAnswer::Closed(RequestStatus::Expired)) => {
-                out["status"] = json!("timeout");
-                out["reason"] = json!(format!(
-                    "no decision within {} s; the request expired",
-                    timeout.as_secs()
-                ));
-            }
-            Some(McpAnswer::Closed(status)) => {
-                out["status"] = json!("rejected");
-                out["reason"] = json!(format!(
-                    "the request was {status} before the operator decided",
-                    status = status.as_str()
-                ));
-            }
-            None => {
-                return Err(Fail::refused(
-                    "session_ended",
-                    "the session ended before the operator decided",
-                ));
-            }
-        }
-        Ok(out)
+        clearance_outcome(request_id, answer, timeout)
     }
 
     async fn transmit(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
@@ -782,4 +735,65 @@ fn auto_check_facts(
         workspace: t.workspace.clone(),
         session: t.id.clone(),
     })
+}
+
+/// Every file a clearance's change writes (a diff over several files names
+/// more than `file_path`): rules and the operator judge all of them.
+/// Where `a/../b` lands depends on whether `a` is a link: rules judge it as
+/// the kernel resolves it, so it must be written that way too, or not at
+/// all. Not at all is simpler to trust: a path with `..` is refused.
+fn clearance_paths(change: &Change, file_path: &str) -> Result<Vec<String>, Fail> {
+    let paths: Vec<String> = apply::targets(change, file_path)
+        .into_iter()
+        .map(|(rel, _)| rel)
+        .collect();
+    if let Some(p) = paths.iter().find(|p| {
+        std::path::Path::new(p)
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+    }) {
+        return Err(Fail::Params(format!(
+            "argument `file_path`: {p:?} climbs with `..`; give the file's path inside the workspace without `..`"
+        )));
+    }
+    Ok(paths)
+}
+
+/// What `check_clearance` answers once the request is closed: the
+/// operator's decision, the expiry, or why it closed undecided.
+fn clearance_outcome(
+    request_id: String,
+    answer: Option<McpAnswer>,
+    timeout: Duration,
+) -> ToolResult {
+    let mut out = json!({"request_id": request_id});
+    match answer {
+        Some(McpAnswer::Decided(d)) => {
+            out["status"] = json!(if d.approved { "approved" } else { "rejected" });
+            if let Some(reason) = d.reason {
+                out["reason"] = json!(reason);
+            }
+        }
+        Some(McpAnswer::Closed(RequestStatus::Expired)) => {
+            out["status"] = json!("timeout");
+            out["reason"] = json!(format!(
+                "no decision within {} s; the request expired",
+                timeout.as_secs()
+            ));
+        }
+        Some(McpAnswer::Closed(status)) => {
+            out["status"] = json!("rejected");
+            out["reason"] = json!(format!(
+                "the request was {status} before the operator decided",
+                status = status.as_str()
+            ));
+        }
+        None => {
+            return Err(Fail::refused(
+                "session_ended",
+                "the session ended before the operator decided",
+            ));
+        }
+    }
+    Ok(out)
 }
