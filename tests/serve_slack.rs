@@ -54,7 +54,7 @@ channel_id = "C1"
 }
 
 async fn health(http: &Http) -> serde_json::Value {
-    let http = Http::new(&http.base, None);
+    let http = Http::new(&http.base, http.token.as_deref());
     tokio::task::spawn_blocking(move || {
         http.try_get("/healthz").map(|r| r.body).unwrap_or_default()
     })
@@ -121,6 +121,15 @@ async fn serve_connects_to_slack_and_reports_a_broken_config_edit() {
             .unwrap_or_default()
             .contains("workspace[1].id"),
         "{h}"
+    );
+    // Without the token, /healthz says stale but not what the file holds:
+    // a parse error quotes the file (a token pasted into it, say).
+    let open = health(&Http::new(&format!("http://127.0.0.1:{port}"), None)).await;
+    assert_eq!(open["config"], "stale", "{open}");
+    let hidden = open["config_error"].as_str().unwrap_or_default();
+    assert!(
+        !hidden.contains("workspace") && hidden.contains("check-config"),
+        "{hidden}"
     );
     emu.until("operator notice", Duration::from_secs(30), |e| {
         e.channel("U_OPS")

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -225,8 +225,16 @@ fn refuse(error: ApiError) -> Response {
 }
 
 fn bearer(request: &Request) -> Option<&str> {
-    let value = request
-        .headers()
+    bearer_in(request.headers())
+}
+
+/// True when `headers` carry `token` as `Authorization: Bearer`.
+pub fn carries(headers: &HeaderMap, token: &ApiToken) -> bool {
+    bearer_in(headers).is_some_and(|presented| token.matches(presented))
+}
+
+fn bearer_in(headers: &HeaderMap) -> Option<&str> {
+    let value = headers
         .get(header::AUTHORIZATION)?
         .to_str()
         .ok()?;

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -44,6 +45,8 @@ pub fn router(app: App, token: ApiToken) -> Router {
 /// The whole HTTP surface: `/healthz`, `/api` (bearer token, or the
 /// console's cookie with its CSRF token) and the web console at `/`.
 pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Router {
+    let token = Arc::new(token);
+    let health_token = token.clone();
     let api = Router::new()
         .route(
             "/sessions",
@@ -74,16 +77,18 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn(body::read_whole_body))
-        .layer(middleware::from_fn_with_state(
-            Arc::new(token),
-            auth::require_token,
-        ))
+        .layer(middleware::from_fn_with_state(token, auth::require_token))
         .layer(middleware::from_fn_with_state(
             console.clone(),
             crate::web::login::api_cookie_auth,
         ));
     Router::new()
-        .route("/healthz", get(routes::healthz))
+        .route(
+            "/healthz",
+            get(move |State(app): State<App>, headers: HeaderMap| {
+                routes::healthz(app, health_token.clone(), headers)
+            }),
+        )
         .nest("/api", api)
         .with_state(app)
         .merge(crate::web::router(console))

@@ -3,10 +3,11 @@
 //! The table of routes is in `docs/api.md`; the router is in `mod.rs`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use intercom_actors::model::{RequestStatus, SessionId};
 use intercom_actors::registry::Target;
@@ -15,6 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
+use super::auth::{self, ApiToken};
 use super::paging;
 use super::views::{
     ApprovalView, ErrorBody, Health, PromptAccepted, SessionDetailView, SessionView,
@@ -23,40 +25,41 @@ use crate::app::{App, AppError, LOCAL_OWNER};
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// `GET /healthz` (no auth).
-pub async fn healthz(State(app): State<App>) -> Response {
+/// What `/healthz` says of a stale config to a caller without the token.
+pub const CONFIG_ERROR_HIDDEN: &str = "the config file did not load; the reason quotes the file, \
+so it is shown only with the API token (Authorization: Bearer <token>); or run \
+`agent-intercom check-config`, or read the server log";
+
+/// `GET /healthz`: open, so it says how the server is, not what its
+/// config file holds. A parse error quotes the offending line (a token
+/// pasted into the file, say) and names the file: only a caller with the
+/// API token gets it.
+pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Response {
     let slack = app.slack().as_str().to_owned();
-    match app.live_count().await {
-        Ok(sessions) => {
-            let config_error = app.config_error();
-            Json(Health {
-                status: "ok".into(),
-                sessions,
-                slack,
-                config: if config_error.is_some() {
-                    "stale"
-                } else {
-                    "ok"
-                }
-                .into(),
-                config_error,
-                slack_dropped: crate::slack::dropped::dropped_total(),
-            })
-            .into_response()
+    let config_error = app.config_error().map(|e| {
+        if auth::carries(&headers, &token) {
+            e
+        } else {
+            CONFIG_ERROR_HIDDEN.to_owned()
         }
+    });
+    let config = if config_error.is_some() { "stale" } else { "ok" };
+    let (status, code, sessions) = match app.live_count().await {
+        Ok(sessions) => ("ok", StatusCode::OK, sessions),
         Err(e) => {
             tracing::warn!("health check failed: {e}");
-            let body = Health {
-                status: "unavailable".into(),
-                sessions: 0,
-                slack,
-                config: "ok".into(),
-                config_error: app.config_error(),
-                slack_dropped: crate::slack::dropped::dropped_total(),
-            };
-            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+            ("unavailable", StatusCode::SERVICE_UNAVAILABLE, 0)
         }
-    }
+    };
+    let body = Health {
+        status: status.into(),
+        sessions,
+        slack,
+        config: config.into(),
+        config_error,
+        slack_dropped: crate::slack::dropped::dropped_total(),
+    };
+    (code, Json(body)).into_response()
 }
 
 /// `POST /api/sessions` body.

@@ -51,11 +51,12 @@ const FILES: &[(&str, &str, &[u8])] = &[
 
 /// `GET /`: the console for a logged-in browser, else the login page.
 pub async fn index(State(console): State<Console>, headers: HeaderMap) -> Response {
-    let Some(csrf) = login::login_csrf(&console, &headers).await else {
+    // The page holds no secret: its key came with the login (see `login`),
+    // so a cookie alone fetching `/` learns nothing it can use.
+    if login::login_csrf(&console, &headers).await.is_none() {
         return Redirect::to("/login").into_response();
-    };
-    let page = INDEX_HTML.replace("{{csrf}}", &login::escape(&csrf));
-    let mut response = Html(page).into_response();
+    }
+    let mut response = Html(INDEX_HTML).into_response();
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -1,15 +1,26 @@
 //! Console logins: the one-time link, the token form, the session cookie,
-//! CSRF tokens, and the cookie check in front of `/api`.
+//! the login's key, and the cookie check in front of `/api`.
 //!
-//! Why this exists: a browser cannot keep a bearer token safely, and an
-//! `EventSource` cannot send one. A login exchanges the one-time code
-//! printed by `serve` (or the API token typed into the form, sent in a POST
-//! body, never in a URL) for a random cookie (`HttpOnly`, `SameSite=Strict`)
-//! whose SHA-256 is stored in SQLite with a CSRF token, so a login survives a
-//! server restart and a logout ends it. Requests under `/api` carrying that
-//! cookie are checked here (host, origin, CSRF token on state-changing
-//! methods) and then handed to the API as if they carried the bearer token:
-//! the console has no operations of its own.
+//! Why this exists: a browser cannot keep a bearer token safely. A login
+//! exchanges the one-time code printed by `serve` (or the API token typed
+//! into the form, sent in a POST body, never in a URL) for two secrets,
+//! stored in SQLite (the cookie as a SHA-256) so a login survives a server
+//! restart and a logout ends it:
+//! - a random cookie (`HttpOnly`, `SameSite=Strict`);
+//! - the login's key, handed over once, in the fragment of the redirect
+//!   after the login (`/#key=...`: never sent to a server, never in a
+//!   `Referer`), which the page keeps in `localStorage` and sends as
+//!   `X-CSRF-Token` with every `/api` call.
+//!
+//! Why the cookie alone is not enough: browsers send a cookie to every port
+//! of its host, so any process listening on another loopback port (another
+//! user's server, a dev server an agent wrote) gets it as soon as the
+//! operator's browser loads anything from there. `localStorage` is kept per
+//! origin, port included, and the key is never in a page a cookie can fetch.
+//! Requests under `/api` carrying the cookie are checked here (host, origin
+//! on state-changing methods, the key on every method) and then handed to
+//! the API as if they carried the bearer token: the console has no
+//! operations of its own.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,7 +44,8 @@ use crate::http::error::ApiError;
 /// host, not per port, so each server's cookie carries the port it is
 /// reached at ([`cookie_name`]) and two servers on one host keep theirs.
 pub const COOKIE_PREFIX: &str = "intercom_console";
-/// The header carrying the CSRF token.
+/// The header carrying the login's key (its CSRF token, needed on every
+/// `/api` call made with the cookie).
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a login lasts.
 const LOGIN_TTL_MS: i64 = 12 * 60 * 60 * 1000;
@@ -136,7 +148,9 @@ pub async fn login_csrf(console: &Console, headers: &HeaderMap) -> Option<String
     }
 }
 
-/// Creates a login and answers with its cookie and a redirect to `/`.
+/// Creates a login and answers with its cookie and a redirect to `/` whose
+/// fragment carries the login's key (for the page alone: a fragment is
+/// neither sent to a server nor put in a `Referer`).
 async fn start_login(console: &Console, headers: &HeaderMap) -> Response {
     let cookie = random_hex();
     let csrf = random_hex();
@@ -159,7 +173,7 @@ async fn start_login(console: &Console, headers: &HeaderMap) -> Response {
         cookie_name(headers),
         LOGIN_TTL_MS / 1000
     );
-    let mut response = Redirect::to("/").into_response();
+    let mut response = Redirect::to(&format!("/#key={csrf}")).into_response();
     if let Ok(value) = HeaderValue::from_str(&set) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
@@ -265,8 +279,8 @@ pub fn escape(text: &str) -> String {
 }
 
 /// Middleware in front of `/api`: a request with the console cookie (and
-/// no bearer token) is checked (host, origin, CSRF on state-changing
-/// methods) and then carries the API token inward. Anything else passes
+/// no bearer token) is checked (host, origin on state-changing methods, the
+/// login's key on every method) and then carries the API token inward. Anything else passes
 /// unchanged to the bearer check.
 pub async fn api_cookie_auth(
     State(console): State<Console>,
@@ -283,13 +297,18 @@ pub async fn api_cookie_auth(
     if !guard::request_host_ok(headers) {
         return forbidden("the console answers only at an IP address or localhost");
     }
-    if guard::changes_state(request.method()) {
-        if !guard::origin_ok(headers) {
-            return forbidden("cross-origin request refused");
-        }
-        if !csrf_matches(headers, &csrf) {
-            return forbidden("missing or wrong CSRF token (X-CSRF-Token)");
-        }
+    if guard::changes_state(request.method()) && !guard::origin_ok(headers) {
+        return forbidden("cross-origin request refused");
+    }
+    // On every method, reads too: the cookie reaches any port of this host,
+    // the key only the console's own page.
+    if !csrf_matches(headers, &csrf) {
+        return ApiError::Unauthorized(
+            "the console cookie needs the login's key in X-CSRF-Token (the page keeps it from \
+             the login): reload the console, or log in again"
+                .into(),
+        )
+        .into_response();
     }
     let bearer = format!("Bearer {}", console.token().expose());
     match HeaderValue::from_str(&bearer) {

@@ -276,6 +276,10 @@ def walk(server, page):
         expect(page.locator("#sessions")).to_be_visible(timeout=WAIT_MS)
         expect(page.locator("#conn")).to_have_text("live", timeout=WAIT_MS)
         assert server.login_url not in page.url
+        # The login's key came in the redirect's fragment: the page keeps it
+        # and takes it out of the address bar (and so out of history).
+        assert "key=" not in page.url, page.url
+        assert page.evaluate("localStorage.getItem('intercom-console-key')"), "the key is kept"
 
     def log_in_with_the_token_form():
         # Another browser, no cookie: the form on /login takes the API token.
@@ -399,7 +403,7 @@ def walk(server, page):
               headers: {'Content-Type': 'application/json'},
               body: JSON.stringify({workspace: 'demo', prompt: 'no csrf'})});
             return r.status; }""")
-        assert status == 403, status
+        assert status == 401, status
         sessions = server.api("GET", "/api/sessions?all=true")
         assert not any(s["title"] == "no csrf" for s in sessions), sessions
 

@@ -4,11 +4,25 @@
 // stream (/api/events). Every piece of agent-supplied text is put into the
 // page as text (textContent / text nodes), never as markup; the only HTML
 // inserted is diff2html's output, which escapes the diff's content. Every
-// state-changing request carries the CSRF token from the page's meta tag.
+// API call carries the login's key (X-CSRF-Token): the cookie alone is not
+// enough, because browsers send it to every port of this host.
 'use strict';
 
 (() => {
-  const CSRF = document.querySelector('meta[name="csrf-token"]').content;
+  // The login's key arrives once, in the fragment of the redirect after the
+  // login (`/#key=...`), and is kept in localStorage, which is per origin
+  // (port included), unlike the cookie. No page the server sends holds it.
+  const KEY_ITEM = 'intercom-console-key';
+  const fromLogin = /^#key=([0-9a-f]{64})$/.exec(location.hash);
+  if (fromLogin) {
+    localStorage.setItem(KEY_ITEM, fromLogin[1]);
+    history.replaceState(null, '', location.pathname + '#/');
+  }
+  const CSRF = localStorage.getItem(KEY_ITEM);
+  if (!CSRF) {
+    location.href = '/login';
+    return;
+  }
   const view = document.getElementById('view');
   const state = {
     activity: {}, // session id -> last activity word from the stream
@@ -139,30 +153,67 @@
   }
 
   // ---- the event stream ----
-  let source = null;
   function setConn(text, live) {
     const c = document.getElementById('conn');
     c.textContent = text;
     c.className = live ? 'conn live' : 'conn';
   }
 
-  function connect() {
+  // The stream is read with fetch, not EventSource, which cannot send the
+  // key. A block of `field: value` lines ends with a blank line; `id`
+  // moves the position (the first block is a marker with only an id), and
+  // a reconnect resumes after it.
+  async function connect() {
     const url = state.lastId === null ? '/api/events' : '/api/events?after=' + state.lastId;
-    source = new EventSource(url);
-    source.onopen = () => { setConn('live', true); refreshSoon(); };
-    source.onmessage = (m) => {
-      if (m.lastEventId) state.lastId = Number(m.lastEventId);
-      let e;
-      try { e = JSON.parse(m.data); } catch (_) { return; }
-      onEvent(e);
-    };
-    source.onerror = () => {
-      setConn('reconnecting…', false);
-      if (source.readyState === EventSource.CLOSED) {
-        source.close();
-        setTimeout(connect, 2000);
+    try {
+      const r = await fetch(url, {
+        headers: { 'X-CSRF-Token': CSRF, Accept: 'text/event-stream' },
+        credentials: 'same-origin',
+        cache: 'no-store',
+      });
+      if (r.status === 401) {
+        location.href = '/login';
+        return;
       }
-    };
+      if (!r.ok || !r.body) throw new Error('HTTP ' + r.status);
+      setConn('live', true);
+      refreshSoon();
+      await readStream(r.body.pipeThrough(new TextDecoderStream()).getReader());
+    } catch (_) {
+      // dropped or refused: try again below
+    }
+    setConn('reconnecting…', false);
+    setTimeout(connect, 2000);
+  }
+
+  async function readStream(reader) {
+    let rest = '';
+    let data = [];
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      const lines = (rest + value).split('\n');
+      rest = lines.pop();
+      for (const raw of lines) {
+        const line = raw.endsWith('\r') ? raw.slice(0, -1) : raw;
+        if (line === '') {
+          if (data.length) {
+            let e = null;
+            try { e = JSON.parse(data.join('\n')); } catch (_) { e = null; }
+            if (e) onEvent(e);
+          }
+          data = [];
+          continue;
+        }
+        const colon = line.indexOf(':');
+        if (colon === 0) continue; // a comment (keep-alive)
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let v = colon < 0 ? '' : line.slice(colon + 1);
+        if (v.startsWith(' ')) v = v.slice(1);
+        if (field === 'data') data.push(v);
+        else if (field === 'id' && /^\d+$/.test(v)) state.lastId = Number(v);
+      }
+    }
   }
 
   function onEvent(e) {
@@ -697,6 +748,7 @@
     });
     document.getElementById('logout').addEventListener('click', async () => {
       await fetch('/logout', { method: 'POST', headers: { 'X-CSRF-Token': CSRF }, credentials: 'same-origin' });
+      localStorage.removeItem(KEY_ITEM);
       location.href = '/login';
     });
   }
