@@ -90,6 +90,14 @@ fn rules_answer_matching_requests_and_can_be_removed() {
     );
     assert_eq!(ghost.status, 400, "{}", ghost.text);
     assert!(ghost.text.contains("unknown agent"), "{}", ghost.text);
+    // An allow rule with no condition is mode auto in disguise: refused,
+    // naming the mode (a deny rule with none stays: it asks nothing).
+    let everything = http.post(
+        "/api/rules",
+        &json!({"scope": "global", "match": {}, "action": "allow"}),
+    );
+    assert_eq!(everything.status, 400, "{}", everything.text);
+    assert!(everything.text.contains("`auto`"), "{}", everything.text);
     // The error names the field to give.
     let unscoped = http.post(
         "/api/rules",

@@ -876,8 +876,14 @@ fn invalid_rules_name_their_key() {
             "must not be empty",
         ),
         (
+            "an allow rule with no condition (a file read half-written)",
+            "scope = \"global\"\naction = \"allow\"\n",
+            "rule[2]",
+            "an allow rule with no condition would allow every request in its scope",
+        ),
+        (
             "duplicate id",
-            "id = \"named\"\naction = \"allow\"\n",
+            "id = \"named\"\naction = \"allow\"\nkind = \"read\"\n",
             "rule[2].id",
             "duplicate rule id \"named\" (also used by rule[1])",
         ),

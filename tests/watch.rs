@@ -106,6 +106,45 @@ fn a_save_by_delete_and_create_reloads_the_new_file() {
     assert_eq!(ids(&cfg), ["web"]);
 }
 
+/// A config file that is a link to a file kept elsewhere: an edit to that
+/// file reloads. A probe's edits were never seen (only the link's own
+/// directory was watched) while `/healthz` said the config was fine.
+#[test]
+fn an_edit_to_the_file_a_link_names_reloads() {
+    let (dir, path) = setup(&["a1"]);
+    let real = dir.path().join("real");
+    fs::create_dir(&real).expect("mkdir");
+    fs::rename(&path, real.join("a.toml")).expect("move");
+    std::os::unix::fs::symlink(real.join("a.toml"), &path).expect("link");
+    let (_handle, rx) = start(&path);
+    fs::write(real.join("a.toml"), config_text(&["a1", "web"])).expect("edit");
+    assert_eq!(ids(&next(&rx).expect("valid")), ["a1", "web"]);
+}
+
+/// Kubernetes mounts a ConfigMap as `config.toml -> ..data/config.toml`,
+/// `..data -> <version>`, and updates it by swapping `..data`: the swap
+/// reloads, and the new version's directory is watched from then on.
+#[test]
+fn a_swapped_directory_link_reloads_and_is_followed() {
+    let (dir, path) = setup(&["a1"]);
+    let d = dir.path();
+    for v in ["v1", "v2"] {
+        fs::create_dir(d.join(v)).expect("mkdir");
+    }
+    fs::rename(&path, d.join("v1/config.toml")).expect("move");
+    std::os::unix::fs::symlink("v1", d.join("..data")).expect("link");
+    std::os::unix::fs::symlink("..data/config.toml", &path).expect("link");
+    let (_handle, rx) = start(&path);
+    fs::write(d.join("v2/config.toml"), config_text(&["b1"])).expect("write");
+    std::os::unix::fs::symlink("v2", d.join("..tmp")).expect("link");
+    fs::rename(d.join("..tmp"), d.join("..data")).expect("swap");
+    assert_eq!(ids(&next(&rx).expect("valid")), ["b1"]);
+    fs::write(d.join("v2/config.toml"), config_text(&["b1", "b2"])).expect("edit");
+    assert_eq!(ids(&next(&rx).expect("valid")), ["b1", "b2"]);
+    fs::write(d.join("v1/config.toml"), config_text(&["web"])).expect("edit");
+    assert_quiet(&rx, "the version no longer linked");
+}
+
 #[test]
 fn a_broken_file_is_reported_and_a_fix_recovers() {
     let (_dir, path) = setup(&["a1"]);

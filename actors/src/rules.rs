@@ -150,6 +150,18 @@ impl Rule {
             id: self.id.clone(),
             reason,
         };
+        // An allow rule with no condition is approval mode `auto` for its
+        // scope. Refused, so that a config file read half-written (a
+        // `[[rule]]` saved before its conditions: a probe's slow write
+        // approved a pending edit that way) fails to load instead.
+        if self.action == RuleAction::Allow && self.matcher == RuleMatch::default() {
+            return Err(err(
+                "an allow rule with no condition would allow every request in its scope: give it \
+                 one (kind, paths, command_prefix, command_regex or agent), or set approval mode \
+                 `auto` (a workspace's `approval_mode`, or the session's mode) if that is what you mean"
+                    .to_owned(),
+            ));
+        }
         if let Some(kind) = &self.matcher.kind
             && !RULE_KINDS.contains(&kind.as_str())
         {

@@ -14,15 +14,24 @@
 //! Threads: notify's watcher thread, the debouncer's thread, and one reload
 //! thread owned by the [`WatchHandle`] on which `on_reload` runs (a plain
 //! std thread: blocking, or `tokio::runtime::Handle::block_on`, is fine
-//! there). If the config file is a symlink, changes to its target are not
-//! seen; replacing the link itself is.
+//! there).
+//!
+//! A config file reached through symbolic links (a link to a file kept
+//! elsewhere, or Kubernetes' ConfigMap layout, `config.toml ->
+//! ..data/config.toml` with `..data` a link swapped to a new directory) is
+//! watched along the whole chain: every link met while resolving the path
+//! and the file it resolves to, each in its own directory ([`chain`]). The
+//! chain is resolved again after each reload, so a link pointed elsewhere
+//! is followed. A probe's edits to a linked file were never seen while
+//! `/healthz` said the config was fine.
 
+use std::collections::{BTreeSet, VecDeque};
 use std::ffi::OsString;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -67,11 +76,21 @@ pub enum WatchError {
     },
 }
 
+type Watcher = Debouncer<RecommendedWatcher, RecommendedCache>;
+
+/// The debouncer, shared by the handle (which stops it) and the reload
+/// thread (which watches the directories of a changed link chain).
+type SharedWatcher = Arc<Mutex<Option<Watcher>>>;
+
+/// The paths whose change changes what the config path reads ([`chain`]),
+/// read by the event handler and renewed by the reload thread.
+type Watched = Arc<RwLock<Vec<PathBuf>>>;
+
 /// A running watch. Dropping it stops watching (without waiting); call
 /// [`WatchHandle::stop`] to wait until no callback can run any more.
 pub struct WatchHandle {
     path: PathBuf,
-    debouncer: Option<Debouncer<RecommendedWatcher, RecommendedCache>>,
+    debouncer: SharedWatcher,
     worker: Option<JoinHandle<()>>,
     stopped: Arc<AtomicBool>,
 }
@@ -96,7 +115,7 @@ impl WatchHandle {
     /// where it cannot wait for its own thread).
     pub fn stop(mut self) {
         self.stopped.store(true, Ordering::Release);
-        if let Some(debouncer) = self.debouncer.take() {
+        if let Some(debouncer) = take(&self.debouncer) {
             // Joins the debouncer thread, which drops the reload channel's sender.
             debouncer.stop();
         }
@@ -112,7 +131,7 @@ impl WatchHandle {
 impl Drop for WatchHandle {
     fn drop(&mut self) {
         self.stopped.store(true, Ordering::Release);
-        if let Some(debouncer) = self.debouncer.take() {
+        if let Some(debouncer) = take(&self.debouncer) {
             debouncer.stop_nonblocking();
         }
     }
@@ -128,30 +147,34 @@ pub fn watch(
     on_reload: impl Fn(Result<Config, ConfigError>) + Send + 'static,
 ) -> Result<WatchHandle, WatchError> {
     let path = paths::absolutize(&path);
-    let Some(file_name) = path.file_name().map(OsString::from) else {
+    if path.file_name().is_none() {
         return Err(WatchError::NoFileName { path });
-    };
-    let dir = path
-        .parent()
-        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
+    }
+    let watched: Watched = Arc::new(RwLock::new(chain(&path)));
+    let debouncer: SharedWatcher = Arc::new(Mutex::new(None));
 
     let (tx, rx) = mpsc::channel::<()>();
     let stopped = Arc::new(AtomicBool::new(false));
 
     let worker = {
-        let path = path.clone();
+        let reload = Reloader {
+            path: path.clone(),
+            watched: Arc::clone(&watched),
+            debouncer: Arc::clone(&debouncer),
+        };
         let stopped = Arc::clone(&stopped);
         std::thread::Builder::new()
             .name("config-reload".into())
-            .spawn(move || reload_loop(&path, &rx, &stopped, &on_reload))
+            .spawn(move || reload_loop(&reload, &rx, &stopped, &on_reload))
             .map_err(|source| WatchError::Thread { source })?
     };
 
     let handler = {
-        let file_name = file_name.clone();
+        let watched = Arc::clone(&watched);
         move |result: DebounceEventResult| match result {
             Ok(events) => {
-                if events.iter().any(|e| concerns(e, &file_name)) {
+                let paths = watched.read().unwrap_or_else(PoisonError::into_inner);
+                if events.iter().any(|e| concerns(e, &paths)) {
                     let _ = tx.send(());
                 }
             }
@@ -164,37 +187,149 @@ pub fn watch(
             }
         }
     };
-    let notify_err = |source| WatchError::Notify {
-        dir: dir.clone(),
-        source,
-    };
     // On error the handler (and with it the sender) is dropped, so the reload
     // thread sees the channel close and ends.
-    let mut debouncer = new_debouncer(DEBOUNCE, None, handler).map_err(notify_err)?;
-    debouncer
-        .watch(&dir, RecursiveMode::NonRecursive)
-        .map_err(notify_err)?;
-    tracing::info!(config = %path.display(), "watching the config file for changes");
+    let mut watcher = new_debouncer(DEBOUNCE, None, handler).map_err(|source| {
+        WatchError::Notify {
+            dir: parent(&path),
+            source,
+        }
+    })?;
+    let paths = watched.read().unwrap_or_else(PoisonError::into_inner).clone();
+    for dir in dirs(&paths) {
+        watcher
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .map_err(|source| WatchError::Notify { dir, source })?;
+    }
+    *debouncer.lock().unwrap_or_else(PoisonError::into_inner) = Some(watcher);
+    if paths.len() > 1 {
+        tracing::info!(config = %path.display(), through = ?paths, "watching the config file and the links it is reached through");
+    } else {
+        tracing::info!(config = %path.display(), "watching the config file for changes");
+    }
     Ok(WatchHandle {
         path,
-        debouncer: Some(debouncer),
+        debouncer,
         worker: Some(worker),
         stopped,
     })
 }
 
-/// Whether a (debounced) event is a change to the config file.
-fn concerns(event: &notify::Event, file_name: &OsString) -> bool {
+fn take(debouncer: &SharedWatcher) -> Option<Watcher> {
+    debouncer
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+}
+
+fn parent(path: &Path) -> PathBuf {
+    path.parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
+}
+
+/// The directories to watch for `paths`: each one's own.
+fn dirs(paths: &[PathBuf]) -> BTreeSet<PathBuf> {
+    paths.iter().map(|p| parent(p)).collect()
+}
+
+/// Most links followed while resolving the config path (the kernel's
+/// `ELOOP` bound).
+const MAX_LINKS: usize = 40;
+
+/// Every path whose change changes what `path` reads: `path` itself, each
+/// symbolic link met while resolving it, component by component (a link to
+/// the file, or a link to a directory on the way, as Kubernetes' `..data`),
+/// and the file it resolves to. Each has its own directory watched.
+pub fn chain(path: &Path) -> Vec<PathBuf> {
+    let mut out = vec![path.to_path_buf()];
+    let mut resolved = PathBuf::from("/");
+    let mut rest = names(path);
+    let mut links = 0;
+    while let Some(name) = rest.pop_front() {
+        if name == ".." {
+            resolved.pop();
+            continue;
+        }
+        let here = resolved.join(&name);
+        match std::fs::read_link(&here) {
+            Ok(target) if links < MAX_LINKS => {
+                links += 1;
+                if !out.contains(&here) {
+                    out.push(here);
+                }
+                if target.is_absolute() {
+                    resolved = PathBuf::from("/");
+                }
+                let mut next = names(&target);
+                next.extend(rest.drain(..));
+                rest = next;
+            }
+            _ => resolved = here,
+        }
+    }
+    if !out.contains(&resolved) {
+        out.push(resolved);
+    }
+    out
+}
+
+/// The names along `path` (`..` kept, `.` and the root dropped).
+fn names(path: &Path) -> VecDeque<OsString> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What the reload thread needs to follow a changed link chain.
+struct Reloader {
+    path: PathBuf,
+    watched: Watched,
+    debouncer: SharedWatcher,
+}
+
+impl Reloader {
+    /// Resolves the chain again; watches the directories it now needs and
+    /// stops watching those it no longer does.
+    fn follow_links(&self) {
+        let now = chain(&self.path);
+        let before = {
+            let mut watched = self.watched.write().unwrap_or_else(PoisonError::into_inner);
+            if *watched == now {
+                return;
+            }
+            std::mem::replace(&mut *watched, now.clone())
+        };
+        let (old, new) = (dirs(&before), dirs(&now));
+        let mut guard = self.debouncer.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(watcher) = guard.as_mut() else {
+            return;
+        };
+        for dir in new.difference(&old) {
+            if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+                tracing::warn!(dir = %dir.display(), "cannot watch a directory the config file is now reached through: {e}");
+            }
+        }
+        for dir in old.difference(&new) {
+            let _ = watcher.unwatch(dir);
+        }
+        tracing::info!(config = %self.path.display(), through = ?now, "the config file is reached through other links now; watching them");
+    }
+}
+
+/// Whether a (debounced) event is a change to the config file or a link
+/// on the way to it (`watched`, from [`chain`]).
+fn concerns(event: &notify::Event, watched: &[PathBuf]) -> bool {
     match event.kind {
         // Opening, reading and closing change nothing; a write also produces Modify.
         EventKind::Access(_) => false,
         EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
         _ => {
             event.need_rescan()
-                || event
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name() == Some(file_name.as_os_str()))
+                || event.paths.iter().any(|p| watched.contains(p))
         }
     }
 }
@@ -203,7 +338,7 @@ fn concerns(event: &notify::Event, file_name: &OsString) -> bool {
 /// file and calls back (a panic in the callback is logged and survived);
 /// ends when the sender is gone.
 fn reload_loop(
-    path: &Path,
+    reload: &Reloader,
     rx: &mpsc::Receiver<()>,
     stopped: &AtomicBool,
     on_reload: &impl Fn(Result<Config, ConfigError>),
@@ -219,6 +354,8 @@ fn reload_loop(
         if stopped.load(Ordering::Acquire) {
             return;
         }
+        reload.follow_links();
+        let path = reload.path.as_path();
         let result = Config::reload(path);
         match &result {
             Ok(config) => tracing::info!(
@@ -293,7 +430,7 @@ mod tests {
 
     #[test]
     fn only_changes_to_the_config_file_count() {
-        let name = OsString::from("config.toml");
+        let name = [PathBuf::from("/d/config.toml")];
         let yes = [
             event(
                 EventKind::Modify(ModifyKind::Data(DataChange::Any)),
