@@ -507,3 +507,42 @@ fn a_second_signal_exits_at_once_and_leaves_no_agent_running() {
         );
     }
 }
+
+/// A data directory deleted under the running server: SQLite would go on
+/// writing into the unlinked file, so a probe's approvals were answered 200
+/// and its steering 202 while nothing of it would survive a restart, and
+/// `/healthz` said `ok`. Now nothing more is taken: the approval is refused
+/// (503, saying the file was deleted and what to do), the agent is not
+/// answered, and `/healthz` is `unavailable` with the reason.
+#[test]
+fn a_deleted_database_takes_nothing_more_and_says_so() {
+    let (layout, _server, http) = first_server();
+    let a = start(&http, "scripted", "work");
+    http.until_pending(&a, "req-1");
+    let dir = layout.database.parent().expect("db dir");
+    std::fs::remove_dir_all(dir).expect("delete the data directory");
+
+    let approved = http.post(
+        &format!("/api/approvals/{a}:req-1"),
+        &json!({"decision": "approve"}),
+    );
+    assert_eq!(approved.status, 503, "{}", approved.text);
+    assert!(approved.text.contains("was deleted"), "{}", approved.text);
+    let steer = http.post(&format!("/api/sessions/{a}/prompt"), &json!({"text": "more"}));
+    assert_eq!(steer.status, 503, "{}", steer.text);
+
+    let health = http.get("/healthz");
+    assert_eq!(health.status, 503, "{}", health.text);
+    assert_eq!(health.body["status"], "unavailable", "{}", health.text);
+    assert!(
+        health.body["storage_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("restart the server"),
+        "{}",
+        health.text
+    );
+    // Nothing was decided, not even in the file the server still holds open.
+    let request = http.get(&format!("/api/approvals/{a}:req-1"));
+    assert_eq!(request.body["status"], "pending", "{}", request.text);
+}

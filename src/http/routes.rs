@@ -44,8 +44,10 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
         }
     });
     let config = if config_error.is_some() { "stale" } else { "ok" };
+    let storage_error = app.store().file_problem();
     let (status, code, sessions) = match app.live_count().await {
-        Ok(sessions) => ("ok", StatusCode::OK, sessions),
+        Ok(sessions) if storage_error.is_none() => ("ok", StatusCode::OK, sessions),
+        Ok(sessions) => ("unavailable", StatusCode::SERVICE_UNAVAILABLE, sessions),
         Err(e) => {
             tracing::warn!("health check failed: {e}");
             ("unavailable", StatusCode::SERVICE_UNAVAILABLE, 0)
@@ -57,6 +59,7 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
         slack,
         config: config.into(),
         config_error,
+        storage_error,
         slack_dropped: crate::slack::dropped::dropped_total(),
     };
     (code, Json(body)).into_response()

@@ -27,6 +27,10 @@ pub struct Health {
     /// Why the config is stale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_error: Option<String>,
+    /// Why nothing can be stored (the database file was deleted or
+    /// replaced under the running server); `status` is then `unavailable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_error: Option<String>,
     /// Messages for the Slack gateway lost since the server started (its
     /// mailbox was gone; each is also logged). 0 without Slack.
     #[serde(default)]

@@ -18,6 +18,7 @@ mod checkpointer;
 mod clearances;
 pub mod console;
 pub mod events;
+mod file_identity;
 mod lock;
 mod outbox;
 pub mod pages;
@@ -117,6 +118,8 @@ pub struct SqliteStore {
     writer: Writer,
     /// Held for the life of the store.
     instance_lock: InstanceLock,
+    /// The database file as opened (is it still at its path?).
+    file: file_identity::DbFile,
     /// The directory of a temporary store, deleted after everything else
     /// closed (None for a store on a file the operator chose).
     _temporary: Option<tempfile::TempDir>,
@@ -187,6 +190,7 @@ impl SqliteStore {
             pool,
             writer,
             instance_lock,
+            file: file_identity::DbFile::opened(path),
             _temporary: None,
         })
     }
@@ -213,6 +217,12 @@ impl SqliteStore {
         T: Send + 'static,
     {
         self.writer.write(data, f).await
+    }
+
+    /// Why nothing can be stored any more, when the database file was
+    /// deleted or replaced under the running server (for `/healthz`).
+    pub fn file_problem(&self) -> Option<String> {
+        self.file.check().err()
     }
 
     /// How many write transactions have committed since the store opened

@@ -50,6 +50,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::checkpointer::{self, Checkpointer};
+use super::file_identity::DbFile;
 use transaction::commit_batch;
 
 mod transaction;
@@ -142,6 +143,7 @@ impl Writer {
         hold: Duration,
     ) -> std::io::Result<Writer> {
         let conn = open_connection(path, busy_timeout).map_err(std::io::Error::other)?;
+        let file = DbFile::opened(path);
         let checkpointer = Checkpointer::start(path, busy_timeout)?;
         let (jobs, queue) = flume::bounded(QUEUE);
         let (stop_signal, stopped) = oneshot::channel();
@@ -150,6 +152,8 @@ impl Writer {
             path: path.to_owned(),
             busy_timeout,
             conn: Some(conn),
+            file,
+            file_lost: false,
             counters: Arc::clone(&counters),
             checkpointer,
             hold,
@@ -303,6 +307,11 @@ struct Thread {
     /// The connection; None after one was dropped because it could not be
     /// proven out of a failed transaction (reopened for the next batch).
     conn: Option<Connection>,
+    /// The database file as opened: no commit once its path names another
+    /// file or none (see `file_identity`).
+    file: DbFile,
+    /// The file is gone (said in the log once).
+    file_lost: bool,
     counters: Arc<Counters>,
     /// Copies the WAL into the database file, told of each commit
     /// (dropped, and so joined, before the stop signal).
@@ -385,7 +394,10 @@ impl Thread {
                     .writes
                     .fetch_add(*committed, Ordering::Relaxed);
             }
-            Err(e) => tracing::error!(writes = jobs.len(), "storage commit failed: {e}"),
+            Err(e) if !self.file_lost => {
+                tracing::error!(writes = jobs.len(), "storage commit failed: {e}");
+            }
+            Err(_) => {}
         }
         let commit = outcome.as_ref().map(|_| ()).map_err(String::as_str);
         for job in jobs.drain(..) {
@@ -396,6 +408,16 @@ impl Thread {
     /// Commits `batch` on the connection (reopening it if the last one had
     /// to go); `Ok(writes committed)`.
     fn commit(&mut self, batch: &mut [Box<dyn Job>]) -> Result<u64, String> {
+        if let Err(gone) = self.file.check() {
+            if !self.file_lost {
+                self.file_lost = true;
+                tracing::error!("{gone}");
+            }
+            return Err(gone);
+        }
+        if std::mem::take(&mut self.file_lost) {
+            tracing::warn!("the database file is back at its path; storing again");
+        }
         let conn = match self.conn.take() {
             Some(conn) => conn,
             None => open_connection(&self.path, self.busy_timeout)
