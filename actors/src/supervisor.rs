@@ -209,6 +209,10 @@ pub enum SupervisorMsg {
     },
     /// The rule set changed: every live session re-evaluates its pending requests.
     RulesChanged,
+    /// The config was reloaded with these agent profiles: a live session
+    /// whose profile changed is restarted with the new one next time (a
+    /// crash, an operator's restart), as a recovery or a revive would be.
+    AgentsChanged(Vec<AgentProfile>),
     /// Live sessions (including ones waiting to restart).
     LiveCount(RpcReplyPort<usize>),
     /// After a server restart: resume or interrupt sessions stored as live.
@@ -384,6 +388,7 @@ impl Actor for SessionSupervisor {
                     }
                 }
             }
+            SupervisorMsg::AgentsChanged(profiles) => state.agents_changed(&profiles),
             SupervisorMsg::LiveCount(reply) => {
                 let _ = reply.send(state.sessions.len());
             }

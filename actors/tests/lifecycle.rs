@@ -9,7 +9,7 @@ use intercom_actors::session::{Caller, Choice, SessionMsg, StartError, StopCause
 use intercom_actors::settings::{Limits, StallPolicy, SupervisionPolicy};
 use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
 use serde_json::json;
-use support::{Harness, Knobs, decide_as, group_alive, until_group_gone};
+use support::{Harness, Knobs, decide, decide_as, group_alive, until_group_gone};
 
 fn owner() -> Caller {
     Caller {
@@ -173,6 +173,36 @@ async fn crash_restart_and_resume_with_session_load() {
         transcript.contains("agent exited unexpectedly (exit code 7)"),
         "{transcript}"
     );
+}
+
+/// A reloaded config's profile is what the next crash restart runs. A probe
+/// fixed an agent's `command` while its session ran: every restart still
+/// ran the old one, and the error said to fix what was already fixed.
+#[tokio::test]
+async fn a_crash_restart_runs_the_profile_the_config_has_now() {
+    let h = Harness::new(Knobs::default()).await;
+    let old = h.profile(json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "title": "Go on"}},
+        {"exit": 3}
+    ]]}));
+    let mut new = h.profile(json!({"turns": [[{"chunk": "the new command runs"}]]}));
+    new.id = old.id.clone();
+    let rec = h
+        .start_req(h.request(old, "work"))
+        .await
+        .expect("session starts");
+    h.until("the request", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    h.sup
+        .send_message(SupervisorMsg::AgentsChanged(vec![new]))
+        .expect("send");
+    // A call after the message: the supervisor has taken it.
+    let live = ractor::call!(h.sup, SupervisorMsg::LiveCount).expect("live count");
+    assert_eq!(live, 1);
+    decide(&h, &rec.id, "req-1", Choice::Approve).await;
+    h.until_transcript(&rec.id, "the new command runs").await;
 }
 
 #[tokio::test]

@@ -26,6 +26,13 @@ impl App {
             tracing::error!("cannot reload the workspace registry: {e}");
             return;
         }
+        if let Err(e) = self
+            .inner
+            .supervisor
+            .send_message(SupervisorMsg::AgentsChanged(config.agents.clone()))
+        {
+            tracing::error!("live sessions keep their previous agent profiles: {e}");
+        }
         if let Ok(mut m) = self.inner.modes.write() {
             *m = config.workspace_modes.clone();
         }

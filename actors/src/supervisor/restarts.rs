@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::{SupervisorMsg, SupervisorState};
 use crate::model::{Protocol, SessionId, SessionStatus};
+use crate::settings::AgentProfile;
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::session::{SessionExit, StartError, StartMode};
 
@@ -40,6 +41,29 @@ impl RestartPlan {
 }
 
 impl SupervisorState {
+    /// Takes a reloaded config's agent profiles for the next restart of each
+    /// live session that uses one. A probe fixed a profile's `command` while
+    /// its session ran: every crash restart (and an operator's restart)
+    /// still ran the old one, and the error said to fix what was fixed.
+    /// A profile removed from the config, or one now speaking another
+    /// protocol (the session's state belongs to the old one), is kept.
+    pub(super) fn agents_changed(&mut self, profiles: &[AgentProfile]) {
+        for (id, entry) in &mut self.sessions {
+            let Some(new) = profiles.iter().find(|p| p.id == entry.profile.id) else {
+                continue;
+            };
+            if *new == entry.profile || entry.profile.protocol == Protocol::Mcp {
+                continue;
+            }
+            if new.protocol != entry.profile.protocol {
+                tracing::warn!(session = %id, profile = %new.id, "the agent profile now speaks another protocol; the session keeps the one it started with");
+                continue;
+            }
+            tracing::info!(session = %id, profile = %new.id, "the agent profile changed; the session's next restart uses it");
+            entry.profile = new.clone();
+        }
+    }
+
     pub(super) async fn on_exit(&mut self, id: SessionId, exit: SessionExit) {
         let Some(entry) = self.sessions.get_mut(&id) else {
             return;
