@@ -693,6 +693,38 @@ fn check_config_on_a_missing_file_gives_the_io_error() {
     );
 }
 
+/// `check-config` and `serve` agree: a time past a year is refused (a
+/// probe's `shutdown_grace_secs = 18446744073709551615` passed and then
+/// made `serve` panic), and an empty file, which `serve` starts on but a
+/// running server refuses to reload, is warned about.
+#[test]
+fn check_config_refuses_what_serve_cannot_take_and_warns_of_an_empty_file() {
+    let (_dir, path) = write_config("[limits]\nshutdown_grace_secs = 18446744073709551615\n");
+    let err = check_config(&path).unwrap_err().to_string();
+    assert!(err.contains("limits.shutdown_grace_secs"), "{err}");
+    assert!(err.contains("must be at most"), "{err}");
+    let (_dir, path) = write_config("# nothing yet\n");
+    let summary = check_config(&path).unwrap();
+    assert!(
+        summary.contains("warning: the file is empty"),
+        "{summary}"
+    );
+}
+
+/// An unreadable file is not told to be created.
+#[cfg(unix)]
+#[test]
+fn an_unreadable_config_says_to_make_it_readable() {
+    let e = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+    let err = ConfigError::Io {
+        path: "/etc/x.toml".into(),
+        source: e,
+    }
+    .to_string();
+    assert!(err.contains("make it readable"), "{err}");
+    assert!(!err.contains("create one"), "{err}");
+}
+
 #[test]
 fn check_config_summarises() {
     let (dir, path) = write_config(

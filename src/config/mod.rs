@@ -184,8 +184,9 @@ pub struct SlackSection {
 pub enum ConfigError {
     /// The file could not be read.
     #[error(
-        "cannot read config file {}: {source}; create one from config.toml.example",
-        path.display()
+        "cannot read config file {}: {source}; {}",
+        path.display(),
+        io_hint(source)
     )]
     Io {
         /// The file.
@@ -403,6 +404,17 @@ fn read_text(path: &Path) -> std::io::Result<String> {
         )));
     }
     Ok(text)
+}
+
+/// What to do about a config file that cannot be read, by why.
+fn io_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "create one from config.toml.example",
+        std::io::ErrorKind::PermissionDenied => {
+            "make it readable by the user the server runs as (and its directory searchable)"
+        }
+        _ => "check that the path names a readable file",
+    }
 }
 
 impl Config {
@@ -653,6 +665,15 @@ fn parse_message(e: &toml::de::Error) -> String {
 pub fn check_config(path: &Path) -> Result<String, ConfigError> {
     Config::load(path).map(|c| {
         let mut out = c.summary();
+        // `serve` starts on an empty file (every default), but a running
+        // server refuses to reload one: say so, or the two would disagree.
+        if matches!(Config::reload(path), Err(ConfigError::Empty { .. })) {
+            out.push_str(
+                "\nwarning: the file is empty: `serve` starts on it with every default (no \
+                 workspaces, no rules), but a running server refuses to reload an emptied file \
+                 and keeps its previous configuration",
+            );
+        }
         for w in c.warnings() {
             out.push_str(&format!("\nwarning: {w}"));
         }

@@ -73,6 +73,7 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
     limits(&raw.limits)?;
     stall(&raw.stall)?;
     supervision(&raw.supervision)?;
+    durations(&raw.limits, &raw.stall, &raw.supervision, &raw.mcp)?;
     Ok(Config {
         workspace_root,
         server,
@@ -421,6 +422,41 @@ fn discovered(root: &Path, depth: usize, configured: &[WorkspaceEntry]) -> Vec<W
             default_agent: None,
         })
         .collect()
+}
+
+/// The longest any `*_secs` setting may be: a year. Past it a time limit
+/// means nothing, and a clock plus it can overflow (a probe's
+/// `shutdown_grace_secs = 18446744073709551615` passed `check-config` and
+/// then made `serve` panic at start).
+const MAX_SECS: u64 = 365 * 24 * 60 * 60;
+
+fn durations(
+    l: &super::Limits,
+    s: &super::StallPolicy,
+    v: &super::SupervisionPolicy,
+    m: &super::McpSection,
+) -> Result<()> {
+    for (key, value) in [
+        ("limits.startup_timeout_secs", l.startup_timeout_secs),
+        ("limits.prompt_timeout_secs", l.prompt_timeout_secs),
+        ("limits.idle_timeout_secs", l.idle_timeout_secs),
+        ("limits.shutdown_grace_secs", l.shutdown_grace_secs),
+        ("stall.inactivity_secs", s.inactivity_secs),
+        ("stall.escalation_secs", s.escalation_secs),
+        ("supervision.restart_window_secs", v.restart_window_secs),
+        ("supervision.backoff_initial_secs", v.backoff_initial_secs),
+        ("supervision.backoff_max_secs", v.backoff_max_secs),
+        ("mcp.approval_timeout_secs", m.approval_timeout_secs),
+        ("mcp.transmit_timeout_secs", m.transmit_timeout_secs),
+    ] {
+        if value > MAX_SECS {
+            return Err(ConfigError::invalid(
+                key,
+                format!("must be at most {MAX_SECS} (a year; got {value})"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn limits(l: &super::Limits) -> Result<()> {
