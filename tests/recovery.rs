@@ -546,3 +546,21 @@ fn a_deleted_database_takes_nothing_more_and_says_so() {
     let request = http.get(&format!("/api/approvals/{a}:req-1"));
     assert_eq!(request.body["status"], "pending", "{}", request.text);
 }
+
+/// A crash loop given up is in the server's log, not only in the session's
+/// status: an operator without Slack watching the journal saw each crash
+/// as the same warning and never the end.
+#[test]
+fn a_crash_loop_given_up_is_logged() {
+    let (_layout, server, http) = first_server_with(json!({"turns": [[{"exit": 5}]]}));
+    let a = start(&http, "scripted", "work");
+    until("the session to be given up", || {
+        (http.get(&format!("/api/sessions/{a}")).body["status"] == "crashed").then_some(())
+    });
+    let log = server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains(&a) && l.contains("Restart budget spent")),
+        "{log}"
+    );
+}

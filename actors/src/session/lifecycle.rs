@@ -97,6 +97,9 @@ impl SessionState {
             if quiet >= Duration::from_secs(policy.inactivity_secs) {
                 self.stall.alerted_at = Some(now);
                 let text = format!("No activity from the agent for {} s.", quiet.as_secs());
+                // Also in the log: an operator without Slack watching the
+                // journal would otherwise see nothing of a stall.
+                tracing::warn!(session = %self.record.id, "{text}");
                 self.emit_notice(NoticeLevel::Warning, &text).await;
             }
             return;
@@ -111,6 +114,7 @@ impl SessionState {
             self.nudge("system").await;
         } else if self.status != SessionStatus::Stalled {
             let reason = format!("no activity after {} nudges", policy.max_nudges);
+            tracing::error!(session = %self.record.id, "the agent is stalled: {reason}; nudge, restart or stop it");
             self.set_status(SessionStatus::Stalled, "stalled", Some(&reason))
                 .await;
             self.emit_notice(

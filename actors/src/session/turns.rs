@@ -353,10 +353,18 @@ impl SessionState {
         let text = self.settings.stall.nudge_text.clone();
         self.audit(by, "session.nudged", json!({"nudges": self.stall.nudges}))
             .await;
-        self.emit_notice(NoticeLevel::Warning, "Nudging the agent.")
-            .await;
+        let cuts_turn = self.record.protocol == Protocol::Acp && self.turn.is_some();
+        // Say that a nudge during a turn cancels it: a quiet but working
+        // turn is cut, and the transcript should tell why it ended.
+        let notice = if cuts_turn {
+            "Nudging the agent: its running turn is cancelled and it is prompted again."
+        } else {
+            "Nudging the agent."
+        };
+        tracing::warn!(session = %self.record.id, by = %crate::text::log_safe(by), "{notice}");
+        self.emit_notice(NoticeLevel::Warning, notice).await;
         match self.record.protocol {
-            Protocol::Acp if self.turn.is_some() => {
+            Protocol::Acp if cuts_turn => {
                 // A hung turn: cancel it and prompt again once it ends.
                 self.reprompt_after_cancel = Some(text);
                 self.cancel_turn("nudge").await;

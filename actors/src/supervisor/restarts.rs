@@ -152,6 +152,7 @@ impl SupervisorState {
                 "{reason}. Restart budget spent ({} restarts within {} s); the session is marked crashed.",
                 policy.max_restarts, policy.restart_window_secs
             );
+            tracing::error!(session = %id, "{}", crate::text::log_safe(&text));
             self.notice(&id, NoticeLevel::Error, text);
             let reason = if policy.max_restarts == 0 {
                 format!("{reason} (not restarted: supervision.max_restarts is 0)")
