@@ -44,7 +44,7 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
         }
     });
     let config = if config_error.is_some() { "stale" } else { "ok" };
-    let storage_error = app.store().file_problem();
+    let storage_error = app.store().storage_problem();
     let (status, code, sessions) = match app.live_count().await {
         Ok(sessions) if storage_error.is_none() => ("ok", StatusCode::OK, sessions),
         Ok(sessions) => ("unavailable", StatusCode::SERVICE_UNAVAILABLE, sessions),

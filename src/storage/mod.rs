@@ -219,10 +219,15 @@ impl SqliteStore {
         self.writer.write(data, f).await
     }
 
-    /// Why nothing can be stored any more, when the database file was
-    /// deleted or replaced under the running server (for `/healthz`).
-    pub fn file_problem(&self) -> Option<String> {
-        self.file.check().err()
+    /// Why nothing can be stored now, for `/healthz`: the database file
+    /// was deleted or replaced under the running server, or the last commit
+    /// failed (a full disk, say) and none has succeeded since.
+    pub fn storage_problem(&self) -> Option<String> {
+        self.file.check().err().or_else(|| {
+            self.writer
+                .failing()
+                .map(|why| format!("the last write to the database failed: {why}"))
+        })
     }
 
     /// How many write transactions have committed since the store opened

@@ -114,6 +114,19 @@ struct Counters {
     commits: AtomicU64,
     /// Writes that committed.
     writes: AtomicU64,
+    /// Why the last commit failed, while the writer cannot commit (a full
+    /// disk, say); `None` once a commit succeeds again. Written only when
+    /// that changes, read by `/healthz`.
+    failing: std::sync::Mutex<Option<String>>,
+}
+
+impl Counters {
+    fn set_failing(&self, why: Option<String>) {
+        *self
+            .failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = why;
+    }
 }
 
 /// The handle to the writer thread, owned by the store.
@@ -154,6 +167,7 @@ impl Writer {
             conn: Some(conn),
             file,
             file_lost: false,
+            failing: false,
             counters: Arc::clone(&counters),
             checkpointer,
             hold,
@@ -199,6 +213,15 @@ impl Writer {
     /// Writes committed so far.
     pub(crate) fn writes(&self) -> u64 {
         self.counters.writes.load(Ordering::Relaxed)
+    }
+
+    /// Why the last commit failed, while commits fail.
+    pub(crate) fn failing(&self) -> Option<String> {
+        self.counters
+            .failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// How many writes are queued and not yet taken by the writer.
@@ -312,6 +335,8 @@ struct Thread {
     file: DbFile,
     /// The file is gone (said in the log once).
     file_lost: bool,
+    /// The last commit failed (its reason is in `counters.failing`).
+    failing: bool,
     counters: Arc<Counters>,
     /// Copies the WAL into the database file, told of each commit
     /// (dropped, and so joined, before the stop signal).
@@ -384,6 +409,12 @@ impl Thread {
     /// Commits `jobs`, counts the commit and answers every caller.
     fn commit_and_answer(&mut self, jobs: &mut Vec<Box<dyn Job>>) {
         let outcome = self.commit(jobs);
+        match (&outcome, self.failing) {
+            (Ok(_), true) => self.counters.set_failing(None),
+            (Err(e), _) => self.counters.set_failing(Some(e.clone())),
+            (Ok(_), false) => {}
+        }
+        self.failing = outcome.is_err();
         match &outcome {
             Ok(committed) => {
                 if let Some(conn) = &self.conn {
