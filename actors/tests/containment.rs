@@ -600,3 +600,44 @@ async fn a_flood_of_refused_calls_is_shown_bounded_and_counted() {
     assert_eq!(notices.len(), refused.len(), "one notice per audit row");
     assert!(notices.iter().all(|n| n.len() < 1200), "notices are cut");
 }
+
+/// One tool call of 10,000 diff blocks: its permission is refused at once,
+/// naming how many paths the agent asked about, and the session goes on. A
+/// probe's one line of 14,000 blocks held the session actor for a minute
+/// (each file was compared with every other on the way to that refusal)
+/// while the whole server answered nobody. Now a call keeps `MAX_FILES`
+/// blocks and counts the rest.
+#[tokio::test]
+async fn a_tool_call_naming_too_many_files_is_refused_at_once() {
+    let h = Harness::new(Knobs::default()).await;
+    let profile = h.python_agent(
+        r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        content = [{"type": "diff", "path": "f%d" % i, "oldText": None, "newText": ""}
+                   for i in range(10000)]
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+              "update": {"sessionUpdate": "tool_call", "toolCallId": "big", "title": "Write files",
+                         "kind": "edit", "status": "pending", "content": content}}})
+        send({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission", "params": {
+            "sessionId": "s1", "toolCall": {"toolCallId": "big"},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
+    elif mid == "p1":
+        chunk("answer to p1: " + json.dumps(m.get("error", {}).get("message")))
+"#,
+    );
+    let rec = h
+        .start_req(h.request(profile, "write"))
+        .await
+        .expect("start");
+    let text = h.until_transcript(&rec.id, "answer to p1").await;
+    assert!(
+        text.contains("the request names 10000 paths; at most 256 are accepted"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(9744 more files the agent named, not listed)"),
+        "the transcript's tool line counts what it left out:\n{text}"
+    );
+}

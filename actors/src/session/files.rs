@@ -142,6 +142,7 @@ impl SessionState {
                 title: format!("Write {rel}"),
                 diff: Some(diff),
                 paths: vec![rel],
+                unlisted: 0,
                 options: write_options(),
                 write: Some((path, content)),
             })

@@ -51,6 +51,8 @@ pub(super) struct Opening {
     pub diff: Option<String>,
     /// Files it names.
     pub paths: Vec<String>,
+    /// Files it named past those kept ([`toolcalls::MAX_FILES`]).
+    pub unlisted: usize,
     /// The buttons.
     pub options: Vec<PermissionOption>,
     /// For `fs/write_text_file`: the path and content to write once allowed.
@@ -252,6 +254,7 @@ impl SessionState {
                 title,
                 diff,
                 paths: shown.paths,
+                unlisted: shown.unlisted,
                 options,
                 write: None,
             })
@@ -306,11 +309,11 @@ impl SessionState {
                 ),
             ));
         }
-        if o.paths.len() > crate::rules::MAX_REQUEST_PATHS {
+        let named = o.paths.len() + o.unlisted;
+        if named > crate::rules::MAX_REQUEST_PATHS {
             return Some((
                 format!(
-                    "the request names {} paths; at most {} are accepted",
-                    o.paths.len(),
+                    "the request names {named} paths; at most {} are accepted",
                     crate::rules::MAX_REQUEST_PATHS
                 ),
                 "The agent asked about more paths at once than are accepted; the request was refused.".to_owned(),
@@ -495,6 +498,7 @@ impl SessionState {
                         title,
                         diff: req.diff,
                         paths,
+                        unlisted: 0,
                         options,
                         write: None,
                     })
@@ -531,6 +535,7 @@ impl SessionState {
                         title,
                         diff: None,
                         paths: vec![],
+                        unlisted: 0,
                         options,
                         write: None,
                     })

@@ -273,6 +273,7 @@ impl SessionState {
                 title,
                 diff,
                 paths,
+                unlisted: 0,
                 options,
                 write: None,
             })

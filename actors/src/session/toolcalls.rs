@@ -12,7 +12,7 @@
 //! time (ARCHITECTURE.md, "One decision per change"). Everything here is
 //! plain data owned by the session actor.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -29,6 +29,13 @@ const MAX_CALL_BYTES: usize = 32 << 20;
 const MAX_GRANTS: usize = 256;
 /// Files larger than this are not read to show a diff in context.
 pub const MAX_PREVIEW_BYTES: usize = 1 << 20;
+/// Diff blocks, and locations, one tool call may announce that are kept
+/// and shown; past it the call says how many it left out, and a permission
+/// for it names more paths than a request may (`rules::MAX_REQUEST_PATHS`),
+/// so it is refused. A probe's one line of 14,000 diff blocks held a session
+/// actor for a minute (each file was compared with every other) while the
+/// server answered nobody.
+pub const MAX_FILES: usize = 256;
 
 /// Reads a file the agent named, for a diff in context: `None` when it does
 /// not exist, is refused (outside the workspace, a server file, a symlink
@@ -50,6 +57,9 @@ pub struct ToolCall {
     pub locations: Vec<PathBuf>,
     /// The tool's raw input.
     pub raw_input: Option<Value>,
+    /// Diff blocks and locations the agent announced past [`MAX_FILES`],
+    /// not kept.
+    pub unlisted: usize,
     /// About how many bytes this call holds ([`ToolCall::weight`]).
     bytes: usize,
     /// The raw input's size as JSON, measured when it changes (updates
@@ -69,10 +79,15 @@ impl ToolCall {
             self.status.clone_from(&view.status);
         }
         if let Some(edits) = &view.edits {
-            self.edits.clone_from(edits);
+            self.edits = edits.iter().take(MAX_FILES).cloned().collect();
         }
         if let Some(locations) = &view.locations {
-            self.locations.clone_from(locations);
+            self.locations = locations.iter().take(MAX_FILES).cloned().collect();
+        }
+        if view.edits.is_some() || view.locations.is_some() {
+            let over = |n: Option<usize>| n.map_or(0, |n| n.saturating_sub(MAX_FILES));
+            self.unlisted = over(view.edits.as_ref().map(Vec::len))
+                + over(view.locations.as_ref().map(Vec::len));
         }
         if view.raw_input.is_some() {
             self.raw_input.clone_from(&view.raw_input);
@@ -129,6 +144,8 @@ pub struct Shown {
     pub paths: Vec<String>,
     /// The command of an execute call.
     pub command: Option<String>,
+    /// Files the agent named past [`MAX_FILES`], not listed.
+    pub unlisted: usize,
 }
 
 /// The edits one allowed permission announced, not yet written.
@@ -353,9 +370,11 @@ fn collect_raw_paths<'a>(value: &'a Value, depth: usize, found: &mut Vec<&'a str
 }
 
 /// The files a call names (diffs first, then locations, then what
-/// `rawInput` names), as the operator thinks of them.
+/// `rawInput` names), as the operator thinks of them. Linear in the number
+/// of paths (each is bounded: [`MAX_FILES`], [`RAW_PATHS_MAX`]).
 pub fn paths(root: &Path, call: &ToolCall) -> Vec<String> {
     let mut paths: Vec<String> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
     let raw = raw_paths(call);
     let named = call
         .edits
@@ -366,34 +385,42 @@ pub fn paths(root: &Path, call: &ToolCall) -> Vec<String> {
     // An empty path names no file (it is not the workspace itself).
     for p in named.filter(|p| !p.as_os_str().is_empty()) {
         let rel = relative(root, p);
-        if !paths.contains(&rel) {
+        if seen.insert(rel.clone()) {
             paths.push(rel);
         }
     }
     paths
 }
 
-/// Renders a merged call for the operator, relative to workspace `root`.
+/// What stands for the files a call named past [`MAX_FILES`] in its
+/// transcript line.
+pub fn unlisted_note(n: usize) -> String {
+    format!("({n} more files the agent named, not listed)")
+}
+
+/// Renders a merged call for the operator, relative to workspace `root`:
+/// one diff per file, the files in the order the agent first named them.
 pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
     let mut files: Vec<PathBuf> = Vec::new();
+    let mut by_file: HashMap<PathBuf, Vec<&AnnouncedEdit>> = HashMap::new();
     for e in &call.edits {
         let n = normalize(root, &e.path);
-        if !files.contains(&n) {
-            files.push(n);
-        }
+        by_file
+            .entry(n.clone())
+            .or_insert_with(|| {
+                files.push(n);
+                Vec::new()
+            })
+            .push(e);
     }
     let diffs = files
         .iter()
         .map(|file| {
-            let edits: Vec<&AnnouncedEdit> = call
-                .edits
-                .iter()
-                .filter(|e| &normalize(root, &e.path) == file)
-                .collect();
+            let edits = by_file.get(file).map_or(&[][..], Vec::as_slice);
             render_diff(
                 file,
                 &relative(root, file),
-                &edits,
+                edits,
                 call.replace_all(),
                 preview,
             )
@@ -405,6 +432,7 @@ pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
         diffs,
         paths: paths(root, call),
         command: call.command(),
+        unlisted: call.unlisted,
     }
 }
 

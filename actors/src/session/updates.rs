@@ -354,6 +354,20 @@ fn keep_small(doc: &mut Value, turn_bytes: &mut usize) {
         .as_array()
         .map(|d| d.iter().filter_map(Value::as_str).map(str::len).sum())
         .unwrap_or(0);
+    // Paths count against the turn too: a probe's calls of 2,000 long
+    // locations each wrote 7 MB a second into the transcript.
+    let path_bytes: usize = doc["paths"]
+        .as_array()
+        .map(|p| p.iter().filter_map(Value::as_str).map(str::len).sum())
+        .unwrap_or(0);
+    if *turn_bytes + diff_bytes + path_bytes > TOOL_BYTES_PER_TURN && path_bytes > 0 {
+        let n = doc["paths"].as_array().map_or(0, Vec::len);
+        doc["paths"] = json!([format!(
+            "({n} paths, not kept in the transcript: this turn's tool calls passed {TOOL_BYTES_PER_TURN} bytes)"
+        )]);
+    } else {
+        *turn_bytes += path_bytes;
+    }
     let why = if diff_bytes > TOOL_DIFFS_KEPT {
         Some(format!("over {TOOL_DIFFS_KEPT} bytes"))
     } else if *turn_bytes + diff_bytes > TOOL_BYTES_PER_TURN {
@@ -394,7 +408,10 @@ fn tool_doc(
     if let Some(s) = &merged.status {
         doc["status"] = json!(s);
     }
-    let paths = toolcalls::paths(root, merged);
+    let mut paths = toolcalls::paths(root, merged);
+    if merged.unlisted > 0 {
+        paths.push(toolcalls::unlisted_note(merged.unlisted));
+    }
     if !paths.is_empty() {
         doc["paths"] = json!(paths);
     }
@@ -526,5 +543,24 @@ mod tests {
         let fit = TOOL_BYTES_PER_TURN / TOOL_DIFFS_KEPT;
         assert!((fit - 1..=fit).contains(&kept), "{kept} of {fit}");
         assert!(turn < TOOL_BYTES_PER_TURN + 100 * 200, "{turn}");
+    }
+
+    /// Paths count against the turn: a probe's tool calls of 2,000 long
+    /// locations each wrote 7 MB a second into the transcript, while only
+    /// diffs were counted.
+    #[test]
+    fn paths_count_against_the_turn_and_leave_a_note_past_it() {
+        let mut turn = 0;
+        let mut noted = 0;
+        for _ in 0..100 {
+            let mut d = json!({"id": "t1", "title": "t", "paths": vec!["p".repeat(1000); 500]});
+            keep_small(&mut d, &mut turn);
+            if d["paths"][0].as_str().expect("path").contains("not kept") {
+                assert_eq!(d["paths"].as_array().expect("paths").len(), 1);
+                noted += 1;
+            }
+        }
+        assert!(noted > 60, "{noted}");
+        assert!(turn <= TOOL_BYTES_PER_TURN + 100 * 200, "{turn}");
     }
 }
