@@ -353,6 +353,15 @@ impl WorkspaceFs {
         if requested.contains('\0') {
             return Err(invalid("the path contains a NUL byte"));
         }
+        // A line break or another control character in a file name is
+        // legal but never meant, and in a diff's `+++ b/<path>` header it
+        // forges more headers: a probe's `x.sh\n--- a/CHANGELOG.md\n...`
+        // showed a change to CHANGELOG.md while writing a new file.
+        if requested.chars().any(char::is_control) {
+            return Err(invalid(
+                "the path contains a control character (a line break, a tab, an escape); name the file without one",
+            ));
+        }
         // `file/` or `file/.` names a directory (POSIX: ENOTDIR on a file);
         // normalizing would drop the ending and read or write `file`.
         if requested.ends_with('/') || requested.ends_with("/.") {

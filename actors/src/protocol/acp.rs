@@ -559,8 +559,23 @@ pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
     let diff = similar::TextDiff::configure()
         .timeout(budget)
         .diff_lines(old, new);
+    // A control character in the name (the agent's) would forge headers:
+    // `x\n--- a/CHANGELOG.md` read as a second file. Written escaped.
+    let path: String = if path.chars().any(char::is_control) {
+        path.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
+    } else {
+        path.to_owned()
+    };
     let (a, b) = if path.starts_with('/') {
-        (path.to_owned(), path.to_owned())
+        (path.clone(), path.clone())
     } else {
         (format!("a/{path}"), format!("b/{path}"))
     };
@@ -578,6 +593,13 @@ pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_character_in_a_path_cannot_forge_diff_headers() {
+        let d = unified_diff("x.sh\n--- a/CHANGELOG.md\n+++ b/CHANGELOG.md", "", "y\n");
+        assert_eq!(d.lines().filter(|l| l.starts_with("+++ ")).count(), 1, "{d}");
+        assert!(d.contains("+++ b/x.sh\\n--- a/CHANGELOG.md"), "{d}");
+    }
 
     #[test]
     fn a_huge_diff_is_coarse_but_complete() {

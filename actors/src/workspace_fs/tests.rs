@@ -73,6 +73,35 @@ fn a_path_ending_in_a_slash_names_no_file() {
     );
 }
 
+/// A control character in a path forges a diff's headers: a probe's
+/// `x.sh\n--- a/CHANGELOG.md\n+++ b/CHANGELOG.md` was shown as a change to
+/// CHANGELOG.md while it wrote a new file with that name.
+#[test]
+fn a_path_with_a_control_character_is_refused() {
+    let f = fixture();
+    let ws = open(&f, ServerFiles::default());
+    for path in [
+        "x.sh\n--- a/CHANGELOG.md\n+++ b/CHANGELOG.md",
+        "a\rb",
+        "tab\there",
+        "esc\u{1b}[31m",
+    ] {
+        let refused = ws.write(path, "y");
+        assert!(
+            matches!(&refused, Err(FsError::Invalid { why, .. }) if why.contains("control character")),
+            "write {path:?}: {refused:?}"
+        );
+        assert!(
+            matches!(ws.read(path, None, None, MAX), Err(FsError::Invalid { .. })),
+            "read {path:?}"
+        );
+    }
+    for e in std::fs::read_dir(&f.root).expect("list").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(!name.chars().any(char::is_control), "{name:?} was written");
+    }
+}
+
 #[test]
 fn escapes_are_refused_for_reads_and_writes() {
     let f = fixture();
