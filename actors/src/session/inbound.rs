@@ -243,6 +243,7 @@ impl SessionState {
             .title
             .clone()
             .unwrap_or_else(|| format!("{} {}", shown.kind.as_deref().unwrap_or("tool"), tool_id));
+        let title = toolcalls::title_with_command(title, shown.command.as_deref());
         let diff = (!shown.diffs.is_empty()).then(|| shown.diffs.join("\n"));
         let mut options = ask.options;
         let cancel_option = super::requests::add_reject_if_missing(&mut options);

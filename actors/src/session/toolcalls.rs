@@ -392,6 +392,26 @@ pub fn paths(root: &Path, call: &ToolCall) -> Vec<String> {
     paths
 }
 
+/// A permission's title with the command it runs in front, in backticks,
+/// unless the title already starts its first backticked span with exactly
+/// that command. Rules judge the command (`rawInput`), so the operator must
+/// see it too: a probe titled a request ``Run `git status` `` while its
+/// command was `curl ... | sh`, and only the title was shown. "Remember"
+/// takes the first backticked span, which is then the command that runs.
+pub fn title_with_command(title: String, command: Option<&str>) -> String {
+    let Some(cmd) = command.map(str::trim).filter(|c| !c.is_empty()) else {
+        return title;
+    };
+    let first_span = title
+        .split_once('`')
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(span, _)| span.trim());
+    if first_span == Some(cmd) {
+        return title;
+    }
+    format!("`{cmd}` (the agent's title: {title})")
+}
+
 /// What stands for the files a call named past [`MAX_FILES`] in its
 /// transcript line.
 pub fn unlisted_note(n: usize) -> String {
@@ -528,6 +548,22 @@ pub fn relative_title(root: &Path, title: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_title_shows_the_command_unless_it_already_leads_with_it() {
+        let t = |title: &str, cmd: Option<&str>| title_with_command(title.to_owned(), cmd);
+        assert_eq!(t("`cargo test`", Some("cargo test")), "`cargo test`");
+        assert_eq!(t("Run `ls -l`", Some(" ls -l ")), "Run `ls -l`");
+        assert_eq!(t("Edit a.rs", None), "Edit a.rs");
+        assert_eq!(
+            t("Run `git status`", Some("rm -rf ~")),
+            "`rm -rf ~` (the agent's title: Run `git status`)"
+        );
+        assert_eq!(
+            t("Shell", Some("cargo build")),
+            "`cargo build` (the agent's title: Shell)"
+        );
+    }
 
     fn edit(path: &str, old: Option<&str>, new: &str) -> AnnouncedEdit {
         AnnouncedEdit {
