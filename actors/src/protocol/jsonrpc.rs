@@ -184,6 +184,10 @@ impl RpcMessage {
             serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
         let mut obj = match value {
             Value::Object(obj) => obj,
+            // An empty batch is one invalid request (JSON-RPC 2.0, 6).
+            Value::Array(items) if items.is_empty() => {
+                return Err(ParseError::Invalid("an empty batch"));
+            }
             Value::Array(items) => return Err(batch(&items)),
             _ => return Err(ParseError::Invalid("top level is not an object")),
         };
@@ -396,6 +400,12 @@ mod tests {
         ] {
             assert!(RpcMessage::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn an_empty_batch_is_one_invalid_request() {
+        let e = RpcMessage::parse(b"[]").expect_err("refused");
+        assert_eq!(e.answer().map(|a| a.code), Some(codes::INVALID_REQUEST));
     }
 
     #[test]
