@@ -588,12 +588,15 @@ fn a_prompt_of_only_quotes_is_empty() {
 
 #[tokio::test]
 async fn healthz_answers_503_when_the_supervisor_is_stuck() {
-    use axum::extract::State;
+    use agent_intercom::http::auth::ApiToken;
+    use agent_intercom::http::routes::healthz;
     use intercom_actors::supervisor::SupervisorMsg;
     let layout = Layout::new(&Setup::default());
     let config = Config::load(&layout.config).expect("config loads");
     let app = open_app(&config).await;
-    let healthy = agent_intercom::http::routes::healthz(State(app.clone())).await;
+    let token = std::sync::Arc::new(ApiToken::new("t"));
+    let headers = axum::http::HeaderMap::new();
+    let healthy = healthz(app.clone(), token.clone(), headers.clone()).await;
     assert_eq!(healthy.status(), 200);
     let body = axum::body::to_bytes(healthy.into_body(), 1 << 16)
         .await
@@ -608,7 +611,7 @@ async fn healthz_answers_503_when_the_supervisor_is_stuck() {
     // Bounded only so a regression fails instead of hanging the suite.
     let stuck = tokio::time::timeout(
         std::time::Duration::from_secs(20),
-        agent_intercom::http::routes::healthz(State(app.clone())),
+        healthz(app.clone(), token, headers),
     )
     .await
     .expect("healthz answers while the supervisor is stuck");

@@ -705,10 +705,7 @@ fn check_config_refuses_what_serve_cannot_take_and_warns_of_an_empty_file() {
     assert!(err.contains("must be at most"), "{err}");
     let (_dir, path) = write_config("# nothing yet\n");
     let summary = check_config(&path).unwrap();
-    assert!(
-        summary.contains("warning: the file is empty"),
-        "{summary}"
-    );
+    assert!(summary.contains("warning: the file is empty"), "{summary}");
 }
 
 /// An unreadable file is not told to be created.

@@ -153,19 +153,13 @@ fn two_servers_on_one_host_keep_their_own_cookies() {
     // A browser sends both to either server (cookies are per host, not per
     // port): each finds its own.
     let both = format!("{ca}; {cb}");
-    let (ka, kb) = ([("X-CSRF-Token", ka.as_str())], [("X-CSRF-Token", kb.as_str())]);
-    assert_eq!(
-        get(&a.base, "/api/sessions", Some(&both), &ka).status,
-        200
+    let (ka, kb) = (
+        [("X-CSRF-Token", ka.as_str())],
+        [("X-CSRF-Token", kb.as_str())],
     );
-    assert_eq!(
-        get(&b.base, "/api/sessions", Some(&both), &kb).status,
-        200
-    );
-    assert_eq!(
-        get(&b.base, "/api/sessions", Some(&ca), &ka).status,
-        401
-    );
+    assert_eq!(get(&a.base, "/api/sessions", Some(&both), &ka).status, 200);
+    assert_eq!(get(&b.base, "/api/sessions", Some(&both), &kb).status, 200);
+    assert_eq!(get(&b.base, "/api/sessions", Some(&ca), &ka).status, 401);
     assert_eq!(
         get(&b.base, "/api/sessions", Some(&both), &ka).status,
         401,
@@ -187,7 +181,12 @@ fn the_cookie_alone_neither_reads_nor_acts() {
     let page = get(&server.base, "/", c, &[]);
     assert_eq!(page.status, 200);
     assert!(!page.body.contains(&key), "the page holds no key");
-    for path in ["/api/sessions", "/api/approvals", "/api/rules", "/api/events"] {
+    for path in [
+        "/api/sessions",
+        "/api/approvals",
+        "/api/rules",
+        "/api/events",
+    ] {
         let r = get(&server.base, path, c, &[]);
         assert_eq!(r.status, 401, "{path}: {}", r.body);
         assert!(r.body.contains("X-CSRF-Token"), "{path}: {}", r.body);

@@ -528,7 +528,10 @@ fn a_deleted_database_takes_nothing_more_and_says_so() {
     );
     assert_eq!(approved.status, 503, "{}", approved.text);
     assert!(approved.text.contains("was deleted"), "{}", approved.text);
-    let steer = http.post(&format!("/api/sessions/{a}/prompt"), &json!({"text": "more"}));
+    let steer = http.post(
+        &format!("/api/sessions/{a}/prompt"),
+        &json!({"text": "more"}),
+    );
     assert_eq!(steer.status, 503, "{}", steer.text);
 
     let health = http.get("/healthz");

@@ -189,13 +189,15 @@ pub fn watch(
     };
     // On error the handler (and with it the sender) is dropped, so the reload
     // thread sees the channel close and ends.
-    let mut watcher = new_debouncer(DEBOUNCE, None, handler).map_err(|source| {
-        WatchError::Notify {
+    let mut watcher =
+        new_debouncer(DEBOUNCE, None, handler).map_err(|source| WatchError::Notify {
             dir: parent(&path),
             source,
-        }
-    })?;
-    let paths = watched.read().unwrap_or_else(PoisonError::into_inner).clone();
+        })?;
+    let paths = watched
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     for dir in dirs(&paths) {
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
@@ -304,7 +306,10 @@ impl Reloader {
             std::mem::replace(&mut *watched, now.clone())
         };
         let (old, new) = (dirs(&before), dirs(&now));
-        let mut guard = self.debouncer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self
+            .debouncer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let Some(watcher) = guard.as_mut() else {
             return;
         };
@@ -327,10 +332,7 @@ fn concerns(event: &notify::Event, watched: &[PathBuf]) -> bool {
         // Opening, reading and closing change nothing; a write also produces Modify.
         EventKind::Access(_) => false,
         EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
-        _ => {
-            event.need_rescan()
-                || event.paths.iter().any(|p| watched.contains(p))
-        }
+        _ => event.need_rescan() || event.paths.iter().any(|p| watched.contains(p)),
     }
 }
 

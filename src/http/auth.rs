@@ -234,10 +234,7 @@ pub fn carries(headers: &HeaderMap, token: &ApiToken) -> bool {
 }
 
 fn bearer_in(headers: &HeaderMap) -> Option<&str> {
-    let value = headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")

@@ -15,8 +15,8 @@ use intercom_actors::session::{Caller, Choice};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use super::auth::{self, ApiToken};
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use super::paging;
 use super::views::{
     ApprovalView, ErrorBody, Health, PromptAccepted, SessionDetailView, SessionView,
@@ -43,7 +43,11 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
             CONFIG_ERROR_HIDDEN.to_owned()
         }
     });
-    let config = if config_error.is_some() { "stale" } else { "ok" };
+    let config = if config_error.is_some() {
+        "stale"
+    } else {
+        "ok"
+    };
     let storage_error = app.store().storage_problem();
     let (status, code, sessions) = match app.live_count().await {
         Ok(sessions) if storage_error.is_none() => ("ok", StatusCode::OK, sessions),

@@ -597,7 +597,11 @@ mod tests {
     #[test]
     fn a_control_character_in_a_path_cannot_forge_diff_headers() {
         let d = unified_diff("x.sh\n--- a/CHANGELOG.md\n+++ b/CHANGELOG.md", "", "y\n");
-        assert_eq!(d.lines().filter(|l| l.starts_with("+++ ")).count(), 1, "{d}");
+        assert_eq!(
+            d.lines().filter(|l| l.starts_with("+++ ")).count(),
+            1,
+            "{d}"
+        );
         assert!(d.contains("+++ b/x.sh\\n--- a/CHANGELOG.md"), "{d}");
     }
 

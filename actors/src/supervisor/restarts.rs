@@ -9,9 +9,9 @@ use serde_json::json;
 
 use super::{SupervisorMsg, SupervisorState};
 use crate::model::{Protocol, SessionId, SessionStatus};
-use crate::settings::AgentProfile;
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::session::{SessionExit, StartError, StartMode};
+use crate::settings::AgentProfile;
 
 /// What a restart needs to know (the default: start fresh, nothing to
 /// resume or re-send).
