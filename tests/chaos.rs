@@ -831,8 +831,22 @@ fn a_database_that_refuses_writes_refuses_work_and_answers_no_agent() {
         server.child.try_wait().expect("try_wait").is_none(),
         "server exited"
     );
+    // /healthz says nothing can be stored now, and why (a probe saw `ok`
+    // while every write failed).
     let h = api.get("/healthz");
-    assert_eq!(h.status, 200, "{}", h.text);
+    assert_eq!(
+        (h.status, h.body["status"].as_str()),
+        (503, Some("unavailable")),
+        "{}",
+        h.text
+    );
+    assert!(
+        h.body["storage_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("failed")),
+        "{}",
+        h.text
+    );
     assert_eq!(
         api.get(&format!("/api/approvals/{a}:req-1")).body["status"],
         "pending"
