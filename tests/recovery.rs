@@ -567,3 +567,45 @@ fn a_crash_loop_given_up_is_logged() {
         "{log}"
     );
 }
+
+/// A session resumed after a server restart that later crashes is a crash
+/// like any other: its restarts run under the supervision budget. Its
+/// "recovering" mark used to stay, so the first failed restart ended it as
+/// "could not resume after a server restart". Here the restarts fail
+/// because the reloaded config points the agent's profile at a missing
+/// command.
+#[test]
+fn a_resumed_session_that_crashes_later_is_restarted_under_supervision() {
+    let (layout, mut first, http) = first_server_with(json!({"turns": [[
+        {"chunk": "working. "},
+        {"sleep_ms": 60000}
+    ]]}));
+    let a = start(&http, "scripted", "work");
+    http.until_transcript(&a, "working.");
+    let pid = agent_pid(&http, &a);
+    let second = kill_and_start_again(&layout, &mut first, &http, pid);
+    until("the session to be resumed", || {
+        let s = http.get(&format!("/api/sessions/{a}"));
+        (s.body["status"] == "active" && s.body["live"]["agent_pid"].as_i64().is_some())
+            .then_some(())
+    });
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let agent = common::agent_bin().display().to_string();
+    std::fs::write(
+        &layout.config,
+        text.replace(&agent, "/nonexistent/agent-intercom-moved-away"),
+    )
+    .expect("edit the config");
+    until("the reload", || {
+        second.log().contains("config reloaded").then_some(())
+    });
+    // SAFETY: kill(2) on the agent the server started for this test.
+    unsafe { libc::kill(agent_pid(&http, &a), libc::SIGKILL) };
+    let ended = until("the session to end", || {
+        let s = http.get(&format!("/api/sessions/{a}"));
+        (s.body["status"] != "active" && s.body["status"] != "starting").then_some(s.body)
+    });
+    assert_eq!(ended["status"], "crashed", "{ended}");
+    let reason = ended["status_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("gave up after 3 restarts"), "{reason}");
+}
