@@ -156,8 +156,9 @@ impl Harness {
     /// An agent profile running a hostile ACP agent written in Python.
     /// `body` defines `on(m, method, mid)`, called for every message after
     /// the handshake (which [`PYTHON_AGENT`] answers: session id `s1`), and
-    /// may define `at_eof()`; it can use `send(m)`, `chunk(text)` and
-    /// `ask(rid, title)` (a permission request for an edit).
+    /// may define `at_eof()`; it can use `send(m)`, `chunk(text)`,
+    /// `ask(rid, title)` (a permission request for an edit) and
+    /// `ask_for(rid, tool_call_id)` (one for a tool call announced before).
     pub fn python_agent(&self, body: &str) -> AgentProfile {
         let mut profile = self.profile(json!({}));
         profile.command = "python3".into();
@@ -348,6 +349,11 @@ def chunk(text):
 def ask(rid, title):
     send({"jsonrpc": "2.0", "id": rid, "method": "session/request_permission", "params": {
         "sessionId": "s1", "toolCall": {"toolCallId": title, "title": title, "kind": "edit"},
+        "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
+def ask_for(rid, tool_call_id):
+    send({"jsonrpc": "2.0", "id": rid, "method": "session/request_permission", "params": {
+        "sessionId": "s1", "toolCall": {"toolCallId": tool_call_id},
         "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
                     {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
 def at_eof():
