@@ -353,25 +353,9 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
         CtlCommand::Pause { id } => control(client, json, id, "pause")?,
         CtlCommand::Resume { id } => control(client, json, id, "resume")?,
         CtlCommand::Nudge { id } => control(client, json, id, "nudge")?,
-        CtlCommand::Mode { id, mode } => {
-            let url = format!("/api/sessions/{}/mode", segment(id));
-            let (raw, answer) = client.post_as::<Value>(&url, &json!({"mode": mode}))?;
-            emit(json, &raw, || {
-                let mode = answer["mode"].as_str().unwrap_or("?");
-                let mode = render::bounded(mode, render::FIELD_MAX);
-                format!("{id}: approval mode {mode}\n")
-            });
-        }
-        CtlCommand::Restart { id } => {
-            let url = format!("/api/sessions/{}/restart", segment(id));
-            let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
-            emit(json, &raw, || render::session_line(&session));
-        }
-        CtlCommand::Revive { id } => {
-            let url = format!("/api/sessions/{}/revive", segment(id));
-            let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
-            emit(json, &raw, || render::session_line(&session));
-        }
+        CtlCommand::Mode { id, mode } => set_mode(client, json, id, mode)?,
+        CtlCommand::Restart { id } => bring_back(client, json, id, "restart")?,
+        CtlCommand::Revive { id } => bring_back(client, json, id, "revive")?,
         CtlCommand::AgentMode {
             id,
             mode,
@@ -393,23 +377,45 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             emit(json, &raw, || render::approvals(&list));
         }
         CtlCommand::Approve { id, option, reason } => {
-            let mut body = match option {
+            let choice = match option {
                 Some(o) => json!({"option_id": o}),
                 None => json!({"decision": "approve"}),
             };
-            if let Some(r) = reason {
-                body["reason"] = Value::from(r.as_str());
-            }
-            decide(client, json, id, &body)?;
+            decide(client, json, id, &with_reason(choice, reason.as_deref()))?;
         }
         CtlCommand::Reject { id, reason } => {
-            let mut body = json!({"decision": "reject"});
-            if let Some(r) = reason {
-                body["reason"] = Value::from(r.as_str());
-            }
-            decide(client, json, id, &body)?;
+            let choice = json!({"decision": "reject"});
+            decide(client, json, id, &with_reason(choice, reason.as_deref()))?;
         }
     }
+    Ok(())
+}
+
+/// A decision's body with the operator's reason, when given.
+fn with_reason(mut body: Value, reason: Option<&str>) -> Value {
+    if let Some(r) = reason {
+        body["reason"] = Value::from(r);
+    }
+    body
+}
+
+/// `ctl mode`: sets a session's approval mode.
+fn set_mode(client: &Client, json: bool, id: &str, mode: &str) -> Result<(), CtlError> {
+    let url = format!("/api/sessions/{}/mode", segment(id));
+    let (raw, answer) = client.post_as::<Value>(&url, &json!({"mode": mode}))?;
+    emit(json, &raw, || {
+        let mode = answer["mode"].as_str().unwrap_or("?");
+        let mode = render::bounded(mode, render::FIELD_MAX);
+        format!("{id}: approval mode {mode}\n")
+    });
+    Ok(())
+}
+
+/// `ctl restart` / `ctl revive`: brings a session's agent back.
+fn bring_back(client: &Client, json: bool, id: &str, action: &str) -> Result<(), CtlError> {
+    let url = format!("/api/sessions/{}/{action}", segment(id));
+    let (raw, session) = client.post_as::<SessionView>(&url, &json!({}))?;
+    emit(json, &raw, || render::session_line(&session));
     Ok(())
 }
 
