@@ -548,13 +548,24 @@ pub fn slice_lines(content: &str, line: Option<u32>, limit: Option<u32>) -> Stri
 /// A workspace-relative path gets git's `a/` and `b/` prefixes; an absolute
 /// one (outside the workspace) is shown as it is.
 pub fn unified_diff(path: &str, old: &str, new: &str) -> String {
+    unified_diff_within(path, old, new, DIFF_TIMEOUT)
+}
+
+/// [`unified_diff`] taking at most about `timeout` to match lines (zero: a
+/// coarse but correct diff at once).
+pub fn unified_diff_within(
+    path: &str,
+    old: &str,
+    new: &str,
+    timeout: std::time::Duration,
+) -> String {
     // Texts come from the agent: bound the work (the diff degrades to a
     // coarser but correct one past the deadline, at once for big texts).
     let lines = old.lines().count() + new.lines().count();
     let budget = if lines > DIFF_MATCH_LINES {
         std::time::Duration::ZERO
     } else {
-        DIFF_TIMEOUT
+        timeout.min(DIFF_TIMEOUT)
     };
     let diff = similar::TextDiff::configure()
         .timeout(budget)

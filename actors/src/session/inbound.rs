@@ -238,7 +238,7 @@ impl SessionState {
         let tool_id = ask.tool.id.clone();
         let merged = self.toolcalls.update(&ask.tool).clone();
         self.forget_tool_lines();
-        let shown = toolcalls::show(&root, &merged, &|p| self.preview(p));
+        let shown = toolcalls::show_blocking(&root, &merged, &|p| self.preview(p));
         let title = shown
             .title
             .clone()

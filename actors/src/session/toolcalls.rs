@@ -29,6 +29,22 @@ const MAX_CALL_BYTES: usize = 32 << 20;
 const MAX_GRANTS: usize = 256;
 /// Files larger than this are not read to show a diff in context.
 pub const MAX_PREVIEW_BYTES: usize = 1 << 20;
+/// The most a file may grow to by a call's edits; past it the edits are
+/// shown as the agent sent them. `replace_all` of `a` by `aa`, thirty times,
+/// is a billion times the file: a probe's 2.7 KB message took 48 s and
+/// 1.9 GB.
+const MAX_EDITED_BYTES: usize = 4 << 20;
+/// What rendering one call may read and build in all (files read for
+/// context, their edited texts); past it the rest of its files are shown
+/// from the agent's own texts. A probe's 256 diff blocks naming 1 MB files
+/// read 256 MB and held a runtime worker for 18 s per 21 KB message.
+const RENDER_BYTES: usize = 16 << 20;
+/// How long rendering one call may spend matching lines in all; past it
+/// the rest of its diffs are coarse (correct, computed at once).
+const RENDER_TIME: std::time::Duration = std::time::Duration::from_millis(200);
+/// The most diff text one call's rendering keeps; past it a file's diff is
+/// a note. A request's diff is stored and served whole.
+const MAX_SHOWN_DIFF_BYTES: usize = 8 << 20;
 /// Diff blocks, and locations, one tool call may announce that are kept
 /// and shown; past it the call says how many it left out, and a permission
 /// for it names more paths than a request may (`rules::MAX_REQUEST_PATHS`),
@@ -419,7 +435,8 @@ pub fn unlisted_note(n: usize) -> String {
 }
 
 /// Renders a merged call for the operator, relative to workspace `root`:
-/// one diff per file, the files in the order the agent first named them.
+/// one diff per file, the files in the order the agent first named them,
+/// within [`RENDER_BYTES`], [`RENDER_TIME`] and [`MAX_SHOWN_DIFF_BYTES`].
 pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
     let mut files: Vec<PathBuf> = Vec::new();
     let mut by_file: HashMap<PathBuf, Vec<&AnnouncedEdit>> = HashMap::new();
@@ -433,17 +450,21 @@ pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
             })
             .push(e);
     }
+    let mut budget = Budget::new();
+    let mut shown_bytes = 0;
     let diffs = files
         .iter()
         .map(|file| {
+            let rel = relative(root, file);
+            if shown_bytes > MAX_SHOWN_DIFF_BYTES {
+                return format!(
+                    "(the diff of {rel} is not shown: this call's diffs passed {MAX_SHOWN_DIFF_BYTES} bytes)\n"
+                );
+            }
             let edits = by_file.get(file).map_or(&[][..], Vec::as_slice);
-            render_diff(
-                file,
-                &relative(root, file),
-                edits,
-                call.replace_all(),
-                preview,
-            )
+            let diff = render_diff(file, &rel, edits, call.replace_all(), preview, &mut budget);
+            shown_bytes += diff.len();
+            diff
         })
         .collect();
     Shown {
@@ -456,6 +477,58 @@ pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
     }
 }
 
+/// [`show`], run so that the runtime worker it reads files and matches
+/// lines on hands its other tasks to another worker meanwhile
+/// (`block_in_place`, on a multi-threaded runtime; plainly elsewhere, as in
+/// single-threaded tests). A probe's renders held a worker long enough that
+/// `/healthz` waited behind them.
+pub fn show_blocking(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi {
+        tokio::task::block_in_place(|| show(root, call, preview))
+    } else {
+        show(root, call, preview)
+    }
+}
+
+/// What is left of one call's rendering: bytes to read and build, and the
+/// time to match lines until.
+struct Budget {
+    bytes: usize,
+    until: std::time::Instant,
+}
+
+impl Budget {
+    fn new() -> Budget {
+        Budget {
+            bytes: RENDER_BYTES,
+            until: std::time::Instant::now() + RENDER_TIME,
+        }
+    }
+
+    /// Takes `n` bytes; false when they are not left, and then nothing
+    /// more is read for this call.
+    fn take(&mut self, n: usize) -> bool {
+        match self.bytes.checked_sub(n) {
+            Some(left) => {
+                self.bytes = left;
+                true
+            }
+            None => {
+                self.bytes = 0;
+                false
+            }
+        }
+    }
+
+    /// Time left to match lines (zero once spent).
+    fn time(&self) -> std::time::Duration {
+        self.until
+            .saturating_duration_since(std::time::Instant::now())
+    }
+}
+
 /// One file's diff: against the file as it is now when it can be read inside
 /// the workspace (fragments shown in context, a "new" file that exists shown
 /// as the overwrite it is), otherwise from the agent's own texts.
@@ -465,28 +538,46 @@ fn render_diff(
     edits: &[&AnnouncedEdit],
     replace_all: bool,
     preview: Preview<'_>,
+    budget: &mut Budget,
 ) -> String {
-    let current = preview(file);
+    let current = if budget.bytes > 0 { preview(file) } else { None };
     if let Some(current) = &current
+        && budget.take(current.len())
         && let Some(after) = apply_edits(current, edits, replace_all)
+        && budget.take(after.len())
     {
-        return acp::unified_diff(rel, current, &after);
+        return acp::unified_diff_within(rel, current, &after, budget.time());
     }
     edits
         .iter()
-        .map(|e| acp::unified_diff(rel, e.old_text.as_deref().unwrap_or(""), &e.new_text))
+        .map(|e| {
+            let old = e.old_text.as_deref().unwrap_or("");
+            acp::unified_diff_within(rel, old, &e.new_text, budget.time())
+        })
         .collect::<Vec<_>>()
         .join("")
 }
 
 /// The file's content after the edits, or `None` when a replaced text is not
-/// in the file. A missing or empty `oldText` means the whole new content.
+/// in the file, or when the result would pass [`MAX_EDITED_BYTES`] (the
+/// size is worked out before any text is built). A missing or empty
+/// `oldText` means the whole new content.
 pub fn apply_edits(current: &str, edits: &[&AnnouncedEdit], replace_all: bool) -> Option<String> {
     let mut text = current.to_owned();
     for e in edits {
         text = match e.old_text.as_deref() {
             None | Some("") => e.new_text.clone(),
             Some(old) if text.contains(old) => {
+                let times = if replace_all {
+                    text.matches(old).count()
+                } else {
+                    1
+                };
+                let grown = (text.len() - times * old.len())
+                    .checked_add(times.checked_mul(e.new_text.len())?)?;
+                if grown > MAX_EDITED_BYTES {
+                    return None;
+                }
                 if replace_all {
                     text.replace(old, &e.new_text)
                 } else {
@@ -495,6 +586,9 @@ pub fn apply_edits(current: &str, edits: &[&AnnouncedEdit], replace_all: bool) -
             }
             Some(_) => return None,
         };
+        if text.len() > MAX_EDITED_BYTES {
+            return None;
+        }
     }
     Some(text)
 }
@@ -548,6 +642,44 @@ pub fn relative_title(root: &Path, title: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// `replace_all` of `a` by `aa` doubles the file each time: thirty
+    /// such edits of a probe's took 48 s and 1.9 GB. Past
+    /// `MAX_EDITED_BYTES` the edits are not applied (shown as sent).
+    #[test]
+    fn edits_that_would_grow_a_file_past_the_bound_are_not_applied() {
+        let doubling = edit("f", Some("a"), "aa");
+        let edits: Vec<&AnnouncedEdit> = std::iter::repeat_n(&doubling, 40).collect();
+        assert_eq!(apply_edits("a", &edits, true), None);
+        assert_eq!(
+            apply_edits("a", &edits[..3], true).as_deref(),
+            Some("aaaaaaaa")
+        );
+        let wide = edit("f", Some("e"), &"x".repeat(4096));
+        let many_e = "e".repeat(2000);
+        assert_eq!(apply_edits(&many_e, &[&wide], true), None, "8 MB from one edit");
+    }
+
+    /// One call's rendering reads at most `RENDER_BYTES` of files for
+    /// context; the rest of its files are shown from the agent's texts.
+    #[test]
+    fn rendering_one_call_reads_a_bounded_amount() {
+        let call = ToolCall {
+            edits: (0..256)
+                .map(|i| edit(&format!("f{i}"), Some(""), "x\n"))
+                .collect(),
+            ..ToolCall::default()
+        };
+        let read = std::cell::Cell::new(0usize);
+        let big = "y\n".repeat(512 * 1024);
+        let preview = |_: &Path| {
+            read.set(read.get() + big.len());
+            Some(big.clone())
+        };
+        let shown = show(Path::new("/w"), &call, &preview);
+        assert_eq!(shown.diffs.len(), 256);
+        assert!(read.get() <= RENDER_BYTES + big.len(), "{} bytes read", read.get());
+    }
 
     #[test]
     fn a_title_shows_the_command_unless_it_already_leads_with_it() {

@@ -416,7 +416,7 @@ fn tool_doc(
         doc["paths"] = json!(paths);
     }
     if view.edits.is_some() {
-        doc["diffs"] = json!(toolcalls::show(root, merged, preview).diffs);
+        doc["diffs"] = json!(toolcalls::show_blocking(root, merged, preview).diffs);
     }
 }
 
