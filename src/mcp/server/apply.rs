@@ -238,7 +238,11 @@ async fn patched(ws: &Arc<WorkspaceFs>, rel: &str, fp: &FilePatch) -> Result<Str
             ));
         }
     };
-    patch::apply(&original, &fp.hunks)
+    // Matching hunks against a big file is work: off the runtime's workers.
+    let hunks = fp.hunks.clone();
+    tokio::task::spawn_blocking(move || patch::apply(&original, &hunks))
+        .await
+        .map_err(|e| Fail::refused("diff_does_not_apply", format!("{rel}: {e}")))?
         .map_err(|e| Fail::refused("diff_does_not_apply", format!("{rel}: {e}")))
 }
 
