@@ -662,6 +662,32 @@ async fn bad_arguments_name_the_argument() {
             json!({"request_id": "req-99"}),
             "no request req-99",
         ),
+        // Texts the operator is shown are bounded like a broadcast: a probe
+        // stored ten pings and standbys of 3.9 MB each.
+        (
+            "ping",
+            json!({"status_message": "x".repeat(70_000)}),
+            "`status_message` is 70000 bytes, at most 65536",
+        ),
+        (
+            "standby",
+            json!({"message": "x".repeat(70_000), "timeout_seconds": 1}),
+            "`message` is 70000 bytes",
+        ),
+        (
+            "check_clearance",
+            json!({"title": "x".repeat(70_000), "diff": "x\n", "file_path": "a.txt"}),
+            "`title` is 70000 bytes",
+        ),
+        // Files are counted before anything is built or read: a probe's
+        // diff naming 60,000 cost 55 MB and as many reads per call.
+        (
+            "check_clearance",
+            json!({"title": "t", "file_path": "a.txt", "diff": (0..300)
+                .map(|i| format!("--- /dev/null\n+++ b/f{i}\n@@ -0,0 +1 @@\n+x\n"))
+                .collect::<String>()}),
+            "names 300 files; a request names at most 256",
+        ),
     ];
     for (tool, a, needle) in cases {
         let err = call(&client, tool, a).await.expect_err(tool);

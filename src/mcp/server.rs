@@ -30,6 +30,7 @@ use axum::http::request::Parts;
 use intercom_actors::model::{MessageKind, PendingRequest, RequestStatus, SessionId};
 use intercom_actors::ports::{Clearance, NoticeLevel};
 use intercom_actors::registry::RegistryMsg;
+use intercom_actors::rules::MAX_REQUEST_PATHS;
 use intercom_actors::session::{Caller, McpAnswer, McpCall, SessionMsg};
 use intercom_actors::supervisor::{AttachRequest, SupervisorMsg, directory};
 use intercom_actors::transcript::TranscriptPage;
@@ -58,9 +59,11 @@ use apply::record_targets;
 use confine::Reach;
 use placement::Connection;
 
-/// The longest `broadcast` message, in bytes: it is shown to the operator
-/// and kept in the transcript, where 4 MB messages had no bound.
-const BROADCAST_MAX: usize = 64 * 1024;
+/// The longest text argument shown to the operator (a `broadcast`, a
+/// `ping` status, a `standby` message, a clearance's title and
+/// description), in bytes: each is kept in the transcript or the request,
+/// where 4 MB messages had no bound.
+const TEXT_MAX: usize = 64 * 1024;
 use waits::{RequestGuard, StandbyGuard, Waited, send, wait_for};
 
 /// Owner of sessions attached over MCP (the local operator's id).
@@ -240,9 +243,19 @@ impl IntercomMcp {
         // Cancelled by the client, or by its hanging up (its answer could
         // not reach it any more).
         let (call_ended, _call) = super::hangup::cancelled_or_hung_up(ctx);
-        let title = args.str_or("title", "").trim().to_owned();
+        let title = bounded(&args, "title")?.unwrap_or_default();
+        let description = bounded(&args, "description")?.unwrap_or_default();
         let diff = args.str_or("diff", "").to_owned();
         let file_path = args.str_or("file_path", "").trim().to_owned();
+        // Counted before anything is built or read: a probe's diff naming
+        // 60,000 files cost 55 MB and 60,000 reads per call before the
+        // request was refused for its paths.
+        let named = diff.lines().filter(|l| l.starts_with("+++ ")).count();
+        if named > MAX_REQUEST_PATHS {
+            return Err(Fail::Params(format!(
+                "argument `diff` names {named} files; a request names at most {MAX_REQUEST_PATHS}: split the change"
+            )));
+        }
         let change = Change::parse(&diff).map_err(|e| {
             Fail::Params(format!(
                 "argument `diff` looks like a unified diff but is not a valid one: {e}"
@@ -261,7 +274,7 @@ impl IntercomMcp {
             &t.actor,
             McpCall::Clearance {
                 title,
-                description: args.str_or("description", "").trim().to_owned(),
+                description,
                 diff: Some(diff),
                 paths,
                 risk_level: args.str_or("risk_level", "low").to_owned(),
@@ -377,7 +390,7 @@ impl IntercomMcp {
         send(
             &t.actor,
             McpCall::Standby {
-                message: args.str("message").map(str::to_owned),
+                message: bounded(&args, "message")?,
                 reply: tx,
             },
         )?;
@@ -439,7 +452,7 @@ impl IntercomMcp {
 
     async fn ping(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
         let t = self.target(ctx).await?;
-        let status = args.str("status_message").map(str::to_owned);
+        let status = bounded(&args, "status_message")?;
         let progress = args.progress("progress_snapshot");
         let (tx, rx) = oneshot::channel();
         send(
@@ -466,13 +479,7 @@ impl IntercomMcp {
             "error" => NoticeLevel::Error,
             _ => NoticeLevel::Info,
         };
-        let message = args.str_or("message", "").trim().to_owned();
-        if message.len() > BROADCAST_MAX {
-            return Err(Fail::Params(format!(
-                "argument `message` is {} bytes, at most {BROADCAST_MAX}: post a summary (the details belong in a file)",
-                message.len()
-            )));
-        }
+        let message = bounded(&args, "message")?.unwrap_or_default();
         send(&t.actor, McpCall::Broadcast { message, level })?;
         Ok(json!({"posted": true}))
     }
@@ -735,6 +742,22 @@ fn auto_check_facts(
         workspace: t.workspace.clone(),
         session: t.id.clone(),
     })
+}
+
+/// A text argument the operator is shown (a broadcast, a status line, a
+/// standby message), trimmed, at most [`TEXT_MAX`] bytes. A probe stored
+/// ten pings and standbys of 3.9 MB each in the transcript.
+fn bounded(args: &Args, name: &str) -> Result<Option<String>, Fail> {
+    let Some(text) = args.str(name).map(str::trim) else {
+        return Ok(None);
+    };
+    if text.len() > TEXT_MAX {
+        return Err(Fail::Params(format!(
+            "argument `{name}` is {} bytes, at most {TEXT_MAX}: send a summary (the details belong in a file)",
+            text.len()
+        )));
+    }
+    Ok(Some(text.to_owned()))
 }
 
 /// Every file a clearance's change writes (a diff over several files names
