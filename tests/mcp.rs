@@ -679,6 +679,28 @@ async fn bad_arguments_name_the_argument() {
             json!({"title": "x".repeat(70_000), "diff": "x\n", "file_path": "a.txt"}),
             "`title` is 70000 bytes",
         ),
+        // What the operator reads as a diff is what is applied: no diff
+        // headers hidden behind a first line, no `+++` naming another file
+        // than `file_path`, no file in two sections (probes got each shown
+        // as one thing and written as another).
+        (
+            "check_clearance",
+            json!({"title": "t", "file_path": "deploy.sh",
+                   "diff": "\n--- a/deploy.sh\n+++ b/deploy.sh\n@@ -1 +1 @@\n-a\n+b\n"}),
+            "has diff headers at line 2",
+        ),
+        (
+            "check_clearance",
+            json!({"title": "t", "file_path": "x.txt",
+                   "diff": "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-a\n+b\n"}),
+            "they must name the same file",
+        ),
+        (
+            "check_clearance",
+            json!({"title": "t", "file_path": "x.txt",
+                   "diff": "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-a\n+b\n--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-a\n+c\n"}),
+            "in more than one section",
+        ),
         // Files are counted before anything is built or read: a probe's
         // diff naming 60,000 cost 55 MB and as many reads per call.
         (

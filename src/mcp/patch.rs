@@ -223,6 +223,16 @@ impl Change {
     }
 }
 
+/// The 1-based line where `text` has a unified diff's file headers (a
+/// `--- ` line, a `+++ ` line, then a `@@ -` hunk header), if anywhere.
+pub fn diff_headers_at(text: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines.windows(3).position(|w| {
+        w[0].starts_with("--- ") && w[1].starts_with("+++ ") && w[2].starts_with("@@ -")
+    })
+    .map(|i| i + 1)
+}
+
 fn parse_diff(lines: &[&str]) -> Result<Vec<FilePatch>, PatchError> {
     let mut files: Vec<FilePatch> = Vec::new();
     let mut i = 0;

@@ -46,7 +46,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::patch::Change;
+use super::patch::{self, Change};
 
 mod apply;
 mod confine;
@@ -261,6 +261,17 @@ impl IntercomMcp {
                 "argument `diff` looks like a unified diff but is not a valid one: {e}"
             ))
         })?;
+        // Whole content that carries diff headers further down reads as a
+        // diff to the operator but would be written verbatim: a probe's
+        // leading blank line turned a harmless-looking diff of deploy.sh
+        // into deploy.sh's whole new content.
+        if let (Change::Whole(_), Some(line)) = (&change, patch::diff_headers_at(&diff))
+            && !(file_path.ends_with(".patch") || file_path.ends_with(".diff"))
+        {
+            return Err(Fail::Params(format!(
+                "argument `diff` is not a diff from its first line but has diff headers at line {line}: start it with its `---`/`+++` lines (or `diff --git`), or send the file's whole content without diff headers"
+            )));
+        }
         let paths = clearance_paths(&change, &file_path)?;
         let recorded = match &t.cwd {
             Some(root) => {
@@ -766,10 +777,30 @@ fn bounded(args: &Args, name: &str) -> Result<Option<String>, Fail> {
 /// the kernel resolves it, so it must be written that way too, or not at
 /// all. Not at all is simpler to trust: a path with `..` is refused.
 fn clearance_paths(change: &Change, file_path: &str) -> Result<Vec<String>, Fail> {
+    // A one-file diff is written to `file_path`: its own `+++` name must
+    // agree, or the operator reads a diff of one file above another's name.
+    if let Change::Diff(files) = change
+        && let [only] = files.as_slice()
+        && let Some(named) = &only.path
+        && !Path::new(file_path).ends_with(named)
+    {
+        return Err(Fail::Params(format!(
+            "argument `diff` changes {named:?} (its `+++` line) but `file_path` is {file_path:?}; they must name the same file"
+        )));
+    }
     let paths: Vec<String> = apply::targets(change, file_path)
         .into_iter()
         .map(|(rel, _)| rel)
         .collect();
+    // Each section would be applied to the original file and the last
+    // would win, dropping what the others changed (a probe's approved
+    // removal was lost that way).
+    let mut seen = std::collections::HashSet::new();
+    if let Some(twice) = paths.iter().find(|p| !seen.insert(p.as_str())) {
+        return Err(Fail::Params(format!(
+            "argument `diff` changes {twice:?} in more than one section; give one section per file"
+        )));
+    }
     if let Some(p) = paths.iter().find(|p| {
         std::path::Path::new(p)
             .components()
