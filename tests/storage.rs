@@ -372,6 +372,21 @@ async fn decide_is_atomic_and_close_after_decide_is_a_noop() {
     let (got, dec) = store.get_request(&r2.id).await.expect("get").expect("row");
     assert_eq!(got.status, RequestStatus::Expired);
     assert_eq!(dec, None);
+
+    // Closed undecided, a big diff keeps its start only: a probe's client
+    // filled the disk by opening and cancelling clearances of 3.9 MB diffs.
+    let mut r3 = request("s-1", 3, 30);
+    r3.diff = Some("+x\n".repeat(100_000));
+    store.insert_request(&r3).await.expect("insert 3");
+    store
+        .close_request(&r3.id, RequestStatus::Cancelled)
+        .await
+        .expect("cancel");
+    let (got, _) = store.get_request(&r3.id).await.expect("get").expect("row");
+    let diff = got.diff.expect("diff");
+    assert!(diff.len() < 70_000, "{}", diff.len());
+    assert!(diff.starts_with("+x\n+x\n"));
+    assert!(diff.ends_with("the request closed undecided)\n"), "{}", &diff[diff.len() - 80..]);
 }
 
 #[tokio::test]
