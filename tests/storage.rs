@@ -386,7 +386,11 @@ async fn decide_is_atomic_and_close_after_decide_is_a_noop() {
     let diff = got.diff.expect("diff");
     assert!(diff.len() < 70_000, "{}", diff.len());
     assert!(diff.starts_with("+x\n+x\n"));
-    assert!(diff.ends_with("the request closed undecided)\n"), "{}", &diff[diff.len() - 80..]);
+    assert!(
+        diff.ends_with("the request closed undecided)\n"),
+        "{}",
+        &diff[diff.len() - 80..]
+    );
 }
 
 #[tokio::test]

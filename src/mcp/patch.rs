@@ -227,10 +227,12 @@ impl Change {
 /// `--- ` line, a `+++ ` line, then a `@@ -` hunk header), if anywhere.
 pub fn diff_headers_at(text: &str) -> Option<usize> {
     let lines: Vec<&str> = text.lines().collect();
-    lines.windows(3).position(|w| {
-        w[0].starts_with("--- ") && w[1].starts_with("+++ ") && w[2].starts_with("@@ -")
-    })
-    .map(|i| i + 1)
+    lines
+        .windows(3)
+        .position(|w| {
+            w[0].starts_with("--- ") && w[1].starts_with("+++ ") && w[2].starts_with("@@ -")
+        })
+        .map(|i| i + 1)
 }
 
 fn parse_diff(lines: &[&str]) -> Result<Vec<FilePatch>, PatchError> {
@@ -380,7 +382,6 @@ impl Hunk {
         self.old_lines().count()
     }
 
-
     fn first_mismatch(&self, file: &[&str], at: usize) -> PatchError {
         for (k, want) in self.old_lines().enumerate() {
             let have = file.get(at + k);
@@ -520,10 +521,7 @@ fn find_position(
 /// Whether the hunk's `old` lines match `file` at `at` (line endings
 /// aside); `None` once `budget` comparisons are spent.
 fn matches_at(old: &[&str], file: &[&str], at: usize, budget: &mut usize) -> Option<bool> {
-    let Some(have) = at
-        .checked_add(old.len())
-        .and_then(|end| file.get(at..end))
-    else {
+    let Some(have) = at.checked_add(old.len()).and_then(|end| file.get(at..end)) else {
         return Some(false);
     };
     for (want, have) in old.iter().zip(have) {
@@ -616,15 +614,22 @@ mod tests {
         let files = diff("@@ -1,1 +1,2 @@\n x\n+y\n");
         let hunk = &files[0].hunks[0];
         let mut plenty = usize::MAX;
-        assert!(matches!(find_position(hunk, &file, 0, 0, &mut plenty), Found::At(300_000)));
+        assert!(matches!(
+            find_position(hunk, &file, 0, 0, &mut plenty),
+            Found::At(300_000)
+        ));
         let mut little = 1_000;
-        assert!(matches!(find_position(hunk, &file, 0, 0, &mut little), Found::OutOfBudget));
+        assert!(matches!(
+            find_position(hunk, &file, 0, 0, &mut little),
+            Found::OutOfBudget
+        ));
     }
 
     /// A probe's `@@ -18446744073709551615,2 ...` panicked with an overflow.
     #[test]
     fn an_absurd_line_number_is_a_mismatch_not_a_panic() {
-        let files = diff("@@ -18446744073709551615,2 +18446744073709551615,2 @@\n one\n-two\n+TWO\n");
+        let files =
+            diff("@@ -18446744073709551615,2 +18446744073709551615,2 @@\n one\n-two\n+TWO\n");
         let out = apply(ORIGINAL, &files[0].hunks).expect("found at the nearest match");
         assert!(out.contains("one\nTWO\n"), "{out}");
     }

@@ -540,7 +540,11 @@ fn render_diff(
     preview: Preview<'_>,
     budget: &mut Budget,
 ) -> String {
-    let current = if budget.bytes > 0 { preview(file) } else { None };
+    let current = if budget.bytes > 0 {
+        preview(file)
+    } else {
+        None
+    };
     if let Some(current) = &current
         && budget.take(current.len())
         && let Some(after) = apply_edits(current, edits, replace_all)
@@ -657,7 +661,11 @@ mod tests {
         );
         let wide = edit("f", Some("e"), &"x".repeat(4096));
         let many_e = "e".repeat(2000);
-        assert_eq!(apply_edits(&many_e, &[&wide], true), None, "8 MB from one edit");
+        assert_eq!(
+            apply_edits(&many_e, &[&wide], true),
+            None,
+            "8 MB from one edit"
+        );
     }
 
     /// One call's rendering reads at most `RENDER_BYTES` of files for
@@ -678,7 +686,11 @@ mod tests {
         };
         let shown = show(Path::new("/w"), &call, &preview);
         assert_eq!(shown.diffs.len(), 256);
-        assert!(read.get() <= RENDER_BYTES + big.len(), "{} bytes read", read.get());
+        assert!(
+            read.get() <= RENDER_BYTES + big.len(),
+            "{} bytes read",
+            read.get()
+        );
     }
 
     #[test]
