@@ -483,8 +483,12 @@ pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
 /// single-threaded tests). A probe's renders held a worker long enough that
 /// `/healthz` waited behind them.
 pub fn show_blocking(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
-    let multi = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    // Without edits there is nothing to read or match, and handing the
+    // worker's tasks over costs more than the rest (measured on the
+    // approval path of `benches/load.rs`).
+    let multi = !call.edits.is_empty()
+        && tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     if multi {
         tokio::task::block_in_place(|| show(root, call, preview))
     } else {
