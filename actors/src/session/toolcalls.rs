@@ -425,6 +425,10 @@ pub fn title_with_command(title: String, command: Option<&str>) -> String {
     if first_span == Some(cmd) {
         return title;
     }
+    if title.trim() == cmd {
+        // The title is the command itself: shown as one, nothing repeated.
+        return format!("`{cmd}`");
+    }
     format!("`{cmd}` (the agent's title: {title})")
 }
 
@@ -711,6 +715,7 @@ mod tests {
             t("Shell", Some("cargo build")),
             "`cargo build` (the agent's title: Shell)"
         );
+        assert_eq!(t("cargo build", Some("cargo build")), "`cargo build`");
     }
 
     fn edit(path: &str, old: Option<&str>, new: &str) -> AnnouncedEdit {
