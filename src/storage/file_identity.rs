@@ -6,49 +6,63 @@
 //! `ok`, and after a restart every session, decision and transcript was
 //! gone (the lock file went too, so a second server started on the same
 //! path meanwhile). Now the writer checks, before each commit, that the path
-//! still names the file it opened (same device and inode), and refuses
-//! every write once it does not, saying what happened and what to do;
-//! `/healthz` says so too. One `stat` per commit.
+//! and its `-wal` still name the files it opened (same device and inode),
+//! and refuses every write once they do not, saying what happened and what
+//! to do; `/healthz` says so too. Two `stat`s per commit.
 
 use std::path::{Path, PathBuf};
 
-/// The device and inode of the database file as opened.
+/// The device and inode of the database file as opened, and of its
+/// write-ahead log: a fresh database holds everything in the log, so a
+/// deleted `-wal` loses as much as a deleted database (a probe's did).
 #[derive(Debug, Clone)]
 pub(crate) struct DbFile {
-    path: PathBuf,
-    id: Option<(u64, u64)>,
+    files: Vec<(PathBuf, Option<(u64, u64)>)>,
 }
 
 impl DbFile {
-    /// Notes which file `path` names now (call once it is open).
+    /// Notes which files `path` and its `-wal` name now (call once the
+    /// database is open in WAL mode).
     pub(crate) fn opened(path: &Path) -> DbFile {
-        DbFile {
-            path: path.to_owned(),
-            id: identity(path),
-        }
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        let files = [path.to_owned(), PathBuf::from(wal)]
+            .into_iter()
+            .map(|p| {
+                let id = identity(&p);
+                (p, id)
+            })
+            .collect();
+        DbFile { files }
     }
 
-    /// `Err` with what to do when `path` no longer names the opened file.
+    /// `Err` with what to do when a path no longer names the opened file.
     pub(crate) fn check(&self) -> Result<(), String> {
-        let Some(opened) = self.id else {
-            return Ok(()); // not a file we could identify: nothing to compare
-        };
-        match identity(&self.path) {
-            Some(now) if now == opened => Ok(()),
-            Some(_) => Err(format!(
-                "the database file {} was replaced by another file while the server ran; nothing \
+        self.files
+            .iter()
+            .try_for_each(|(path, id)| check_one(path, *id))
+    }
+}
+
+fn check_one(path: &Path, opened: Option<(u64, u64)>) -> Result<(), String> {
+    let Some(opened) = opened else {
+        return Ok(()); // not a file we could identify: nothing to compare
+    };
+    match identity(path) {
+        Some(now) if now == opened => Ok(()),
+        Some(_) => Err(format!(
+            "the database file {} was replaced by another file while the server ran; nothing \
                  more is stored so that nothing is written where it would be lost: stop the \
                  server, put the right file back or move the new one away, and start it again",
-                self.path.display()
-            )),
-            None => Err(format!(
-                "the database file {} was deleted while the server ran; nothing more is stored \
+            path.display()
+        )),
+        None => Err(format!(
+            "the database file {} was deleted while the server ran; nothing more is stored \
                  (it would be lost at the next restart): restart the server, which creates the \
                  database again (the sessions, decisions and transcripts stored so far are gone \
                  with the file unless it is restored from a backup)",
-                self.path.display()
-            )),
-        }
+            path.display()
+        )),
     }
 }
 
@@ -82,5 +96,19 @@ mod tests {
         assert!(file.check().expect_err("replaced").contains("replaced"));
         std::fs::remove_file(&path).expect("delete");
         assert!(file.check().expect_err("deleted").contains("deleted"));
+    }
+
+    /// A fresh database holds everything in its log: a probe deleted the
+    /// `-wal` and lost every session while `/healthz` said ok.
+    #[test]
+    fn a_deleted_log_is_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("x.db");
+        std::fs::write(&path, "a").expect("write");
+        std::fs::write(dir.path().join("x.db-wal"), "w").expect("write");
+        let file = DbFile::opened(&path);
+        assert_eq!(file.check(), Ok(()));
+        std::fs::remove_file(dir.path().join("x.db-wal")).expect("delete");
+        assert!(file.check().expect_err("deleted").contains("x.db-wal"));
     }
 }
