@@ -804,7 +804,7 @@ fn invalid_rules_name_their_key() {
     // Two valid rules first, so the failing one is rule[2].
     let prefix = format!(
         "{AGENT}[[workspace]]\nid = \"api\"\npath = \".\"\n\
-         [[rule]]\naction = \"allow\"\nkind = \"read\"\n\
+         [[rule]]\naction = \"allow\"\nkind = \"read\"\npaths = [\"**\"]\n\
          [[rule]]\nid = \"named\"\nworkspace = \"api\"\naction = \"deny\"\n"
     );
     let cases: &[(&str, &str, &str, &str)] = &[
@@ -905,14 +905,38 @@ fn invalid_rules_name_their_key() {
             "must not be empty",
         ),
         (
+            "an allow rule for execute without its command (a file cut after `kind`)",
+            "action = \"allow\"\nkind = \"execute\"\n",
+            "rule[2].command_prefix",
+            "without, it allows every command",
+        ),
+        (
+            "an allow rule for reads without paths",
+            "action = \"allow\"\nkind = \"read\"\n",
+            "rule[2].paths",
+            "needs `paths`",
+        ),
+        (
+            "an allow rule for an agent only",
+            "action = \"allow\"\nagent = \"a\"\n",
+            "rule[2].kind",
+            "says what it allows",
+        ),
+        (
+            "an allow rule whose regex matches any command",
+            "action = \"allow\"\nkind = \"execute\"\ncommand_regex = \".*\"\n",
+            "rule[2].command_regex",
+            "must not match an empty command",
+        ),
+        (
             "an allow rule with no condition (a file read half-written)",
             "scope = \"global\"\naction = \"allow\"\n",
-            "rule[2]",
-            "an allow rule with no condition would allow every request in its scope",
+            "rule[2].kind",
+            "an allow rule says what it allows",
         ),
         (
             "duplicate id",
-            "id = \"named\"\naction = \"allow\"\nkind = \"read\"\n",
+            "id = \"named\"\naction = \"allow\"\nkind = \"think\"\n",
             "rule[2].id",
             "duplicate rule id \"named\" (also used by rule[1])",
         ),
@@ -1121,7 +1145,7 @@ fn a_configured_workspace_wins_over_a_discovered_one() {
 fn discovery_runs_again_on_every_load_and_rules_may_name_discovered_workspaces() {
     let (dir, path) = write_config(&format!(
         "{AGENT}[discovery]\nenabled = true\n\
-         [[rule]]\nworkspace = \"later\"\naction = \"allow\"\nkind = \"read\"\n"
+         [[rule]]\nworkspace = \"later\"\naction = \"allow\"\nkind = \"read\"\npaths = [\"**\"]\n"
     ));
     let root = canon(dir.path());
     let err = Config::load(&path).unwrap_err();
@@ -1169,4 +1193,35 @@ fn check_config_warns_about_a_workspace_directory_that_does_not_exist() {
         warnings[0].contains("workspace `nowhere`") && warnings[0].contains("does not exist"),
         "{out}"
     );
+}
+
+/// A file caught being written can still parse: cut after its first line,
+/// or holding only a byte order mark. Loaded, it would drop every deny rule
+/// with the rest (a probe's `rm -rf` was then allowed by mode auto). A
+/// reload refuses a BOM-only file as empty, and one that would leave no
+/// agent, workspace or rule where the running config has some.
+#[test]
+fn a_reload_that_would_empty_the_config_is_refused() {
+    let (dir, path) = write_config(&format!(
+        "workspace_root = \".\"\n{AGENT}[[workspace]]\nid = \"w\"\npath = \".\"\n\
+         [[rule]]\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm\"\n"
+    ));
+    let running = Config::load(&path).unwrap();
+    fs::write(&path, "\u{feff}").unwrap();
+    assert!(matches!(Config::reload(&path), Err(ConfigError::Empty { .. })));
+    fs::write(&path, "workspace_root = \".\"\n").unwrap();
+    let cut = Config::reload(&path).expect("parses");
+    let err = cut.keeps_something_of(&running).unwrap_err();
+    assert!(matches!(err, ConfigError::Emptied { .. }), "{err}");
+    assert!(err.to_string().contains("now declares no [[agent]]"), "{err}");
+    // Removing one rule of several, or adding, is an ordinary edit.
+    fs::write(
+        &path,
+        format!("workspace_root = \".\"\n{AGENT}[[workspace]]\nid = \"w\"\npath = \".\"\n"),
+    )
+    .unwrap();
+    let no_rules = Config::reload(&path).expect("parses");
+    assert!(no_rules.keeps_something_of(&running).is_err(), "every rule at once");
+    assert!(running.keeps_something_of(&no_rules).is_ok());
+    drop(dir);
 }

@@ -87,6 +87,12 @@ pub enum RuleAction {
     Deny,
 }
 
+/// Whether `command_regex` matches an empty command, and so any command
+/// (an unanchored `.*`, `x?`, the empty pattern).
+pub fn matches_every_command(command_regex: &str) -> bool {
+    regex::Regex::new(command_regex).is_ok_and(|re| re.is_match(""))
+}
+
 /// The conditions of a rule; empty conditions match anything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

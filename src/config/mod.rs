@@ -205,6 +205,21 @@ pub enum ConfigError {
         /// The file.
         path: PathBuf,
     },
+    /// A reload would remove every agent, workspace or rule at once: a
+    /// file caught being written (cut after its first lines) looks like
+    /// that, and loaded it would drop the deny rules with the rest.
+    #[error(
+        "config file {} now declares no {what} while the running configuration has {had}; keeping the previous configuration (a file caught being written?). To run without any, restart the server",
+        path.display()
+    )]
+    Emptied {
+        /// The file.
+        path: PathBuf,
+        /// What it lost (`[[agent]]`, workspaces, `[[rule]]`).
+        what: &'static str,
+        /// How many the running configuration has.
+        had: usize,
+    },
     /// The file is not valid TOML or does not match the schema (unknown key,
     /// wrong type). `message` is toml's, with line, column and the offending key.
     #[error("{}", ParseDisplay { path: path.as_deref(), message })]
@@ -406,6 +421,25 @@ fn read_text(path: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+impl Config {
+    /// Refuses a reload that would leave no agent, no workspace or no rule
+    /// where `running` has some ([`ConfigError::Emptied`]).
+    pub fn keeps_something_of(&self, running: &Config) -> Result<(), ConfigError> {
+        let path = self.source.clone().unwrap_or_default();
+        let workspaces = |c: &Config| c.workspaces.len() + c.discovered.len();
+        for (what, now, had) in [
+            ("[[agent]]", self.agents.len(), running.agents.len()),
+            ("workspaces", workspaces(self), workspaces(running)),
+            ("[[rule]]", self.rules.len(), running.rules.len()),
+        ] {
+            if now == 0 && had > 0 {
+                return Err(ConfigError::Emptied { path, what, had });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What to do about a config file that cannot be read, by why.
 fn io_hint(e: &std::io::Error) -> &'static str {
     match e.kind() {
@@ -436,7 +470,10 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
+        // A byte order mark alone is empty too (a probe's BOM-only file
+        // loaded as a config with nothing in it).
         let blank = text
+            .trim_start_matches('\u{feff}')
             .lines()
             .map(str::trim)
             .all(|l| l.is_empty() || l.starts_with('#'));

@@ -118,11 +118,53 @@ fn rule(i: usize, r: RawRule, workspaces: &[&str], agents: &[AgentProfile]) -> R
         },
         action,
     };
+    if action == RuleAction::Allow {
+        names_what_it_allows(&rule.matcher, &key)?;
+    }
     // Everything was checked piecewise above; this is the core's own check on
     // the whole rule, so the two can never disagree silently.
     rule.validate()
         .map_err(|e| ConfigError::invalid(format!("rule[{i}]"), e.reason))?;
     Ok(rule)
+}
+
+/// Kinds of action on files: an allow rule for one names its files.
+const FILE_KINDS: &[&str] = &["read", "edit", "delete", "move", "search"];
+
+/// An allow rule in the file says what it allows: a kind or paths; for
+/// `execute`, the command; for a kind on files, the files. A file is read
+/// while it is being written now and then, and a `[[rule]]` cut after its
+/// `kind` line allowed every command to a probe (`rm -rf` included) until
+/// the rest arrived. (Rules from the API are posted whole, and may be
+/// broad on purpose.)
+fn names_what_it_allows(m: &RuleMatch, key: &impl Fn(&str) -> String) -> Result<()> {
+    let fail = |field: &str, why: &str| Err(ConfigError::invalid(key(field), why.to_owned()));
+    let command = m.command_prefix.is_some() || m.command_regex.is_some();
+    match m.kind.as_deref() {
+        None if m.paths.is_empty() && !command => fail(
+            "kind",
+            "an allow rule says what it allows: give `kind` (with its command or paths) or `paths`",
+        ),
+        Some("execute") if !command => fail(
+            "command_prefix",
+            "an allow rule for `execute` needs `command_prefix` or `command_regex`; without, it allows every command",
+        ),
+        Some(k) if FILE_KINDS.contains(&k) && m.paths.is_empty() => fail(
+            "paths",
+            "an allow rule for a kind on files needs `paths` (`[\"**\"]` for the whole workspace); without, it allows that kind on any file",
+        ),
+        _ if m
+            .command_regex
+            .as_deref()
+            .is_some_and(intercom_actors::rules::matches_every_command) =>
+        {
+            fail(
+                "command_regex",
+                "an allow rule's `command_regex` must not match an empty command: it would match every command",
+            )
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `action`: required, one of "allow", "ask", "deny".

@@ -353,12 +353,27 @@ fn watch_config(
     let path = config.source.clone()?;
     let handle = tokio::runtime::Handle::current();
     let app = app.clone();
-    let watched = crate::config::watch(path.clone(), move |result| match result {
-        Ok(config) => handle.block_on(app.apply_config(&config)),
-        Err(e) => {
-            app.config_stale(&e);
-            if let Some(n) = &notice {
-                n.post(&e);
+    // The configuration in force, which a reload must not empty at once.
+    let running = std::sync::Mutex::new(config.clone());
+    let watched = crate::config::watch(path.clone(), move |result| {
+        let mut in_force = running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let checked = result.and_then(|c| {
+            c.keeps_something_of(&in_force).map(|()| c).inspect_err(|e| {
+                tracing::error!("config change rejected: {e}");
+            })
+        });
+        match checked {
+            Ok(config) => {
+                handle.block_on(app.apply_config(&config));
+                *in_force = config;
+            }
+            Err(e) => {
+                app.config_stale(&e);
+                if let Some(n) = &notice {
+                    n.post(&e);
+                }
             }
         }
     });
