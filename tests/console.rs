@@ -360,3 +360,43 @@ fn the_token_form_logs_in_and_a_wrong_token_does_not() {
     );
     assert_eq!(cross.status, 403, "a cross-site login post is refused");
 }
+
+/// A stream opened with a console login ends when the login does: a probe's
+/// went on delivering prompts after its logout.
+#[test]
+fn an_event_stream_ends_with_its_login() {
+    let server = Server::start();
+    let (cookie, key) = log_in_with_key(&server);
+    let url = format!("{}/api/events", server.base);
+    let (c, k) = (cookie.clone(), key.clone());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // A client that would wait far longer than the test does.
+        let patient: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(600)))
+            .build()
+            .into();
+        let r = patient
+            .get(&url)
+            .header("Cookie", &c)
+            .header("X-CSRF-Token", &k)
+            .call();
+        let status = r.as_ref().map(|r| r.status().as_u16()).unwrap_or(0);
+        let _ = done_tx.send(("opened", status));
+        if let Ok(mut r) = r {
+            // Reads until the server ends the stream.
+            let _ = r.body_mut().read_to_string();
+        }
+        let _ = done_tx.send(("ended", 0));
+    });
+    let opened = done_rx.recv_timeout(Duration::from_secs(30)).expect("opened");
+    assert_eq!(opened, ("opened", 200));
+    let out = post(&server.base, "/logout", Some(&cookie), &[("X-CSRF-Token", &key)], "");
+    assert_eq!(out.status, 204);
+    // The login is checked every 5 s.
+    let ended = done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the stream ended after the logout");
+    assert_eq!(ended.0, "ended");
+}

@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -24,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::{ApiError, ApiQuery};
 use crate::app::App;
 use crate::journal::EventJournal;
+use crate::web::login::ConsoleLoginRef;
 use crate::storage::events::StoredEvent;
 use intercom_actors::model::SessionId;
 
@@ -45,6 +47,7 @@ pub struct EventsQuery {
 /// `GET /api/events[?session=ID][&after=N]`.
 pub async fn events(
     State(app): State<App>,
+    login: Option<Extension<ConsoleLoginRef>>,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
@@ -78,8 +81,17 @@ pub async fn events(
         Some(id) => (id, true),
         None => (newest, false),
     };
+    // A stream opened with a console login ends when the login does: a
+    // probe's stream went on delivering prompts after its logout.
+    let end = journal.streams_end().child_token();
+    let login_watch = login.map(|Extension(login)| {
+        let alive = CancellationToken::new();
+        tokio::spawn(end_with_login(app.clone(), login, end.clone(), alive.clone()));
+        alive.drop_guard()
+    });
     let cursor = Cursor {
-        end: journal.streams_end(),
+        end,
+        _login_watch: login_watch,
         journal,
         live,
         last,
@@ -90,6 +102,29 @@ pub async fn events(
     };
     let stream = futures::stream::unfold(cursor, Cursor::next);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// How often a stream opened with a console login checks it is still live.
+const LOGIN_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Ends `end` once `login` is logged out or expired; returns when `alive`
+/// is cancelled (the stream went).
+async fn end_with_login(
+    app: App,
+    login: ConsoleLoginRef,
+    end: CancellationToken,
+    alive: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = alive.cancelled() => return,
+            () = tokio::time::sleep(LOGIN_CHECK) => {}
+        }
+        if !login.is_live(app.store()).await {
+            end.cancel();
+            return;
+        }
+    }
 }
 
 fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
@@ -113,6 +148,8 @@ struct Cursor {
     journal: Arc<EventJournal>,
     live: broadcast::Receiver<Arc<StoredEvent>>,
     end: CancellationToken,
+    /// Stops the watch on the stream's console login when the stream goes.
+    _login_watch: Option<tokio_util::sync::DropGuard>,
     last: i64,
     session: Option<String>,
     backlog: VecDeque<StoredEvent>,
@@ -244,6 +281,7 @@ mod tests {
             live: journal.subscribe(),
             journal,
             end: CancellationToken::new(),
+            _login_watch: None,
             last: 0,
             session: None,
             backlog: VecDeque::new(),

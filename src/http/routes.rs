@@ -30,6 +30,11 @@ pub const CONFIG_ERROR_HIDDEN: &str = "the config file did not load; the reason 
 so it is shown only with the API token (Authorization: Bearer <token>); or run \
 `agent-intercom check-config`, or read the server log";
 
+/// What `/healthz` says of a storage failure to a caller without the token.
+pub const STORAGE_ERROR_HIDDEN: &str = "nothing can be stored now (the database file is gone or \
+writes fail); the reason is shown only with the API token (Authorization: Bearer <token>), and \
+in the server log";
+
 /// `GET /healthz`: open, so it says how the server is, not what its
 /// config file holds. A parse error quotes the offending line (a token
 /// pasted into the file, say) and names the file: only a caller with the
@@ -48,7 +53,15 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
     } else {
         "ok"
     };
-    let storage_error = app.store().storage_problem();
+    // The reason names the database's path: with the token only, as the
+    // config's.
+    let storage_error = app.store().storage_problem().map(|e| {
+        if auth::carries(&headers, &token) {
+            e
+        } else {
+            STORAGE_ERROR_HIDDEN.to_owned()
+        }
+    });
     let (status, code, sessions) = match app.live_count().await {
         Ok(sessions) if storage_error.is_none() => ("ok", StatusCode::OK, sessions),
         Ok(sessions) => ("unavailable", StatusCode::SERVICE_UNAVAILABLE, sessions),

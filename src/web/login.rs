@@ -180,6 +180,20 @@ async fn start_login(console: &Console, headers: &HeaderMap) -> Response {
     response
 }
 
+/// Which console login a request to `/api` came with (the SHA-256 of its
+/// cookie): a long-lived answer (the event stream) ends when that login
+/// does.
+#[derive(Debug, Clone)]
+pub struct ConsoleLoginRef(String);
+
+impl ConsoleLoginRef {
+    /// True while the login is live (not logged out, not expired); true
+    /// too when the store cannot say (a passing read error ends nothing).
+    pub async fn is_live(&self, console_store: &crate::storage::SqliteStore) -> bool {
+        !matches!(console_store.console_login(&self.0).await, Ok(None))
+    }
+}
+
 /// `GET /login[?code=...]` query.
 #[derive(Debug, Deserialize)]
 pub struct LinkQuery {
@@ -311,10 +325,14 @@ pub async fn api_cookie_auth(
         .into_response();
     }
     let bearer = format!("Bearer {}", console.token().expose());
+    let login = cookie_value(request.headers()).map(|c| ConsoleLoginRef(hash(c)));
     match HeaderValue::from_str(&bearer) {
         Ok(mut value) => {
             value.set_sensitive(true);
             request.headers_mut().insert(header::AUTHORIZATION, value);
+            if let Some(login) = login {
+                request.extensions_mut().insert(login);
+            }
             next.run(request).await
         }
         Err(_) => forbidden("the API token cannot be sent as a header"),

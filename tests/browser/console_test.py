@@ -281,6 +281,15 @@ def walk(server, page):
         assert "key=" not in page.url, page.url
         assert page.evaluate("localStorage.getItem('intercom-console-key')"), "the key is kept"
 
+    def a_made_up_key_does_not_log_out():
+        # A page on another port can open the console with any `#key=`: the
+        # page keeps only a key that opens the API.
+        kept = page.evaluate("localStorage.getItem('intercom-console-key')")
+        page.goto(server.base + "/#key=" + "0" * 64)
+        expect(page.locator("#sessions")).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#conn")).to_have_text("live", timeout=WAIT_MS)
+        assert page.evaluate("localStorage.getItem('intercom-console-key')") == kept
+
     def log_in_with_the_token_form():
         # Another browser, no cookie: the form on /login takes the API token.
         # Chromium sent `Origin: null` for it under `no-referrer`, and the
@@ -502,6 +511,7 @@ def walk(server, page):
 
     for name, fn in [
         ("log in with the printed one-time link", login),
+        ("a made-up key in the address does not log out", a_made_up_key_does_not_log_out),
         ("log in with the API token in the form", log_in_with_the_token_form),
         ("a new session appears as needs input without reloading (and notifies)", appears_as_needs_input),
         ("a <script> title stays text", title_stays_text),

@@ -13,15 +13,28 @@
   // login (`/#key=...`), and is kept in localStorage, which is per origin
   // (port included), unlike the cookie. No page the server sends holds it.
   const KEY_ITEM = 'intercom-console-key';
-  const fromLogin = /^#key=([0-9a-f]{64})$/.exec(location.hash);
-  if (fromLogin) {
-    localStorage.setItem(KEY_ITEM, fromLogin[1]);
+  let CSRF = localStorage.getItem(KEY_ITEM);
+
+  // Takes the key a login redirect handed over, only once it has opened the
+  // API: a page elsewhere can open the console with a made-up `#key=`, and
+  // storing that would log the operator out.
+  async function adoptLoginKey() {
+    const m = /^#key=([0-9a-f]{64})$/.exec(location.hash);
+    if (!m) return;
     history.replaceState(null, '', location.pathname + '#/');
-  }
-  const CSRF = localStorage.getItem(KEY_ITEM);
-  if (!CSRF) {
-    location.href = '/login';
-    return;
+    try {
+      const r = await fetch('/api/rules', {
+        headers: { 'X-CSRF-Token': m[1] },
+        credentials: 'same-origin',
+        cache: 'no-store',
+      });
+      if (r.ok) {
+        localStorage.setItem(KEY_ITEM, m[1]);
+        CSRF = m[1];
+      }
+    } catch (_) {
+      // not reachable: keep the key there was
+    }
   }
   const view = document.getElementById('view');
   const state = {
@@ -753,8 +766,14 @@
     });
   }
 
-  window.addEventListener('hashchange', route);
-  setupChrome();
-  route();
-  connect();
+  adoptLoginKey().then(() => {
+    if (!CSRF) {
+      location.href = '/login';
+      return;
+    }
+    window.addEventListener('hashchange', route);
+    setupChrome();
+    route();
+    connect();
+  });
 })();
