@@ -145,6 +145,34 @@ fn a_swapped_directory_link_reloads_and_is_followed() {
     assert_quiet(&rx, "the version no longer linked");
 }
 
+/// The config's directory swapped by a rename (or deleted and made again):
+/// the new one is read, and watched from then on. A probe's watch went deaf
+/// for good: the server kept the old config while `/healthz` said ok.
+#[test]
+fn a_directory_swapped_under_the_config_is_watched_again() {
+    let (dir, _) = setup(&["a1"]);
+    let d = dir.path();
+    fs::create_dir(d.join("real")).expect("mkdir");
+    let path = d.join("real/config.toml");
+    fs::write(&path, config_text(&["a1"])).expect("write");
+    let (_handle, rx) = start(&path);
+    fs::create_dir(d.join("real.new")).expect("mkdir");
+    fs::write(d.join("real.new/config.toml"), config_text(&["b1"])).expect("write");
+    fs::rename(d.join("real"), d.join("real.old")).expect("move away");
+    fs::rename(d.join("real.new"), d.join("real")).expect("swap in");
+    // Workspace paths are relative to the config's directory, now real/.
+    let ws_ids = |r: Reload| r.map(|c| ids(&c)).unwrap_or_default();
+    let mut seen = ws_ids(next(&rx));
+    while seen != ["b1"] {
+        seen = ws_ids(next(&rx));
+    }
+    fs::write(&path, config_text(&["b1", "b2"])).expect("edit the new one");
+    let mut seen = ws_ids(next(&rx));
+    while seen != ["b1", "b2"] {
+        seen = ws_ids(next(&rx));
+    }
+}
+
 #[test]
 fn a_broken_file_is_reported_and_a_fix_recovers() {
     let (_dir, path) = setup(&["a1"]);

@@ -22,7 +22,9 @@
 //! watched along the whole chain: every link met while resolving the path
 //! and the file it resolves to, each in its own directory ([`chain`]). The
 //! chain is resolved again after each reload, so a link pointed elsewhere
-//! is followed. A probe's edits to a linked file were never seen while
+//! is followed. The directory holding each watched directory is watched
+//! too, so a directory deleted and made again, or swapped by a rename, is
+//! watched afresh (its old watch went with it). A probe's edits to a linked file were never seen while
 //! `/healthz` said the config was fine.
 
 use std::collections::{BTreeSet, VecDeque};
@@ -153,7 +155,8 @@ pub fn watch(
     let watched: Watched = Arc::new(RwLock::new(chain(&path)));
     let debouncer: SharedWatcher = Arc::new(Mutex::new(None));
 
-    let (tx, rx) = mpsc::channel::<()>();
+    // `true` when a watched directory itself was replaced: watch it again.
+    let (tx, rx) = mpsc::channel::<bool>();
     let stopped = Arc::new(AtomicBool::new(false));
 
     let worker = {
@@ -174,8 +177,10 @@ pub fn watch(
         move |result: DebounceEventResult| match result {
             Ok(events) => {
                 let paths = watched.read().unwrap_or_else(PoisonError::into_inner);
-                if events.iter().any(|e| concerns(e, &paths)) {
-                    let _ = tx.send(());
+                let dirs = dirs(&paths);
+                let replaced = events.iter().any(|e| concerns(e, &dirs_as_paths(&dirs)));
+                if replaced || events.iter().any(|e| concerns(e, &paths)) {
+                    let _ = tx.send(replaced);
                 }
             }
             Err(errors) => {
@@ -183,7 +188,7 @@ pub fn watch(
                     tracing::warn!("config watch error: {e}");
                 }
                 // Events may have been lost: re-read the file to be sure.
-                let _ = tx.send(());
+                let _ = tx.send(true);
             }
         }
     };
@@ -198,7 +203,7 @@ pub fn watch(
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    for dir in dirs(&paths) {
+    for dir in watch_set(&paths) {
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(|source| WatchError::Notify { dir, source })?;
@@ -229,9 +234,22 @@ fn parent(path: &Path) -> PathBuf {
         .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
 }
 
-/// The directories to watch for `paths`: each one's own.
+/// The directories `paths` are in.
 fn dirs(paths: &[PathBuf]) -> BTreeSet<PathBuf> {
     paths.iter().map(|p| parent(p)).collect()
+}
+
+fn dirs_as_paths(dirs: &BTreeSet<PathBuf>) -> Vec<PathBuf> {
+    dirs.iter().cloned().collect()
+}
+
+/// The directories to watch for `paths`: each one's own, and the one that
+/// holds it, so that a directory deleted and made again, or swapped by a
+/// rename, is seen and watched again (a probe's watch went deaf for good).
+fn watch_set(paths: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let own = dirs(paths);
+    let holders: BTreeSet<PathBuf> = own.iter().map(|d| parent(d)).collect();
+    own.into_iter().chain(holders).collect()
 }
 
 /// Most links followed while resolving the config path (the kernel's
@@ -295,17 +313,18 @@ struct Reloader {
 
 impl Reloader {
     /// Resolves the chain again; watches the directories it now needs and
-    /// stops watching those it no longer does.
-    fn follow_links(&self) {
+    /// stops watching those it no longer does; with `again`, watches every
+    /// one afresh (a watched directory was replaced: its old watch is gone).
+    fn follow_links(&self, again: bool) {
         let now = chain(&self.path);
         let before = {
             let mut watched = self.watched.write().unwrap_or_else(PoisonError::into_inner);
-            if *watched == now {
+            if *watched == now && !again {
                 return;
             }
             std::mem::replace(&mut *watched, now.clone())
         };
-        let (old, new) = (dirs(&before), dirs(&now));
+        let (old, new) = (watch_set(&before), watch_set(&now));
         let mut guard = self
             .debouncer
             .lock()
@@ -313,15 +332,21 @@ impl Reloader {
         let Some(watcher) = guard.as_mut() else {
             return;
         };
-        for dir in new.difference(&old) {
-            if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
-                tracing::warn!(dir = %dir.display(), "cannot watch a directory the config file is now reached through: {e}");
-            }
-        }
         for dir in old.difference(&new) {
             let _ = watcher.unwatch(dir);
         }
-        tracing::info!(config = %self.path.display(), through = ?now, "the config file is reached through other links now; watching them");
+        for dir in &new {
+            if old.contains(dir) && !again {
+                continue;
+            }
+            let _ = watcher.unwatch(dir);
+            if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+                tracing::warn!(dir = %dir.display(), "cannot watch a directory the config file is reached through: {e}");
+            }
+        }
+        if before != now {
+            tracing::info!(config = %self.path.display(), through = ?now, "the config file is reached through other links now; watching them");
+        }
     }
 }
 
@@ -341,14 +366,15 @@ fn concerns(event: &notify::Event, watched: &[PathBuf]) -> bool {
 /// ends when the sender is gone.
 fn reload_loop(
     reload: &Reloader,
-    rx: &mpsc::Receiver<()>,
+    rx: &mpsc::Receiver<bool>,
     stopped: &AtomicBool,
     on_reload: &impl Fn(Result<Config, ConfigError>),
 ) {
-    while rx.recv().is_ok() {
+    while let Ok(first) = rx.recv() {
+        let mut again = first;
         loop {
             match rx.recv_timeout(SETTLE) {
-                Ok(()) => {}
+                Ok(replaced) => again |= replaced,
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => return,
             }
@@ -356,7 +382,7 @@ fn reload_loop(
         if stopped.load(Ordering::Acquire) {
             return;
         }
-        reload.follow_links();
+        reload.follow_links(again);
         let path = reload.path.as_path();
         let result = Config::reload(path);
         match &result {
