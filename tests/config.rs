@@ -1208,12 +1208,18 @@ fn a_reload_that_would_empty_the_config_is_refused() {
     ));
     let running = Config::load(&path).unwrap();
     fs::write(&path, "\u{feff}").unwrap();
-    assert!(matches!(Config::reload(&path), Err(ConfigError::Empty { .. })));
+    assert!(matches!(
+        Config::reload(&path),
+        Err(ConfigError::Empty { .. })
+    ));
     fs::write(&path, "workspace_root = \".\"\n").unwrap();
     let cut = Config::reload(&path).expect("parses");
     let err = cut.keeps_something_of(&running).unwrap_err();
     assert!(matches!(err, ConfigError::Emptied { .. }), "{err}");
-    assert!(err.to_string().contains("now declares no [[agent]]"), "{err}");
+    assert!(
+        err.to_string().contains("now declares no [[agent]]"),
+        "{err}"
+    );
     // Removing one rule of several, or adding, is an ordinary edit.
     fs::write(
         &path,
@@ -1221,7 +1227,10 @@ fn a_reload_that_would_empty_the_config_is_refused() {
     )
     .unwrap();
     let no_rules = Config::reload(&path).expect("parses");
-    assert!(no_rules.keeps_something_of(&running).is_err(), "every rule at once");
+    assert!(
+        no_rules.keeps_something_of(&running).is_err(),
+        "every rule at once"
+    );
     assert!(running.keeps_something_of(&no_rules).is_ok());
     drop(dir);
 }

@@ -390,9 +390,17 @@ fn an_event_stream_ends_with_its_login() {
         }
         let _ = done_tx.send(("ended", 0));
     });
-    let opened = done_rx.recv_timeout(Duration::from_secs(30)).expect("opened");
+    let opened = done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("opened");
     assert_eq!(opened, ("opened", 200));
-    let out = post(&server.base, "/logout", Some(&cookie), &[("X-CSRF-Token", &key)], "");
+    let out = post(
+        &server.base,
+        "/logout",
+        Some(&cookie),
+        &[("X-CSRF-Token", &key)],
+        "",
+    );
     assert_eq!(out.status, 204);
     // The login is checked every 5 s.
     let ended = done_rx

@@ -549,7 +549,11 @@ fn a_deleted_database_takes_nothing_more_and_says_so() {
     // left out.
     let open = Http::new(&http.base, None).get("/healthz");
     assert_eq!(open.body["status"], "unavailable", "{}", open.text);
-    assert!(!open.text.contains(&*layout.database.to_string_lossy()), "{}", open.text);
+    assert!(
+        !open.text.contains(&*layout.database.to_string_lossy()),
+        "{}",
+        open.text
+    );
     // Nothing was decided, not even in the file the server still holds open.
     let request = http.get(&format!("/api/approvals/{a}:req-1"));
     assert_eq!(request.body["status"], "pending", "{}", request.text);

@@ -70,6 +70,13 @@ fn needs_escape(c: char) -> bool {
     c.is_control() || disguises(c)
 }
 
+/// A control character, or a Unicode line or paragraph separator: anything
+/// some viewer breaks a line at or acts on, which a file name must not
+/// carry into a diff header (a probe's `x\u{2028}+++ b/evil.sh`).
+pub fn breaks_a_line(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

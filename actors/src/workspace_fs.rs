@@ -357,7 +357,7 @@ impl WorkspaceFs {
         // legal but never meant, and in a diff's `+++ b/<path>` header it
         // forges more headers: a probe's `x.sh\n--- a/CHANGELOG.md\n...`
         // showed a change to CHANGELOG.md while writing a new file.
-        if requested.chars().any(char::is_control) {
+        if requested.chars().any(crate::text::breaks_a_line) {
             return Err(invalid(
                 "the path contains a control character (a line break, a tab, an escape); name the file without one",
             ));

@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 use super::error::{ApiError, ApiQuery};
 use crate::app::App;
 use crate::journal::EventJournal;
-use crate::web::login::ConsoleLoginRef;
 use crate::storage::events::StoredEvent;
+use crate::web::login::ConsoleLoginRef;
 use intercom_actors::model::SessionId;
 
 /// Rows read from the table per page while catching up.
@@ -86,7 +86,12 @@ pub async fn events(
     let end = journal.streams_end().child_token();
     let login_watch = login.map(|Extension(login)| {
         let alive = CancellationToken::new();
-        tokio::spawn(end_with_login(app.clone(), login, end.clone(), alive.clone()));
+        tokio::spawn(end_with_login(
+            app.clone(),
+            login,
+            end.clone(),
+            alive.clone(),
+        ));
         alive.drop_guard()
     });
     let cursor = Cursor {

@@ -360,9 +360,11 @@ fn watch_config(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let checked = result.and_then(|c| {
-            c.keeps_something_of(&in_force).map(|()| c).inspect_err(|e| {
-                tracing::error!("config change rejected: {e}");
-            })
+            c.keeps_something_of(&in_force)
+                .map(|()| c)
+                .inspect_err(|e| {
+                    tracing::error!("config change rejected: {e}");
+                })
         });
         match checked {
             Ok(config) => {

@@ -223,14 +223,22 @@ impl Change {
     }
 }
 
-/// The 1-based line where `text` has a unified diff's file headers (a
-/// `--- ` line, a `+++ ` line, then a `@@ -` hunk header), if anywhere.
+/// The 1-based line where `text` has anything a diff viewer takes for a
+/// diff's start: a `diff --git` line, a `--- ` line followed by a `+++ `
+/// line, or a hunk header (`@@ -`, a combined diff's `@@@`). A probe's
+/// whole content hid its first lines behind each of these in the console's
+/// diff view.
 pub fn diff_headers_at(text: &str) -> Option<usize> {
     let lines: Vec<&str> = text.lines().collect();
     lines
-        .windows(3)
-        .position(|w| {
-            w[0].starts_with("--- ") && w[1].starts_with("+++ ") && w[2].starts_with("@@ -")
+        .iter()
+        .enumerate()
+        .position(|(i, l)| {
+            l.starts_with("diff --git ")
+                || l.starts_with("@@ -")
+                || l.starts_with("@@@ ")
+                || (l.starts_with("--- ")
+                    && lines.get(i + 1).is_some_and(|n| n.starts_with("+++ ")))
         })
         .map(|i| i + 1)
 }

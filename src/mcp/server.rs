@@ -272,7 +272,7 @@ impl IntercomMcp {
                 "argument `diff` is not a diff from its first line but has diff headers at line {line}: start it with its `---`/`+++` lines (or `diff --git`), or send the file's whole content without diff headers"
             )));
         }
-        let paths = clearance_paths(&change, &file_path)?;
+        let paths = clearance_paths(&change, &file_path, t.cwd.as_deref())?;
         let recorded = match &t.cwd {
             Some(root) => {
                 record_targets(&self.shared.workspace(root)?, &change, &file_path).await?
@@ -340,7 +340,7 @@ impl IntercomMcp {
         send(
             &t.actor,
             McpCall::Transmit {
-                text: args.str_or("prompt_text", "").trim().to_owned(),
+                text: bounded(&args, "prompt_text")?.unwrap_or_default(),
                 kind: args.str_or("prompt_type", "continuation").trim().to_owned(),
                 opened: opened_tx,
                 reply: tx,
@@ -464,7 +464,16 @@ impl IntercomMcp {
     async fn ping(&self, args: Args, ctx: &RequestContext<RoleServer>) -> ToolResult {
         let t = self.target(ctx).await?;
         let status = bounded(&args, "status_message")?;
+        // Shown as a plan and kept in the event journal: bounded like the
+        // other texts (a probe's 3.8 MB snapshots evicted every other
+        // session's event history).
         let progress = args.progress("progress_snapshot");
+        let progress_bytes: usize = progress.iter().map(|(l, s)| l.len() + s.len()).sum();
+        if progress_bytes > TEXT_MAX {
+            return Err(Fail::Params(format!(
+                "argument `progress_snapshot` is {progress_bytes} bytes, at most {TEXT_MAX}: send a summary"
+            )));
+        }
         let (tx, rx) = oneshot::channel();
         send(
             &t.actor,
@@ -776,7 +785,11 @@ fn bounded(args: &Args, name: &str) -> Result<Option<String>, Fail> {
 /// Where `a/../b` lands depends on whether `a` is a link: rules judge it as
 /// the kernel resolves it, so it must be written that way too, or not at
 /// all. Not at all is simpler to trust: a path with `..` is refused.
-fn clearance_paths(change: &Change, file_path: &str) -> Result<Vec<String>, Fail> {
+fn clearance_paths(
+    change: &Change,
+    file_path: &str,
+    root: Option<&Path>,
+) -> Result<Vec<String>, Fail> {
     // A one-file diff is written to `file_path`: its own `+++` name must
     // agree, or the operator reads a diff of one file above another's name.
     if let Change::Diff(files) = change
@@ -794,9 +807,9 @@ fn clearance_paths(change: &Change, file_path: &str) -> Result<Vec<String>, Fail
         .collect();
     // Each section would be applied to the original file and the last
     // would win, dropping what the others changed (a probe's approved
-    // removal was lost that way).
+    // removal was lost that way, also with `./x` beside `x`).
     let mut seen = std::collections::HashSet::new();
-    if let Some(twice) = paths.iter().find(|p| !seen.insert(p.as_str())) {
+    if let Some(twice) = paths.iter().find(|p| !seen.insert(same_file(p, root))) {
         return Err(Fail::Params(format!(
             "argument `diff` changes {twice:?} in more than one section; give one section per file"
         )));
@@ -811,6 +824,19 @@ fn clearance_paths(change: &Change, file_path: &str) -> Result<Vec<String>, Fail
         )));
     }
     Ok(paths)
+}
+
+/// A path as written, spelled one way: `./` and doubled or trailing
+/// slashes dropped, and the workspace's own directory in front of it.
+fn same_file(path: &str, root: Option<&Path>) -> PathBuf {
+    let p: PathBuf = Path::new(path)
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::CurDir))
+        .collect();
+    match root.and_then(|r| p.strip_prefix(r).ok()) {
+        Some(inside) => inside.to_path_buf(),
+        None => p,
+    }
 }
 
 /// What `check_clearance` answers once the request is closed: the

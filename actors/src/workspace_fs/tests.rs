@@ -85,6 +85,7 @@ fn a_path_with_a_control_character_is_refused() {
         "a\rb",
         "tab\there",
         "esc\u{1b}[31m",
+        "x\u{2028}+++ b/evil.sh",
     ] {
         let refused = ws.write(path, "y");
         assert!(
