@@ -362,6 +362,7 @@ mod tests {
                 [[rule]]
                 action = "allow"
                 kind = "read"
+                paths = ["**"]
                 [[rule]]
                 id = "git-ok"
                 workspace = "api"
