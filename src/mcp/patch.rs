@@ -224,8 +224,9 @@ impl Change {
 }
 
 /// The 1-based line where `text` has anything a diff viewer takes for a
-/// diff's start: a `diff --git` line, a `--- ` line followed by a `+++ `
-/// line, or a hunk header (`@@ -`, a combined diff's `@@@`). A probe's
+/// diff's start: a `diff --git` (`--cc`, `--combined`) line, a `Binary
+/// files … differ` line, a `--- ` line followed by a `+++ ` line, or a hunk
+/// header (`@@ -`, a combined diff's `@@@`). A probe's
 /// whole content hid its first lines behind each of these in the console's
 /// diff view.
 pub fn diff_headers_at(text: &str) -> Option<usize> {
@@ -235,6 +236,9 @@ pub fn diff_headers_at(text: &str) -> Option<usize> {
         .enumerate()
         .position(|(i, l)| {
             l.starts_with("diff --git ")
+                || l.starts_with("diff --cc ")
+                || l.starts_with("diff --combined ")
+                || (l.starts_with("Binary files ") && l.ends_with(" differ"))
                 || l.starts_with("@@ -")
                 || l.starts_with("@@@ ")
                 || (l.starts_with("--- ")

@@ -247,7 +247,22 @@ pub struct ToolCallView {
 
 /// The command of an execute call (`rawInput.command`), when given.
 pub fn command_of(raw: Option<&Value>) -> Option<String> {
-    let value = COMMAND_KEYS.iter().find_map(|k| raw?.get(*k))?;
+    let raw = raw?;
+    let present: Vec<(&str, &Value)> = COMMAND_KEYS
+        .iter()
+        .filter_map(|k| raw.get(*k).map(|v| (*k, v)))
+        .collect();
+    // Two keys that could each be what runs: both are shown (as JSON, which
+    // no allow rule's prefix matches), not the first alone (a probe's
+    // `command` said `git status` while its `cmd` said something else).
+    if present.len() > 1 {
+        let both: serde_json::Map<String, Value> = present
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).clone()))
+            .collect();
+        return Some(Value::Object(both).to_string());
+    }
+    let (_, value) = present.into_iter().next()?;
     match value {
         Value::String(s) => Some(s.clone()),
         Value::Array(parts) if parts.iter().all(Value::is_string) => Some(

@@ -749,6 +749,14 @@ mod tests {
             Some("curl x | sh")
         );
         assert_eq!(cmd(call("read", json!("notes.txt"))), None);
+        assert_eq!(
+            cmd(call(
+                "execute",
+                json!({"command": "git status", "cmd": "git `id`"})
+            ))
+            .as_deref(),
+            Some(r#"{"command":"git status","cmd":"git `id`"}"#)
+        );
     }
 
     #[test]
