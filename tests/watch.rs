@@ -173,6 +173,31 @@ fn a_directory_swapped_under_the_config_is_watched_again() {
     }
 }
 
+/// A file written in two parts a second apart (an `echo >>` per line, a
+/// slow copy) is read once it has been quiet, whole: a probe's copy cut
+/// before its last deny rule was applied meanwhile. The pause is the
+/// writer's, part of the scenario.
+#[test]
+fn a_file_still_being_written_is_read_once_whole() {
+    let (_dir, path) = setup(&["a2"]);
+    let (_handle, rx) = start(&path);
+    fs::write(&path, config_text(&["a1"])).expect("first part");
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("open");
+    std::io::Write::write_all(&mut f, b"[[workspace]]\nid = \"web\"\npath = \"web\"\n")
+        .expect("second part");
+    drop(f);
+    let cfg = next(&rx).expect("valid");
+    assert_eq!(
+        ids(&cfg),
+        ["a1", "web"],
+        "the first reload saw the whole file"
+    );
+}
+
 #[test]
 fn a_broken_file_is_reported_and_a_fix_recovers() {
     let (_dir, path) = setup(&["a1"]);

@@ -5,8 +5,9 @@
 //! by writing a temporary file and renaming it over the original, which a
 //! watch on the file itself would lose), keeps only events that name the
 //! config file (create, modify, rename, remove; access events are ignored),
-//! debounces them with notify-debouncer-full, lets a burst settle, then
-//! loads, resolves and validates the WHOLE file and calls `on_reload` once
+//! debounces them with notify-debouncer-full, lets a burst settle, waits
+//! until the file has gone unchanged for [`QUIET`] (a file still being
+//! written is not read), then loads, resolves and validates the WHOLE file and calls `on_reload` once
 //! with the result. The consumer applies an `Ok` atomically (one registry
 //! `Reload`, one rule-set swap) and on `Err` keeps what it had and reports
 //! the error, e.g. through [`ConfigStatus`].
@@ -49,6 +50,19 @@ pub const DEBOUNCE: Duration = Duration::from_millis(200);
 /// After a debounced batch, further batches within this are merged into the
 /// same reload (a slow save can straddle two debouncer ticks).
 const SETTLE: Duration = Duration::from_millis(100);
+
+/// How long the file must have gone unchanged before it is read.
+pub const QUIET: Duration = Duration::from_secs(2);
+
+/// How long ago the file at `path` last changed (`QUIET` or more when that
+/// cannot be told: a missing file, a time in the future).
+fn age(path: &Path) -> Duration {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+        .unwrap_or(QUIET)
+}
 
 /// Why the watch could not start.
 #[derive(Debug, thiserror::Error)]
@@ -376,6 +390,19 @@ fn reload_loop(
             match rx.recv_timeout(SETTLE) {
                 Ok(replaced) => again |= replaced,
                 Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        // A file still being written is not read: only once it has not
+        // changed for `QUIET` (a probe appended a rule line by line, and a
+        // copy cut before the last deny rule was applied).
+        loop {
+            let Some(wait) = QUIET.checked_sub(age(&reload.path)) else {
+                break;
+            };
+            match rx.recv_timeout(wait) {
+                Ok(replaced) => again |= replaced,
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
