@@ -396,10 +396,7 @@ fn reload_loop(
         // A file still being written is not read: only once it has not
         // changed for `QUIET` (a probe appended a rule line by line, and a
         // copy cut before the last deny rule was applied).
-        loop {
-            let Some(wait) = QUIET.checked_sub(age(&reload.path)) else {
-                break;
-            };
+        while let Some(wait) = QUIET.checked_sub(age(&reload.path)) {
             match rx.recv_timeout(wait) {
                 Ok(replaced) => again |= replaced,
                 Err(RecvTimeoutError::Timeout) => {}
