@@ -138,14 +138,9 @@ pub fn cookie_value(headers: &HeaderMap) -> Option<&str> {
 
 /// The CSRF token of the request's login, when it has a live one.
 pub async fn login_csrf(console: &Console, headers: &HeaderMap) -> Option<String> {
-    let cookie = cookie_value(headers)?;
-    match console.app().store().console_login(&hash(cookie)).await {
-        Ok(login) => login.map(|l| l.csrf),
-        Err(e) => {
-            tracing::warn!("cannot read console logins: {e}");
-            None
-        }
-    }
+    ConsoleLoginRef::of(cookie_value(headers)?)
+        .csrf(console.app().store())
+        .await
 }
 
 /// Creates a login and answers with its cookie and a redirect to `/` whose
@@ -187,10 +182,26 @@ async fn start_login(console: &Console, headers: &HeaderMap) -> Response {
 pub struct ConsoleLoginRef(String);
 
 impl ConsoleLoginRef {
+    /// The login a cookie's value stands for.
+    fn of(cookie: &str) -> ConsoleLoginRef {
+        ConsoleLoginRef(hash(cookie))
+    }
+
+    /// The login's CSRF token (its key), while it is live.
+    async fn csrf(&self, store: &crate::storage::SqliteStore) -> Option<String> {
+        match store.console_login(&self.0).await {
+            Ok(login) => login.map(|l| l.csrf),
+            Err(e) => {
+                tracing::warn!("cannot read console logins: {e}");
+                None
+            }
+        }
+    }
+
     /// True while the login is live (not logged out, not expired); true
     /// too when the store cannot say (a passing read error ends nothing).
-    pub async fn is_live(&self, console_store: &crate::storage::SqliteStore) -> bool {
-        !matches!(console_store.console_login(&self.0).await, Ok(None))
+    pub async fn is_live(&self, store: &crate::storage::SqliteStore) -> bool {
+        !matches!(store.console_login(&self.0).await, Ok(None))
     }
 }
 
@@ -302,10 +313,13 @@ pub async fn api_cookie_auth(
     next: Next,
 ) -> Response {
     let headers = request.headers();
-    if headers.contains_key(header::AUTHORIZATION) || cookie_value(headers).is_none() {
+    if headers.contains_key(header::AUTHORIZATION) {
         return next.run(request).await;
     }
-    let Some(csrf) = login_csrf(&console, headers).await else {
+    let Some(login) = cookie_value(headers).map(ConsoleLoginRef::of) else {
+        return next.run(request).await;
+    };
+    let Some(csrf) = login.csrf(console.app().store()).await else {
         return next.run(request).await;
     };
     if !guard::request_host_ok(headers) {
@@ -325,14 +339,11 @@ pub async fn api_cookie_auth(
         .into_response();
     }
     let bearer = format!("Bearer {}", console.token().expose());
-    let login = cookie_value(request.headers()).map(|c| ConsoleLoginRef(hash(c)));
     match HeaderValue::from_str(&bearer) {
         Ok(mut value) => {
             value.set_sensitive(true);
             request.headers_mut().insert(header::AUTHORIZATION, value);
-            if let Some(login) = login {
-                request.extensions_mut().insert(login);
-            }
+            request.extensions_mut().insert(login);
             next.run(request).await
         }
         Err(_) => forbidden("the API token cannot be sent as a header"),
