@@ -87,6 +87,12 @@ pub enum RuleAction {
     Deny,
 }
 
+/// Kinds of action that work on named files, reads and searches included:
+/// an allow rule for one of them names its files (a remembered rule, a
+/// rule in `config.toml`). (The modes' own list, `FILE_KINDS`, is the kinds
+/// that change files.)
+pub const KINDS_ON_FILES: &[&str] = &["read", "edit", "delete", "move", "search"];
+
 /// Whether `command_regex` matches an empty command, and so any command
 /// (an unanchored `.*`, `x?`, the empty pattern).
 pub fn matches_every_command(command_regex: &str) -> bool {

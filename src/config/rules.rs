@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope};
+use intercom_actors::rules::{KINDS_ON_FILES, Rule, RuleAction, RuleMatch, Scope};
 use serde::Deserialize;
 
 use super::{AgentProfile, ConfigError};
@@ -128,9 +128,6 @@ fn rule(i: usize, r: RawRule, workspaces: &[&str], agents: &[AgentProfile]) -> R
     Ok(rule)
 }
 
-/// Kinds of action on files: an allow rule for one names its files.
-const FILE_KINDS: &[&str] = &["read", "edit", "delete", "move", "search"];
-
 /// An allow rule in the file says what it allows: a kind or paths; for
 /// `execute`, the command; for a kind on files, the files. A file is read
 /// while it is being written now and then, and a `[[rule]]` cut after its
@@ -149,7 +146,7 @@ fn names_what_it_allows(m: &RuleMatch, key: &impl Fn(&str) -> String) -> Result<
             "command_prefix",
             "an allow rule for `execute` needs `command_prefix` or `command_regex`; without, it allows every command",
         ),
-        Some(k) if FILE_KINDS.contains(&k) && m.paths.is_empty() => fail(
+        Some(k) if KINDS_ON_FILES.contains(&k) && m.paths.is_empty() => fail(
             "paths",
             "an allow rule for a kind on files needs `paths` (`[\"**\"]` for the whole workspace); without, it allows that kind on any file",
         ),

@@ -7,8 +7,8 @@
 //! config file (create, modify, rename, remove; access events are ignored),
 //! debounces them with notify-debouncer-full, lets a burst settle, waits
 //! until the file has gone unchanged for [`QUIET`] (a file still being
-//! written is not read), then loads, resolves and validates the WHOLE file and calls `on_reload` once
-//! with the result. The consumer applies an `Ok` atomically (one registry
+//! written is not read), then loads, resolves and validates the WHOLE file
+//! and calls `on_reload` once with the result. The consumer applies an `Ok` atomically (one registry
 //! `Reload`, one rule-set swap) and on `Err` keeps what it had and reports
 //! the error, e.g. through [`ConfigStatus`].
 //!
@@ -25,8 +25,8 @@
 //! chain is resolved again after each reload, so a link pointed elsewhere
 //! is followed. The directory holding each watched directory is watched
 //! too, so a directory deleted and made again, or swapped by a rename, is
-//! watched afresh (its old watch went with it). A probe's edits to a linked file were never seen while
-//! `/healthz` said the config was fine.
+//! watched afresh (its old watch went with it). A probe's edits to a
+//! linked file were never seen while `/healthz` said the config was fine.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::ffi::OsString;
@@ -191,8 +191,8 @@ pub fn watch(
         move |result: DebounceEventResult| match result {
             Ok(events) => {
                 let paths = watched.read().unwrap_or_else(PoisonError::into_inner);
-                let dirs = dirs(&paths);
-                let replaced = events.iter().any(|e| concerns(e, &dirs_as_paths(&dirs)));
+                let dirs: Vec<PathBuf> = dirs(&paths).into_iter().collect();
+                let replaced = events.iter().any(|e| concerns(e, &dirs));
                 if replaced || events.iter().any(|e| concerns(e, &paths)) {
                     let _ = tx.send(replaced);
                 }
@@ -251,10 +251,6 @@ fn parent(path: &Path) -> PathBuf {
 /// The directories `paths` are in.
 fn dirs(paths: &[PathBuf]) -> BTreeSet<PathBuf> {
     paths.iter().map(|p| parent(p)).collect()
-}
-
-fn dirs_as_paths(dirs: &BTreeSet<PathBuf>) -> Vec<PathBuf> {
-    dirs.iter().cloned().collect()
 }
 
 /// The directories to watch for `paths`: each one's own, and the one that

@@ -41,13 +41,11 @@ in the server log";
 /// API token gets it.
 pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Response {
     let slack = app.slack().as_str().to_owned();
-    let config_error = app.config_error().map(|e| {
-        if auth::carries(&headers, &token) {
-            e
-        } else {
-            CONFIG_ERROR_HIDDEN.to_owned()
-        }
-    });
+    let trusted = auth::carries(&headers, &token);
+    let reveal = |reason: Option<String>, hidden: &str| {
+        reason.map(|r| if trusted { r } else { hidden.to_owned() })
+    };
+    let config_error = reveal(app.config_error(), CONFIG_ERROR_HIDDEN);
     let config = if config_error.is_some() {
         "stale"
     } else {
@@ -55,13 +53,7 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
     };
     // The reason names the database's path: with the token only, as the
     // config's.
-    let storage_error = app.store().storage_problem().map(|e| {
-        if auth::carries(&headers, &token) {
-            e
-        } else {
-            STORAGE_ERROR_HIDDEN.to_owned()
-        }
-    });
+    let storage_error = reveal(app.store().storage_problem(), STORAGE_ERROR_HIDDEN);
     let (status, code, sessions) = match app.live_count().await {
         Ok(sessions) if storage_error.is_none() => ("ok", StatusCode::OK, sessions),
         Ok(sessions) => ("unavailable", StatusCode::SERVICE_UNAVAILABLE, sessions),

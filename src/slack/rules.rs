@@ -251,7 +251,7 @@ pub fn remembered_match(
                     .into(),
             ),
         },
-        Some(k) if allow && paths.is_empty() && KINDS_ON_FILES.contains(&k) => Err(format!(
+        Some(k) if allow && paths.is_empty() && intercom_actors::rules::KINDS_ON_FILES.contains(&k) => Err(format!(
             "This request names no file, so a rule from it would allow every `{k}` anywhere; decide such requests one at a time, or add a rule with `paths` through `POST /api/rules`."
         )),
         Some(_) => Ok(RuleMatch {
@@ -269,11 +269,6 @@ pub fn remembered_match(
         ),
     }
 }
-
-/// Kinds of action that work on files, reads and searches included: a
-/// remembered rule allowing one of them names the files. (The modes' own
-/// list, `rules::FILE_KINDS`, is the kinds that change files.)
-const KINDS_ON_FILES: &[&str] = &["read", "edit", "delete", "move", "search"];
 
 /// `/intercom rules`: every rule in force.
 pub async fn list(ctx: &Ctx, reply: &Reply) {

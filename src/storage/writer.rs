@@ -115,8 +115,9 @@ struct Counters {
     /// Writes that committed.
     writes: AtomicU64,
     /// Why the last commit failed, while the writer cannot commit (a full
-    /// disk, say); `None` once a commit succeeds again. Written only when
-    /// that changes, read by `/healthz`.
+    /// disk, say); `None` once a commit succeeds again. Written when a
+    /// commit fails and when the first one after succeeds (not on every
+    /// success); read by `/healthz`.
     failing: std::sync::Mutex<Option<String>>,
 }
 
