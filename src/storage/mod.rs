@@ -19,6 +19,7 @@ mod clearances;
 pub mod console;
 pub mod events;
 mod file_identity;
+mod flags;
 mod lock;
 mod outbox;
 pub mod pages;

@@ -17,6 +17,7 @@ use intercom_actors::ports::{Clearance, SessionStore, StoreError};
 use intercom_actors::transcript::{PageFill, TranscriptPage, TranscriptSlice};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::flags::SessionFlag;
 use super::pages;
 use super::rows::{
     KeyedRequestRow, MessageRow, RequestRow, SessionRow, SteeringRow, request_columns,
@@ -58,7 +59,7 @@ pub(super) fn to_json<T: serde::Serialize>(
 }
 
 /// NotFound for session `id` when an `UPDATE` of it touched no row.
-fn one_session(changed: usize, id: &SessionId) -> Result<(), StoreError> {
+pub(super) fn one_session(changed: usize, id: &SessionId) -> Result<(), StoreError> {
     if changed == 0 {
         return Err(session_not_found(id));
     }
@@ -564,48 +565,19 @@ impl SessionStore for SqliteStore {
     }
 
     async fn set_paused(&self, id: &SessionId, paused: bool) -> Result<(), StoreError> {
-        self.write((id.clone(), paused), |(id, paused), conn| {
-            let changed = exec(
-                conn,
-                "record pause",
-                "UPDATE sessions SET paused = ? WHERE id = ?",
-                params![paused, id.0],
-            )?;
-            one_session(changed, id)
-        })
-        .await
+        self.set_flag(id, SessionFlag::Paused, paused).await
     }
 
     async fn is_paused(&self, id: &SessionId) -> Result<bool, StoreError> {
-        let paused: Option<bool> = sqlx::query_scalar("SELECT paused FROM sessions WHERE id = ?")
-            .bind(&id.0)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend("read pause"))?;
-        Ok(paused.unwrap_or(false))
+        self.flag(id, SessionFlag::Paused).await
     }
 
     async fn set_turn_running(&self, id: &SessionId, running: bool) -> Result<(), StoreError> {
-        self.write((id.clone(), running), |(id, running), conn| {
-            let changed = exec(
-                conn,
-                "record turn",
-                "UPDATE sessions SET turn_running = ? WHERE id = ?",
-                params![running, id.0],
-            )?;
-            one_session(changed, id)
-        })
-        .await
+        self.set_flag(id, SessionFlag::TurnRunning, running).await
     }
 
     async fn turn_was_running(&self, id: &SessionId) -> Result<bool, StoreError> {
-        let running: Option<bool> =
-            sqlx::query_scalar("SELECT turn_running FROM sessions WHERE id = ?")
-                .bind(&id.0)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(backend("read turn"))?;
-        Ok(running.unwrap_or(false))
+        self.flag(id, SessionFlag::TurnRunning).await
     }
 
     async fn undelivered_steering(&self, id: &SessionId) -> Result<Vec<Steering>, StoreError> {
