@@ -12,7 +12,9 @@
 //!
 //! Layout: [`SqliteStore`] and opening live here; the trait implementation is
 //! in `store.rs`, the writer in `writer.rs`, row decoding in `rows.rs`, the
-//! instance lock in `lock.rs`.
+//! instance lock in `lock.rs`, the session row's yes/no flags in `flags.rs`,
+//! and the check that the database file is still the one opened in
+//! `file_identity.rs`.
 
 mod checkpointer;
 mod clearances;
