@@ -121,8 +121,6 @@ pub struct SqliteStore {
     writer: Writer,
     /// Held for the life of the store.
     instance_lock: InstanceLock,
-    /// The database file as opened (is it still at its path?).
-    file: file_identity::DbFile,
     /// The directory of a temporary store, deleted after everything else
     /// closed (None for a store on a file the operator chose).
     _temporary: Option<tempfile::TempDir>,
@@ -193,7 +191,6 @@ impl SqliteStore {
             pool,
             writer,
             instance_lock,
-            file: file_identity::DbFile::opened(path),
             _temporary: None,
         })
     }
@@ -226,11 +223,7 @@ impl SqliteStore {
     /// was deleted or replaced under the running server, or the last commit
     /// failed (a full disk, say) and none has succeeded since.
     pub fn storage_problem(&self) -> Option<String> {
-        self.file.check().err().or_else(|| {
-            self.writer
-                .failing()
-                .map(|why| format!("the last write to the database failed: {why}"))
-        })
+        self.writer.problem()
     }
 
     /// How many write transactions have committed since the store opened

@@ -141,6 +141,9 @@ pub(crate) struct Writer {
     stopped: oneshot::Receiver<()>,
     /// Commits and writes so far.
     counters: Arc<Counters>,
+    /// The database files as opened (the thread checks them before each
+    /// commit; `/healthz` asks here).
+    file: DbFile,
 }
 
 impl Writer {
@@ -166,7 +169,7 @@ impl Writer {
             path: path.to_owned(),
             busy_timeout,
             conn: Some(conn),
-            file,
+            file: file.clone(),
             file_lost: false,
             failing: false,
             counters: Arc::clone(&counters),
@@ -181,6 +184,7 @@ impl Writer {
             jobs,
             stopped,
             counters,
+            file,
         })
     }
 
@@ -216,8 +220,17 @@ impl Writer {
         self.counters.writes.load(Ordering::Relaxed)
     }
 
+    /// Why nothing can be stored now: a database file deleted or replaced
+    /// under the server, or the reason the last commit failed.
+    pub(crate) fn problem(&self) -> Option<String> {
+        self.file.check().err().or_else(|| {
+            self.failing()
+                .map(|why| format!("the last write to the database failed: {why}"))
+        })
+    }
+
     /// Why the last commit failed, while commits fail.
-    pub(crate) fn failing(&self) -> Option<String> {
+    fn failing(&self) -> Option<String> {
         self.counters
             .failing
             .lock()
