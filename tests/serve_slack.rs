@@ -10,7 +10,7 @@ mod emulator;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Http, agent_bin};
+use common::{Http, agent_bin, free_port};
 use emulator::Emulator;
 
 struct Server(Child);
@@ -22,13 +22,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 fn config(dir: &std::path::Path, port: u16, api_url: &str, extra: &str) -> String {
     format!(

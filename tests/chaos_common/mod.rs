@@ -299,11 +299,11 @@ impl Drop for Deployment {
     }
 }
 
-/// A free loopback port (bound, read, released).
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 0");
-    listener.local_addr().expect("addr").port()
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 // ---- HTTP ---------------------------------------------------------------------
 

@@ -22,11 +22,11 @@ pub const TOKEN: &str = "test-token-0123456789";
 mod scripted_agent;
 pub use scripted_agent::agent_bin;
 
-/// A loopback port free at the moment of asking.
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 0");
-    listener.local_addr().expect("addr").port()
-}
+// One harness per test crate may include this alongside another.
+#[allow(clippy::duplicate_mod)]
+#[path = "../shared/ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// `agent-intercom serve --config <config>` with no API token or Slack
 /// credentials from the test's environment, info logging and no stdin; the
