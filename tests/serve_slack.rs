@@ -22,7 +22,6 @@ impl Drop for Server {
     }
 }
 
-
 fn config(dir: &std::path::Path, port: u16, api_url: &str, extra: &str) -> String {
     format!(
         r#"workspace_root = "{root}"
