@@ -303,6 +303,7 @@ impl Drop for Deployment {
 #[allow(clippy::duplicate_mod)]
 #[path = "../shared/ports.rs"]
 mod ports;
+#[allow(unused_imports)] // not every test crate starts a server of its own
 pub use ports::free_port;
 
 // ---- HTTP ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ pub use scripted_agent::agent_bin;
 #[allow(clippy::duplicate_mod)]
 #[path = "../shared/ports.rs"]
 mod ports;
+#[allow(unused_imports)] // not every test crate starts a server of its own
 pub use ports::free_port;
 
 /// `agent-intercom serve --config <config>` with no API token or Slack
