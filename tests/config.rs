@@ -115,9 +115,9 @@ fn agent_and_workspace_defaults() {
 
 #[test]
 fn example_config_parses_and_validates() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml.example");
+    let path = manifest_dir().join("config.toml.example");
     let cfg = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    let repo = canon(Path::new(env!("CARGO_MANIFEST_DIR")));
+    let repo = canon(&manifest_dir());
 
     assert_eq!(cfg.workspace_root, repo);
     assert_eq!(cfg.database.path, repo.join("data/agent-intercom.db"));
@@ -168,9 +168,7 @@ fn example_config_parses_and_validates() {
 fn commented_out_example_agents_are_valid_too() {
     // Uncomment every `# key = value` / `# [[table]]` line in the example's
     // agent and workspace sections and check the result still validates.
-    let text =
-        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml.example"))
-            .unwrap();
+    let text = fs::read_to_string(manifest_dir().join("config.toml.example")).unwrap();
     let uncommented: String = text
         .lines()
         .map(|line| {
@@ -208,8 +206,8 @@ fn commented_out_example_agents_are_valid_too() {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cfg = Config::from_toml_str(&uncommented, repo).unwrap_or_else(|e| panic!("{e}"));
+    let repo = manifest_dir();
+    let cfg = Config::from_toml_str(&uncommented, &repo).unwrap_or_else(|e| panic!("{e}"));
     let ids: Vec<&str> = cfg.agents.iter().map(|a| a.id.as_str()).collect();
     assert_eq!(ids, ["scripted", "claude", "gemini", "copilot", "legacy"]);
     assert_eq!(cfg.agent("legacy").unwrap().framing, Framing::Lsp);
@@ -1233,4 +1231,14 @@ fn a_reload_that_would_empty_the_config_is_refused() {
     );
     assert!(running.keeps_something_of(&no_rules).is_ok());
     drop(dir);
+}
+
+/// The package's directory: cargo's `CARGO_MANIFEST_DIR` when it runs this
+/// test, else the one it was compiled in (a build cache shared between two
+/// clones must not read the other clone's files).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        Into::into,
+    )
 }

@@ -152,7 +152,7 @@ async fn gemini_cli_fails_session_new_with_a_named_auth_error() {
 
 /// The interop install directory as it appears in agents' command lines.
 fn install_dir() -> String {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop");
+    let dir = manifest_dir().join("../tests/interop");
     dir.canonicalize().unwrap_or(dir).display().to_string()
 }
 
@@ -211,4 +211,14 @@ async fn cursor_agent_acp_without_cursor_agent_times_out_with_its_stderr() {
     assert!(err.to_string().contains("stderr:"), "{err}");
     assert!(h.store.list_sessions(false).await.expect("list").is_empty());
     interop_support::until_no_process(&[&install_dir(), "cursor-agent-acp"], support::WAIT).await;
+}
+
+/// The package's directory: cargo's `CARGO_MANIFEST_DIR` when it runs this
+/// test, else the one it was compiled in (a build cache shared between two
+/// clones must not read the other clone's files).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        Into::into,
+    )
 }

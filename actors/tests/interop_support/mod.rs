@@ -15,7 +15,7 @@ use intercom_actors::settings::AgentProfile;
 
 /// An installed agent binary (`tests/interop/install.sh` puts them there).
 pub fn bin(name: &str) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop/node_modules/.bin");
+    let root = manifest_dir().join("../tests/interop/node_modules/.bin");
     let path = root.join(name);
     assert!(
         path.exists(),
@@ -92,4 +92,14 @@ pub async fn until_no_process(words: &[&str], wait: std::time::Duration) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// The package's directory: cargo's `CARGO_MANIFEST_DIR` when it runs this
+/// test, else the one it was compiled in (a build cache shared between two
+/// clones must not read the other clone's files).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        Into::into,
+    )
 }
