@@ -398,6 +398,11 @@ pub struct PendingRequest {
     pub tool_kind: Option<String>,
     /// One-line summary for the operator.
     pub title: String,
+    /// The command an execute permission runs (from its `rawInput`), whole:
+    /// what rules judge. Surfaces show it apart from the title, which they
+    /// cut, and say so when they cannot show all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
     /// A unified diff when the request changes a file.
     pub diff: Option<String>,
     /// Files touched, when known.

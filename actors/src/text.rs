@@ -7,6 +7,8 @@
 
 use std::borrow::Cow;
 
+pub mod command;
+
 /// Invisible formatting that can make text read other than it is: bidi
 /// marks, embeddings, overrides and isolates (`U+202A`–`U+202E`,
 /// `U+2066`–`U+2069`), zero-width and soft-hyphen characters, the line and

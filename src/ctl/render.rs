@@ -393,7 +393,7 @@ pub fn approvals(list: &[ApprovalView]) -> String {
 /// operator is deciding on.
 fn approval_detail(a: &ApprovalView) -> String {
     let diff = a.diff.as_deref().filter(|d| !d.trim().is_empty());
-    if a.paths.is_empty() && diff.is_none() {
+    if a.paths.is_empty() && diff.is_none() && a.command.is_none() {
         return String::new();
     }
     let mut out = format!("\n{}", bounded(&a.id, FIELD_MAX));
@@ -401,6 +401,15 @@ fn approval_detail(a: &ApprovalView) -> String {
         out.push_str(&format!(" — {}", one_line(&a.paths.join(", "))));
     }
     out.push('\n');
+    if let Some(command) = &a.command {
+        // Whole (the table's title column is cut at 40), padding counted,
+        // its further lines indented under the first.
+        let marked = intercom_actors::text::command::marked(command);
+        out.push_str(&format!(
+            "runs: {}\n",
+            printable(&marked).replace('\n', "\n      ")
+        ));
+    }
     if let Some(diff) = diff {
         out.push_str(&printable(diff));
         if !diff.ends_with('\n') {

@@ -223,6 +223,10 @@ pub struct ApprovalView {
     pub request_id: String,
     /// One-line summary.
     pub title: String,
+    /// The command an execute permission runs, whole (the title may be cut
+    /// where it is shown; this is what the rules judged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
     /// permission, file_write or forwarded_prompt.
     pub kind: RequestKind,
     /// Unified diff, for file writes.
@@ -250,6 +254,7 @@ impl ApprovalView {
             session_id: p.session_id.0,
             request_id: p.request_id,
             title: p.title,
+            command: p.command,
             kind: p.kind,
             diff: p.diff,
             paths: p.paths,

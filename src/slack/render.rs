@@ -21,6 +21,7 @@ use intercom_actors::ports::NoticeLevel;
 use intercom_actors::rules::{Rule, RuleAction, RuleMatch, Scope};
 use intercom_actors::session::SessionSnapshot;
 use intercom_actors::slack_port::{MessageBody, Render, Snippet, StatusLine};
+use intercom_actors::text::command;
 
 use super::rules::{CONFIG_SOURCE, RememberScope};
 use serde_json::{Value, json};
@@ -231,6 +232,9 @@ fn request_head(r: &PendingRequest) -> Vec<Value> {
         escape(&truncate(&r.title, TITLE_LIMIT))
     );
     let mut blocks = vec![section(&text)];
+    if let Some(command) = r.command.as_deref().filter(|c| shows_apart(&r.title, c)) {
+        blocks.push(command_block(command));
+    }
     if !r.paths.is_empty() {
         let files: Vec<String> = r
             .paths
@@ -245,6 +249,42 @@ fn request_head(r: &PendingRequest) -> Vec<Value> {
         blocks.push(section(&line));
     }
     blocks
+}
+
+/// The most of a command a request's message shows, in characters before
+/// escaping (a section holds [`SECTION_LIMIT`]).
+const COMMAND_LIMIT: usize = 2400;
+
+/// Whether a request's command needs a block of its own: its title is cut
+/// where shown, or the command has something [`command::marked`] writes
+/// out (padding, backtick runs, invisible characters). Otherwise the title
+/// already shows all of it.
+fn shows_apart(title: &str, command: &str) -> bool {
+    truncate(title, TITLE_LIMIT) != title || command::marked(command) != command
+}
+
+/// The command a request runs, in a code block: whole when it fits, else
+/// its start and its end with how much is not shown between them (a
+/// command padded past the cut cannot hide its end).
+fn command_block(full: &str) -> Value {
+    let mut max = COMMAND_LIMIT;
+    loop {
+        let shown = command::shown(full, max);
+        let mut text = format!("*Runs:*\n```\n{}\n```", escape(&shown.start));
+        if shown.left_out > 0 {
+            text.push_str(&format!(
+                "\n_… {} characters not shown here; `ctl approvals` and the API show the whole command …_\n```\n{}\n```",
+                shown.left_out,
+                escape(&shown.end)
+            ));
+        }
+        // Escaping can grow the text (`&` takes five characters): shrink
+        // the part shown until all of it fits, end included.
+        if text.encode_utf16().count() <= SECTION_LIMIT || max < 60 {
+            return section(&text);
+        }
+        max = max * 2 / 3;
+    }
 }
 
 fn option_name(r: &PendingRequest, id: &str) -> String {

@@ -190,6 +190,7 @@ pub(crate) struct RequestRow {
     pub decided_by: Option<String>,
     pub decided_at: Option<i64>,
     pub tool_kind: Option<String>,
+    pub command: Option<String>,
 }
 
 /// A [`RequestRow`] with its `rowid` (the approvals list's page key).
@@ -204,7 +205,11 @@ impl KeyedRequestRow {
     /// What the row weighs in a page: its agent-sized columns.
     pub(crate) fn size(&self) -> usize {
         let r = &self.row;
-        r.title.len() + r.diff.as_ref().map_or(0, String::len) + r.paths.len() + r.options.len()
+        r.title.len()
+            + r.command.as_ref().map_or(0, String::len)
+            + r.diff.as_ref().map_or(0, String::len)
+            + r.paths.len()
+            + r.options.len()
     }
 }
 
@@ -212,7 +217,7 @@ impl KeyedRequestRow {
 macro_rules! request_columns {
     () => {
         "id, session_id, request_id, kind, title, diff, paths, options, status, wire_id, \
-         created_at, option_id, approved, reason, decided_by, decided_at, tool_kind"
+         created_at, option_id, approved, reason, decided_by, decided_at, tool_kind, command"
     };
 }
 pub(crate) use request_columns;
@@ -270,6 +275,7 @@ impl RequestRow {
                 kind,
                 tool_kind: self.tool_kind,
                 title: self.title,
+                command: self.command,
                 diff: self.diff,
                 paths,
                 options,

@@ -394,8 +394,8 @@ impl SessionStore for SqliteStore {
                     OP,
                     &req.session_id,
                     "INSERT INTO requests (id, session_id, request_id, kind, title, diff, paths, \
-                 options, status, wire_id, created_at, tool_kind) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 options, status, wire_id, created_at, tool_kind, command) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     params![
                         req.id,
                         req.session_id.0,
@@ -409,6 +409,7 @@ impl SessionStore for SqliteStore {
                         req.wire_id,
                         req.created_at,
                         req.tool_kind,
+                        req.command,
                     ],
                 )?;
                 Ok(())

@@ -47,6 +47,8 @@ pub(super) struct Opening {
     pub tool_kind: Option<String>,
     /// One line for the operator.
     pub title: String,
+    /// The command it runs, for an execute call.
+    pub command: Option<String>,
     /// The change, when it changes files.
     pub diff: Option<String>,
     /// Files it names.
@@ -253,6 +255,7 @@ impl SessionState {
                 kind: RequestKind::Permission,
                 tool_kind: shown.kind.clone(),
                 title,
+                command: shown.command.clone(),
                 diff,
                 paths: shown.paths,
                 unlisted: shown.unlisted,
@@ -322,11 +325,15 @@ impl SessionState {
         }
         // What waiting requests hold (titles and diffs) is bounded too: the
         // agent sets their size, and each is held until decided.
-        let size = o.title.len() + o.diff.as_ref().map_or(0, String::len);
+        let size = o.title.len() + held_text(o.command.as_ref()) + held_text(o.diff.as_ref());
         let held: usize = self
             .pending
             .values()
-            .map(|p| p.record.title.len() + p.record.diff.as_ref().map_or(0, String::len))
+            .map(|p| {
+                p.record.title.len()
+                    + held_text(p.record.command.as_ref())
+                    + held_text(p.record.diff.as_ref())
+            })
             .sum();
         if !self.pending.is_empty() && held + size > MAX_PENDING_BYTES {
             return Some((
@@ -360,6 +367,7 @@ impl SessionState {
             kind: o.kind,
             tool_kind: o.tool_kind,
             title: o.title,
+            command: o.command,
             diff: o.diff,
             paths: o.paths,
             options: o.options,
@@ -494,6 +502,7 @@ impl SessionState {
                 let opened = self
                     .open_request(Opening {
                         wire: RpcId::Str(id),
+                        command: None,
                         kind: RequestKind::Permission,
                         tool_kind: Some("edit".into()),
                         title,
@@ -531,6 +540,7 @@ impl SessionState {
                 let _ = self
                     .open_request(Opening {
                         wire: RpcId::Str(id),
+                        command: None,
                         kind: RequestKind::ForwardedPrompt,
                         tool_kind: None,
                         title,
@@ -574,4 +584,9 @@ impl SessionState {
             tracing::info!(session = %self.record.id, "agent activity resumed after a stall alert");
         }
     }
+}
+
+/// The bytes an optional text of a request holds.
+fn held_text(text: Option<&String>) -> usize {
+    text.map_or(0, String::len)
 }

@@ -268,6 +268,7 @@ impl SessionState {
         match self
             .open_request(super::inbound::Opening {
                 wire,
+                command: None,
                 kind,
                 tool_kind: (kind == RequestKind::Permission).then(|| "edit".to_owned()),
                 title,

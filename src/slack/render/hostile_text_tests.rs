@@ -51,6 +51,7 @@ fn session() -> SessionRecord {
 
 fn request(kind: RequestKind) -> PendingRequest {
     PendingRequest {
+        command: None,
         id: "s-1:req-1".into(),
         session_id: SessionId::from("s-1"),
         request_id: "req-1".into(),

@@ -409,6 +409,28 @@
     return box;
   }
 
+  // The command a request runs (what the rules judged), shown apart from
+  // its title, which is cut: a command padded past the cut hid its end.
+  // Runs of more than 8 blanks are counted (as the server's
+  // `text::command::marked` does), and a very long command keeps its start
+  // and its end, saying how much lies between.
+  function commandText(cmd) {
+    const s = String(cmd).replace(/[ \t]{9,}/g, (run) => '⟨' + run.length + ' blanks⟩');
+    const max = 20000;
+    if (s.length <= max) return s;
+    const head = s.slice(0, max - max / 4), tail = s.slice(s.length - max / 4);
+    return head + '\n… ' + (s.length - head.length - tail.length) +
+      ' characters not shown here; the API has the whole command …\n' + tail;
+  }
+
+  function commandView(req) {
+    if (!req.command) return null;
+    const shown = commandText(req.command);
+    // The title already shows a short plain command whole.
+    if (req.title.length <= 300 && shown === req.command) return null;
+    return h('pre', { class: 'command' }, 'runs: ' + shown);
+  }
+
   function parse(text) {
     try { return JSON.parse(text); } catch (_) { return null; }
   }
@@ -426,6 +448,7 @@
         h('span', { class: 'badge state-needs-input' }, req.kind.replace('_', ' ')),
         h('strong', { class: 'request-title' }, cut(req.title, 300)),
         h('span', { class: 'muted' }, ' waiting ' + ago(req.created_at))),
+      commandView(req),
       req.paths && req.paths.length ? h('div', { class: 'paths' }, cut(req.paths.join(', '), 2000)) : null,
       req.diff ? renderDiff(req.diff) : null,
       h('div', { class: 'options' }, buttons),

@@ -406,6 +406,7 @@ async fn request_lifecycle_updates_the_same_message_and_status_line() {
     // The root posted first (else its status update merges into the post).
     r.drained().await;
     let req = PendingRequest {
+        command: None,
         id: "s-1:req-1".into(),
         session_id: SessionId::from("s-1"),
         request_id: "req-1".into(),
@@ -450,6 +451,7 @@ async fn permanent_failures_fall_back_to_text_and_are_kept_as_failed() {
     r.api
         .fail_next(vec![SlackApiError::Permanent("invalid_blocks".into())]);
     let req = PendingRequest {
+        command: None,
         id: "s-1:req-1".into(),
         session_id: SessionId::from("s-1"),
         request_id: "req-1".into(),

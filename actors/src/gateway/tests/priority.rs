@@ -6,6 +6,7 @@ use super::*;
 
 pub(super) fn permission(id: &str, title: &str) -> PendingRequest {
     PendingRequest {
+        command: None,
         id: format!("{id}:req-1"),
         session_id: SessionId::from(id),
         request_id: "req-1".into(),
