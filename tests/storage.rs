@@ -330,6 +330,40 @@ async fn requests_insert_list_and_filter() {
     ));
 }
 
+/// A request decided by a rule or a mode keeps 64 KiB of its diff (nobody
+/// read it; an agent in mode `auto` stored 103 MB of diffs in 10 s); one a
+/// person decided keeps all of it.
+#[tokio::test]
+async fn an_automatic_decision_keeps_the_start_of_the_diff_only() {
+    let store = mem().await;
+    store.create_session(&session("s-1", 1)).await.expect("s1");
+    let big = format!("+{}\n", "x".repeat(500_000));
+    for (n, by) in [(1, "mode:auto"), (2, "rule:r-1"), (3, "U123")] {
+        let r = PendingRequest {
+            diff: Some(big.clone()),
+            ..request("s-1", n, 10 + i64::from(n))
+        };
+        store.insert_request(&r).await.expect("insert");
+        let d = Decision {
+            decided_by: by.into(),
+            ..decision("allow")
+        };
+        store.decide_request(&r.id, &d).await.expect("decide");
+        let (got, _) = store
+            .get_request(&r.id)
+            .await
+            .expect("get")
+            .expect("exists");
+        let diff = got.diff.expect("diff");
+        if by.starts_with("U") {
+            assert_eq!(diff, big, "{by}");
+        } else {
+            assert!(diff.len() < 70 * 1024, "{by}: {}", diff.len());
+            assert!(diff.ends_with("decided automatically)\n"), "{by}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn decide_is_atomic_and_close_after_decide_is_a_noop() {
     let store = mem().await;

@@ -553,6 +553,9 @@ impl SessionState {
                     .await;
             }
             DialectIn::Status { message } => {
+                if !self.agent_may_write(message.len()).await {
+                    return;
+                }
                 self.note(Role::Agent, MessageKind::Text, &message);
                 self.emit(OperatorEvent::AgentText {
                     session_id: self.id().clone(),

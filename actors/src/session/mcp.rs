@@ -168,6 +168,9 @@ impl SessionState {
                 reply,
             } => self.on_ping(status, progress, reply).await,
             McpCall::Broadcast { message, level } => {
+                if !self.agent_may_write(message.len()).await {
+                    return;
+                }
                 self.note(Role::Agent, MessageKind::Text, &message);
                 self.emit(OperatorEvent::Notice {
                     session_id: self.id().clone(),
@@ -221,10 +224,12 @@ impl SessionState {
                 "at": crate::model::now_ms(),
             }));
         }
-        if let Some(s) = status.filter(|s| !s.is_empty()) {
+        if let Some(s) = status.filter(|s| !s.is_empty())
+            && self.agent_may_write(s.len()).await
+        {
             self.note(Role::Agent, MessageKind::Text, &s);
         }
-        if !progress.is_empty() {
+        if !progress.is_empty() && self.agent_may_write(progress_bytes(&progress)).await {
             self.emit(OperatorEvent::Plan {
                 session_id: self.id().clone(),
                 entries: progress,
@@ -234,6 +239,10 @@ impl SessionState {
         while let Some(s) = self.queue.pop_front() {
             self.hand_over(&s).await;
             handed.push(s);
+        }
+        if !handed.is_empty() {
+            // Instructions handed over are the MCP client's next prompt.
+            self.budget.renew();
         }
         let _ = reply.send(handed);
     }
@@ -329,4 +338,9 @@ impl SessionState {
         }
         true
     }
+}
+
+/// The bytes of a progress list, as the budget counts them.
+fn progress_bytes(progress: &[(String, String)]) -> usize {
+    progress.iter().map(|(l, s)| l.len() + s.len()).sum()
 }

@@ -10,6 +10,7 @@
 //! the state and the helpers every handler shares).
 
 mod agent_settings;
+mod budget;
 pub mod calls;
 mod errors;
 mod files;
@@ -543,6 +544,8 @@ pub struct SessionState {
     unstored_text: Vec<(Option<i64>, String)>,
     /// Tool call lines: their transcript row and what they show.
     tools: HashMap<String, (ledger::RowId, Value)>,
+    /// What the agent made the session write since the last prompt.
+    budget: budget::TurnBudget,
     /// Merged tool-call state and allowed edits (one decision per change).
     toolcalls: toolcalls::ToolCalls,
     plan_message: ledger::RowId,

@@ -71,6 +71,7 @@ impl SessionState {
             setting_waiters: HashMap::new(),
             unstored_text: Vec::new(),
             tools: HashMap::new(),
+            budget: Default::default(),
             toolcalls: toolcalls::ToolCalls::default(),
             plan_message: ledger::RowId::None,
             rate: flood::FloodMeter::new(now),

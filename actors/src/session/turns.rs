@@ -80,6 +80,7 @@ impl SessionState {
         if !sent {
             return false;
         }
+        self.budget.renew();
         // Steering is written to the transcript once its write is confirmed
         // ([`Self::on_written`]): a write that fails is given again to the
         // restarted agent, and was shown twice.

@@ -61,7 +61,7 @@ impl SessionState {
                 // journal stores).
                 self.usage_unsent = true;
                 if !self.flooded() {
-                    self.send_usage();
+                    self.send_usage().await;
                 }
             }
             Update::ToolCall(view) | Update::ToolCallUpdate(view) => self.on_tool(view).await,
@@ -88,6 +88,10 @@ impl SessionState {
         let Some(mode) = now else {
             return;
         };
+        // A probe's agent flipped between two modes: 6,786 notices in 8 s.
+        if !self.agent_may_write(mode.len()).await {
+            return;
+        }
         let offered = self.agent_options.modes.iter().any(|m| m.id == mode);
         let text = format!(
             "The agent switched its own mode to `{}`{}.",
@@ -111,9 +115,10 @@ impl SessionState {
         }
     }
 
-    /// Shows the agent's latest usage, if not shown yet.
-    fn send_usage(&mut self) {
-        if !std::mem::take(&mut self.usage_unsent) {
+    /// Shows the agent's latest usage, if not shown yet (and the turn's
+    /// budget allows).
+    async fn send_usage(&mut self) {
+        if !std::mem::take(&mut self.usage_unsent) || !self.agent_may_write(USAGE_BYTES).await {
             return;
         }
         if let Some(usage) = self.usage.clone() {
@@ -126,10 +131,14 @@ impl SessionState {
 
     /// Persists and shows what was coalesced during a flood.
     pub(super) async fn flush_coalesced(&mut self) {
-        self.send_usage();
+        self.send_usage().await;
         for id in std::mem::take(&mut self.dirty_tools) {
             if let Some((row, doc)) = self.tools.get(&id).cloned() {
-                self.queue_update(&row, doc.to_string());
+                let content = doc.to_string();
+                if !self.agent_may_write(content.len()).await {
+                    continue;
+                }
+                self.queue_update(&row, content);
                 self.emit(OperatorEvent::ToolCall {
                     session_id: self.id().clone(),
                     tool_call_id: id,
@@ -172,6 +181,9 @@ impl SessionState {
         keep_small(&mut doc, &mut self.text.tool_bytes);
         self.dirty_tools.remove(&view.id);
         let content = doc.to_string();
+        if !self.agent_may_write(content.len()).await {
+            return;
+        }
         let new = row.is_none();
         if new {
             row = self.queue_append(Role::System, MessageKind::Tool, content);
@@ -207,6 +219,9 @@ impl SessionState {
                 .collect::<Vec<_>>()
         )
         .to_string();
+        if !self.agent_may_write(content.len()).await {
+            return;
+        }
         self.plan_message.refresh();
         if self.plan_message.is_none() {
             self.plan_message = self.queue_append(Role::System, MessageKind::Plan, content);
@@ -222,7 +237,7 @@ impl SessionState {
     /// Stores the agent's aggregated thought and shows it to the operator.
     async fn flush_thought(&mut self) {
         let text = std::mem::take(&mut self.thought);
-        if text.trim().is_empty() {
+        if text.trim().is_empty() || !self.agent_may_write(text.len()).await {
             return;
         }
         self.note(Role::Agent, MessageKind::Thought, &text);
@@ -325,6 +340,10 @@ impl SessionState {
         }
     }
 }
+
+/// What one usage event counts against the turn's budget (it is stored in
+/// the event journal, not the transcript).
+const USAGE_BYTES: usize = 64;
 
 /// The longest tool call title kept in the transcript, in bytes (the
 /// request shows the whole of it).

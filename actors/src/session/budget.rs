@@ -1,0 +1,107 @@
+//! How much an agent may make the server write between two prompts.
+//!
+//! Text has its own cap (`limits.max_turn_text_bytes`) and tool-call diffs
+//! theirs (`updates::TOOL_BYTES_PER_TURN`); this bounds everything else an
+//! agent makes the session write and show: tool-call lines, status lines
+//! and broadcasts, thoughts, plans, usage, notices about its own mode
+//! switches. Each one is a transcript write and an event the journal
+//! keeps. A probe's agent wrote 45,000 tool calls in 15 s (28 MB a second
+//! into the database) and, with tiny ones, pushed every other session's
+//! events out of the journal in 35 s; the stall detector never fired, since
+//! the agent was busy. Past the budget the session keeps and shows none of
+//! these until the next prompt (or instruction), and says so once. What
+//! needs the operator (requests) is never held back by it.
+
+use super::SessionState;
+use crate::ports::NoticeLevel;
+
+/// Writes the agent may cause between two prompts.
+pub(super) const WRITES_PER_TURN: usize = 20_000;
+
+/// Bytes those writes may carry between two prompts (eight transcript
+/// pages).
+pub(super) const BYTES_PER_TURN: usize = 8 * crate::transcript::MAX_PAGE_BYTES;
+
+/// What the agent made the session write since the last prompt.
+#[derive(Debug, Default)]
+pub(super) struct TurnBudget {
+    writes: usize,
+    bytes: usize,
+    spent: bool,
+}
+
+/// What [`TurnBudget::spend`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Spend {
+    /// Within the budget: write it.
+    Kept,
+    /// This write passed the budget: drop it, and say so.
+    JustSpent,
+    /// The budget was already spent: drop it.
+    Spent,
+}
+
+impl TurnBudget {
+    /// Counts one write of `bytes`.
+    pub(super) fn spend(&mut self, bytes: usize) -> Spend {
+        if self.spent {
+            return Spend::Spent;
+        }
+        if self.writes >= WRITES_PER_TURN || self.bytes.saturating_add(bytes) > BYTES_PER_TURN {
+            self.spent = true;
+            return Spend::JustSpent;
+        }
+        self.writes += 1;
+        self.bytes += bytes;
+        Spend::Kept
+    }
+
+    /// A new prompt: a new budget.
+    pub(super) fn renew(&mut self) {
+        *self = TurnBudget::default();
+    }
+}
+
+impl SessionState {
+    /// Whether a write of `bytes` the agent caused is kept and shown; the
+    /// first one past the turn's budget leaves a notice.
+    pub(super) async fn agent_may_write(&mut self, bytes: usize) -> bool {
+        match self.budget.spend(bytes) {
+            Spend::Kept => true,
+            Spend::Spent => false,
+            Spend::JustSpent => {
+                tracing::warn!(
+                    session = %self.record.id,
+                    "the agent passed its transcript budget for this turn; its further entries are dropped until the next prompt"
+                );
+                let text = format!(
+                    "The agent wrote more than {WRITES_PER_TURN} entries or {} MiB to the transcript since the last prompt. Its further tool calls, status lines, thoughts, plans and notes are neither kept nor shown until the next prompt; its requests still reach you.",
+                    BYTES_PER_TURN >> 20
+                );
+                self.emit_notice(NoticeLevel::Warning, &text).await;
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_counts_writes_and_bytes_and_renews_with_a_prompt() {
+        let mut b = TurnBudget::default();
+        for _ in 0..WRITES_PER_TURN {
+            assert_eq!(b.spend(1), Spend::Kept);
+        }
+        assert_eq!(b.spend(1), Spend::JustSpent);
+        assert_eq!(b.spend(1), Spend::Spent);
+        b.renew();
+        assert_eq!(b.spend(BYTES_PER_TURN), Spend::Kept);
+        assert_eq!(b.spend(1), Spend::JustSpent);
+        b.renew();
+        // One write bigger than the whole budget is refused at once.
+        assert_eq!(b.spend(usize::MAX), Spend::JustSpent);
+    }
+}

@@ -1,0 +1,97 @@
+//! What an agent makes the server write between two prompts is bounded:
+//! a probe's agent wrote 45,000 tool calls in 15 s (28 MB a second into the
+//! database) and pushed every other session's events out of the journal.
+//! Past the turn's budget its tool calls are neither kept nor shown, one
+//! notice says so, its request still reaches the operator, and the next
+//! prompt brings a new budget.
+
+mod support;
+
+use intercom_actors::model::{MessageKind, SessionId, TranscriptEntry};
+use intercom_actors::ports::SessionStore;
+use intercom_actors::session::{Caller, Choice, SessionMsg};
+use intercom_actors::transcript::{Anchor, TranscriptPage};
+use support::{Harness, Knobs, decide, request_opened};
+
+/// Every entry of a session's transcript, page by page.
+async fn whole_transcript(h: &Harness, id: &SessionId) -> Vec<TranscriptEntry> {
+    let mut all = Vec::new();
+    let mut anchor = Anchor::After(0);
+    loop {
+        let page = TranscriptPage {
+            anchor,
+            ..TranscriptPage::LATEST
+        };
+        let slice = h.store.transcript_page(id, page).await.expect("page");
+        let Some(last) = slice.entries.last() else {
+            return all;
+        };
+        anchor = Anchor::After(last.id);
+        all.extend(slice.entries);
+    }
+}
+
+const FLOODER: &str = r#"
+turn = [0]
+prompt = [None]
+def tool(i, title):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "tool_call", "toolCallId": "t%d" % i, "title": title,
+                     "kind": "read", "status": "completed"}}})
+def on(m, method, mid):
+    if method == "session/prompt":
+        turn[0] += 1
+        prompt[0] = mid
+        if turn[0] == 1:
+            for i in range(20100):
+                tool(i, "flood %d" % i)
+            ask("p1", "Edit after the flood")
+        else:
+            tool(0, "kept again")
+            send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+    elif method is None and mid == "p1":
+        send({"jsonrpc": "2.0", "id": prompt[0], "result": {"stopReason": "end_turn"}})
+"#;
+
+#[tokio::test]
+async fn tool_calls_past_the_turns_budget_are_dropped_with_one_notice() {
+    let h = Harness::new(Knobs::default()).await;
+    let profile = h.python_agent(FLOODER);
+    let rec = h
+        .start_req(h.request(profile, "flood"))
+        .await
+        .expect("start");
+    // The request after the flood reaches the operator all the same.
+    let request = request_opened(&h, 1).await;
+    assert_eq!(request.title, "Edit after the flood");
+    h.until_transcript(&rec.id, "to the transcript since the last prompt")
+        .await;
+    let all = whole_transcript(&h, &rec.id).await;
+    let tools = all.iter().filter(|m| m.kind == MessageKind::Tool).count();
+    assert!(tools <= 20_000, "{tools} tool call lines kept");
+    assert!(tools >= 19_000, "only {tools} tool call lines kept");
+    assert!(
+        !all.iter().any(|m| m.content.contains("flood 20099")),
+        "the last calls were kept"
+    );
+    let notices = all
+        .iter()
+        .filter(|m| {
+            m.content
+                .contains("to the transcript since the last prompt")
+        })
+        .count();
+    assert_eq!(notices, 1, "one notice");
+    decide(&h, &rec.id, "req-1", Choice::Approve).await;
+    // A new prompt: a new budget.
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: "again".into(),
+        interrupt: false,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("call")
+    .expect("steer");
+    h.until_transcript(&rec.id, "kept again").await;
+}
