@@ -67,6 +67,12 @@ pub fn log_safe(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Agent text for one line of a log or a notice: cut to `max` bytes
+/// ([`shorten`]), then escaped ([`log_safe`]).
+pub fn one_line(text: &str, max: usize) -> String {
+    log_safe(&shorten(text, max)).into_owned()
+}
+
 /// Characters that change how a terminal or a log viewer shows a line.
 fn needs_escape(c: char) -> bool {
     c.is_control() || disguises(c)

@@ -110,7 +110,10 @@ impl SessionState {
         self.flush_coalesced().await;
         match outcome {
             Ok(result) => {
-                let reason = acp::stop_reason(&result);
+                // The agent's words, in a log line and a system notice: on
+                // one line, escaped and bounded (a probe's `stopReason`
+                // carried whole forged log lines).
+                let reason = crate::text::one_line(&acp::stop_reason(&result), 200);
                 tracing::info!(session = %self.record.id, stop_reason = %reason, "turn ended");
                 if reason != "end_turn" && reason != "cancelled" {
                     self.emit_notice(
@@ -121,19 +124,23 @@ impl SessionState {
                 }
             }
             Err(e) => {
+                let message = crate::text::one_line(&e.message, 1000);
                 let text = if e.code == codes::AUTH_REQUIRED
-                    || e.message
+                    || message
                         .to_ascii_lowercase()
                         .contains("authentication required")
                 {
                     format!(
-                        "agent `{}` requires authentication: {}. It offers: {}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`.",
+                        "agent `{}` requires authentication: {message}. It offers: {}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`.",
                         self.profile.id,
-                        e.message,
                         self.agent.describe_auth_methods()
                     )
                 } else {
-                    format!("agent `{}` failed the prompt: {e}", self.profile.id)
+                    format!(
+                        "agent `{}` failed the prompt: {}",
+                        self.profile.id,
+                        crate::text::one_line(&e.to_string(), 1000)
+                    )
                 };
                 self.emit_notice(NoticeLevel::Error, &text).await;
             }
