@@ -401,6 +401,20 @@ fn validation_errors_name_their_key() {
             "never passed to agents",
         ),
         (
+            "the operator's API token passed to agent",
+            "[[agent]]\nid = \"a\"\ncommand = \"a\"\nenv = [\"HOME\", \"AGENT_INTERCOM_TOKEN\"]\n".into(),
+            "agent[0].env[1]",
+            "the operator's API token",
+        ),
+        (
+            "an MCP workspace token passed to agent",
+            "[[agent]]\nid = \"a\"\ncommand = \"a\"\nenv = [\"DEMO_MCP_TOKEN\"]\n\
+             [[workspace]]\nid = \"demo\"\npath = \".\"\n\
+             [mcp.workspace_token_env]\ndemo = \"DEMO_MCP_TOKEN\"\n".into(),
+            "agent[0].env[0]",
+            "an MCP workspace token",
+        ),
+        (
             "mcp is not a child-process protocol",
             "[[agent]]\nid = \"a\"\ncommand = \"a\"\nprotocol = \"mcp\"\n".into(),
             "agent[0].protocol",

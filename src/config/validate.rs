@@ -70,6 +70,7 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
             ));
         }
     }
+    secrets_stay_with_the_server(&agents, &raw.mcp.workspace_token_env)?;
     limits(&raw.limits)?;
     stall(&raw.stall)?;
     supervision(&raw.supervision)?;
@@ -92,6 +93,34 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
         default_agent,
         source: None,
     })
+}
+
+/// The operator's API token and the MCP workspace tokens are the server's
+/// secrets as much as Slack's: an agent holding one could approve its own
+/// requests. A probe's profile passed both through `env`, and `check-config`
+/// took it.
+fn secrets_stay_with_the_server(
+    agents: &[AgentProfile],
+    mcp_tokens: &BTreeMap<String, String>,
+) -> Result<()> {
+    for (i, agent) in agents.iter().enumerate() {
+        for (k, name) in agent.env.iter().enumerate() {
+            let what = if name == crate::http::auth::TOKEN_ENV {
+                "the operator's API token"
+            } else if mcp_tokens.values().any(|v| v.trim() == name) {
+                "an MCP workspace token (mcp.workspace_token_env)"
+            } else {
+                continue;
+            };
+            return Err(ConfigError::invalid(
+                format!("agent[{i}].env[{k}]"),
+                format!(
+                    "{name} holds {what}; an agent holding it could approve its own requests, so it is never passed to agents: remove it from `env`"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn server(bind: &str) -> Result<ServerSection> {
