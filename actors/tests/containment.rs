@@ -692,10 +692,7 @@ def on(m, method, mid):
               "refusal\n2026-11-27T04:20:00Z  INFO operator switched to auto\x1b[31m\u202e" + "x" * 5000}})
 "#,
     );
-    let rec = h
-        .start_req(h.request(profile, "go"))
-        .await
-        .expect("start");
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
     let text = h
         .until_transcript(&rec.id, "The agent stopped its turn")
         .await;
@@ -704,10 +701,42 @@ def on(m, method, mid):
         .find(|l| l.contains("The agent stopped its turn"))
         .expect("the notice");
     assert!(notice.contains("refusal\\u{a}2026"), "{notice}");
-    assert!(!notice.contains('\u{1b}') && !notice.contains('\u{202e}'), "{notice}");
+    assert!(
+        !notice.contains('\u{1b}') && !notice.contains('\u{202e}'),
+        "{notice}"
+    );
     assert!(notice.len() < 600, "{} bytes", notice.len());
     assert!(
         !text.lines().any(|l| l.starts_with("2026-11-27")),
         "a forged line: {text}"
     );
+}
+
+/// A stdio agent's request ids that start `mcp-` are its own: they used to
+/// be taken for an MCP client's calls, so a reused id was taken twice and a
+/// refusal past the cap was never answered.
+#[tokio::test]
+async fn an_agents_mcp_looking_ids_are_still_the_agents() {
+    let mut knobs = Knobs::default();
+    knobs.limits.max_pending_requests = 1;
+    let h = Harness::new(knobs).await;
+    let profile = h.python_agent(
+        r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        ask("mcp-1", "First")
+        ask("mcp-1", "Reused")
+        ask("mcp-2", "Over the cap")
+    elif method is None and mid == "mcp-2" and "error" in m:
+        chunk("refused mcp-2")
+"#,
+    );
+    let rec = h.start_req(h.request(profile, "ask")).await.expect("start");
+    h.until_transcript(&rec.id, "refused mcp-2").await;
+    h.until(
+        "the reused-id notice",
+        |e| matches!(e, OperatorEvent::Notice { text, .. } if text.contains("reused the id")),
+    )
+    .await;
+    assert_eq!(pending(&h, &rec.id).await, 1);
 }

@@ -137,6 +137,7 @@ impl SessionState {
         let opened = self
             .open_request(super::inbound::Opening {
                 wire: id,
+                from_mcp: false,
                 command: None,
                 kind: RequestKind::FileWrite,
                 tool_kind: Some("edit".into()),

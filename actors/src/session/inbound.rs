@@ -26,13 +26,6 @@ use crate::protocol::jsonrpc::{ParseError, RpcError, RpcId, RpcMessage, codes, t
 /// How much of a malformed line goes into the log.
 const LOG_RAW_BYTES: usize = 512;
 
-/// Whether a request's wire id is one an MCP client's call was given
-/// (`mcp-N`, `session/mcp.rs`): answered through the tool call, never on
-/// the agent's stdin.
-fn from_mcp_client(wire: &RpcId) -> bool {
-    matches!(wire, RpcId::Str(s) if s.starts_with("mcp-"))
-}
-
 /// The most bytes of titles and diffs a session's waiting requests hold.
 const MAX_PENDING_BYTES: usize = 8 << 20;
 
@@ -40,6 +33,11 @@ const MAX_PENDING_BYTES: usize = 8 << 20;
 pub(super) struct Opening {
     /// The id the agent (or an MCP client's call) gave it.
     pub wire: RpcId,
+    /// An MCP client's call (`session/mcp.rs`): answered through the tool
+    /// call, never on the agent's stdin. A flag, not read from the id: a
+    /// stdio agent's ids starting `mcp-` were taken for an MCP client's,
+    /// which skipped the reused-id check and left refusals unanswered.
+    pub from_mcp: bool,
     /// What it is.
     pub kind: RequestKind,
     /// The ACP tool kind it is judged and shown as (`edit`, `execute`, ...),
@@ -252,6 +250,7 @@ impl SessionState {
         let opened = self
             .open_request(Opening {
                 wire: id,
+                from_mcp: false,
                 kind: RequestKind::Permission,
                 tool_kind: shown.kind.clone(),
                 title,
@@ -277,7 +276,11 @@ impl SessionState {
     /// to the first request (it can only match answers by id), so only the
     /// operator is told; the agent gets one answer, the operator's.
     fn refusal_without_answer(&self, o: &Opening) -> Option<(String, String)> {
-        (!from_mcp_client(&o.wire) && self.pending.values().any(|p| p.wire == o.wire)).then(|| {
+        let reused = self
+            .pending
+            .values()
+            .any(|p| p.wire == o.wire && !self.mcp_waiters.contains_key(&p.number));
+        (!o.from_mcp && reused).then(|| {
             (
                 format!(
                     "request id {} is already waiting for an answer",
@@ -354,7 +357,8 @@ impl SessionState {
             return Err(why);
         }
         if let Some((why, note)) = self.refusal_with_answer(&o) {
-            self.refuse_request(o.wire, o.kind, &why, note).await;
+            self.refuse_request(o.wire, o.from_mcp, o.kind, &why, note)
+                .await;
             return Err(why);
         }
         let n = self.next_request;
@@ -384,7 +388,7 @@ impl SessionState {
             // Without a record the operator could not answer it durably.
             tracing::error!(session = %self.record.id, "cannot store request: {e}");
             let why = format!("agent-intercom could not record the request: {e}");
-            if self.is_acp() && !from_mcp_client(&o.wire) {
+            if self.is_acp() && !o.from_mcp {
                 self.respond(
                     o.wire,
                     Err(RpcError::new(codes::INTERNAL_ERROR, why.clone())),
@@ -410,12 +414,19 @@ impl SessionState {
     }
 
     /// Answers a request past `limits.max_pending_requests` with an error.
-    async fn refuse_request(&mut self, wire: RpcId, kind: RequestKind, why: &str, note: String) {
+    async fn refuse_request(
+        &mut self,
+        wire: RpcId,
+        from_mcp: bool,
+        kind: RequestKind,
+        why: &str,
+        note: String,
+    ) {
         let why = why.to_owned();
         self.warn_agent(|| format!("refused a new request: {why}"));
         // An MCP client's request is answered through its tool call, never
         // on the agent's stdin (the agent did not ask).
-        let protocol = if from_mcp_client(&wire) {
+        let protocol = if from_mcp {
             crate::model::Protocol::Mcp
         } else {
             self.record.protocol
@@ -502,6 +513,7 @@ impl SessionState {
                 let opened = self
                     .open_request(Opening {
                         wire: RpcId::Str(id),
+                        from_mcp: false,
                         command: None,
                         kind: RequestKind::Permission,
                         tool_kind: Some("edit".into()),
@@ -540,6 +552,7 @@ impl SessionState {
                 let _ = self
                     .open_request(Opening {
                         wire: RpcId::Str(id),
+                        from_mcp: false,
                         command: None,
                         kind: RequestKind::ForwardedPrompt,
                         tool_kind: None,

@@ -277,6 +277,7 @@ impl SessionState {
         match self
             .open_request(super::inbound::Opening {
                 wire,
+                from_mcp: true,
                 command: None,
                 kind,
                 tool_kind: (kind == RequestKind::Permission).then(|| "edit".to_owned()),
