@@ -740,3 +740,28 @@ def on(m, method, mid):
     .await;
     assert_eq!(pending(&h, &rec.id).await, 1);
 }
+
+/// A title a JavaScript or Python agent cut mid-emoji (`"\ud83d"`, a lone
+/// surrogate escape) is read with U+FFFD in its place: the whole message
+/// used to be refused, and the request never answered.
+#[tokio::test]
+async fn a_lone_surrogate_does_not_lose_the_message() {
+    let h = Harness::new(Knobs::default()).await;
+    let profile = h.python_agent(
+        r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        ask("p1", "Edit notes " + "\ud83d")
+"#,
+    );
+    h.start_req(h.request(profile, "go")).await.expect("start");
+    let opened = h
+        .until("the request", |e| {
+            matches!(e, OperatorEvent::RequestOpened { .. })
+        })
+        .await;
+    let OperatorEvent::RequestOpened { request } = opened else {
+        unreachable!()
+    };
+    assert_eq!(request.title, "Edit notes \u{fffd}");
+}

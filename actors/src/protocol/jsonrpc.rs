@@ -180,8 +180,13 @@ fn batch(items: &[Value]) -> ParseError {
 impl RpcMessage {
     /// Parses one frame body.
     pub fn parse(body: &[u8]) -> Result<RpcMessage, ParseError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+        let value: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            // Text a JavaScript or Python agent cut mid-emoji: read, not lost.
+            Err(e) => super::surrogates::mend(body)
+                .and_then(|m| serde_json::from_slice(&m).ok())
+                .ok_or_else(|| ParseError::Json(e.to_string()))?,
+        };
         let mut obj = match value {
             Value::Object(obj) => obj,
             // An empty batch is one invalid request (JSON-RPC 2.0, 6).

@@ -10,3 +10,4 @@ pub mod agent_options;
 pub mod framing;
 pub mod intercom;
 pub mod jsonrpc;
+pub mod surrogates;
