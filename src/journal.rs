@@ -98,6 +98,11 @@ impl EventJournal {
         self.store.events_after(after, session, limit).await
     }
 
+    /// The oldest id still kept, if any.
+    pub async fn first_id(&self) -> Result<Option<i64>, StoreError> {
+        self.store.first_event_id().await
+    }
+
     /// The newest stored id.
     pub async fn last_id(&self) -> Result<i64, StoreError> {
         self.store.last_event_id().await

@@ -269,3 +269,49 @@ fn a_rule_remembered_through_the_api_is_told_as_a_notice() {
     let (_, notice) = seen.last().expect("notice");
     assert_eq!(notice["session_id"], id.as_str(), "{notice}");
 }
+
+/// Deletes the events up to `through` from the database under the running
+/// server, as the journal's own pruning does under a flood.
+fn prune(db: &std::path::Path, through: i64) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let url = format!("sqlite://{}", db.display());
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("open");
+        sqlx::query("DELETE FROM events WHERE id <= ?")
+            .bind(through)
+            .execute(&pool)
+            .await
+            .expect("prune");
+        pool.close().await;
+    });
+}
+
+/// The journal keeps the newest events only: a client resuming after an id
+/// that is no longer kept is first told which ids it lost (a probe's flood
+/// pruned a waiting request's event, and a resumed stream went on as if
+/// nothing had happened); one resuming within what is kept is not.
+#[test]
+fn resuming_after_pruned_events_is_told_what_was_lost() {
+    let layout = Layout::new(&permission_setup());
+    let server = Served::on(&layout);
+    let base = server.http.base.clone();
+    let first = Stream::open(&base, "/api/events", None);
+    let start = first.marker();
+    server.http.start("write notes");
+    let seen = first.until("the request", |e| kind(e) == "request_opened");
+    let last_seen = seen.last().expect("events").0;
+    drop(first);
+    prune(&layout.database, last_seen - 1);
+
+    let again = Stream::open(&base, "/api/events", Some(start));
+    let told = again.until("the loss", |e| kind(e) == "events_lost");
+    assert_eq!(told.len(), 1, "told first: {told:?}");
+    assert_eq!(told[0].1["first_lost"], start + 1);
+    assert_eq!(told[0].1["last_lost"], last_seen - 1);
+    // Then what is kept, from where the loss ends.
+    let rest = again.until("the request", |e| kind(e) == "request_opened");
+    assert_eq!(rest.first().map(|(id, _)| *id), Some(last_seen));
+
+    let within = Stream::open(&base, "/api/events", Some(last_seen - 1));
+    assert_eq!(within.marker(), last_seen - 1);
+}

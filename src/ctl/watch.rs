@@ -170,6 +170,11 @@ pub fn event_line(e: &Value, with_session: bool) -> String {
         ),
         "notice" => format!("{:<9} {}", s("level"), s("text")),
         "session_ended" => format!("ended     {}{}", s("status"), reason(e)),
+        "events_lost" => format!(
+            "LOST      events {}–{} were pruned before this stream read them; `ctl sessions` and `ctl approvals` show where things stand",
+            render::bounded(&e["first_lost"].to_string(), 20),
+            render::bounded(&e["last_lost"].to_string(), 20)
+        ),
         _ => format!(
             "{:<9} {}",
             render::bounded(kind, render::FIELD_MAX),
@@ -368,5 +373,7 @@ mod tests {
         let plan = serde_json::json!({"event": "plan", "emitted_at": 0,
             "entries": [["read", "completed"], ["write", "pending"]]});
         assert!(event_line(&plan, false).contains("[x] read  [ ] write"));
+        let lost = serde_json::json!({"event": "events_lost", "first_lost": 3, "last_lost": 9});
+        assert!(event_line(&lost, false).contains("LOST      events 3–9 were pruned"));
     }
 }

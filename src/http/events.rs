@@ -8,6 +8,12 @@
 //! with no gap and no duplicate: the stream subscribes to the live feed
 //! before it reads the table and drops what it has already sent by id.
 //! Without either it starts with the events emitted from now on.
+//!
+//! The journal keeps the newest events only. A client resuming after an
+//! id older than that gets, first, one `events_lost` message naming the
+//! ids it missed, so that it reads the current state again (a probe's
+//! flood pruned a waiting request's event, and a resumed stream went on
+//! as if nothing had happened).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -72,6 +78,10 @@ pub async fn events(
         .last_id()
         .await
         .map_err(crate::app::AppError::from)?;
+    let lost = match resume {
+        Some(id) if id <= newest => lost_after(&journal, id).await?,
+        _ => None,
+    };
     let (last, catch_up) = match resume {
         // No client saw an id the journal has not given yet: its id is
         // from another history (a database that was reset) or made up. It
@@ -104,6 +114,7 @@ pub async fn events(
         backlog: VecDeque::new(),
         catch_up,
         started: false,
+        lost,
     };
     let stream = futures::stream::unfold(cursor, Cursor::next);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
@@ -160,10 +171,16 @@ struct Cursor {
     backlog: VecDeque<StoredEvent>,
     catch_up: bool,
     started: bool,
+    /// Ids the client missed that are no longer kept, told first.
+    lost: Option<(i64, i64)>,
 }
 
 impl Cursor {
     async fn next(mut self) -> Option<(Result<Event, Infallible>, Cursor)> {
+        if let Some((first, last)) = self.lost.take() {
+            self.last = last;
+            return Some((Ok(lost_message(first, last)), self));
+        }
         if !self.started {
             // A position marker: no data, so nothing is dispatched, but a
             // client that reconnects before any event resumes from here.
@@ -218,6 +235,28 @@ impl Cursor {
     fn wants(&self, e: &StoredEvent) -> bool {
         self.session.as_deref().is_none_or(|s| s == e.session_id)
     }
+}
+
+/// The ids after `seen` that the journal no longer keeps, if any.
+async fn lost_after(journal: &EventJournal, seen: i64) -> Result<Option<(i64, i64)>, ApiError> {
+    let first = journal
+        .first_id()
+        .await
+        .map_err(crate::app::AppError::from)?;
+    Ok(first.filter(|f| *f > seen + 1).map(|f| (seen + 1, f - 1)))
+}
+
+/// The `events_lost` message: ids `first..=last` are gone; its `id:` is
+/// `last`, so a client reconnecting after it is not told again.
+fn lost_message(first: i64, last: i64) -> Event {
+    let data = serde_json::json!({
+        "event": "events_lost",
+        "event_id": last,
+        "first_lost": first,
+        "last_lost": last,
+        "hint": "events were pruned from the journal before this stream read them; read the current state again (GET /api/sessions, GET /api/approvals?status=pending)",
+    });
+    Event::default().id(last.to_string()).data(data.to_string())
 }
 
 /// The SSE message: `id:` the journal id, `data:` the event with its

@@ -124,6 +124,14 @@ impl SqliteStore {
         Ok(id.unwrap_or(0))
     }
 
+    /// The oldest stored id, if any is stored.
+    pub async fn first_event_id(&self) -> Result<Option<i64>, StoreError> {
+        sqlx::query_scalar("SELECT MIN(id) FROM events")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend("read first event id"))
+    }
+
     /// Deletes the events up to and including id `through`; returns how
     /// many went.
     pub async fn prune_events_through(&self, through: i64) -> Result<u64, StoreError> {

@@ -238,6 +238,10 @@
       case 'request_opened':
         notify(e.request);
         break;
+      case 'events_lost':
+        // The journal no longer had what this page missed: read it all again.
+        refreshSoon();
+        break;
       default:
         break;
     }
