@@ -331,6 +331,7 @@ mod tests {
             backlog: VecDeque::new(),
             catch_up: true,
             started: true,
+            lost: None,
         };
         for _ in 0..5 {
             let next = tokio::time::timeout(std::time::Duration::from_secs(10), cursor.next())
