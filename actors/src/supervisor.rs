@@ -405,7 +405,20 @@ impl Actor for SessionSupervisor {
             }
             SupervisorMsg::ShutdownDeadline => {
                 if let Some(reply) = state.shutdown.take() {
-                    tracing::warn!(left = state.sessions.len(), "shutdown deadline passed");
+                    tracing::warn!(
+                        left = state.sessions.len(),
+                        "shutdown deadline passed; the sessions left are recorded as cancelled"
+                    );
+                    // Stored live, a session the stop could not finish (an
+                    // agent that ignores SIGTERM, a descendant holding its
+                    // pipes) came back at the next start: the one the
+                    // operator most wanted gone.
+                    let left: Vec<SessionId> = state.sessions.keys().cloned().collect();
+                    for id in left {
+                        state
+                            .end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                            .await;
+                    }
                     let _ = reply.send(());
                 }
             }

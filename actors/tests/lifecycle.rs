@@ -473,6 +473,48 @@ async fn shutdown_stops_live_sessions_and_kills_stubborn_agents() {
     assert_eq!(reqs[0].status, RequestStatus::Cancelled);
 }
 
+/// An agent that ignores SIGTERM and leaves a daemon holding its pipes
+/// outlives the shutdown's deadline. Its session is recorded as cancelled
+/// all the same: it was stored live, and the next start brought it back.
+#[tokio::test]
+async fn a_session_left_at_the_shutdown_deadline_is_recorded_cancelled() {
+    let mut knobs = Knobs::default();
+    knobs.limits.shutdown_grace_secs = 1;
+    let h = Harness::new(knobs).await;
+    let pid_file = h.workspace.join("escaped.pid");
+    let stubborn = h
+        .start(
+            json!({"turns": [[
+                {"ignore_sigterm": true},
+                {"escape_group": {"pid_file": pid_file.display().to_string(), "secs": 60, "detach": true}},
+                {"chunk": "holding on"},
+                {"hang": true}
+            ]]}),
+            "hold",
+        )
+        .await;
+    h.until_transcript(&stubborn.id, "holding on").await;
+    ractor::call!(h.sup, SupervisorMsg::Shutdown).expect("shutdown");
+    let r = h
+        .store
+        .get_session(&stubborn.id)
+        .await
+        .expect("get")
+        .expect("row");
+    let escaped: i32 = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(0);
+    if escaped > 0 {
+        // SAFETY: kill(2) on the daemon this test's agent started.
+        unsafe { libc::kill(escaped, libc::SIGKILL) };
+    }
+    assert_eq!(
+        (r.status, r.status_reason.as_deref()),
+        (SessionStatus::Cancelled, Some("server_shutdown"))
+    );
+}
+
 #[tokio::test]
 async fn fs_path_escapes_are_refused_and_inside_writes_are_gated() {
     let h = Harness::new(Knobs::default()).await;
