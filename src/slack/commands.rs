@@ -94,6 +94,25 @@ pub fn looks_like_id(word: &str) -> bool {
     word.len() > 2 && word.starts_with("s-") && word[2..].chars().all(|c| c.is_ascii_hexdigit())
 }
 
+/// The session a command that takes only an id names: whatever was given
+/// where the id goes, or `None` when nothing was. A word that is no live
+/// session's id gets "no session", never another session: a probe's
+/// `stop b2b1…` (the `s-` forgotten) stopped the channel's latest session,
+/// and `mode auto s-nonexist` put it in mode `auto`. Ids are lowercase hex,
+/// so `S-AB12` and a bare `ab12` name `s-ab12`.
+fn named_id(rest: &str) -> Option<String> {
+    let given = rest.trim();
+    if given.is_empty() {
+        return None;
+    }
+    let lower = given.to_ascii_lowercase();
+    if !lower.starts_with("s-") && lower.len() >= 4 && lower.chars().all(|c| c.is_ascii_hexdigit())
+    {
+        return Some(format!("s-{lower}"));
+    }
+    Some(lower)
+}
+
 /// Splits off the first whitespace-separated word.
 fn first_word(text: &str) -> (&str, &str) {
     let text = text.trim_start();
@@ -116,7 +135,7 @@ fn optional_id(rest: &str) -> (Option<String>, &str) {
 /// Parses the text after `/intercom`.
 pub fn parse(text: &str) -> Command {
     let (verb, rest) = first_word(text);
-    let id_only = |rest: &str| optional_id(rest).0;
+    let id_only = named_id;
     match verb.to_ascii_lowercase().as_str() {
         "" | "help" => Command::Help(None),
         "start" => {
@@ -171,13 +190,27 @@ pub fn parse(text: &str) -> Command {
             }
         }
         "mode" => {
-            let (mut id, mut mode) = (None, None);
+            // A mode's name and a session, in either order; any other word
+            // is taken as the session (and named if it is none).
+            let (mut id, mut mode, mut extra) = (None, None, Vec::new());
             for w in rest.split_whitespace() {
-                if looks_like_id(w) && id.is_none() {
-                    id = Some(w.to_owned());
-                } else if mode.is_none() {
+                if mode.is_none() && ApprovalMode::parse(&w.to_ascii_lowercase()).is_some() {
                     mode = Some(w.to_ascii_lowercase());
+                } else if id.is_none()
+                    && !looks_like_id(w)
+                    && mode.is_none()
+                    && rest.split_whitespace().count() == 1
+                {
+                    // `mode foo`: an unknown mode, said so when executed.
+                    mode = Some(w.to_ascii_lowercase());
+                } else if id.is_none() {
+                    id = named_id(w);
+                } else {
+                    extra.push(w);
                 }
+            }
+            if !extra.is_empty() {
+                return Command::Help(Some(format!("mode {}", rest.trim())));
             }
             Command::Mode { mode, id }
         }
@@ -258,10 +291,12 @@ pub fn pick_session(
         return match found.as_slice() {
             [one] => Ok(((*one).clone(), None)),
             [] => Err(format!(
-                "No live session `{id}`. List them with `/intercom sessions`."
+                "No live session `{}`; nothing was done. List them with `/intercom sessions`.",
+                render::escape(&render::truncate(id, 80))
             )),
             _ => Err(format!(
-                "`{id}` matches {} sessions; give more of the id.",
+                "`{}` matches {} sessions; give more of the id.",
+                render::escape(&render::truncate(id, 80)),
                 found.len()
             )),
         };

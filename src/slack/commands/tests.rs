@@ -61,6 +61,38 @@ fn parses_every_verb() {
     );
 }
 
+/// A word where the id goes is the id, right or wrong: a wrong one gets
+/// "no session", never the channel's latest session (a probe's
+/// `stop b2b1…` stopped another session, `mode auto s-nonexist` put the
+/// latest one in mode auto).
+#[test]
+fn a_mistyped_id_is_never_another_session() {
+    assert_eq!(
+        parse("stop b2b1b214f8df1f21"),
+        Command::Stop(Some("s-b2b1b214f8df1f21".into()))
+    );
+    assert_eq!(parse("stop S-B2B1"), Command::Stop(Some("s-b2b1".into())));
+    assert_eq!(parse("stop s-3f2g"), Command::Stop(Some("s-3f2g".into())));
+    assert_eq!(parse("stop\nstatus"), Command::Stop(Some("status".into())));
+    assert_eq!(parse("pause s-"), Command::Pause(Some("s-".into())));
+    assert_eq!(
+        parse("mode auto s-nonexist"),
+        Command::Mode {
+            mode: Some("auto".into()),
+            id: Some("s-nonexist".into())
+        }
+    );
+    assert_eq!(
+        parse("mode atuo s-ab"),
+        Command::Help(Some("mode atuo s-ab".into()))
+    );
+    let live = [rec("s-aaaa", "C1", 2), rec("s-bbbb", "C1", 1)];
+    for given in ["s-nonexist", "status", "s-3f2g"] {
+        let err = pick_session(&live, "C1", Some(given)).expect_err(given);
+        assert!(err.contains("nothing was done"), "{err}");
+    }
+}
+
 #[test]
 fn start_takes_an_agent_flag_anywhere_before_the_prompt() {
     assert_eq!(
