@@ -26,6 +26,38 @@ pub const DEFAULT_API_URL: &str = "https://slack.com/api";
 /// Used when a 429 carries no `Retry-After`.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The longest a 429's `Retry-After` pauses a bucket. Slack's own are
+/// seconds; a probe's single `Retry-After: 3600` silenced a channel, new
+/// requests' buttons included, for an hour. Past this the call is simply
+/// tried again (and paused again if Slack still says so).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// How long one Web API call may take before it counts as a network
+/// failure and is retried. Without it, one call that never answered (a
+/// half-open connection) held its session's thread, buttons included,
+/// until a restart.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `call`, or a transient failure once it has taken [`CALL_TIMEOUT`].
+async fn answered<T>(
+    call: impl std::future::Future<Output = Result<T, SlackApiError>>,
+) -> Result<T, SlackApiError> {
+    answered_within(CALL_TIMEOUT, call).await
+}
+
+/// `call`, or a transient failure once it has taken `limit`.
+async fn answered_within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, SlackApiError>>,
+) -> Result<T, SlackApiError> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(SlackApiError::Transient(format!(
+            "Slack did not answer within {} ms",
+            limit.as_millis()
+        )))
+    })
+}
+
 /// A slack-morphism client with the bot and app tokens.
 pub struct MorphismApi {
     client: SlackHyperClient,
@@ -70,22 +102,28 @@ impl MorphismApi {
 
     /// `apps.connections.open`: a fresh Socket Mode URL.
     pub async fn open_socket_url(&self) -> Result<String, SlackApiError> {
-        let session = self.client.open_session(&self.app);
-        let res = session
-            .apps_connections_open(&SlackApiAppsConnectionOpenRequest::new())
-            .await
-            .map_err(classify)?;
-        Ok(res.url.0.to_string())
+        answered(async {
+            let session = self.client.open_session(&self.app);
+            let res = session
+                .apps_connections_open(&SlackApiAppsConnectionOpenRequest::new())
+                .await
+                .map_err(classify)?;
+            Ok(res.url.0.to_string())
+        })
+        .await
     }
 
     /// `auth.test` with the bot token.
     pub async fn identity(&self) -> Result<BotIdentity, SlackApiError> {
-        let session = self.client.open_session(&self.bot);
-        let res = session.auth_test().await.map_err(classify)?;
-        Ok(BotIdentity {
-            user_id: res.user_id.0,
-            bot_id: res.bot_id.map(|b| b.0),
+        answered(async {
+            let session = self.client.open_session(&self.bot);
+            let res = session.auth_test().await.map_err(classify)?;
+            Ok(BotIdentity {
+                user_id: res.user_id.0,
+                bot_id: res.bot_id.map(|b| b.0),
+            })
         })
+        .await
     }
 
     fn session(&self) -> SlackClientSession<'_, SlackClientHyperHttpsConnector> {
@@ -108,7 +146,10 @@ fn content(body: &MessageBody) -> Result<SlackMessageContent, SlackApiError> {
 pub fn classify(err: SlackClientError) -> SlackApiError {
     match err {
         SlackClientError::RateLimitError(e) => SlackApiError::RateLimited {
-            retry_after: e.retry_after.unwrap_or(DEFAULT_RETRY_AFTER),
+            retry_after: e
+                .retry_after
+                .unwrap_or(DEFAULT_RETRY_AFTER)
+                .min(MAX_RETRY_AFTER),
         },
         SlackClientError::ApiError(e) => match e.code.as_str() {
             "ratelimited" | "rate_limited" => SlackApiError::RateLimited {
@@ -127,12 +168,14 @@ pub fn classify(err: SlackClientError) -> SlackApiError {
                 SlackApiError::Permanent(format!("HTTP {status}"))
             }
         }
+        // An answer that is not Slack's JSON (a proxy's or a captive
+        // portal's page) says nothing of whether Slack took the call: tried
+        // again, as a 5xx is. It was taken as a refusal and the message lost.
         SlackClientError::HttpProtocolError(_)
         | SlackClientError::EndOfStream(_)
-        | SlackClientError::SystemError(_) => SlackApiError::Transient(err.to_string()),
-        SlackClientError::ProtocolError(_) | SlackClientError::SocketModeProtocolError(_) => {
-            SlackApiError::Permanent(err.to_string())
-        }
+        | SlackClientError::SystemError(_)
+        | SlackClientError::ProtocolError(_) => SlackApiError::Transient(err.to_string()),
+        SlackClientError::SocketModeProtocolError(_) => SlackApiError::Permanent(err.to_string()),
     }
 }
 
@@ -156,15 +199,20 @@ impl SlackApi for MorphismApi {
         thread_ts: Option<&str>,
         body: &MessageBody,
     ) -> Result<String, SlackApiError> {
-        let req =
-            SlackApiChatPostMessageRequest::new(SlackChannelId(channel.to_owned()), content(body)?)
-                .opt_thread_ts(ts(thread_ts));
-        let res = self
-            .session()
-            .chat_post_message(&req)
-            .await
-            .map_err(classify)?;
-        Ok(res.ts.0)
+        answered(async {
+            let req = SlackApiChatPostMessageRequest::new(
+                SlackChannelId(channel.to_owned()),
+                content(body)?,
+            )
+            .opt_thread_ts(ts(thread_ts));
+            let res = self
+                .session()
+                .chat_post_message(&req)
+                .await
+                .map_err(classify)?;
+            Ok(res.ts.0)
+        })
+        .await
     }
 
     async fn update_message(
@@ -173,28 +221,34 @@ impl SlackApi for MorphismApi {
         ts: &str,
         body: &MessageBody,
     ) -> Result<(), SlackApiError> {
-        let req = SlackApiChatUpdateRequest::new(
-            SlackChannelId(channel.to_owned()),
-            content(body)?,
-            SlackTs(ts.to_owned()),
-        );
-        self.session()
-            .chat_update(&req)
-            .await
-            .map(|_| ())
-            .map_err(classify)
+        answered(async {
+            let req = SlackApiChatUpdateRequest::new(
+                SlackChannelId(channel.to_owned()),
+                content(body)?,
+                SlackTs(ts.to_owned()),
+            );
+            self.session()
+                .chat_update(&req)
+                .await
+                .map(|_| ())
+                .map_err(classify)
+        })
+        .await
     }
 
     async fn add_reaction(&self, channel: &str, ts: &str, name: &str) -> Result<(), SlackApiError> {
-        let req = SlackApiReactionsAddRequest::new(
-            SlackChannelId(channel.to_owned()),
-            SlackReactionName(name.to_owned()),
-            SlackTs(ts.to_owned()),
-        );
-        ok_if(
-            "already_reacted",
-            self.session().reactions_add(&req).await.map(|_| ()),
-        )
+        answered(async {
+            let req = SlackApiReactionsAddRequest::new(
+                SlackChannelId(channel.to_owned()),
+                SlackReactionName(name.to_owned()),
+                SlackTs(ts.to_owned()),
+            );
+            ok_if(
+                "already_reacted",
+                self.session().reactions_add(&req).await.map(|_| ()),
+            )
+        })
+        .await
     }
 
     async fn remove_reaction(
@@ -203,13 +257,16 @@ impl SlackApi for MorphismApi {
         ts: &str,
         name: &str,
     ) -> Result<(), SlackApiError> {
-        let req = SlackApiReactionsRemoveRequest::new(SlackReactionName(name.to_owned()))
-            .with_channel(SlackChannelId(channel.to_owned()))
-            .with_timestamp(SlackTs(ts.to_owned()));
-        ok_if(
-            "no_reaction",
-            self.session().reactions_remove(&req).await.map(|_| ()),
-        )
+        answered(async {
+            let req = SlackApiReactionsRemoveRequest::new(SlackReactionName(name.to_owned()))
+                .with_channel(SlackChannelId(channel.to_owned()))
+                .with_timestamp(SlackTs(ts.to_owned()));
+            ok_if(
+                "no_reaction",
+                self.session().reactions_remove(&req).await.map(|_| ()),
+            )
+        })
+        .await
     }
 
     async fn upload_snippet(
@@ -218,36 +275,39 @@ impl SlackApi for MorphismApi {
         thread_ts: Option<&str>,
         snippet: &Snippet,
     ) -> Result<(), SlackApiError> {
-        let session = self.session();
-        let bytes = snippet.content.as_bytes().to_vec();
-        let url = session
-            .get_upload_url_external(
-                &SlackApiFilesGetUploadUrlExternalRequest::new(
-                    snippet.filename.clone(),
-                    bytes.len(),
+        answered(async {
+            let session = self.session();
+            let bytes = snippet.content.as_bytes().to_vec();
+            let url = session
+                .get_upload_url_external(
+                    &SlackApiFilesGetUploadUrlExternalRequest::new(
+                        snippet.filename.clone(),
+                        bytes.len(),
+                    )
+                    .with_snippet_type(SlackFileSnippetType("diff".to_owned())),
                 )
-                .with_snippet_type(SlackFileSnippetType("diff".to_owned())),
-            )
-            .await
-            .map_err(classify)?;
-        session
-            .files_upload_via_url(&SlackApiFilesUploadViaUrlRequest::new(
-                url.upload_url,
-                bytes,
-                "text/plain".to_owned(),
-            ))
-            .await
-            .map_err(classify)?;
-        let file = SlackApiFilesComplete::new(url.file_id).with_title(snippet.title.clone());
-        session
-            .files_complete_upload_external(
-                &SlackApiFilesCompleteUploadExternalRequest::new(vec![file])
-                    .with_channel_id(SlackChannelId(channel.to_owned()))
-                    .opt_thread_ts(ts(thread_ts)),
-            )
-            .await
-            .map(|_| ())
-            .map_err(classify)
+                .await
+                .map_err(classify)?;
+            session
+                .files_upload_via_url(&SlackApiFilesUploadViaUrlRequest::new(
+                    url.upload_url,
+                    bytes,
+                    "text/plain".to_owned(),
+                ))
+                .await
+                .map_err(classify)?;
+            let file = SlackApiFilesComplete::new(url.file_id).with_title(snippet.title.clone());
+            session
+                .files_complete_upload_external(
+                    &SlackApiFilesCompleteUploadExternalRequest::new(vec![file])
+                        .with_channel_id(SlackChannelId(channel.to_owned()))
+                        .opt_thread_ts(ts(thread_ts)),
+                )
+                .await
+                .map(|_| ())
+                .map_err(classify)
+        })
+        .await
     }
 
     async fn post_ephemeral(
@@ -257,28 +317,34 @@ impl SlackApi for MorphismApi {
         thread_ts: Option<&str>,
         body: &MessageBody,
     ) -> Result<(), SlackApiError> {
-        let req = SlackApiChatPostEphemeralRequest::new(
-            SlackChannelId(channel.to_owned()),
-            SlackUserId(user.to_owned()),
-            content(body)?,
-        )
-        .opt_thread_ts(ts(thread_ts));
-        self.session()
-            .chat_post_ephemeral(&req)
-            .await
-            .map(|_| ())
-            .map_err(classify)
+        answered(async {
+            let req = SlackApiChatPostEphemeralRequest::new(
+                SlackChannelId(channel.to_owned()),
+                SlackUserId(user.to_owned()),
+                content(body)?,
+            )
+            .opt_thread_ts(ts(thread_ts));
+            self.session()
+                .chat_post_ephemeral(&req)
+                .await
+                .map(|_| ())
+                .map_err(classify)
+        })
+        .await
     }
 
     async fn open_view(&self, trigger_id: &str, view: &Value) -> Result<(), SlackApiError> {
-        let view: SlackView = serde_json::from_value(view.clone())
-            .map_err(|e| SlackApiError::Permanent(format!("invalid modal view: {e}")))?;
-        let req = SlackApiViewsOpenRequest::new(SlackTriggerId(trigger_id.to_owned()), view);
-        self.session()
-            .views_open(&req)
-            .await
-            .map(|_| ())
-            .map_err(classify)
+        answered(async {
+            let view: SlackView = serde_json::from_value(view.clone())
+                .map_err(|e| SlackApiError::Permanent(format!("invalid modal view: {e}")))?;
+            let req = SlackApiViewsOpenRequest::new(SlackTriggerId(trigger_id.to_owned()), view);
+            self.session()
+                .views_open(&req)
+                .await
+                .map(|_| ())
+                .map_err(classify)
+        })
+        .await
     }
 }
 
@@ -306,6 +372,33 @@ mod tests {
             classify(api("internal_error")),
             SlackApiError::Transient(_)
         ));
+    }
+
+    #[test]
+    fn a_long_retry_after_is_capped_and_a_garbled_answer_is_retried() {
+        let rate = SlackClientError::RateLimitError(
+            SlackRateLimitError::new().with_retry_after(Duration::from_secs(3600)),
+        );
+        assert_eq!(
+            classify(rate),
+            SlackApiError::RateLimited {
+                retry_after: MAX_RETRY_AFTER
+            }
+        );
+        let garbled = SlackClientError::ProtocolError(SlackClientProtocolError::new(
+            serde_json::from_str::<Value>("<html>not json").expect_err("not json"),
+        ));
+        assert!(matches!(classify(garbled), SlackApiError::Transient(_)));
+    }
+
+    #[tokio::test]
+    async fn a_call_that_never_answers_is_a_transient_failure() {
+        let never = std::future::pending::<Result<(), SlackApiError>>();
+        let got = answered_within(Duration::from_millis(20), never).await;
+        assert!(
+            matches!(&got, Err(SlackApiError::Transient(e)) if e.contains("did not answer")),
+            "{got:?}"
+        );
     }
 
     #[test]

@@ -44,6 +44,7 @@ use super::render;
 use super::revivals::{Revivals, Thread};
 use super::rules::{self, RememberScope, RulesAdmin};
 use crate::root::Current;
+use intercom_actors::text::one_line;
 
 /// Button clicks handled at once. A click waits for its session to commit
 /// the decision; handled one after another, every click waited for all
@@ -387,7 +388,14 @@ async fn on_command(ctx: &Arc<Ctx>, c: SlackCommandEvent) {
         thread_ts: None,
     };
     let text = c.text.unwrap_or_default();
-    tracing::info!(user = %reply.user, channel = %reply.channel, command = %render::truncate(&text, 80), "slash command");
+    // What a Slack user typed, on one escaped line: a newline in it wrote a
+    // whole forged line into the server log.
+    tracing::info!(
+        user = %one_line(&reply.user, 40),
+        channel = %one_line(&reply.channel, 40),
+        command = %one_line(&text, 80),
+        "slash command"
+    );
     commands::execute(ctx, reply, commands::parse(&text)).await;
 }
 
@@ -429,7 +437,12 @@ async fn on_block_actions(ctx: &Arc<Ctx>, e: SlackInteractionBlockActionsEvent) 
     for action in e.actions.unwrap_or_default() {
         let id = action.action_id.0.as_str();
         let value = action.value.clone().unwrap_or_default();
-        tracing::info!(%user, action = id, %value, "button");
+        tracing::info!(
+            user = %one_line(&user, 40),
+            action = %one_line(id, 80),
+            value = %one_line(&value, 200),
+            "button"
+        );
         let result = if id.starts_with("decide:") {
             match render::parse_choice(&value) {
                 Some((global, option)) => {
@@ -449,7 +462,7 @@ async fn on_block_actions(ctx: &Arc<Ctx>, e: SlackInteractionBlockActionsEvent) 
         } else if let Some(scope) = RememberScope::from_action_id(id) {
             rules::remember(ctx, &reply, &value, scope).await
         } else {
-            tracing::debug!(action = id, "ignoring unknown action");
+            tracing::debug!(action = %one_line(id, 80), "ignoring unknown action");
             Ok(())
         };
         if let Err(text) = result {
@@ -527,12 +540,27 @@ async fn on_view_submission(ctx: &Arc<Ctx>, e: SlackInteractionViewSubmissionEve
         .and_then(|v| v.value.clone())
         .unwrap_or_default();
     let reason = Some(text.trim().to_owned()).filter(|t| !t.is_empty());
-    tracing::info!(%user, request = %meta.request, "feedback submitted");
+    tracing::info!(
+        user = %one_line(&user, 40),
+        request = %one_line(&meta.request, 200),
+        "feedback submitted"
+    );
     let reply = Reply {
         channel: meta.channel.clone(),
         user: user.clone(),
         thread_ts: meta.thread_ts.clone(),
     };
+    // The modal only ever rejects (or refines a forwarded prompt): its
+    // metadata comes back from the client, and a forged one chose an allow
+    // option through "Reject with feedback".
+    if !feedback_option_fits(ctx, &meta).await {
+        tracing::warn!(
+            user = %one_line(&user, 40),
+            option = %one_line(&meta.option, 80),
+            "feedback modal naming an option it never offers; ignored"
+        );
+        return;
+    }
     if let Err(text) = ctx
         .decide(
             &meta.request,
@@ -546,9 +574,66 @@ async fn on_view_submission(ctx: &Arc<Ctx>, e: SlackInteractionViewSubmissionEve
     }
 }
 
+/// Whether the feedback modal could have offered `meta.option`: a reject
+/// option of a permission, or `refine` of a forwarded prompt.
+async fn feedback_option_fits(ctx: &Ctx, meta: &FeedbackMeta) -> bool {
+    let Ok(Some((request, _))) = ctx.store.get_request(&meta.request).await else {
+        // Unknown: `decide` says so.
+        return true;
+    };
+    feedback_may_choose(&request, &meta.option)
+}
+
+/// See [`feedback_option_fits`].
+fn feedback_may_choose(request: &intercom_actors::model::PendingRequest, option: &str) -> bool {
+    if request.kind == intercom_actors::model::RequestKind::ForwardedPrompt {
+        return option == "refine";
+    }
+    request
+        .options
+        .iter()
+        .any(|o| o.id == option && !o.kind.is_allow())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_feedback_modal_can_only_reject_or_refine() {
+        use intercom_actors::model::{
+            OptionKind, PendingRequest, PermissionOption, RequestKind, RequestStatus,
+        };
+        let opt = |id: &str, kind| PermissionOption {
+            id: id.into(),
+            name: id.into(),
+            kind,
+        };
+        let mut r = PendingRequest {
+            command: None,
+            id: "s-1:req-1".into(),
+            session_id: SessionId::from("s-1"),
+            request_id: "req-1".into(),
+            kind: RequestKind::Permission,
+            tool_kind: None,
+            title: "t".into(),
+            diff: None,
+            paths: vec![],
+            options: vec![
+                opt("allow-once", OptionKind::AllowOnce),
+                opt("reject-once", OptionKind::RejectOnce),
+            ],
+            status: RequestStatus::Pending,
+            wire_id: None,
+            created_at: 0,
+        };
+        assert!(feedback_may_choose(&r, "reject-once"));
+        assert!(!feedback_may_choose(&r, "allow-once"));
+        assert!(!feedback_may_choose(&r, "made-up"));
+        r.kind = RequestKind::ForwardedPrompt;
+        assert!(feedback_may_choose(&r, "refine"));
+        assert!(!feedback_may_choose(&r, "continue"));
+    }
 
     #[test]
     fn feedback_metadata_round_trips() {
