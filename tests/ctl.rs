@@ -63,6 +63,19 @@ fn pause_resume_mode_nudge_and_stop_from_the_terminal() {
     assert_eq!(ctl(&server, &["stop", &id]), 0);
     assert_eq!(show("status"), "cancelled");
     assert_ne!(ctl(&server, &["pause", "s-no-such-session"]), 0);
+
+    // Watching a session that ended says so and returns (it waited in
+    // silence for ever).
+    let (done, watched) = std::sync::mpsc::channel();
+    let (url, watch_id) = (server.http.base.clone(), id.clone());
+    std::thread::spawn(move || {
+        let argv = ["ctl", "--url", &url, "--token", TOKEN, "watch", &watch_id];
+        let _ = done.send(run(&Cli::parse_from(argv).ctl));
+    });
+    let code = watched
+        .recv_timeout(common::WAIT)
+        .expect("watch of an ended session returns");
+    assert_eq!(code, 0);
 }
 
 #[test]

@@ -12,8 +12,15 @@ use crate::http::views::ErrorBody;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a whole call may take (a start waits for the agent's handshake).
-const CALL_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a start, restart or revive may take (it waits for the agent's
+/// handshake).
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long any other change may take (a stop waits up to the shutdown
+/// grace for the agent).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a read may take. A server that is stuck (stopped, a full disk)
+/// left every `ctl` command hanging.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest answer read: a transcript page carries about 8 MiB of
 /// content, which JSON escaping can make several times larger.
 const BODY_LIMIT: u64 = 128 << 20;
@@ -47,6 +54,16 @@ pub enum CtlError {
         /// What failed.
         reason: String,
     },
+    /// The server took the request and did not answer in time.
+    #[error("{}", no_answer(url, *secs, *change))]
+    NoAnswer {
+        /// The base URL.
+        url: String,
+        /// How long ctl waited.
+        secs: u64,
+        /// It was a change (it may still be carried out).
+        change: bool,
+    },
     /// The server answered with an error.
     #[error("{} ({}, HTTP {status})", .body.error, .body.code)]
     Api {
@@ -70,7 +87,7 @@ impl CtlError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            CtlError::Unreachable { .. } => exit::UNREACHABLE,
+            CtlError::Unreachable { .. } | CtlError::NoAnswer { .. } => exit::UNREACHABLE,
             CtlError::NoToken(_) => exit::UNAUTHORIZED,
             CtlError::Usage(_) => exit::USAGE,
             CtlError::Protocol(_) => exit::OTHER,
@@ -85,12 +102,27 @@ impl CtlError {
     }
 }
 
+/// What a request that got no answer in time means for the operator.
+fn no_answer(url: &str, secs: u64, change: bool) -> String {
+    if change {
+        format!(
+            "the server at {url} took the request but did not answer within {secs} s; it may still be carried out: check with `ctl sessions` or `ctl approvals` before trying again"
+        )
+    } else {
+        format!(
+            "the server at {url} did not answer within {secs} s; it may be stuck: see its log and /healthz"
+        )
+    }
+}
+
 /// The API client.
 #[derive(Debug, Clone)]
 pub struct Client {
     agent: ureq::Agent,
     base: String,
     token: String,
+    /// [`READ_TIMEOUT`], [`WRITE_TIMEOUT`], [`START_TIMEOUT`].
+    limits: [Duration; 3],
 }
 
 impl Client {
@@ -99,12 +131,23 @@ impl Client {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_global(Some(CALL_TIMEOUT))
             .build();
         Client {
             agent: config.into(),
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
+            limits: [READ_TIMEOUT, WRITE_TIMEOUT, START_TIMEOUT],
+        }
+    }
+
+    /// How long a `POST path` may take.
+    fn write_limit(&self, path: &str) -> Duration {
+        let starts =
+            path == "/api/sessions" || path.ends_with("/restart") || path.ends_with("/revive");
+        if starts {
+            self.limits[2]
+        } else {
+            self.limits[1]
         }
     }
 
@@ -118,8 +161,11 @@ impl Client {
         let request = self
             .agent
             .get(format!("{}{path}", self.base))
-            .header("Authorization", format!("Bearer {}", self.token));
-        self.finish(request.call())
+            .header("Authorization", format!("Bearer {}", self.token))
+            .config()
+            .timeout_global(Some(self.limits[0]))
+            .build();
+        self.finish(request.call(), self.limits[0], false)
     }
 
     /// `GET path` as a stream (Server-Sent Events): answers once the
@@ -142,11 +188,16 @@ impl Client {
         if let Some(id) = last_event_id {
             request = request.header("Last-Event-ID", id.to_string());
         }
-        let response = request.call().map_err(|e| self.transport(e))?;
+        let response = request
+            .call()
+            .map_err(|e| self.transport(e, CONNECT_TIMEOUT, false))?;
         if !response.status().is_success() {
-            return Err(self.finish(Ok(response)).err().unwrap_or_else(|| {
-                CtlError::Protocol("the event stream answered without events".into())
-            }));
+            return Err(self
+                .finish(Ok(response), CONNECT_TIMEOUT, false)
+                .err()
+                .unwrap_or_else(|| {
+                    CtlError::Protocol("the event stream answered without events".into())
+                }));
         }
         Ok(std::io::BufReader::new(response.into_body().into_reader()))
     }
@@ -155,26 +206,36 @@ impl Client {
     /// entries lie beyond the page, the id its `Link: <...?before=ID...>;
     /// rel="prev"` header names.
     pub fn get_page(&self, path: &str) -> Result<(String, Option<i64>), CtlError> {
+        let limit = self.limits[0];
         let request = self
             .agent
             .get(format!("{}{path}", self.base))
-            .header("Authorization", format!("Bearer {}", self.token));
-        let response = request.call().map_err(|e| self.transport(e))?;
+            .header("Authorization", format!("Bearer {}", self.token))
+            .config()
+            .timeout_global(Some(limit))
+            .build();
+        let response = request
+            .call()
+            .map_err(|e| self.transport(e, limit, false))?;
         let earlier = response
             .headers()
             .get("link")
             .and_then(|v| v.to_str().ok())
             .and_then(earlier_page);
-        Ok((self.finish(Ok(response))?, earlier))
+        Ok((self.finish(Ok(response), limit, false)?, earlier))
     }
 
     /// `POST path` with a JSON body, the raw JSON text.
     pub fn post(&self, path: &str, body: &Value) -> Result<String, CtlError> {
+        let limit = self.write_limit(path);
         let request = self
             .agent
             .post(format!("{}{path}", self.base))
-            .header("Authorization", format!("Bearer {}", self.token));
-        self.finish(request.send_json(body))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .config()
+            .timeout_global(Some(limit))
+            .build();
+        self.finish(request.send_json(body), limit, true)
     }
 
     /// `GET path`, parsed.
@@ -198,15 +259,20 @@ impl Client {
     fn finish(
         &self,
         result: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+        limit: Duration,
+        change: bool,
     ) -> Result<String, CtlError> {
-        let mut response = result.map_err(|e| self.transport(e))?;
+        let mut response = result.map_err(|e| self.transport(e, limit, change))?;
         let status = response.status().as_u16();
         let text = response
             .body_mut()
             .with_config()
             .limit(BODY_LIMIT)
             .read_to_string()
-            .map_err(|e| CtlError::Protocol(format!("reading the body: {e}")))?;
+            .map_err(|e| match e {
+                ureq::Error::Timeout(_) => self.transport(e, limit, change),
+                e => CtlError::Protocol(format!("reading the body: {e}")),
+            })?;
         if (200..300).contains(&status) {
             return Ok(text);
         }
@@ -222,8 +288,20 @@ impl Client {
         Err(CtlError::Api { status, body })
     }
 
-    fn transport(&self, e: ureq::Error) -> CtlError {
+    /// A failure to get an answer: the server cannot be reached, or it took
+    /// the request (a `change` when it was one) and gave no answer within
+    /// `limit`.
+    fn transport(&self, e: ureq::Error, limit: Duration, change: bool) -> CtlError {
         match e {
+            ureq::Error::Timeout(t)
+                if !matches!(t, ureq::Timeout::Connect | ureq::Timeout::Resolve) =>
+            {
+                CtlError::NoAnswer {
+                    url: self.base.clone(),
+                    secs: limit.as_secs().max(1),
+                    change,
+                }
+            }
             ureq::Error::Io(_)
             | ureq::Error::Timeout(_)
             | ureq::Error::HostNotFound
@@ -280,6 +358,39 @@ pub fn parse<T: DeserializeOwned>(raw: &str) -> Result<T, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that takes connections and never answers (a stopped
+    /// process): ctl gives up, and says a change may still be carried out.
+    #[test]
+    fn a_server_that_never_answers_is_given_up_on_with_what_to_check() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming() {
+                held.push(conn);
+            }
+        });
+        let mut client = Client::new(&base, "t");
+        client.limits = [Duration::from_millis(200); 3];
+        let err = client
+            .post("/api/approvals/s-1:req-1", &serde_json::json!({}))
+            .expect_err("no answer");
+        assert!(
+            matches!(err, CtlError::NoAnswer { change: true, .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("may still be carried out"),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), exit::UNREACHABLE);
+        let err = client.get("/api/sessions").expect_err("no answer");
+        assert!(
+            matches!(err, CtlError::NoAnswer { change: false, .. }),
+            "{err:?}"
+        );
+    }
 
     #[test]
     fn exit_codes_follow_the_http_status() {

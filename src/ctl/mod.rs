@@ -334,10 +334,15 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
         CtlCommand::Watch { id } => watch::follow(
             client,
             id.as_deref(),
-            || Ok(true),
+            // One session's events: none come once it ended, so say so
+            // and stop (it waited in silence for ever).
+            || match id {
+                Some(id) => still_live(client, json, id),
+                None => Ok(true),
+            },
             |e| {
                 print_event(e, json, id.is_none());
-                true
+                id.is_none() || e["event"] != "session_ended"
             },
         )?,
         CtlCommand::Prompt {
@@ -572,6 +577,27 @@ fn log(
         print_event(e, json, false);
         e["event"] != "session_ended"
     })
+}
+
+/// Whether session `id` is live; when it ended, says how (unless `json`).
+fn still_live(client: &Client, json: bool, id: &str) -> Result<bool, CtlError> {
+    let url = format!("/api/sessions/{}", segment(id));
+    let (_, session) = client.get_as::<SessionView>(&url)?;
+    if session.status.is_live() {
+        return Ok(true);
+    }
+    if !json {
+        let reason = session
+            .status_reason
+            .map(|r| format!(" ({})", render::bounded(&r, render::FIELD_MAX)))
+            .unwrap_or_default();
+        write_out(&format!(
+            "-- session {} ended: {}{reason}; nothing more will happen in it\n",
+            render::one_line(id),
+            session.status
+        ));
+    }
+    Ok(false)
 }
 
 fn print_event(e: &Value, json: bool, with_session: bool) {
