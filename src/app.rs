@@ -197,6 +197,8 @@ struct Inner {
     /// What a reload cannot change (the database, the listening address),
     /// as the server started with it.
     fixed: Fixed,
+    /// What the last reload changed that takes a restart (`/healthz`).
+    restart_needed: RwLock<Vec<&'static str>>,
     /// How long `cancel` waits for a session to end: the shutdown grace,
     /// SIGTERM -> SIGKILL, and a second for the exit to be recorded.
     cancel_wait: Duration,
@@ -297,6 +299,7 @@ impl App {
             modes: RwLock::new(config.workspace_modes.clone()),
             config_status: ConfigStatus::new(),
             fixed: Fixed::of(config),
+            restart_needed: RwLock::new(Vec::new()),
             cancel_wait: config.limits.shutdown_grace()
                 + intercom_actors::session::TERM_TO_KILL
                 + CANCEL_MARGIN,

@@ -618,3 +618,37 @@ fn a_resumed_session_that_crashes_later_is_restarted_under_supervision() {
     let reason = ended["status_reason"].as_str().unwrap_or_default();
     assert!(reason.contains("gave up after 3 restarts"), "{reason}");
 }
+
+/// A reload that changes what takes a restart (`[server] bind`) is shown on
+/// `/healthz`: `ctl` already follows the file, and a probe's `ctl` said the
+/// server was down while it ran on its old address.
+#[test]
+fn a_reload_that_moves_the_address_shows_a_restart_is_needed() {
+    let (layout, server, http) = first_server();
+    let health = http.get("/healthz");
+    assert!(
+        health.body.get("restart_needed").is_none(),
+        "{}",
+        health.text
+    );
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let bind = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("bind"))
+        .expect("a bind line")
+        .to_owned();
+    let moved = format!("bind = \"127.0.0.1:{}\"", free_port());
+    std::fs::write(&layout.config, text.replace(&bind, &moved)).expect("edit the config");
+    until("the reload", || {
+        server.log().contains("that takes a restart").then_some(())
+    });
+    let health = http.get("/healthz");
+    assert_eq!(health.status, 200, "{}", health.text);
+    assert_eq!(health.body["config"], "ok", "{}", health.text);
+    assert_eq!(
+        health.body["restart_needed"],
+        json!(["[server] bind"]),
+        "{}",
+        health.text
+    );
+}

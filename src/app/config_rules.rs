@@ -48,6 +48,21 @@ impl App {
         for w in self.inner.fixed.changed_by(config) {
             tracing::warn!("{w}");
         }
+        if let Ok(mut pending) = self.inner.restart_needed.write() {
+            *pending = self.inner.fixed.keys_changed_by(config);
+        }
+    }
+
+    /// What the config file now says that the running server does not do
+    /// until it restarts (`[server] bind`, `[limits]`, ...). The server
+    /// logged it at the reload; `/healthz` shows it, since `ctl` already
+    /// follows the file (a probe's `ctl` said the server was down).
+    pub fn restart_needed(&self) -> Vec<&'static str> {
+        self.inner
+            .restart_needed
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_default()
     }
 
     /// Marks the config stale after a bad edit (the previous map stays).
@@ -263,6 +278,20 @@ impl Fixed {
         .into_iter()
         .filter_map(|(name, changed)| changed.then_some(name))
         .collect()
+    }
+
+    /// The names of the fixed settings `config` changes.
+    pub(super) fn keys_changed_by(&self, config: &Config) -> Vec<&'static str> {
+        let was = &self.started;
+        let mut out = Vec::new();
+        if config.database.path != was.database.path {
+            out.push("[database] path");
+        }
+        if config.server.bind != was.server.bind {
+            out.push("[server] bind");
+        }
+        out.extend(self.sections_changed_by(config));
+        out
     }
 
     /// Warnings for each fixed setting `config` changes.

@@ -70,6 +70,11 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
         config_error,
         storage_error,
         slack_dropped: crate::slack::dropped::dropped_total(),
+        restart_needed: app
+            .restart_needed()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
     };
     (code, Json(body)).into_response()
 }

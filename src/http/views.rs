@@ -35,6 +35,11 @@ pub struct Health {
     /// mailbox was gone; each is also logged). 0 without Slack.
     #[serde(default)]
     pub slack_dropped: u64,
+    /// Settings the config file changed that the running server applies
+    /// only after a restart (`[server] bind`, `[database] path`, `[limits]`,
+    /// ...); absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_needed: Vec<String>,
 }
 
 fn config_ok() -> String {
