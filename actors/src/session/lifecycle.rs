@@ -58,7 +58,39 @@ impl SessionState {
             return;
         }
         self.check_prompt_timeout(now).await;
+        self.check_cancel_ignored(now).await;
         self.check_stall(now).await;
+    }
+
+    /// An agent that does not end its turn within the shutdown grace of
+    /// being cancelled is restarted: a probe's agent ignored
+    /// `session/cancel` and kept chatting, so an interrupt did nothing, the
+    /// steering it was for waited for ever, and the stall detector (which
+    /// watches silence) never fired.
+    async fn check_cancel_ignored(&mut self, now: Instant) {
+        let grace = self.settings.limits.shutdown_grace();
+        let ignored = self
+            .turn
+            .as_ref()
+            .and_then(|t| t.cancelled_at)
+            .is_some_and(|at| now.duration_since(at) >= grace);
+        if !ignored || self.restart_by.is_some() {
+            return;
+        }
+        let text = format!(
+            "The agent did not end its turn within {} s of being cancelled (limits.shutdown_grace_secs); restarting it, so that what waits for it goes out.",
+            grace.as_secs()
+        );
+        tracing::warn!(session = %self.record.id, "{text}");
+        self.emit_notice(NoticeLevel::Warning, &text).await;
+        self.audit(
+            "system",
+            "session.restart_requested",
+            json!({"why": "cancel ignored"}),
+        )
+        .await;
+        self.restart_by = Some("system".to_owned());
+        self.kill_for("it ignored session/cancel".to_owned());
     }
 
     async fn check_prompt_timeout(&mut self, now: Instant) {

@@ -430,6 +430,8 @@ struct Turn {
     /// only the agent's own time).
     agent_since: Instant,
     timeout_noted: bool,
+    /// When the turn was cancelled (`session/cancel` sent), if it was.
+    cancelled_at: Option<Instant>,
 }
 
 /// Agent text being aggregated for the current turn.

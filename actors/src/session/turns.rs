@@ -64,6 +64,7 @@ impl SessionState {
                             prompt: text.clone(),
                             agent_since: Instant::now(),
                             timeout_noted: false,
+                            cancelled_at: None,
                         });
                         self.record_turn(true);
                         true
@@ -333,8 +334,9 @@ impl SessionState {
     pub(super) async fn cancel_turn(&mut self, why: &str) {
         if self.is_acp() {
             if let Some(sid) = self.acp_session.clone()
-                && self.turn.is_some()
+                && let Some(turn) = &mut self.turn
             {
+                turn.cancelled_at.get_or_insert_with(Instant::now);
                 self.notify(methods::SESSION_CANCEL, acp::cancel_params(&sid));
             }
         } else {

@@ -1,9 +1,14 @@
-//! What an agent makes the server write between two prompts is bounded:
-//! a probe's agent wrote 45,000 tool calls in 15 s (28 MB a second into the
+//! What one turn of a hostile agent can cost is bounded.
+//!
+//! What an agent makes the server write between two prompts: a probe's
+//! agent wrote 45,000 tool calls in 15 s (28 MB a second into the
 //! database) and pushed every other session's events out of the journal.
 //! Past the turn's budget its tool calls are neither kept nor shown, one
 //! notice says so, its request still reaches the operator, and the next
 //! prompt brings a new budget.
+//!
+//! How long it can ignore being cancelled: past the shutdown grace it is
+//! restarted, and the steering the interrupt was for goes out.
 
 mod support;
 
@@ -94,4 +99,47 @@ async fn tool_calls_past_the_turns_budget_are_dropped_with_one_notice() {
     .expect("call")
     .expect("steer");
     h.until_transcript(&rec.id, "kept again").await;
+}
+
+/// An agent that ignores `session/cancel` (and keeps chatting, so it never
+/// looks stalled) is restarted once the shutdown grace has passed, and the
+/// steering the interrupt was for reaches it: an interrupt did nothing, and
+/// the steering waited for ever.
+#[tokio::test]
+async fn an_agent_that_ignores_a_cancel_is_restarted_and_the_steering_goes_out() {
+    let mut knobs = Knobs::default();
+    knobs.limits.shutdown_grace_secs = 1;
+    let h = Harness::new(knobs).await;
+    let profile = h.python_agent(
+        r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        text = m["params"]["prompt"][0]["text"]
+        if text == "first":
+            chunk("busy, and deaf to cancels. ")
+        else:
+            chunk("got: " + text)
+            send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+"#,
+    );
+    let rec = h
+        .start_req(h.request(profile, "first"))
+        .await
+        .expect("start");
+    h.until_transcript(&rec.id, "deaf to cancels").await;
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: "second".into(),
+        interrupt: true,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("call")
+    .expect("steer");
+    h.until_transcript(
+        &rec.id,
+        "did not end its turn within 1 s of being cancelled",
+    )
+    .await;
+    h.until_transcript(&rec.id, "got: second").await;
 }
