@@ -430,7 +430,8 @@ struct Turn {
     /// only the agent's own time).
     agent_since: Instant,
     timeout_noted: bool,
-    /// When the turn was cancelled (`session/cancel` sent), if it was.
+    /// When the operator interrupted the turn to steer (`session/cancel`
+    /// sent), if they did.
     cancelled_at: Option<Instant>,
 }
 

@@ -321,6 +321,12 @@ impl SessionState {
         });
         if interrupt && self.turn.is_some() {
             self.cancel_turn("interrupted to steer").await;
+            // Steering waits for this turn to end: an agent that ignores
+            // the cancel is restarted ([`Self::check_cancel_ignored`]).
+            // (A nudge's cancel is the stall policy's to follow up.)
+            if let Some(turn) = &mut self.turn {
+                turn.cancelled_at.get_or_insert_with(Instant::now);
+            }
         }
         Ok(SteerOutcome {
             queued: true,
@@ -334,9 +340,8 @@ impl SessionState {
     pub(super) async fn cancel_turn(&mut self, why: &str) {
         if self.is_acp() {
             if let Some(sid) = self.acp_session.clone()
-                && let Some(turn) = &mut self.turn
+                && self.turn.is_some()
             {
-                turn.cancelled_at.get_or_insert_with(Instant::now);
                 self.notify(methods::SESSION_CANCEL, acp::cancel_params(&sid));
             }
         } else {
