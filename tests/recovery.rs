@@ -652,3 +652,39 @@ fn a_reload_that_moves_the_address_shows_a_restart_is_needed() {
         health.text
     );
 }
+
+/// An intercom-dialect session has no turns and no session to load: after
+/// the server is killed, its fresh agent is given its last prompt again (as
+/// after a crash). It was given nothing, while the transcript said it was
+/// asked to continue.
+#[test]
+fn an_intercom_session_gets_its_last_prompt_again_after_a_server_kill() {
+    let port = free_port();
+    let layout = Layout::new(&Setup {
+        scenario: json!({"protocol": "intercom", "turns": [[
+            {"chunk": "working on it. "},
+            {"sleep_ms": 60000}
+        ]]}),
+        ..setup_on(port, Vec::new())
+    });
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let text = text.replacen(
+        "[[agent]]\nid = \"scripted\"\n",
+        "[[agent]]\nid = \"scripted\"\nprotocol = \"intercom\"\n",
+        1,
+    );
+    std::fs::write(&layout.config, text).expect("config");
+    let base = format!("http://127.0.0.1:{port}");
+    let mut first = ServerProcess::spawn(&layout, "first");
+    wait_healthy(&Http::new(&base, None), &mut first);
+    let http = Http::new(&base, Some(&read_token(&layout)));
+    let a = start(&http, "scripted", "write the report");
+    http.until_transcript(&a, "working on it.");
+    let pid = agent_pid(&http, &a);
+    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
+    let again = until("the last prompt given again", || {
+        let t = http.transcript(&a);
+        (t.matches("working on it.").count() >= 2).then_some(t)
+    });
+    assert!(again.contains("write the report"), "{again}");
+}

@@ -11,7 +11,9 @@ use tokio::sync::oneshot;
 
 use super::restarts::RestartPlan;
 use super::{Entry, SupervisorError, SupervisorState, threads};
-use crate::model::{AuditEntry, Protocol, SessionId, SessionRecord, SessionStatus};
+use crate::model::{
+    AuditEntry, MessageKind, Protocol, Role, SessionId, SessionRecord, SessionStatus,
+};
 use crate::ports::{NoticeLevel, SessionStore};
 use crate::registry::WorkspaceMap;
 use crate::session::{Caller, StartError, StartMode};
@@ -108,10 +110,20 @@ impl SupervisorState {
                 false
             }
         };
-        let mid_turn = turn_cut || !expired.is_empty();
+        // The intercom dialect has no turns and no session to load: its
+        // agent works on its last prompt until stopped, so the fresh agent
+        // is given that prompt again, as after a crash. It was given
+        // nothing, while the transcript said it was asked to continue.
+        let reprompt = if rec.protocol == Protocol::Intercom {
+            self.last_prompt(&id).await
+        } else {
+            None
+        };
+        let given_again = reprompt.is_some();
+        let mid_turn = turn_cut || !expired.is_empty() || given_again;
         let plan = RestartPlan {
             resume: rec.acp_session_id.clone(),
-            reprompt: None,
+            reprompt,
             mid_turn,
             require_resume: rec.protocol == Protocol::Acp,
         };
@@ -120,7 +132,16 @@ impl SupervisorState {
         if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
             threads::posted(&self.myself, &id, ch, ts);
         }
-        let text = if expired.is_empty() && mid_turn {
+        let text = if given_again {
+            let mut text = "The server restarted; resuming this session: the agent (intercom dialect, which has no session to resume) is given its last prompt again.".to_owned();
+            if !expired.is_empty() {
+                text.push_str(&format!(
+                    " Its open request {} expired.",
+                    expired.join(", ")
+                ));
+            }
+            text
+        } else if expired.is_empty() && mid_turn {
             "The server restarted during the agent's turn; resuming this session, and the agent is asked to continue its turn.".to_owned()
         } else if expired.is_empty() {
             "The server restarted; resuming this session.".to_owned()
@@ -133,6 +154,22 @@ impl SupervisorState {
         self.notice_kept(&id, NoticeLevel::Info, text).await;
         self.restart(id.clone()).await;
         self.sessions.get(&id).is_some_and(|e| e.actor.is_some())
+    }
+
+    /// The newest prompt the session's transcript holds (the operator's or
+    /// a steering message), if its newest page has one.
+    async fn last_prompt(&self, id: &SessionId) -> Option<String> {
+        let page = match self.args.store.transcript(id).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(session = %id, "cannot read the last prompt to give again: {e}");
+                return None;
+            }
+        };
+        page.into_iter()
+            .rev()
+            .find(|m| m.role == Role::User && m.kind == MessageKind::Text)
+            .map(|m| m.content)
     }
 
     /// The old server died with its agents still running (SIGKILL, or a
