@@ -41,7 +41,11 @@ impl App {
         }
         self.refresh_rules().await;
         self.inner.config_status.ok();
-        tracing::info!("{}", config.summary());
+        tracing::info!(
+            rules = config.rules.len(),
+            "config reloaded: {}",
+            config.summary()
+        );
         for w in config.warnings() {
             tracing::warn!("{w}");
         }

@@ -209,7 +209,7 @@ pub enum ConfigError {
     /// file caught being written (cut after its first lines) looks like
     /// that, and loaded it would drop the deny rules with the rest.
     #[error(
-        "config file {} now declares no {what} while the running configuration has {had}; keeping the previous configuration (a file caught being written?). To run without any, restart the server",
+        "config file {} now declares no {what} while the running configuration has {had}; keeping the previous configuration (a file caught being written?). To run without any, restart the server, or keep one that matches nothing (for rules: a deny rule for a command that does not exist)",
         path.display()
     )]
     Emptied {

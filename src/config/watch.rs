@@ -406,11 +406,14 @@ fn reload_loop(
         let path = reload.path.as_path();
         let result = Config::reload(path);
         match &result {
-            Ok(config) => tracing::info!(
+            // Read, not yet applied: the consumer may still refuse it (a
+            // reload that empties the rules), and "reloaded" before
+            // "rejected" read as if both had happened.
+            Ok(config) => tracing::debug!(
                 config = %path.display(),
                 workspaces = config.workspaces.len() + config.discovered.len(),
                 rules = config.rules.len(),
-                "config reloaded"
+                "config file read"
             ),
             Err(e) => tracing::error!(
                 config = %path.display(),
