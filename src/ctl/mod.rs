@@ -210,6 +210,13 @@ pub fn run(args: &CtlArgs) -> i32 {
                 // Anything else may quote the server or an agent: one line.
                 _ => eprintln!("error: {}", render::bounded(&text, ERROR_MAX)),
             }
+            if matches!(&e, CtlError::Api { status: 401, .. }) && args.token.is_some() {
+                // A stale token in the environment is the likely cause at
+                // 2 a.m., and the message alone did not say where it came from.
+                eprintln!(
+                    "  (the token came from --token or {TOKEN_ENV}; without either, ctl reads the server's api-token file)"
+                );
+            }
             e.exit_code()
         }
     }
@@ -299,6 +306,13 @@ fn connect(args: &CtlArgs) -> Result<Client, CtlError> {
 fn read_token(path: &Path) -> Result<String, CtlError> {
     match read_token_file(path) {
         Ok(Some(token)) => Ok(token),
+        Ok(None) if path.is_relative() => Err(CtlError::NoToken(format!(
+            "no API token: {} does not exist here ({}); run ctl in the server's directory or give --config, or set {TOKEN_ENV} / pass --token",
+            path.display(),
+            std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default()
+        ))),
         Ok(None) => Err(CtlError::NoToken(format!(
             "no API token: {} does not exist; start the server once (it creates it), or set {TOKEN_ENV} / pass --token",
             path.display()
