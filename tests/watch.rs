@@ -106,6 +106,20 @@ fn a_save_by_delete_and_create_reloads_the_new_file() {
     assert_eq!(ids(&cfg), ["web"]);
 }
 
+/// A config file deleted and not made again is reported (the running
+/// configuration goes stale, with the reason), and one made again later is
+/// read. A deleted file used to spin the watch thread and go unreported.
+#[test]
+fn a_deleted_file_is_reported_and_one_made_again_is_read() {
+    let (_dir, path) = setup(&["a1"]);
+    let (_handle, rx) = start(&path);
+    fs::remove_file(&path).expect("remove");
+    let err = next(&rx).expect_err("the file is gone");
+    assert!(matches!(err, ConfigError::Io { .. }), "{err:?}");
+    fs::write(&path, config_text(&["web"])).expect("create");
+    assert_eq!(ids(&next(&rx).expect("made again")), ["web"]);
+}
+
 /// A config file that is a link to a file kept elsewhere: an edit to that
 /// file reloads. A probe's edits were never seen (only the link's own
 /// directory was watched) while `/healthz` said the config was fine.

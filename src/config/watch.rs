@@ -57,11 +57,15 @@ pub const QUIET: Duration = Duration::from_secs(2);
 /// How long ago the file at `path` last changed (`QUIET` or more when that
 /// cannot be told: a missing file, a time in the future).
 fn age(path: &Path) -> Duration {
+    // A file that is gone (or dated in the future) has nothing to wait
+    // for: it is read now, and its error reported. Taken as exactly
+    // `QUIET` old, the wait below was zero, for ever: a deleted config
+    // spun the watch thread at full speed and was never reported.
     std::fs::metadata(path)
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
-        .unwrap_or(QUIET)
+        .unwrap_or(Duration::MAX)
 }
 
 /// Why the watch could not start.
@@ -392,7 +396,10 @@ fn reload_loop(
         // A file still being written is not read: only once it has not
         // changed for `QUIET` (a probe appended a rule line by line, and a
         // copy cut before the last deny rule was applied).
-        while let Some(wait) = QUIET.checked_sub(age(&reload.path)) {
+        while let Some(wait) = QUIET
+            .checked_sub(age(&reload.path))
+            .filter(|w| !w.is_zero())
+        {
             match rx.recv_timeout(wait) {
                 Ok(replaced) => again |= replaced,
                 Err(RecvTimeoutError::Timeout) => {}
