@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{Http, agent_bin, free_port};
-use emulator::Emulator;
+use emulator::{Emulator, Fault};
 
 struct Server(Child);
 
@@ -145,4 +145,59 @@ async fn serve_connects_to_slack_and_reports_a_broken_config_edit() {
     // Fixing the file recovers without a restart.
     std::fs::write(&path, config(&root, port, &emu.api_url, "")).expect("fix");
     until_health(&http, "fresh", |h| h["config"] == "ok").await;
+}
+
+/// A bot token Slack refuses (revoked, say) makes every post fail while
+/// Socket Mode, on the app token, stays up: `/healthz` says so
+/// (`token_refused`) and counts the refused messages, instead of
+/// `connected` with nothing lost. A message that goes out clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_bot_token_shows_on_healthz() {
+    let emu = Emulator::start().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = dir.path().canonicalize().expect("canon");
+    let port = free_port();
+    let path = root.join("config.toml");
+    std::fs::write(&path, config(&root, port, &emu.api_url, "")).expect("config");
+    let child = Command::new(env!("CARGO_BIN_EXE_agent-intercom"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("SLACK_BOT_TOKEN", "xoxb-serve-test")
+        .env("SLACK_APP_TOKEN", "xapp-serve-test")
+        .env("AGENT_INTERCOM_TOKEN", "serve-slack-token")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn server");
+    let _server = Server(child);
+    let http = Http::new(
+        &format!("http://127.0.0.1:{port}"),
+        Some("serve-slack-token"),
+    );
+    until_health(&http, "connected", |h| h["slack"] == "connected").await;
+    emu.fail_all(Fault::Refuse("token_revoked"));
+    let api = Http::new(&http.base, Some("serve-slack-token"));
+    let started = tokio::task::spawn_blocking(move || {
+        api.post(
+            "/api/sessions",
+            &serde_json::json!({"workspace": "demo", "prompt": "into the void"}),
+        )
+    })
+    .await
+    .expect("join");
+    assert_eq!(started.status, 201, "{}", started.text);
+    let h = until_health(&http, "token_refused", |h| h["slack"] == "token_refused").await;
+    assert!(h["slack_refused"].as_u64().unwrap_or(0) >= 1, "{h}");
+    emu.heal();
+    let api = Http::new(&http.base, Some("serve-slack-token"));
+    let again = tokio::task::spawn_blocking(move || {
+        api.post(
+            "/api/sessions",
+            &serde_json::json!({"workspace": "demo", "prompt": "heard again"}),
+        )
+    })
+    .await
+    .expect("join");
+    assert_eq!(again.status, 201, "{}", again.text);
+    until_health(&http, "connected again", |h| h["slack"] == "connected").await;
 }

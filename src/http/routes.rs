@@ -40,7 +40,11 @@ in the server log";
 /// pasted into the file, say) and names the file: only a caller with the
 /// API token gets it.
 pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Response {
-    let slack = app.slack().as_str().to_owned();
+    let slack = match app.slack().as_str() {
+        // Connected on the app token, but every post refused.
+        "connected" if crate::slack::dropped::bot_token_refused() => "token_refused".to_owned(),
+        state => state.to_owned(),
+    };
     let trusted = auth::carries(&headers, &token);
     let reveal = |reason: Option<String>, hidden: &str| {
         reason.map(|r| if trusted { r } else { hidden.to_owned() })
@@ -70,6 +74,7 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
         config_error,
         storage_error,
         slack_dropped: crate::slack::dropped::dropped_total(),
+        slack_refused: crate::slack::dropped::refused_total(),
         restart_needed: app
             .restart_needed()
             .into_iter()

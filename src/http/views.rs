@@ -19,7 +19,8 @@ pub struct Health {
     pub status: String,
     /// Live sessions.
     pub sessions: usize,
-    /// `disabled`, `connected` or `reconnecting`.
+    /// `disabled`, `connected`, `reconnecting`, or `token_refused` (Socket
+    /// Mode is up but Slack refuses the bot token for every post).
     pub slack: String,
     /// `ok`, or `stale` when the last config edit was invalid.
     #[serde(default = "config_ok")]
@@ -35,6 +36,11 @@ pub struct Health {
     /// mailbox was gone; each is also logged). 0 without Slack.
     #[serde(default)]
     pub slack_dropped: u64,
+    /// Messages Slack refused for good since the server started (a deleted
+    /// channel, a revoked token, a message too long; each is logged and
+    /// kept in the outbox marked failed). 0 without Slack.
+    #[serde(default)]
+    pub slack_refused: u64,
     /// Settings the config file changed that the running server applies
     /// only after a restart (`[server] bind`, `[database] path`, `[limits]`,
     /// ...); absent when there are none.

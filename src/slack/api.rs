@@ -179,6 +179,18 @@ pub fn classify(err: SlackClientError) -> SlackApiError {
     }
 }
 
+/// Notes what became of a message call: refused for good (counted, and a
+/// refused bot token shown on `/healthz`), or taken. A revoked token made
+/// every post fail while `/healthz` said Slack was connected.
+fn observed<T>(result: Result<T, SlackApiError>) -> Result<T, SlackApiError> {
+    match &result {
+        Ok(_) => super::dropped::note_taken(),
+        Err(SlackApiError::Permanent(code)) => super::dropped::note_refused(code),
+        Err(_) => {}
+    }
+    result
+}
+
 /// Treats an API error code as success (idempotent reactions).
 fn ok_if(code: &str, r: Result<(), SlackClientError>) -> Result<(), SlackApiError> {
     match r {
@@ -199,20 +211,22 @@ impl SlackApi for MorphismApi {
         thread_ts: Option<&str>,
         body: &MessageBody,
     ) -> Result<String, SlackApiError> {
-        answered(async {
-            let req = SlackApiChatPostMessageRequest::new(
-                SlackChannelId(channel.to_owned()),
-                content(body)?,
-            )
-            .opt_thread_ts(ts(thread_ts));
-            let res = self
-                .session()
-                .chat_post_message(&req)
-                .await
-                .map_err(classify)?;
-            Ok(res.ts.0)
-        })
-        .await
+        observed(
+            answered(async {
+                let req = SlackApiChatPostMessageRequest::new(
+                    SlackChannelId(channel.to_owned()),
+                    content(body)?,
+                )
+                .opt_thread_ts(ts(thread_ts));
+                let res = self
+                    .session()
+                    .chat_post_message(&req)
+                    .await
+                    .map_err(classify)?;
+                Ok(res.ts.0)
+            })
+            .await,
+        )
     }
 
     async fn update_message(
@@ -221,19 +235,21 @@ impl SlackApi for MorphismApi {
         ts: &str,
         body: &MessageBody,
     ) -> Result<(), SlackApiError> {
-        answered(async {
-            let req = SlackApiChatUpdateRequest::new(
-                SlackChannelId(channel.to_owned()),
-                content(body)?,
-                SlackTs(ts.to_owned()),
-            );
-            self.session()
-                .chat_update(&req)
-                .await
-                .map(|_| ())
-                .map_err(classify)
-        })
-        .await
+        observed(
+            answered(async {
+                let req = SlackApiChatUpdateRequest::new(
+                    SlackChannelId(channel.to_owned()),
+                    content(body)?,
+                    SlackTs(ts.to_owned()),
+                );
+                self.session()
+                    .chat_update(&req)
+                    .await
+                    .map(|_| ())
+                    .map_err(classify)
+            })
+            .await,
+        )
     }
 
     async fn add_reaction(&self, channel: &str, ts: &str, name: &str) -> Result<(), SlackApiError> {
@@ -275,39 +291,42 @@ impl SlackApi for MorphismApi {
         thread_ts: Option<&str>,
         snippet: &Snippet,
     ) -> Result<(), SlackApiError> {
-        answered(async {
-            let session = self.session();
-            let bytes = snippet.content.as_bytes().to_vec();
-            let url = session
-                .get_upload_url_external(
-                    &SlackApiFilesGetUploadUrlExternalRequest::new(
-                        snippet.filename.clone(),
-                        bytes.len(),
+        observed(
+            answered(async {
+                let session = self.session();
+                let bytes = snippet.content.as_bytes().to_vec();
+                let url = session
+                    .get_upload_url_external(
+                        &SlackApiFilesGetUploadUrlExternalRequest::new(
+                            snippet.filename.clone(),
+                            bytes.len(),
+                        )
+                        .with_snippet_type(SlackFileSnippetType("diff".to_owned())),
                     )
-                    .with_snippet_type(SlackFileSnippetType("diff".to_owned())),
-                )
-                .await
-                .map_err(classify)?;
-            session
-                .files_upload_via_url(&SlackApiFilesUploadViaUrlRequest::new(
-                    url.upload_url,
-                    bytes,
-                    "text/plain".to_owned(),
-                ))
-                .await
-                .map_err(classify)?;
-            let file = SlackApiFilesComplete::new(url.file_id).with_title(snippet.title.clone());
-            session
-                .files_complete_upload_external(
-                    &SlackApiFilesCompleteUploadExternalRequest::new(vec![file])
-                        .with_channel_id(SlackChannelId(channel.to_owned()))
-                        .opt_thread_ts(ts(thread_ts)),
-                )
-                .await
-                .map(|_| ())
-                .map_err(classify)
-        })
-        .await
+                    .await
+                    .map_err(classify)?;
+                session
+                    .files_upload_via_url(&SlackApiFilesUploadViaUrlRequest::new(
+                        url.upload_url,
+                        bytes,
+                        "text/plain".to_owned(),
+                    ))
+                    .await
+                    .map_err(classify)?;
+                let file =
+                    SlackApiFilesComplete::new(url.file_id).with_title(snippet.title.clone());
+                session
+                    .files_complete_upload_external(
+                        &SlackApiFilesCompleteUploadExternalRequest::new(vec![file])
+                            .with_channel_id(SlackChannelId(channel.to_owned()))
+                            .opt_thread_ts(ts(thread_ts)),
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(classify)
+            })
+            .await,
+        )
     }
 
     async fn post_ephemeral(
@@ -317,20 +336,22 @@ impl SlackApi for MorphismApi {
         thread_ts: Option<&str>,
         body: &MessageBody,
     ) -> Result<(), SlackApiError> {
-        answered(async {
-            let req = SlackApiChatPostEphemeralRequest::new(
-                SlackChannelId(channel.to_owned()),
-                SlackUserId(user.to_owned()),
-                content(body)?,
-            )
-            .opt_thread_ts(ts(thread_ts));
-            self.session()
-                .chat_post_ephemeral(&req)
-                .await
-                .map(|_| ())
-                .map_err(classify)
-        })
-        .await
+        observed(
+            answered(async {
+                let req = SlackApiChatPostEphemeralRequest::new(
+                    SlackChannelId(channel.to_owned()),
+                    SlackUserId(user.to_owned()),
+                    content(body)?,
+                )
+                .opt_thread_ts(ts(thread_ts));
+                self.session()
+                    .chat_post_ephemeral(&req)
+                    .await
+                    .map(|_| ())
+                    .map_err(classify)
+            })
+            .await,
+        )
     }
 
     async fn open_view(&self, trigger_id: &str, view: &Value) -> Result<(), SlackApiError> {

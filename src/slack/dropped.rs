@@ -7,13 +7,50 @@
 //! is also in SQLite (transcript, requests, audit), so nothing is lost from
 //! the record, only from the Slack view.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use intercom_actors::gateway::GatewayMsg;
 
 use crate::root::Current;
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static TOKEN_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Slack's error codes that mean the bot token no longer works.
+const TOKEN_CODES: [&str; 5] = [
+    "invalid_auth",
+    "not_authed",
+    "token_revoked",
+    "token_expired",
+    "account_inactive",
+];
+
+/// How many messages Slack refused for good since the server started
+/// (each is logged, and kept in the outbox marked failed).
+pub fn refused_total() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+/// Whether Slack's last answer to a message was that the bot token does not
+/// work (revoked, expired): every post fails then, while Socket Mode, on the
+/// app token, may still connect.
+pub fn bot_token_refused() -> bool {
+    TOKEN_REFUSED.load(Ordering::Relaxed)
+}
+
+/// Records a message Slack refused for good with `code`.
+pub fn note_refused(code: &str) {
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    if TOKEN_CODES.contains(&code) {
+        TOKEN_REFUSED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Records a message Slack took: the bot token works.
+pub fn note_taken() {
+    TOKEN_REFUSED.store(false, Ordering::Relaxed);
+}
 
 /// How many messages for the gateway were lost since the server started.
 pub fn dropped_total() -> u64 {
@@ -40,6 +77,17 @@ pub fn send(gateway: &Current<GatewayMsg>, msg: GatewayMsg, what: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_counted_and_a_refused_token_shown_until_a_message_goes_out() {
+        let before = refused_total();
+        note_refused("channel_not_found");
+        assert!(refused_total() > before);
+        note_refused("token_revoked");
+        assert!(bot_token_refused());
+        note_taken();
+        assert!(!bot_token_refused());
+    }
 
     #[test]
     fn a_lost_message_is_counted() {

@@ -116,6 +116,9 @@ pub enum Fault {
     RateLimited(u64),
     /// An HTTP error status (e.g. 503).
     Status(u16),
+    /// 200 with `{"ok": false, "error": code}`: Slack refusing the call
+    /// for good (`channel_not_found`, `token_revoked`).
+    Refuse(&'static str),
 }
 
 #[derive(Debug)]

@@ -114,6 +114,7 @@ pub(super) async fn web_api(
         let status = match f {
             Fault::RateLimited(_) => 429,
             Fault::Status(s) => s,
+            Fault::Refuse(_) => 200,
         };
         g.calls.push(Call {
             seq,
@@ -134,6 +135,7 @@ pub(super) async fn web_api(
                 "emulated failure",
             )
                 .into_response(),
+            Fault::Refuse(code) => axum::Json(json!({"ok": false, "error": code})).into_response(),
         };
     }
     g.calls.push(Call {
