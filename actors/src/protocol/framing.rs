@@ -181,6 +181,13 @@ impl LspCodec {
                 let n = value.trim().parse::<usize>().map_err(|_| {
                     FramingError::BadHeader(format!("Content-Length {value:?} is not a number"))
                 })?;
+                // Two lengths: which one the sender meant cannot be told,
+                // and taking the last one put the stream out of step.
+                if length.is_some_and(|first| first != n) {
+                    return Err(FramingError::BadHeader(
+                        "two different Content-Length headers in one frame".into(),
+                    ));
+                }
                 length = Some(n);
             }
         }
@@ -212,6 +219,9 @@ impl Decoder for LspCodec {
             Some(n) => n,
             None => {
                 let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    if let Some(why) = not_lsp(buf) {
+                        return Err(FramingError::BadHeader(why.into()));
+                    }
                     if buf.len() > MAX_HEADER_BYTES {
                         return Err(FramingError::BadHeader(format!(
                             "no header terminator within {MAX_HEADER_BYTES} bytes"
@@ -305,6 +315,22 @@ impl Encoder<Bytes> for FrameCodec {
             FrameCodec::Ndjson(c) => c.encode(item, dst),
             FrameCodec::Lsp(c) => c.encode(item, dst),
         }
+    }
+}
+
+/// Why what an agent wrote where LSP headers go is plainly no LSP frame:
+/// said at once, with what to do, instead of waiting for 8 KiB of headers
+/// that never end (an agent ending headers with a bare LF hung, then was
+/// killed with no hint).
+fn not_lsp(buf: &[u8]) -> Option<&'static str> {
+    match buf.first() {
+        Some(b'{' | b'[') => Some(
+            "a frame starts with JSON, not a Content-Length header: the agent writes NDJSON; set framing = \"ndjson\" in its [[agent]] profile",
+        ),
+        _ if buf.windows(2).any(|w| w == b"\n\n") => {
+            Some("headers end with a bare LF: LSP framing needs \\r\\n\\r\\n after the headers")
+        }
+        _ => None,
     }
 }
 
@@ -414,6 +440,32 @@ mod tests {
             LspCodec::new(10).decode(&mut buf),
             Err(FramingError::BadHeader(_))
         ));
+    }
+
+    #[test]
+    fn lsp_two_different_lengths_are_an_error() {
+        let mut buf = BytesMut::from(&b"Content-Length: 2\r\nContent-Length: 9\r\n\r\n{}"[..]);
+        assert!(matches!(
+            LspCodec::new(100).decode(&mut buf),
+            Err(FramingError::BadHeader(why)) if why.contains("two different")
+        ));
+        // The same length twice is only redundant.
+        let mut buf = BytesMut::from(&b"Content-Length: 2\r\ncontent-length: 2\r\n\r\n{}"[..]);
+        assert!(matches!(LspCodec::new(100).decode(&mut buf), Ok(Some(_))));
+    }
+
+    #[test]
+    fn what_is_plainly_not_lsp_is_said_at_once() {
+        for (wire, says) in [
+            (&b"{\"jsonrpc\":\"2.0\"}\n"[..], "NDJSON"),
+            (&b"Content-Length: 2\n\n{}"[..], "bare LF"),
+        ] {
+            let mut buf = BytesMut::from(wire);
+            match LspCodec::new(100).decode(&mut buf) {
+                Err(FramingError::BadHeader(why)) => assert!(why.contains(says), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
