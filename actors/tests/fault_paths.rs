@@ -637,3 +637,35 @@ async fn a_crashed_dialect_agent_is_given_its_prompt_again() {
         .await;
     h.until_transcript(&rec.id, "second run did the work").await;
 }
+
+/// An `initialize` answer over `max_line_bytes` fails the start at once and
+/// says why; it used to fail after the startup timeout as "did not finish
+/// the handshake", the size only in the log.
+#[tokio::test]
+async fn an_oversized_handshake_answer_fails_the_start_saying_so() {
+    let mut knobs = Knobs::default();
+    knobs.limits.max_line_bytes = 4096;
+    let h = Harness::new(knobs).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "python3".into();
+    profile.args = vec![
+        "-c".into(),
+        r#"
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("method") == "initialize":
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {
+            "protocolVersion": 1, "agentCapabilities": {}, "authMethods": [],
+            "_meta": {"pad": "x" * 10000}}}) + "\n")
+        sys.stdout.flush()
+"#
+        .into(),
+    ];
+    let err = h
+        .start_req(h.request(profile, "go"))
+        .await
+        .expect_err("the start fails");
+    let text = err.to_string();
+    assert!(text.contains("over limits.max_line_bytes (4096)"), "{text}");
+}

@@ -84,6 +84,7 @@ impl SessionState {
                                 self.settings.limits.max_line_bytes
                             ),
                         ));
+                        self.fail_start_if_handshaking(len).await;
                     }
                 }
             }
@@ -599,6 +600,33 @@ impl SessionState {
         } else if was_alerted {
             tracing::info!(session = %self.record.id, "agent activity resumed after a stall alert");
         }
+    }
+}
+
+impl SessionState {
+    /// An oversized message while the agent owes the answer to
+    /// `initialize` (or `authenticate`) is that answer: the start fails now,
+    /// saying so, instead of after the startup timeout with "it did not
+    /// finish the handshake" (the size was only in the log).
+    async fn fail_start_if_handshaking(&mut self, len: usize) {
+        let method = match self.phase {
+            Phase::Initializing => methods::INITIALIZE,
+            Phase::Authenticating => methods::AUTHENTICATE,
+            _ => return,
+        };
+        if !self.is_acp() {
+            return;
+        }
+        let error = format!(
+            "its answer was a {len}-byte message, over limits.max_line_bytes ({}); raise that limit in [limits] if the agent needs it",
+            self.settings.limits.max_line_bytes
+        );
+        self.fail_start(crate::session::StartError::Handshake {
+            agent: self.profile.id.clone(),
+            method: method.to_owned(),
+            error,
+        })
+        .await;
     }
 }
 
