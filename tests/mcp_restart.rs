@@ -151,3 +151,57 @@ fn an_approved_change_is_applied_once_after_a_server_restart() {
     });
     stop(third);
 }
+
+/// A `check_clearance` still waiting when the server is stopped gets its
+/// request's end as an answer (rejected: cancelled before the operator
+/// decided), not an empty stream: the MCP
+/// streams used to be ended before the sessions, and the log blamed the
+/// client.
+#[test]
+fn a_clearance_waiting_at_shutdown_is_answered() {
+    let port = free_port();
+    let spec = Spec {
+        bind: format!("127.0.0.1:{port}"),
+        ..Spec::default()
+    };
+    let deployment = Deployment::new(&spec);
+    let api = Api::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut server = start(&deployment, &api);
+    let answer = rt.block_on(async {
+        let c = client(port, "?workspace_id=demo").await;
+        let args = json!({"title": "Edit notes", "diff": "new\n", "file_path": "notes.txt"});
+        let peer = c.peer().clone();
+        let call = tokio::spawn(async move {
+            peer.call_tool(
+                CallToolRequestParams::new("check_clearance")
+                    .with_arguments(mcp_common::args(args)),
+            )
+            .await
+        });
+        tokio::task::spawn_blocking({
+            let api = api.clone();
+            move || {
+                chaos_common::until("the clearance request", || api.pending().into_iter().next())
+            }
+        })
+        .await
+        .expect("join");
+        server.signal(libc::SIGTERM);
+        call.await.expect("join")
+    });
+    let status = server.wait_exit();
+    assert!(status.success(), "{status}:\n{}", server.stderr());
+    let result = mcp_common::structured(&answer.expect("an answer, not a broken stream"));
+    assert_eq!(result["status"], "rejected", "{result}");
+    assert!(
+        result["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("cancelled")),
+        "{result}"
+    );
+}

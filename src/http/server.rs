@@ -419,11 +419,17 @@ async fn run_until_signal(
         }
     }
     tracing::info!("shutting down: stopping every session");
-    mcp_shutdown.cancel();
     if failure.is_some() {
         let _ = stop_tx.send(true);
     }
-    let (served, ()) = tokio::join!(server, app.shutdown());
+    // MCP streams end once the sessions have: a blocked `check_clearance`
+    // gets its request's end (cancelled) as its answer. Ended first, its
+    // client got an empty stream, and the log blamed the client.
+    let sessions_then_mcp = async {
+        app.shutdown().await;
+        mcp_shutdown.cancel();
+    };
+    let (served, ()) = tokio::join!(server, sessions_then_mcp);
     match failure {
         Some(f) => Err(ServeError::ActorTree(f)),
         None => served.map_err(ServeError::Http),
