@@ -19,7 +19,7 @@ fn health_needs_no_token_but_the_api_does() {
     assert_eq!(health.status, 200);
     assert_eq!(
         health.body,
-        json!({"status": "ok", "sessions": 0, "slack": "disabled", "config": "ok", "slack_dropped": 0})
+        json!({"status": "ok", "sessions": 0, "slack": "disabled", "config": "ok", "slack_dropped": 0, "slack_refused": 0})
     );
 
     let missing = anonymous.get("/api/sessions");
