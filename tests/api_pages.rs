@@ -174,8 +174,8 @@ fn a_bad_page_query_is_refused_with_what_is_allowed() {
     assert_eq!(unknown.status, 404, "{}", unknown.text);
 }
 
-/// An agent in auto-edits mode writing big files: every write is a request
-/// with its diff, decided by the mode and audited.
+/// An agent writing big files: every write is a request with its diff,
+/// decided and audited.
 fn big_writes(n: usize, size: usize) -> Setup {
     let mut steps: Vec<Value> = (0..n)
         .map(|i| {
@@ -214,10 +214,21 @@ fn approvals_and_the_audit_log_are_read_in_bounded_pages() {
     let http = &server.http;
     let r = http.post(
         "/api/sessions",
-        &json!({"workspace": "demo", "prompt": "write", "mode": "auto-edits"}),
+        &json!({"workspace": "demo", "prompt": "write", "mode": "ask"}),
     );
     assert_eq!(r.status, 201, "{}", r.text);
     let id = sid(&r.body);
+    // Decided by a person, so each keeps its whole diff (one decided by a
+    // mode keeps 64 KiB of it).
+    for n in 1..=WRITES {
+        let request = format!("req-{n}");
+        http.until_pending(&id, &request);
+        let decided = http.post(
+            &format!("/api/approvals/{id}:{request}"),
+            &json!({"decision": "approve"}),
+        );
+        assert_eq!(decided.status, 200, "{}", decided.text);
+    }
     http.until_transcript(&id, "all written.");
 
     // Every approval once, newest first, over several bounded pages.
