@@ -366,6 +366,14 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
         } => prompt(client, json, id, text, *interrupt)?,
         CtlCommand::Cancel { id } => {
             let url = format!("/api/sessions/{}/cancel", segment(id));
+            if !json {
+                // The answer waits for the agent (up to the shutdown grace,
+                // then a kill): say so, rather than seconds of silence.
+                eprintln!(
+                    "stopping {}; waiting for its agent to exit…",
+                    render::one_line(id)
+                );
+            }
             let (raw, answer) = client.post_as::<Value>(&url, &json!({}))?;
             emit(json, &raw, || render::cancelled(&answer));
         }

@@ -346,8 +346,13 @@ pub fn connection_notice(up: bool) -> MessageBody {
 
 /// An ephemeral error or hint.
 pub fn problem(text: &str) -> MessageBody {
-    MessageBody::text(format!(":warning: {text}"))
+    // Errors may quote what a user sent (a forged 200,000-character option
+    // id came back whole, and Slack refuses a message that long).
+    MessageBody::text(format!(":warning: {}", truncate(text, PROBLEM_LIMIT)))
 }
+
+/// The longest error answer, in characters.
+const PROBLEM_LIMIT: usize = 1000;
 
 /// How an automatic decision reads: `rule:r-1` -> "by rule `r-1`".
 fn automatic_by(decided_by: &str) -> Option<String> {
@@ -418,7 +423,7 @@ impl Render for BlockKit {
                 )));
                 snippet = Some(Snippet {
                     filename: format!("{}.diff", r.request_id),
-                    title: format!("Diff: {}", truncate(&r.title, 100)),
+                    title: format!("Diff: {}", escape(&truncate(&r.title, 100))),
                     content: diff.to_owned(),
                 });
             }

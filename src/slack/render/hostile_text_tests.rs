@@ -89,6 +89,15 @@ fn agent_text_is_inert_in_every_message_and_its_fallback() {
     ] {
         let (body, _) = r.request(&request(kind));
         inert("request", &body);
+        // A diff too big to show inline goes out as a snippet: its title
+        // carries the agent's title too.
+        let big = PendingRequest {
+            diff: Some(format!("+{}\n", "x".repeat(10_000))),
+            ..request(kind)
+        };
+        if let (_, Some(snippet)) = r.request(&big) {
+            inert("snippet title", &MessageBody::text(snippet.title));
+        }
         let closed = r.request_closed(&request(kind), RequestStatus::Cancelled, None);
         inert("request closed", &closed);
     }

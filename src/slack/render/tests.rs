@@ -176,6 +176,12 @@ fn a_short_plain_command_in_its_title_gets_no_second_block() {
 }
 
 #[test]
+fn an_error_answer_quoting_huge_input_is_bounded() {
+    let body = problem(&format!("option {:?} is not offered", "A".repeat(200_000)));
+    assert!(body.text.chars().count() <= 1010, "{}", body.text.len());
+}
+
+#[test]
 fn truncation_counts_utf16_units() {
     let emoji = "😀".repeat(2000);
     let cut = truncate(&emoji, 3000);
