@@ -140,13 +140,43 @@ impl OperatorSink for EventJournal {
 /// Encodes an event for the table: (session, kind, JSON), serializing it
 /// once, straight to text.
 pub fn encode(event: &OperatorEvent) -> Result<NewEvent, serde_json::Error> {
+    let payload = match event {
+        // The journal keeps the start of a request's diff only (the request
+        // itself keeps it whole, `GET /api/approvals/{id}`): a probe's
+        // client opened and dropped clearances of 900 KB diffs, and 271
+        // such events filled the journal's 256 MiB, pushing out every
+        // other session's history.
+        OperatorEvent::RequestOpened { request }
+            if request
+                .diff
+                .as_ref()
+                .is_some_and(|d| d.len() > EVENT_DIFF_KEPT) =>
+        {
+            let mut kept = request.clone();
+            if let Some(diff) = &mut kept.diff {
+                let mut cut = EVENT_DIFF_KEPT;
+                while !diff.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                diff.truncate(cut);
+                diff.push_str(
+                    "\n(the rest of this diff is in the request: GET /api/approvals/{id})\n",
+                );
+            }
+            serde_json::to_string(&OperatorEvent::RequestOpened { request: kept })?
+        }
+        _ => serde_json::to_string(event)?,
+    };
     Ok(NewEvent {
         at: now_ms(),
         session_id: event.session_id().0.clone(),
         kind: event.kind().to_owned(),
-        payload: serde_json::to_string(event)?,
+        payload,
     })
 }
+
+/// Bytes of a request's diff an event in the journal keeps.
+const EVENT_DIFF_KEPT: usize = 64 * 1024;
 
 async fn write_loop(
     store: Arc<SqliteStore>,
@@ -367,6 +397,28 @@ mod tests {
         let payload: serde_json::Value = serde_json::from_str(&first.payload).expect("json");
         assert_eq!(payload["text"], "one");
         assert_eq!(first.session_id, "s-1");
+    }
+
+    /// A request's diff is kept in the journal up to 64 KiB; the rest
+    /// stays in the request.
+    #[test]
+    fn a_big_diff_is_kept_in_the_journal_only_in_part() {
+        use serde_json::json;
+        let request = serde_json::from_value(json!({
+            "id": "s-1:req-1", "session_id": "s-1", "request_id": "req-1",
+            "kind": "permission", "title": "t", "diff": "+x\n".repeat(300_000), "paths": [],
+            "options": [], "status": "pending", "wire_id": null, "created_at": 0
+        }))
+        .expect("a pending request");
+        let event = encode(&OperatorEvent::RequestOpened { request }).expect("encode");
+        assert!(event.payload.len() < 100 * 1024, "{}", event.payload.len());
+        let back: serde_json::Value = serde_json::from_str(&event.payload).expect("json");
+        assert!(
+            back["request"]["diff"]
+                .as_str()
+                .is_some_and(|d| d.ends_with("GET /api/approvals/{id})\n")),
+            "{back}"
+        );
     }
 
     /// The kind column is the payload's own `event` field, for every kind

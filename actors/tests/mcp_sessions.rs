@@ -271,3 +271,60 @@ async fn the_bridge_is_offered_only_to_agents_that_speak_http_mcp() {
     let text = h.until_transcript(&without.id, "mcp ").await;
     assert!(text.contains("mcp []"), "{text}");
 }
+
+/// Requests opened and dropped at once never reach the pending cap: a
+/// probe's client opened and abandoned 1,000 clearances of 900 KB a minute.
+/// Past 1,000 since the operator last acted, new ones are refused; a
+/// decision renews the allowance.
+#[tokio::test]
+async fn requests_opened_and_dropped_are_bounded_until_the_operator_acts() {
+    let h = Harness::new(Knobs::default()).await;
+    let id = attach(&h).await;
+    let actor = h.actor(&id).await;
+    let open = || async {
+        let (opened_tx, opened_rx) = oneshot::channel();
+        let (tx, _rx) = oneshot::channel();
+        actor
+            .send_message(SessionMsg::Mcp(McpCall::Clearance {
+                title: "Edit main.rs".into(),
+                description: String::new(),
+                diff: Some("--- a/main.rs\n+++ b/main.rs\n".into()),
+                paths: vec!["main.rs".into()],
+                risk_level: "low".into(),
+                opened: opened_tx,
+                reply: tx,
+            }))
+            .expect("send");
+        opened_rx.await.expect("opened")
+    };
+    for _ in 0..1000 {
+        let request_id = open().await.expect("taken");
+        actor
+            .send_message(SessionMsg::Mcp(McpCall::Abandon {
+                request_id,
+                status: RequestStatus::Cancelled,
+            }))
+            .expect("abandon");
+    }
+    let refused = open().await.expect_err("past the allowance");
+    assert!(refused.contains("1000 requests"), "{refused}");
+    // An instruction from the operator, handed over, renews it.
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: "go on".into(),
+        interrupt: false,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("call")
+    .expect("steer");
+    let (tx, rx) = oneshot::channel();
+    actor
+        .send_message(SessionMsg::Mcp(McpCall::Ping {
+            status: None,
+            progress: vec![],
+            reply: tx,
+        }))
+        .expect("ping");
+    assert_eq!(rx.await.expect("handed").len(), 1);
+    open().await.expect("taken again");
+}

@@ -143,3 +143,37 @@ def on(m, method, mid):
     .await;
     h.until_transcript(&rec.id, "got: second").await;
 }
+
+/// Text blocks count against the turn too: a probe's agent alternated
+/// one-byte text with blank thoughts, each thought closing the text before
+/// it as its own row and event, 15,000 a second within the turn's text
+/// bytes.
+#[tokio::test]
+async fn text_blocks_split_by_blank_thoughts_count_against_the_turn() {
+    let h = Harness::new(Knobs::default()).await;
+    let profile = h.python_agent(
+        r#"
+def thought(t):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": t}}}})
+def on(m, method, mid):
+    if method == "session/prompt":
+        for i in range(20100):
+            chunk("y")
+            thought(" ")
+        send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+"#,
+    );
+    let rec = h
+        .start_req(h.request(profile, "split"))
+        .await
+        .expect("start");
+    h.until_transcript(&rec.id, "to the transcript since the last prompt")
+        .await;
+    let all = whole_transcript(&h, &rec.id).await;
+    let blocks = all
+        .iter()
+        .filter(|m| m.kind == MessageKind::Text && m.content == "y")
+        .count();
+    assert!(blocks <= 20_000, "{blocks} text blocks kept");
+}

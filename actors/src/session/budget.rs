@@ -22,12 +22,21 @@ pub(super) const WRITES_PER_TURN: usize = 20_000;
 /// pages).
 pub(super) const BYTES_PER_TURN: usize = 8 * crate::transcript::MAX_PAGE_BYTES;
 
+/// Requests the agent may open between two prompts (or decisions): each
+/// is stored with its diff (64 KiB of it once closed undecided), and a
+/// probe's client opened and dropped 1,000 clearances of 900 KB a minute,
+/// each closed at once, so the pending cap never applied. Counted apart
+/// from the chatter: an agent that flooded its transcript still reaches the
+/// operator with its next request.
+pub(super) const REQUESTS_PER_TURN: usize = 1_000;
+
 /// What the agent made the session write since the last prompt.
 #[derive(Debug, Default)]
 pub(super) struct TurnBudget {
     writes: usize,
     bytes: usize,
     spent: bool,
+    requests: usize,
 }
 
 /// What [`TurnBudget::spend`] decided.
@@ -54,6 +63,15 @@ impl TurnBudget {
         self.writes += 1;
         self.bytes += bytes;
         Spend::Kept
+    }
+
+    /// Counts one request opened; false past [`REQUESTS_PER_TURN`].
+    pub(super) fn take_request(&mut self) -> bool {
+        if self.requests >= REQUESTS_PER_TURN {
+            return false;
+        }
+        self.requests += 1;
+        true
     }
 
     /// A new prompt: a new budget.
@@ -103,5 +121,13 @@ mod tests {
         b.renew();
         // One write bigger than the whole budget is refused at once.
         assert_eq!(b.spend(usize::MAX), Spend::JustSpent);
+        // Requests are counted apart: a spent budget still takes them.
+        assert!(b.take_request());
+        for _ in 1..REQUESTS_PER_TURN {
+            assert!(b.take_request());
+        }
+        assert!(!b.take_request());
+        b.renew();
+        assert!(b.take_request());
     }
 }

@@ -362,6 +362,15 @@ impl SessionState {
                 .await;
             return Err(why);
         }
+        if !self.budget.take_request() {
+            let why = format!(
+                "the agent opened {} requests since the operator last acted; no new request is taken until the next prompt or decision",
+                super::budget::REQUESTS_PER_TURN
+            );
+            self.refuse_request(o.wire, o.from_mcp, o.kind, &why, why.clone())
+                .await;
+            return Err(why);
+        }
         let n = self.next_request;
         self.next_request += 1;
         let request_id = format!("req-{n}");

@@ -50,7 +50,13 @@ impl SessionState {
                 _ => Err(SessionError::NotFound(request_id.to_owned())),
             };
         };
-        self.resolve(n, &choice, reason, &caller.id).await
+        let decided = self.resolve(n, &choice, reason, &caller.id).await;
+        if decided.is_ok() {
+            // A person acted: the agent is being watched, so what it may
+            // write starts again (an IDE agent's turns are its requests).
+            self.budget.renew();
+        }
+        decided
     }
 
     /// Records and answers a decision on pending request `n` (no auth check).

@@ -81,7 +81,12 @@ impl SessionState {
         if !sent {
             return false;
         }
-        self.budget.renew();
+        // An operator's prompt renews the budget; the server's own (a
+        // nudge, a re-prompt after a cancel) does not: an agent that went
+        // quiet after each flood got a new budget from every nudge.
+        if role == Role::User {
+            self.budget.renew();
+        }
         // Steering is written to the transcript once its write is confirmed
         // ([`Self::on_written`]): a write that fails is given again to the
         // restarted agent, and was shown twice.

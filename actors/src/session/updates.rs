@@ -277,6 +277,19 @@ impl SessionState {
         if publish && !self.thought.is_empty() {
             self.flush_thought().await;
         }
+        // Each block is a row and an event: a probe's agent alternated
+        // one-byte text with blank thoughts, 15,000 blocks a second, all
+        // within the turn's text bytes. Blocks count against the turn.
+        if publish
+            && !self.text.text.is_empty()
+            && !self.agent_may_write(self.text.text.len()).await
+        {
+            self.text.text.clear();
+            self.text.message_id = None;
+            self.text.stored = 0;
+            self.text.dirty = false;
+            return;
+        }
         if self.text.dirty && publish {
             // The block is complete: nothing needs its row id any more, so
             // nothing waits for the write either.

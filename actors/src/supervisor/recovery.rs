@@ -18,6 +18,7 @@ use crate::ports::{NoticeLevel, SessionStore};
 use crate::registry::WorkspaceMap;
 use crate::session::{Caller, StartError, StartMode};
 use crate::settings::AgentProfile;
+use crate::transcript::{Anchor, TranscriptPage};
 
 /// The longest recovery waits for the previous server's agents to die.
 const ORPHANS_GONE: Duration = Duration::from_secs(2);
@@ -50,6 +51,9 @@ fn resumable_with(rec: &SessionRecord, map: &WorkspaceMap) -> Result<AgentProfil
     }
     Ok(profile)
 }
+
+/// Transcript pages read back for an intercom session's last prompt.
+const PROMPT_PAGES: usize = 50;
 
 impl SupervisorState {
     /// After a server restart: resumes each session stored as live, or marks
@@ -157,19 +161,37 @@ impl SupervisorState {
     }
 
     /// The newest prompt the session's transcript holds (the operator's or
-    /// a steering message), if its newest page has one.
+    /// a steering message), looked for page by page back from the newest
+    /// (a busy agent's 1,100 status lines hid it from the newest page), at
+    /// most [`PROMPT_PAGES`] pages.
     async fn last_prompt(&self, id: &SessionId) -> Option<String> {
-        let page = match self.args.store.transcript(id).await {
-            Ok(page) => page,
-            Err(e) => {
-                tracing::warn!(session = %id, "cannot read the last prompt to give again: {e}");
+        let mut page = TranscriptPage::LATEST;
+        for _ in 0..PROMPT_PAGES {
+            let slice = match self.args.store.transcript_page(id, page).await {
+                Ok(slice) => slice,
+                Err(e) => {
+                    tracing::warn!(session = %id, "cannot read the last prompt to give again: {e}");
+                    return None;
+                }
+            };
+            if let Some(found) = slice
+                .entries
+                .iter()
+                .rev()
+                .find(|m| m.role == Role::User && m.kind == MessageKind::Text)
+            {
+                return Some(found.content.clone());
+            }
+            let oldest = slice.entries.first()?;
+            if !slice.more {
                 return None;
             }
-        };
-        page.into_iter()
-            .rev()
-            .find(|m| m.role == Role::User && m.kind == MessageKind::Text)
-            .map(|m| m.content)
+            page = TranscriptPage {
+                anchor: Anchor::Before(oldest.id),
+                ..TranscriptPage::LATEST
+            };
+        }
+        None
     }
 
     /// The old server died with its agents still running (SIGKILL, or a
