@@ -742,8 +742,8 @@ def on(m, method, mid):
 }
 
 /// A title a JavaScript or Python agent cut mid-emoji (`"\ud83d"`, a lone
-/// surrogate escape) is read with U+FFFD in its place: the whole message
-/// used to be refused, and the request never answered.
+/// surrogate escape) is read with the escape's text in its place: the whole
+/// message used to be refused, and the request never answered.
 #[tokio::test]
 async fn a_lone_surrogate_does_not_lose_the_message() {
     let h = Harness::new(Knobs::default()).await;
@@ -763,5 +763,5 @@ def on(m, method, mid):
     let OperatorEvent::RequestOpened { request } = opened else {
         unreachable!()
     };
-    assert_eq!(request.title, "Edit notes \u{fffd}");
+    assert_eq!(request.title, "Edit notes \\ud83d");
 }

@@ -182,7 +182,8 @@ impl RpcMessage {
     pub fn parse(body: &[u8]) -> Result<RpcMessage, ParseError> {
         let value: Value = match serde_json::from_slice(body) {
             Ok(v) => v,
-            // Text a JavaScript or Python agent cut mid-emoji: read, not lost.
+            // Text a JavaScript or Python agent cut mid-emoji: read (the
+            // lone surrogate as its escape's text), not lost.
             Err(e) => super::surrogates::mend(body)
                 .and_then(|m| serde_json::from_slice(&m).ok())
                 .ok_or_else(|| ParseError::Json(e.to_string()))?,

@@ -4,11 +4,16 @@
 //! the middle of an emoji as `"\ud83d"`: well-formed JSON text, but no
 //! Unicode scalar value, so serde_json refuses the whole message. A probe's
 //! agent lost a permission request that way (never answered) and the end of
-//! its turn (the turn hung). Such an escape is read as U+FFFD, as browsers
-//! and Python read it; a message without one is left to fail as it did.
+//! its turn (the turn hung). Such an escape is read as its own six
+//! characters (`\ud83d` as text, the backslash escaped), not as U+FFFD:
+//! two different ones stay different (two request ids `"\ud800"` and
+//! `"\udfff"` read as one U+FFFD made the second a reused id), and the
+//! operator sees what was cut. A message without one is left to fail as it
+//! did.
 
-/// `body` with every escaped lone surrogate written as `\ufffd`, or `None`
-/// when it has none (its parse error is then something else).
+/// `body` with every escaped lone surrogate's backslash escaped (so it
+/// reads as the text `\uXXXX`), or `None` when it has none (its parse
+/// error is then something else).
 pub fn mend(body: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(body.len());
     let mut changed = false;
@@ -38,7 +43,8 @@ pub fn mend(body: &[u8]) -> Option<Vec<u8>> {
                 12
             }
             Some(0xD800..=0xDFFF) => {
-                out.extend_from_slice(b"\\ufffd");
+                out.push(b'\\');
+                out.extend_from_slice(&body[i..i + 6]);
                 changed = true;
                 i += 6;
                 continue;
@@ -72,14 +78,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_surrogate_becomes_a_replacement_character() {
+    fn a_lone_surrogate_reads_as_its_escape_and_stays_distinct() {
         assert_eq!(
             mended(r#"{"t":"cut \ud83d","u":"\ude00 x"}"#).as_deref(),
-            Some(r#"{"t":"cut \ufffd","u":"\ufffd x"}"#)
+            Some(r#"{"t":"cut \\ud83d","u":"\\ude00 x"}"#)
         );
         let v: serde_json::Value =
             serde_json::from_str(&mended(r#"{"t":"a\ud83d"}"#).expect("mended")).expect("parses");
-        assert_eq!(v["t"], "a\u{fffd}");
+        assert_eq!(v["t"], "a\\ud83d");
+        let two: serde_json::Value =
+            serde_json::from_str(&mended(r#"["\ud800","\udfff"]"#).expect("mended"))
+                .expect("parses");
+        assert_ne!(two[0], two[1]);
     }
 
     #[test]
