@@ -106,7 +106,7 @@ impl CtlError {
 fn no_answer(url: &str, secs: u64, change: bool) -> String {
     if change {
         format!(
-            "the server at {url} took the request but did not answer within {secs} s; it may still be carried out: check with `ctl sessions` or `ctl approvals` before trying again"
+            "the server at {url} took the request but did not answer within {secs} s; it may still be carried out: check with `ctl sessions` or `ctl pending` before trying again"
         )
     } else {
         format!(
@@ -176,9 +176,13 @@ impl Client {
         path: &str,
         last_event_id: Option<i64>,
     ) -> Result<impl std::io::BufRead + use<>, CtlError> {
+        // The answer's headers must come as a read's would; the body then
+        // has no bound (the server sends keep-alives). A stopped server
+        // left `ctl watch` waiting in silence.
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_recv_response(Some(self.limits[0]))
             .build();
         let agent: ureq::Agent = config.into();
         let mut request = agent
@@ -190,10 +194,10 @@ impl Client {
         }
         let response = request
             .call()
-            .map_err(|e| self.transport(e, CONNECT_TIMEOUT, false))?;
+            .map_err(|e| self.transport(e, self.limits[0], false))?;
         if !response.status().is_success() {
             return Err(self
-                .finish(Ok(response), CONNECT_TIMEOUT, false)
+                .finish(Ok(response), self.limits[0], false)
                 .err()
                 .unwrap_or_else(|| {
                     CtlError::Protocol("the event stream answered without events".into())
@@ -386,6 +390,12 @@ mod tests {
         );
         assert_eq!(err.exit_code(), exit::UNREACHABLE);
         let err = client.get("/api/sessions").expect_err("no answer");
+        assert!(
+            matches!(err, CtlError::NoAnswer { change: false, .. }),
+            "{err:?}"
+        );
+        // The event stream's headers too (`ctl watch` waited in silence).
+        let err = client.stream("/api/events", None).err().expect("no answer");
         assert!(
             matches!(err, CtlError::NoAnswer { change: false, .. }),
             "{err:?}"

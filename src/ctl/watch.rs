@@ -93,7 +93,7 @@ pub fn follow(
     loop {
         let mut reader = match client.stream(&path, last) {
             Ok(r) => r,
-            Err(CtlError::Unreachable { .. }) if opened => {
+            Err(CtlError::Unreachable { .. } | CtlError::NoAnswer { .. }) if opened => {
                 std::thread::sleep(RECONNECT_EVERY);
                 continue;
             }
@@ -171,7 +171,7 @@ pub fn event_line(e: &Value, with_session: bool) -> String {
         "notice" => format!("{:<9} {}", s("level"), s("text")),
         "session_ended" => format!("ended     {}{}", s("status"), reason(e)),
         "events_lost" => format!(
-            "LOST      events {}–{} were pruned before this stream read them; `ctl sessions` and `ctl approvals` show where things stand",
+            "LOST      events {}–{} were pruned before this stream read them; `ctl sessions` and `ctl pending` show where things stand",
             render::bounded(&e["first_lost"].to_string(), 20),
             render::bounded(&e["last_lost"].to_string(), 20)
         ),

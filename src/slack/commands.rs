@@ -122,11 +122,17 @@ fn first_word(text: &str) -> (&str, &str) {
     }
 }
 
-/// Splits off an optional leading session id.
+/// Splits off an optional leading session id: a word starting `s-` (any
+/// case; a malformed one is still meant as an id, and refused as none), or
+/// one of at least 8 hex digits (the `s-` forgotten). A probe's `steer
+/// S-<id> hello` went to the channel's latest session.
 fn optional_id(rest: &str) -> (Option<String>, &str) {
     let (w, tail) = first_word(rest);
-    if looks_like_id(w) {
-        (Some(w.to_owned()), tail)
+    let lower = w.to_ascii_lowercase();
+    if lower.starts_with("s-") {
+        (Some(lower), tail)
+    } else if lower.len() >= 8 && lower.chars().all(|c| c.is_ascii_hexdigit()) {
+        (Some(format!("s-{lower}")), tail)
     } else {
         (None, rest.trim())
     }
@@ -287,6 +293,14 @@ pub fn pick_session(
     explicit: Option<&str>,
 ) -> Result<(SessionRecord, Option<String>), String> {
     if let Some(id) = explicit {
+        // A prefix names one session only when it says enough: `s-` alone
+        // stopped the channel's only session.
+        if id.len() < "s-".len() + 2 {
+            return Err(format!(
+                "`{}` is too short to name a session; nothing was done. Give at least 2 characters after `s-` (`/intercom sessions` lists them).",
+                render::escape(&render::truncate(id, 80))
+            ));
+        }
         let found: Vec<&SessionRecord> = live.iter().filter(|s| s.id.0.starts_with(id)).collect();
         return match found.as_slice() {
             [one] => Ok(((*one).clone(), None)),

@@ -273,7 +273,7 @@ fn command_block(full: &str) -> Value {
         let mut text = format!("*Runs:*\n```\n{}\n```", escape(&shown.start));
         if shown.left_out > 0 {
             text.push_str(&format!(
-                "\n_… {} characters not shown here; `ctl approvals` and the API show the whole command …_\n```\n{}\n```",
+                "\n_… {} characters not shown here; `ctl pending`, the web console and the API show the whole command …_\n```\n{}\n```",
                 shown.left_out,
                 escape(&shown.end)
             ));

@@ -361,6 +361,12 @@ impl GatewayState {
     }
 
     async fn fallback(&mut self, lane: &str, op: OutboundOp, error: &str) {
+        // Only a refusal of the formatting is helped by plain text: a
+        // refused token or a deleted channel refuses that too, and a probe
+        // saw a third top-level message posted for one session.
+        if !refuses_formatting(error) {
+            return;
+        }
         let (channel, in_thread, key, body) = match op {
             OutboundOp::Post {
                 channel,
@@ -432,4 +438,11 @@ impl GatewayState {
             index.thread_posted(&session, channel, &ts);
         }
     }
+}
+/// Whether Slack's (or the renderer's) refusal is of a message's
+/// formatting, which the same text without blocks may pass.
+fn refuses_formatting(error: &str) -> bool {
+    error.contains("invalid_blocks")
+        || error.contains("invalid Block Kit")
+        || error.contains("invalid_attachments")
 }

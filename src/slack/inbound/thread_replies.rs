@@ -72,7 +72,11 @@ pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
             return;
         }
     };
-    tracing::info!(%user, %session, "thread reply");
+    tracing::info!(
+        user = %intercom_actors::text::one_line(&user, 40),
+        %session,
+        "thread reply"
+    );
     if let Some(reason) = reject_reason(&text) {
         match ctx.live_actor(&session).await {
             Ok(actor) => reject_pending(ctx, &actor, &reply, reason).await,

@@ -418,8 +418,12 @@
   // Runs of more than 8 blanks are counted (as the server's
   // `text::command::marked` does), and a very long command keeps its start
   // and its end, saying how much lies between.
+  const BLANK_RUN = /[\s\u{34f}\u{115f}\u{1160}\u{200b}-\u{200d}\u{2060}\u{2800}\u{3164}\u{fe00}-\u{fe0f}\u{feff}\u{ffa0}]{9,}/gu;
   function commandText(cmd) {
-    const s = String(cmd).replace(/[ \t]{9,}/g, (run) => '⟨' + run.length + ' blanks⟩');
+    // Blank: whitespace of every kind (newlines, no-break and ideographic
+    // spaces) and the fillers and joiners that render empty, as the
+    // server's `is_blank`.
+    const s = String(cmd).replace(BLANK_RUN, (run) => '⟨' + [...run].length + ' blanks⟩');
     const max = 20000;
     if (s.length <= max) return s;
     const head = s.slice(0, max - max / 4), tail = s.slice(s.length - max / 4);

@@ -478,6 +478,46 @@ async fn permanent_failures_fall_back_to_text_and_are_kept_as_failed() {
     assert_eq!(r.outbox.failed().len(), 1);
 }
 
+/// Plain text helps only a refusal of the formatting: a refused token
+/// refuses the plain text too, and re-posting made a third top-level
+/// message for one session.
+#[tokio::test]
+async fn a_refusal_that_is_not_about_formatting_posts_no_plain_text_copy() {
+    let r = rig().await;
+    r.start("s-1", Some("C1")).await;
+    r.drained().await;
+    r.api
+        .fail_next(vec![SlackApiError::Permanent("account_inactive".into())]);
+    let req = PendingRequest {
+        command: None,
+        id: "s-1:req-1".into(),
+        session_id: SessionId::from("s-1"),
+        request_id: "req-1".into(),
+        kind: RequestKind::Permission,
+        tool_kind: None,
+        title: "Run ls".into(),
+        diff: None,
+        paths: vec![],
+        options: vec![],
+        status: RequestStatus::Pending,
+        wire_id: None,
+        created_at: 0,
+    };
+    r.emit(OperatorEvent::RequestOpened { request: req });
+    r.text("s-1", "after");
+    r.drained().await;
+    let calls = r.api.calls();
+    assert!(calls[1].starts_with("FAIL post"), "{calls:?}");
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.contains("account_inactive") && !c.starts_with("FAIL")),
+        "{calls:?}"
+    );
+    assert!(calls[2].ends_with("text after"), "{calls:?}");
+    assert_eq!(r.outbox.failed().len(), 1);
+}
+
 #[tokio::test]
 async fn a_restarted_gateway_resends_the_outbox_in_order() {
     let outbox = Arc::new(MemoryOutbox::new());
