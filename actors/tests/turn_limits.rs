@@ -177,3 +177,36 @@ def on(m, method, mid):
         .count();
     assert!(blocks <= 20_000, "{blocks} text blocks kept");
 }
+
+/// Requests decided by a mode do not count against the turn's requests: a
+/// long autonomous turn in mode `auto` asks for more than the 1,000 the
+/// budget leaves undecided.
+#[tokio::test]
+async fn requests_a_mode_decides_are_not_counted_against_the_turn() {
+    let h = Harness::new(Knobs::default()).await;
+    let profile = h.python_agent(
+        r#"
+answered = [0]
+def search(rid, n):
+    send({"jsonrpc": "2.0", "id": rid, "method": "session/request_permission", "params": {
+        "sessionId": "s1", "toolCall": {"toolCallId": "t%d" % n, "title": "grep todo", "kind": "search"},
+        "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
+def on(m, method, mid):
+    if method == "session/prompt":
+        for i in range(1100):
+            search("p%d" % i, i)
+    elif method is None and "result" in m:
+        answered[0] += 1
+        if answered[0] == 1100:
+            chunk("all 1100 answered")
+    elif method is None and "error" in m:
+        chunk("refused " + str(mid))
+"#,
+    );
+    let mut req = h.request(profile, "work alone");
+    req.mode = Some(intercom_actors::rules::ApprovalMode::Auto);
+    let rec = h.start_req(req).await.expect("start");
+    let text = h.until_transcript(&rec.id, "all 1100 answered").await;
+    assert!(!text.contains("refused"), "{text}");
+}

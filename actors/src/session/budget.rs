@@ -22,12 +22,13 @@ pub(super) const WRITES_PER_TURN: usize = 20_000;
 /// pages).
 pub(super) const BYTES_PER_TURN: usize = 8 * crate::transcript::MAX_PAGE_BYTES;
 
-/// Requests the agent may open between two prompts (or decisions): each
-/// is stored with its diff (64 KiB of it once closed undecided), and a
-/// probe's client opened and dropped 1,000 clearances of 900 KB a minute,
-/// each closed at once, so the pending cap never applied. Counted apart
-/// from the chatter: an agent that flooded its transcript still reaches the
-/// operator with its next request.
+/// Requests the agent may leave undecided between two prompts (or
+/// operator decisions): each is stored with its diff (64 KiB of it once
+/// closed undecided), and a probe's client opened and dropped 1,000
+/// clearances of 900 KB a minute, each closed at once, so the pending cap
+/// never applied. A decided request (by a rule or a mode too) is given
+/// back. Counted apart from the chatter: an agent that flooded its
+/// transcript still reaches the operator with its next request.
 pub(super) const REQUESTS_PER_TURN: usize = 1_000;
 
 /// What the agent made the session write since the last prompt.
@@ -72,6 +73,12 @@ impl TurnBudget {
         }
         self.requests += 1;
         true
+    }
+
+    /// Gives back one request counted by [`Self::take_request`] (it was
+    /// decided).
+    pub(super) fn refund_request(&mut self) {
+        self.requests = self.requests.saturating_sub(1);
     }
 
     /// A new prompt: a new budget.
@@ -126,6 +133,10 @@ mod tests {
         for _ in 1..REQUESTS_PER_TURN {
             assert!(b.take_request());
         }
+        assert!(!b.take_request());
+        // A decided one is given back.
+        b.refund_request();
+        assert!(b.take_request());
         assert!(!b.take_request());
         b.renew();
         assert!(b.take_request());

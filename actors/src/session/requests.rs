@@ -96,6 +96,10 @@ impl SessionState {
             .wait(async move { store.decide_request_audited(&id, &decided, &entry).await })
             .await?;
         self.pending.remove(&n);
+        // A decided request (by a person, a rule or a mode) does not count
+        // against the turn's requests: only ones left undecided pile up,
+        // and a long autonomous turn in mode `auto` asks many.
+        self.budget.refund_request();
         if decision.approved
             && let Some(announced) = pending.announced.clone()
         {
