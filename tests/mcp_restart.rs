@@ -47,42 +47,60 @@ fn stop(mut server: ServerProcess) {
     assert!(status.success(), "{status}:\n{}", server.stderr());
 }
 
-#[test]
-fn an_approved_change_is_applied_once_after_a_server_restart() {
+/// A free port, a deployment serving on it, its API and a runtime for the
+/// MCP clients.
+fn rig() -> (u16, Deployment, Api, tokio::runtime::Runtime) {
     let port = free_port();
     let spec = Spec {
         bind: format!("127.0.0.1:{port}"),
         ..Spec::default()
     };
     let deployment = Deployment::new(&spec);
-    std::fs::write(deployment.ws.join("notes.txt"), "old\n").expect("seed");
     let api = Api::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
+    (port, deployment, api, rt)
+}
+
+/// A `demo` client calling `check_clearance` for an edit of notes.txt:
+/// the client, the waiting call, and the request once it is pending.
+async fn ask_to_edit_notes(
+    port: u16,
+    api: &Api,
+) -> (
+    Client,
+    tokio::task::JoinHandle<Result<rmcp::model::CallToolResult, rmcp::ServiceError>>,
+    serde_json::Value,
+) {
+    let c = client(port, "?workspace_id=demo").await;
+    let args = json!({"title": "Edit notes", "diff": "new\n", "file_path": "notes.txt"});
+    let peer = c.peer().clone();
+    let call = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance").with_arguments(mcp_common::args(args)),
+        )
+        .await
+    });
+    let pending = tokio::task::spawn_blocking({
+        let api = api.clone();
+        move || chaos_common::until("the clearance request", || api.pending().into_iter().next())
+    })
+    .await
+    .expect("join");
+    (c, call, pending)
+}
+
+#[test]
+fn an_approved_change_is_applied_once_after_a_server_restart() {
+    let (port, deployment, api, rt) = rig();
+    std::fs::write(deployment.ws.join("notes.txt"), "old\n").expect("seed");
 
     let first = start(&deployment, &api);
     let asked = rt.block_on(async {
-        let c = client(port, "?workspace_id=demo").await;
-        let args = json!({"title": "Edit notes", "diff": "new\n", "file_path": "notes.txt"});
-        let peer = c.peer().clone();
-        let call = tokio::spawn(async move {
-            peer.call_tool(
-                CallToolRequestParams::new("check_clearance")
-                    .with_arguments(mcp_common::args(args)),
-            )
-            .await
-        });
-        let pending = tokio::task::spawn_blocking({
-            let api = api.clone();
-            move || {
-                chaos_common::until("the clearance request", || api.pending().into_iter().next())
-            }
-        })
-        .await
-        .expect("join");
+        let (c, call, pending) = ask_to_edit_notes(port, &api).await;
         let id = pending["id"].as_str().expect("id").to_owned();
         let decided = tokio::task::spawn_blocking({
             let api = api.clone();
@@ -159,38 +177,10 @@ fn an_approved_change_is_applied_once_after_a_server_restart() {
 /// client.
 #[test]
 fn a_clearance_waiting_at_shutdown_is_answered() {
-    let port = free_port();
-    let spec = Spec {
-        bind: format!("127.0.0.1:{port}"),
-        ..Spec::default()
-    };
-    let deployment = Deployment::new(&spec);
-    let api = Api::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let (port, deployment, api, rt) = rig();
     let mut server = start(&deployment, &api);
     let answer = rt.block_on(async {
-        let c = client(port, "?workspace_id=demo").await;
-        let args = json!({"title": "Edit notes", "diff": "new\n", "file_path": "notes.txt"});
-        let peer = c.peer().clone();
-        let call = tokio::spawn(async move {
-            peer.call_tool(
-                CallToolRequestParams::new("check_clearance")
-                    .with_arguments(mcp_common::args(args)),
-            )
-            .await
-        });
-        tokio::task::spawn_blocking({
-            let api = api.clone();
-            move || {
-                chaos_common::until("the clearance request", || api.pending().into_iter().next())
-            }
-        })
-        .await
-        .expect("join");
+        let (_c, call, _) = ask_to_edit_notes(port, &api).await;
         server.signal(libc::SIGTERM);
         call.await.expect("join")
     });

@@ -73,11 +73,22 @@ async fn until_health(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_connects_to_slack_and_reports_a_broken_config_edit() {
+/// `serve` on a fresh config, Slack tokens set, the emulator as Slack,
+/// connected; its temp directory and process live as long as this.
+struct Running {
+    emu: Emulator,
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    port: u16,
+    path: std::path::PathBuf,
+    _server: Server,
+    http: Http,
+}
+
+async fn serve_with_slack() -> Running {
     let emu = Emulator::start().await;
-    let dir = tempfile::tempdir().expect("tmp");
-    let root = dir.path().canonicalize().expect("canon");
+    let _dir = tempfile::tempdir().expect("tmp");
+    let root = _dir.path().canonicalize().expect("canon");
     let port = free_port();
     let path = root.join("config.toml");
     std::fs::write(&path, config(&root, port, &emu.api_url, "")).expect("config");
@@ -97,6 +108,42 @@ async fn serve_connects_to_slack_and_reports_a_broken_config_edit() {
         Some("serve-slack-token"),
     );
     until_health(&http, "connected", |h| h["slack"] == "connected").await;
+    Running {
+        emu,
+        _dir,
+        root,
+        port,
+        path,
+        _server,
+        http,
+    }
+}
+
+/// `POST /api/sessions` in workspace `demo` (off the runtime: the client
+/// blocks).
+async fn start_in_demo(http: &Http, prompt: &'static str) -> common::Reply {
+    let api = Http::new(&http.base, Some("serve-slack-token"));
+    tokio::task::spawn_blocking(move || {
+        api.post(
+            "/api/sessions",
+            &serde_json::json!({"workspace": "demo", "prompt": prompt}),
+        )
+    })
+    .await
+    .expect("join")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_connects_to_slack_and_reports_a_broken_config_edit() {
+    let Running {
+        emu,
+        _dir,
+        root,
+        port,
+        path,
+        _server,
+        http,
+    } = serve_with_slack().await;
 
     // Break the file: duplicate workspace id.
     let broken = config(
@@ -131,15 +178,7 @@ async fn serve_connects_to_slack_and_reports_a_broken_config_edit() {
     .await;
 
     // The previous map is still in use: starting in `demo` works.
-    let api = Http::new(&http.base, Some("serve-slack-token"));
-    let started = tokio::task::spawn_blocking(move || {
-        api.post(
-            "/api/sessions",
-            &serde_json::json!({"workspace": "demo", "prompt": "still works"}),
-        )
-    })
-    .await
-    .expect("join");
+    let started = start_in_demo(&http, "still works").await;
     assert_eq!(started.status, 201, "{}", started.text);
 
     // Fixing the file recovers without a restart.
@@ -153,51 +192,20 @@ async fn serve_connects_to_slack_and_reports_a_broken_config_edit() {
 /// `connected` with nothing lost. A message that goes out clears it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_bot_token_shows_on_healthz() {
-    let emu = Emulator::start().await;
-    let dir = tempfile::tempdir().expect("tmp");
-    let root = dir.path().canonicalize().expect("canon");
-    let port = free_port();
-    let path = root.join("config.toml");
-    std::fs::write(&path, config(&root, port, &emu.api_url, "")).expect("config");
-    let child = Command::new(env!("CARGO_BIN_EXE_agent-intercom"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("SLACK_BOT_TOKEN", "xoxb-serve-test")
-        .env("SLACK_APP_TOKEN", "xapp-serve-test")
-        .env("AGENT_INTERCOM_TOKEN", "serve-slack-token")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn server");
-    let _server = Server(child);
-    let http = Http::new(
-        &format!("http://127.0.0.1:{port}"),
-        Some("serve-slack-token"),
-    );
-    until_health(&http, "connected", |h| h["slack"] == "connected").await;
+    let Running {
+        emu,
+        _dir,
+        _server,
+        http,
+        ..
+    } = serve_with_slack().await;
     emu.fail_all(Fault::Refuse("token_revoked"));
-    let api = Http::new(&http.base, Some("serve-slack-token"));
-    let started = tokio::task::spawn_blocking(move || {
-        api.post(
-            "/api/sessions",
-            &serde_json::json!({"workspace": "demo", "prompt": "into the void"}),
-        )
-    })
-    .await
-    .expect("join");
+    let started = start_in_demo(&http, "into the void").await;
     assert_eq!(started.status, 201, "{}", started.text);
     let h = until_health(&http, "token_refused", |h| h["slack"] == "token_refused").await;
     assert!(h["slack_refused"].as_u64().unwrap_or(0) >= 1, "{h}");
     emu.heal();
-    let api = Http::new(&http.base, Some("serve-slack-token"));
-    let again = tokio::task::spawn_blocking(move || {
-        api.post(
-            "/api/sessions",
-            &serde_json::json!({"workspace": "demo", "prompt": "heard again"}),
-        )
-    })
-    .await
-    .expect("join");
+    let again = start_in_demo(&http, "heard again").await;
     assert_eq!(again.status, 201, "{}", again.text);
     until_health(&http, "connected again", |h| h["slack"] == "connected").await;
 }

@@ -9,7 +9,7 @@ use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::session::{Caller, Choice, McpAnswer, McpCall, SessionMsg};
 use intercom_actors::supervisor::{AttachRequest, SupervisorMsg};
 use serde_json::json;
-use support::{Harness, Knobs};
+use support::{Harness, Knobs, steer};
 use tokio::sync::oneshot;
 
 async fn attach(h: &Harness) -> SessionId {
@@ -28,7 +28,15 @@ async fn attach(h: &Harness) -> SessionId {
 }
 
 async fn clearance(h: &Harness, id: &SessionId) -> (String, oneshot::Receiver<McpAnswer>) {
-    let actor = h.actor(id).await;
+    let (opened, rx) = open_clearance(&h.actor(id).await).await;
+    (opened.expect("stored"), rx)
+}
+
+/// Asks `actor` for a clearance of main.rs: the request id (or why it was
+/// refused) and where the answer will come.
+async fn open_clearance(
+    actor: &ractor::ActorRef<SessionMsg>,
+) -> (Result<String, String>, oneshot::Receiver<McpAnswer>) {
     let (opened_tx, opened_rx) = oneshot::channel();
     let (tx, rx) = oneshot::channel();
     actor
@@ -42,8 +50,7 @@ async fn clearance(h: &Harness, id: &SessionId) -> (String, oneshot::Receiver<Mc
             reply: tx,
         }))
         .expect("send");
-    let request_id = opened_rx.await.expect("opened").expect("stored");
-    (request_id, rx)
+    (opened_rx.await.expect("opened"), rx)
 }
 
 #[tokio::test]
@@ -281,22 +288,7 @@ async fn requests_opened_and_dropped_are_bounded_until_the_operator_acts() {
     let h = Harness::new(Knobs::default()).await;
     let id = attach(&h).await;
     let actor = h.actor(&id).await;
-    let open = || async {
-        let (opened_tx, opened_rx) = oneshot::channel();
-        let (tx, _rx) = oneshot::channel();
-        actor
-            .send_message(SessionMsg::Mcp(McpCall::Clearance {
-                title: "Edit main.rs".into(),
-                description: String::new(),
-                diff: Some("--- a/main.rs\n+++ b/main.rs\n".into()),
-                paths: vec!["main.rs".into()],
-                risk_level: "low".into(),
-                opened: opened_tx,
-                reply: tx,
-            }))
-            .expect("send");
-        opened_rx.await.expect("opened")
-    };
+    let open = || async { open_clearance(&actor).await.0 };
     for _ in 0..1000 {
         let request_id = open().await.expect("taken");
         actor
@@ -309,14 +301,7 @@ async fn requests_opened_and_dropped_are_bounded_until_the_operator_acts() {
     let refused = open().await.expect_err("past the allowance");
     assert!(refused.contains("1000 requests"), "{refused}");
     // An instruction from the operator, handed over, renews it.
-    ractor::call!(actor, |reply| SessionMsg::Steer {
-        text: "go on".into(),
-        interrupt: false,
-        caller: Caller::local(),
-        reply
-    })
-    .expect("call")
-    .expect("steer");
+    steer(&h, &id, "go on", false).await;
     let (tx, rx) = oneshot::channel();
     actor
         .send_message(SessionMsg::Mcp(McpCall::Ping {

@@ -14,9 +14,9 @@ mod support;
 
 use intercom_actors::model::{MessageKind, SessionId, TranscriptEntry};
 use intercom_actors::ports::SessionStore;
-use intercom_actors::session::{Caller, Choice, SessionMsg};
+use intercom_actors::session::Choice;
 use intercom_actors::transcript::{Anchor, TranscriptPage};
-use support::{Harness, Knobs, decide, request_opened};
+use support::{Harness, Knobs, decide, request_opened, steer};
 
 /// Every entry of a session's transcript, page by page.
 async fn whole_transcript(h: &Harness, id: &SessionId) -> Vec<TranscriptEntry> {
@@ -89,15 +89,7 @@ async fn tool_calls_past_the_turns_budget_are_dropped_with_one_notice() {
     assert_eq!(notices, 1, "one notice");
     decide(&h, &rec.id, "req-1", Choice::Approve).await;
     // A new prompt: a new budget.
-    let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Steer {
-        text: "again".into(),
-        interrupt: false,
-        caller: Caller::local(),
-        reply
-    })
-    .expect("call")
-    .expect("steer");
+    steer(&h, &rec.id, "again", false).await;
     h.until_transcript(&rec.id, "kept again").await;
 }
 
@@ -127,15 +119,7 @@ def on(m, method, mid):
         .await
         .expect("start");
     h.until_transcript(&rec.id, "deaf to cancels").await;
-    let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Steer {
-        text: "second".into(),
-        interrupt: true,
-        caller: Caller::local(),
-        reply
-    })
-    .expect("call")
-    .expect("steer");
+    steer(&h, &rec.id, "second", true).await;
     h.until_transcript(
         &rec.id,
         "did not end its turn within 1 s of being cancelled",

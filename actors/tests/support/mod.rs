@@ -310,6 +310,19 @@ pub async fn stop_as_operator(h: &Harness, id: &SessionId) {
     .expect("stopped");
 }
 
+/// Steers a session as the local operator; panics unless it is taken.
+pub async fn steer(h: &Harness, id: &SessionId, text: &str, interrupt: bool) {
+    let actor = h.actor(id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: text.into(),
+        interrupt,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("steer call")
+    .expect("steer taken");
+}
+
 pub async fn decide(h: &Harness, id: &SessionId, request: &str, choice: Choice) {
     decide_as(h, id, request, choice, None, Caller::local())
         .await

@@ -443,31 +443,24 @@ async fn request_lifecycle_updates_the_same_message_and_status_line() {
     );
 }
 
-#[tokio::test]
-async fn permanent_failures_fall_back_to_text_and_are_kept_as_failed() {
+/// A rig whose first request's post Slack refused for good with `code`,
+/// then one text, all sent.
+async fn refused_request(code: &str) -> Rig {
     let r = rig().await;
     r.start("s-1", Some("C1")).await;
     r.drained().await;
-    r.api
-        .fail_next(vec![SlackApiError::Permanent("invalid_blocks".into())]);
-    let req = PendingRequest {
-        command: None,
-        id: "s-1:req-1".into(),
-        session_id: SessionId::from("s-1"),
-        request_id: "req-1".into(),
-        kind: RequestKind::Permission,
-        tool_kind: None,
-        title: "Run ls".into(),
-        diff: None,
-        paths: vec![],
-        options: vec![],
-        status: RequestStatus::Pending,
-        wire_id: None,
-        created_at: 0,
-    };
-    r.emit(OperatorEvent::RequestOpened { request: req });
+    r.api.fail_next(vec![SlackApiError::Permanent(code.into())]);
+    r.emit(OperatorEvent::RequestOpened {
+        request: priority::permission("s-1", "Run ls"),
+    });
     r.text("s-1", "after");
     r.drained().await;
+    r
+}
+
+#[tokio::test]
+async fn permanent_failures_fall_back_to_text_and_are_kept_as_failed() {
+    let r = refused_request("invalid_blocks").await;
     let calls = r.api.calls();
     assert!(calls[1].starts_with("FAIL post"), "{calls:?}");
     assert!(
@@ -483,29 +476,7 @@ async fn permanent_failures_fall_back_to_text_and_are_kept_as_failed() {
 /// message for one session.
 #[tokio::test]
 async fn a_refusal_that_is_not_about_formatting_posts_no_plain_text_copy() {
-    let r = rig().await;
-    r.start("s-1", Some("C1")).await;
-    r.drained().await;
-    r.api
-        .fail_next(vec![SlackApiError::Permanent("account_inactive".into())]);
-    let req = PendingRequest {
-        command: None,
-        id: "s-1:req-1".into(),
-        session_id: SessionId::from("s-1"),
-        request_id: "req-1".into(),
-        kind: RequestKind::Permission,
-        tool_kind: None,
-        title: "Run ls".into(),
-        diff: None,
-        paths: vec![],
-        options: vec![],
-        status: RequestStatus::Pending,
-        wire_id: None,
-        created_at: 0,
-    };
-    r.emit(OperatorEvent::RequestOpened { request: req });
-    r.text("s-1", "after");
-    r.drained().await;
+    let r = refused_request("account_inactive").await;
     let calls = r.api.calls();
     assert!(calls[1].starts_with("FAIL post"), "{calls:?}");
     assert!(
