@@ -718,35 +718,50 @@ fn a_session_ended_by_idle_timeout_is_revived_over_the_api() {
     assert_eq!(r.status, 404, "{}", r.text);
 }
 
+/// The configured agent behind a shell script, so what runs can change
+/// between starts (a config fix, without a reload).
+struct AgentScript(std::path::PathBuf);
+
+impl AgentScript {
+    fn install(layout: &Layout) -> AgentScript {
+        let script = AgentScript(layout.dir.path().join("agent.sh"));
+        script.runs_the_agent();
+        let config = std::fs::read_to_string(&layout.config).expect("config");
+        let scripted = format!("command = {:?}", common::agent_bin().display().to_string());
+        assert!(config.contains(&scripted), "{config}");
+        let config = config.replacen(
+            &scripted,
+            &format!("command = {:?}", script.0.display().to_string()),
+            1,
+        );
+        std::fs::write(&layout.config, config).expect("config");
+        script
+    }
+
+    fn set(&self, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&self.0, format!("#!/bin/sh\n{body}\n")).expect("script");
+        std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+
+    fn runs_the_agent(&self) {
+        self.set(&format!("exec {:?} \"$@\"", common::agent_bin()));
+    }
+}
+
 #[test]
 fn a_revive_that_fails_leaves_the_session_revivable() {
-    use std::os::unix::fs::PermissionsExt;
     let layout = Layout::new(&Setup {
         idle_timeout_secs: Some(1),
         ..Setup::default()
     });
-    // The agent behind a script, so what runs can change between starts.
-    let script = layout.dir.path().join("agent.sh");
-    let set_agent = |body: &str| {
-        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).expect("script");
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    };
-    set_agent(&format!("exec {:?} \"$@\"", common::agent_bin()));
-    let config = std::fs::read_to_string(&layout.config).expect("config");
-    let scripted = format!("command = {:?}", common::agent_bin().display().to_string());
-    assert!(config.contains(&scripted), "{config}");
-    let config = config.replacen(
-        &scripted,
-        &format!("command = {:?}", script.display().to_string()),
-        1,
-    );
-    std::fs::write(&layout.config, config).expect("config");
+    let agent = AgentScript::install(&layout);
     let served = Served::on(&layout);
     let http = &served.http;
     let id = idle_ended(http, "the task");
 
     // The agent cannot start now: the revive fails, and says so...
-    set_agent("exit 3");
+    agent.set("exit 3");
     let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
     assert_eq!(r.status, 502, "{}", r.text);
     // ...and the session is left as it was, not crashed: it can come back.
@@ -763,7 +778,7 @@ fn a_revive_that_fails_leaves_the_session_revivable() {
     assert_eq!(r.status, 409, "{}", r.text);
     assert!(r.text.contains("revive"), "{}", r.text);
 
-    set_agent(&format!("exec {:?} \"$@\"", common::agent_bin()));
+    agent.runs_the_agent();
     let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
     assert_eq!(r.status, 200, "{}", r.text);
     let audit = http.get(&format!("/api/audit?session={id}")).body;
@@ -773,4 +788,46 @@ fn a_revive_that_fails_leaves_the_session_revivable() {
         .cloned()
         .unwrap_or_default();
     assert_eq!(revived["actor"], "local", "{audit}");
+}
+
+#[test]
+fn a_crashed_session_is_revived_once_its_agent_is_fixed() {
+    let layout = Layout::new(&Setup::default());
+    let agent = AgentScript::install(&layout);
+    let served = Served::on(&layout);
+    let http = &served.http;
+    let id = sid(&http.start("the task"));
+    http.until_transcript(&id, "ok");
+    // A config edit breaks the agent; its restarts fail until the budget
+    // is spent and the session ends crashed.
+    agent.set("echo 'fatal: bad flag' >&2; exit 3");
+    let r = http.post(&format!("/api/sessions/{id}/restart"), &json!({}));
+    assert_eq!(r.status, 202, "{}", r.text);
+    let crashed = http.until_status(&id, "crashed");
+    assert_eq!(crashed["revivable"], true, "{crashed}");
+    // Steering it says what to do.
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "are you there?"}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert!(r.text.contains("revive"), "{}", r.text);
+    // Not fixed yet: the revive fails and it stays crashed, revivable.
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 502, "{}", r.text);
+    let still = http.until_status(&id, "crashed");
+    assert_eq!(still["status_reason"], crashed["status_reason"], "{still}");
+    // Fixed: the same session comes back and takes a prompt.
+    agent.runs_the_agent();
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.body["status"], "active", "{}", r.text);
+    assert_eq!(r.body["revivable"], false, "{}", r.text);
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "welcome back"}),
+    );
+    assert_eq!(r.status, 202, "{}", r.text);
+    let transcript = http.until_transcript(&id, "prompt: welcome back");
+    assert!(transcript.contains("Session revived"), "{transcript}");
 }

@@ -715,6 +715,37 @@ async fn a_reply_revives_a_session_that_ended_by_idle_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_revives_a_session_that_crashed_for_good() {
+    // Every turn kills the agent: the restarts cannot fix it.
+    let rig = Rig::start_with(
+        &[("broken", json!({"turns": [[{"exit": 1}]]}))],
+        RigOptions::default(),
+    )
+    .await;
+    let (id, root) = rig.start_session("broken", "go").await;
+    rig.until_record(&id, "crashed", |r| r.status == SessionStatus::Crashed)
+        .await;
+    rig.until_gone(&id).await;
+
+    rig.emu.reply(OWNER, CHANNEL, &root, "try again");
+    rig.until_in_thread(&root, "the revive notice", |m| {
+        m.all_text()
+            .contains("Reviving this session (it had crashed)")
+    })
+    .await;
+    // The reply reached the revived agent (which is still broken, and
+    // crashes again: the thread says so as for any crash).
+    rig.until_transcript(&id, "prompt: try again").await;
+    let audit = rig.store.audit_log(Some(&id)).await.expect("audit");
+    assert!(
+        audit
+            .iter()
+            .any(|(_, e)| e.actor == OWNER && e.action == "session.revived"),
+        "{audit:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_are_listed_and_only_operators_may_remove_them() {
     let options = RigOptions {
         config_rules: vec![Rule {

@@ -502,16 +502,27 @@ pub struct SessionRecord {
     pub last_activity_at: i64,
 }
 
-/// The `status_reason` of a session ended by idle timeout (`completed`):
-/// the one kind of ended session that can be revived.
+/// The `status_reason` of a session ended by idle timeout (`completed`).
 pub const IDLE_TIMEOUT: &str = "idle_timeout";
 
 impl SessionRecord {
-    /// Ended by idle timeout, and so revivable (an explicit stop, a crash,
-    /// an interruption stay ended).
+    /// Ended by idle timeout: a reply to it is a reason to bring it back.
     pub fn ended_by_idle_timeout(&self) -> bool {
         self.status == SessionStatus::Completed
             && self.status_reason.as_deref() == Some(IDLE_TIMEOUT)
+    }
+
+    /// Ended without anyone deciding it should: by idle timeout, a crash the
+    /// restarts did not fix, an error, or a server restart it could not be
+    /// resumed from. The operator (or its owner) may bring such a session
+    /// back once the cause is fixed. A session someone stopped (`cancelled`)
+    /// stays stopped: that was a decision.
+    pub fn revivable(&self) -> bool {
+        self.ended_by_idle_timeout()
+            || matches!(
+                self.status,
+                SessionStatus::Crashed | SessionStatus::Error | SessionStatus::Interrupted
+            )
     }
 }
 

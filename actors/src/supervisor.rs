@@ -104,7 +104,7 @@ pub enum SupervisorError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
-    /// The session cannot be revived (explicitly stopped, crashed, unknown, live).
+    /// The session cannot be revived (explicitly stopped, unknown, live).
     #[error("{0}")]
     NotRevivable(String),
     /// The caller may not act on the session.
@@ -260,9 +260,35 @@ struct Entry {
     recovering: bool,
     /// Still in its first start (failure deletes the row).
     first_start: bool,
-    /// Still in the start of a revive (failure ends it as it was: by idle
-    /// timeout, so it can be revived again once the cause is fixed).
-    reviving: bool,
+    /// Still in the start of a revive: how it had ended, which a failed
+    /// start restores (so it can be revived again once the cause is fixed).
+    reviving: Option<PriorEnd>,
+}
+
+/// How a revived session had ended: what it goes back to when the revive's
+/// start fails.
+#[derive(Debug, Clone)]
+struct PriorEnd {
+    status: SessionStatus,
+    reason: String,
+}
+
+impl PriorEnd {
+    fn of(record: &SessionRecord) -> PriorEnd {
+        PriorEnd {
+            status: record.status,
+            reason: record.status_reason.clone().unwrap_or_default(),
+        }
+    }
+
+    /// "by idle timeout" / "crashed (exit code 1 ...)": for the notice of a
+    /// failed revive.
+    fn describe(&self) -> String {
+        if self.status == SessionStatus::Completed && self.reason == crate::model::IDLE_TIMEOUT {
+            return "ended by idle timeout".into();
+        }
+        format!("{}", self.status)
+    }
 }
 
 impl Entry {
@@ -284,7 +310,7 @@ impl Entry {
             plan: None,
             recovering: false,
             first_start: false,
-            reviving: false,
+            reviving: None,
         }
     }
 
@@ -299,7 +325,7 @@ impl Entry {
             plan: Some(plan),
             recovering: true,
             first_start: false,
-            reviving: false,
+            reviving: None,
         }
     }
 }

@@ -943,6 +943,88 @@ async fn a_session_ended_by_idle_timeout_can_be_revived_and_an_explicit_stop_can
 }
 
 #[tokio::test]
+async fn a_crashed_session_comes_back_once_its_agent_is_fixed() {
+    let h = Harness::new(Knobs {
+        policy: SupervisionPolicy {
+            max_restarts: 0,
+            restart_window_secs: 600,
+            backoff_initial_secs: 0,
+            backoff_max_secs: 0,
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let broken = json!({"turns": [[{"stderr": "fatal: bad flag"}, {"exit": 1}]]});
+    let rec = h.start(broken, "go").await;
+    let crashed = h
+        .until_record(&rec.id, "crashed", |r| r.status == SessionStatus::Crashed)
+        .await;
+    assert!(crashed.revivable());
+    let reason = crashed.status_reason.clone().unwrap_or_default();
+    // The operator's fix is not there yet: the revive fails and the session
+    // stays crashed, with the reason it had.
+    let mut missing = h.profile(json!({"turns": []}));
+    missing.command = h.dir.path().join("no-such-agent").display().to_string();
+    let err = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: rec.id.clone(),
+        profile: missing,
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect_err("the agent cannot start");
+    assert!(matches!(err, SupervisorError::StartFailed(_)), "{err:?}");
+    let still = h
+        .until_record(&rec.id, "crashed again", |r| !r.status.is_live())
+        .await;
+    assert_eq!(still.status, SessionStatus::Crashed);
+    assert_eq!(still.status_reason.as_deref(), Some(reason.as_str()));
+    // Someone else may not bring it back.
+    let stranger = Caller {
+        id: "U_X".into(),
+        operator: false,
+    };
+    let fixed = h.profile(json!({"turns": [[{"chunk": "working again"}]]}));
+    let err = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: rec.id.clone(),
+        profile: fixed.clone(),
+        caller: stranger,
+        reply
+    })
+    .expect("call")
+    .expect_err("not the owner");
+    assert!(
+        matches!(err, SupervisorError::Unauthorized { .. }),
+        "{err:?}"
+    );
+    // Fixed: it comes back in the same session and takes a prompt.
+    let revived = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: rec.id.clone(),
+        profile: fixed,
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("revived");
+    assert_eq!(revived.status, SessionStatus::Active);
+    assert_eq!(revived.id, rec.id);
+    steer(&h, &rec.id, "after the fix", false).await;
+    h.until_transcript(&rec.id, "working again").await;
+    let audit: Vec<String> = h
+        .store
+        .audit_entries()
+        .iter()
+        .filter(|a| a.session_id.as_ref() == Some(&rec.id))
+        .map(|a| a.action.clone())
+        .collect();
+    assert!(
+        audit.contains(&"session.revive_failed".to_owned())
+            && audit.contains(&"session.revived".to_owned()),
+        "{audit:?}"
+    );
+}
+
+#[tokio::test]
 async fn flooded_tool_updates_are_coalesced_not_dropped() {
     let h = Harness::new(Knobs {
         limits: Limits {

@@ -176,8 +176,8 @@ impl App {
             }
             Scope::Session(id) => match self.inner.store.get_session(id).await? {
                 // An ended session asks nothing more, unless it is revived
-                // (only one that ended by idle timeout can be).
-                Some(r) if !r.status.is_live() && !r.ended_by_idle_timeout() => {
+                // (a stopped one cannot be).
+                Some(r) if !r.status.is_live() && !r.revivable() => {
                     Err(AppError::BadRequest(format!(
                         "session {id} has ended ({}) and asks nothing more; a rule for it could never apply",
                         r.status.as_str()

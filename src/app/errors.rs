@@ -69,16 +69,21 @@ impl AppError {
         }
     }
 
-    /// A session that has no agent any more: what to do instead (a session
-    /// that ended by idle timeout can be revived).
+    /// A session that has no agent any more: what to do instead (one that
+    /// ended without being stopped can be revived).
     pub(super) fn ended(record: &SessionRecord) -> Self {
         let status = record.status;
-        if record.ended_by_idle_timeout() {
+        if record.revivable() {
             let id = &record.id;
+            let how = if record.ended_by_idle_timeout() {
+                "ended by idle timeout;".to_owned()
+            } else {
+                format!("is {status}; fix what ended it, then")
+            };
             return Self::conflict_status(
                 status,
                 format!(
-                    "session ended by idle timeout; revive it (POST /api/sessions/{id}/revive, `ctl revive {id}`) or start a new one"
+                    "session {how} revive it (POST /api/sessions/{id}/revive, `ctl revive {id}`) or start a new one"
                 ),
             );
         }

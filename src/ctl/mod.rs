@@ -142,8 +142,9 @@ pub enum CtlCommand {
         /// Session id
         id: String,
     },
-    /// Bring back a session that ended by idle timeout (its agent respawned
-    /// in the same session, resumed where the agent supports it)
+    /// Bring back a session that ended without being stopped: idle timeout,
+    /// crashed, error, interrupted (its agent respawned in the same session,
+    /// resumed where the agent supports it)
     Revive {
         /// Session id
         id: String,

@@ -85,11 +85,17 @@ pub struct SessionView {
     pub channel_id: Option<String>,
     /// Slack thread root, if posted.
     pub thread_ts: Option<String>,
+    /// Ended without anyone stopping it (idle timeout, crash, error,
+    /// interruption): `POST /api/sessions/{id}/revive` can bring it back.
+    #[serde(default)]
+    pub revivable: bool,
 }
 
 impl From<SessionRecord> for SessionView {
     fn from(r: SessionRecord) -> Self {
+        let revivable = r.revivable();
         SessionView {
+            revivable,
             id: r.id.0,
             workspace: r.workspace,
             agent: r.agent,

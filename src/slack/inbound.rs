@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use intercom_actors::gateway::GatewayMsg;
-use intercom_actors::model::{AuditEntry, RequestStatus, SessionId, SessionRecord};
+use intercom_actors::model::{AuditEntry, RequestStatus, SessionId, SessionRecord, SessionStatus};
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
 use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::ApprovalMode;
@@ -153,6 +153,11 @@ pub fn session_error_text(e: &SessionError) -> String {
         SessionError::AlreadyResolved { status, .. } => {
             format!("That request is already {status}; nothing changed.")
         }
+        SessionError::NotLive(
+            status @ (SessionStatus::Crashed | SessionStatus::Error | SessionStatus::Interrupted),
+        ) => format!(
+            "The session is {status}; fix what ended it, then reply in its thread to revive it, or start a new one with `/intercom start <prompt>`."
+        ),
         SessionError::NotLive(status) => {
             format!("The session is {status}; start a new one with `/intercom start <prompt>`.")
         }

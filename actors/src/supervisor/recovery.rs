@@ -1,6 +1,7 @@
 //! Sessions that outlive a process: after a server restart, the ones
 //! stored as live are resumed (or marked interrupted, saying why), and a
-//! session ended by idle timeout can be revived on request.
+//! session that ended without anyone stopping it (idle timeout, a crash the
+//! restarts did not fix, an interruption) can be revived on request.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::restarts::RestartPlan;
-use super::{Entry, SupervisorError, SupervisorState, threads};
+use super::{Entry, PriorEnd, SupervisorError, SupervisorState, threads};
 use crate::model::{
     AuditEntry, MessageKind, Protocol, Role, SessionId, SessionRecord, SessionStatus,
 };
@@ -229,8 +230,10 @@ impl SupervisorState {
         }
     }
 
-    /// Brings back a session ended by idle timeout: its agent respawned in
-    /// the same session, resumed with `session/load` where supported.
+    /// Brings back a session that ended without anyone stopping it: its
+    /// agent respawned in the same session with the profile as configured
+    /// now, resumed with `session/load` where supported, its queued
+    /// steering delivered. A fresh restart budget comes with it.
     pub(super) async fn revive(
         &mut self,
         id: SessionId,
@@ -269,7 +272,7 @@ impl SupervisorState {
         {
             Ok(actor) => {
                 let entry = Entry {
-                    reviving: true,
+                    reviving: Some(PriorEnd::of(&record)),
                     ..Entry::revived(actor, profile, record.restart_count)
                 };
                 self.sessions.insert(id.clone(), entry);
@@ -279,12 +282,9 @@ impl SupervisorState {
                 answer_when_revived(store, record, rx, reply, caller.id);
             }
             Err(err) => {
+                // Ends as it had ended: it can be revived once fixed.
                 let _ = store
-                    .set_status(
-                        &id,
-                        SessionStatus::Completed,
-                        Some(crate::model::IDLE_TIMEOUT),
-                    )
+                    .set_status(&id, record.status, record.status_reason.as_deref())
                     .await;
                 revive_audit(&*store, &id, &caller.id, Some(&err.to_string())).await;
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
@@ -304,7 +304,7 @@ impl SupervisorState {
         }
         if self.sessions.contains_key(id) {
             return refuse(format!(
-                "session {id} is still live; a session comes back only once it has ended by idle timeout (one ending now can be revived when it has ended)"
+                "session {id} is still live; a session comes back only once it has ended (one ending now can be revived when it has ended)"
             ));
         }
         let record = match self.args.store.get_session(id).await {
@@ -312,9 +312,9 @@ impl SupervisorState {
             Ok(None) => return refuse(format!("no session {id}")),
             Err(e) => return Err(SupervisorError::Storage(e.to_string())),
         };
-        if !record.ended_by_idle_timeout() {
+        if !record.revivable() {
             return refuse(format!(
-                "session {id} is {} ({}); only sessions ended by idle timeout come back — start a new one",
+                "session {id} is {} ({}); a stopped session stays stopped (only one that ended by idle timeout, crashed, failed or was interrupted comes back) — start a new one",
                 record.status,
                 record.status_reason.as_deref().unwrap_or("no reason")
             ));
@@ -348,7 +348,7 @@ pub(super) fn placeholder_entry(rec: &SessionRecord) -> Entry {
         plan: None,
         recovering: true,
         first_start: false,
-        reviving: false,
+        reviving: None,
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{SupervisorMsg, SupervisorState};
+use super::{PriorEnd, SupervisorMsg, SupervisorState};
 use crate::model::{Protocol, SessionId, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::session::{SessionExit, StartError, StartMode};
@@ -64,6 +64,21 @@ impl SupervisorState {
         }
     }
 
+    /// A revive's start failed. Not a crash of a running session: it ends
+    /// as it had ended before, and can be revived once the cause is fixed.
+    async fn revive_failed(&mut self, id: &SessionId, prior: PriorEnd, err: &StartError) {
+        tracing::info!(session = %id, "revive failed: {}", crate::text::log_safe(&err.to_string()));
+        self.end_session(id, prior.status, &prior.reason).await;
+        self.notice(
+            id,
+            NoticeLevel::Warning,
+            format!(
+                "Could not revive this session: {err}. It stays {}; fix the cause and revive it again, or start a new one.",
+                prior.describe()
+            ),
+        );
+    }
+
     pub(super) async fn on_exit(&mut self, id: SessionId, exit: SessionExit) {
         let Some(entry) = self.sessions.get_mut(&id) else {
             return;
@@ -76,6 +91,8 @@ impl SupervisorState {
             return;
         }
         entry.actor = None;
+        // A revive's start is over whichever way this went.
+        let reviving = entry.reviving.take();
         match exit {
             SessionExit::Finished(_) => {
                 self.sessions.remove(&id);
@@ -88,22 +105,13 @@ impl SupervisorState {
             SessionExit::StartFailed(err) if entry.recovering => {
                 self.not_resumed(&id, &err).await;
             }
-            SessionExit::StartFailed(err) if entry.reviving => {
-                // Not a crash of a running session: it ends as it was, by
-                // idle timeout, and can be revived once the cause is fixed.
-                tracing::info!(session = %id, "revive failed: {}", crate::text::log_safe(&err.to_string()));
-                self.end_session(&id, SessionStatus::Completed, crate::model::IDLE_TIMEOUT)
-                    .await;
-                self.notice(
-                    &id,
-                    NoticeLevel::Warning,
-                    format!("Could not revive this session: {err}. It stays ended by idle timeout; fix the cause and revive it again, or start a new one."),
-                );
-            }
-            SessionExit::StartFailed(err) => {
-                let plan = entry.plan.clone().unwrap_or_default();
-                self.maybe_restart(id, err.to_string(), plan).await;
-            }
+            SessionExit::StartFailed(err) => match reviving {
+                Some(prior) => self.revive_failed(&id, prior, &err).await,
+                None => {
+                    let plan = entry.plan.clone().unwrap_or_default();
+                    self.maybe_restart(id, err.to_string(), plan).await;
+                }
+            },
             SessionExit::RestartRequested {
                 by,
                 acp_session,
@@ -113,7 +121,6 @@ impl SupervisorState {
                 // It ran: what follows is a restart, not a first start, a
                 // revive or a recovery.
                 entry.first_start = false;
-                entry.reviving = false;
                 entry.recovering = false;
                 let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.restart_on_request(id, by, plan).await;
@@ -125,7 +132,6 @@ impl SupervisorState {
                 mid_turn,
             } => {
                 entry.first_start = false;
-                entry.reviving = false;
                 entry.recovering = false;
                 let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
                 self.maybe_restart(id, reason, plan).await;

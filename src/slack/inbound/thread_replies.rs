@@ -137,12 +137,13 @@ async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, 
 }
 
 /// A reply in the thread of a session without a running agent: revives it
-/// when it ended by idle timeout, else says why nothing happened.
+/// when it ended without being stopped (idle timeout, a crash the restarts
+/// did not fix, an interruption), else says why nothing happened.
 async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldReply) {
     let Ok(Some(rec)) = ctx.store.session_by_thread(&reply.channel, thread_ts).await else {
         return; // Not one of ours (or the store failed: nothing to act on).
     };
-    if rec.ended_by_idle_timeout() && reject_reason(&held.text).is_none() {
+    if rec.revivable() && reject_reason(&held.text).is_none() {
         if let Err(e) = ctx.may_act(&rec.id, &reply.user, "revive").await {
             reply.send(ctx, render::problem(&e));
             return;
@@ -162,12 +163,15 @@ async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldRepl
 /// order; tells the thread how it went.
 async fn revive(ctx: &Ctx, rec: SessionRecord, key: Thread, first: String) {
     let id = rec.id.clone();
+    let why = if rec.ended_by_idle_timeout() {
+        "it ended by idle timeout".to_owned()
+    } else {
+        format!("it had {}", ended_as(rec.status))
+    };
     rules::notice(
         ctx,
         &id,
-        &format!(
-            "Reviving this session (it ended by idle timeout) to deliver a reply from {first}…"
-        ),
+        &format!("Reviving this session ({why}) to deliver a reply from {first}…"),
     );
     match revive_session(ctx, &rec, &first).await {
         Ok(revived) => {
@@ -209,6 +213,15 @@ async fn revive(ctx: &Ctx, rec: SessionRecord, key: Thread, first: String) {
                 );
             }
         }
+    }
+}
+
+/// How a revivable session ended, after "it had".
+fn ended_as(status: SessionStatus) -> &'static str {
+    match status {
+        SessionStatus::Crashed => "crashed",
+        SessionStatus::Interrupted => "been interrupted",
+        _ => "ended in an error",
     }
 }
 

@@ -587,9 +587,9 @@
           d.live && d.live.queued_prompts ? h('span', {}, d.live.queued_prompts + ' queued') : null,
           h('span', { class: 'muted' }, id)));
       // Only what can be done now: controls of a running session while it
-      // runs, Revive once it ended by idle timeout.
+      // runs, Revive once it ended without being stopped (the server says).
       const live = ['starting', 'active', 'stalled'].includes(d.status);
-      const revivable = d.status === 'completed' && d.status_reason === 'idle_timeout';
+      const revivable = !!d.revivable;
       const paused = !!(d.live && d.live.paused);
       const shown = { revive: revivable, pause: live && !paused, resume: live && paused };
       for (const b of root.querySelectorAll('button.control')) {
