@@ -1,4 +1,5 @@
-//! Calls that are not durable: ephemeral answers and modals.
+//! Calls that are not durable: ephemeral answers (handed to their users'
+//! turns, `ephemeral.rs`) and modals.
 //!
 //! Why this exists: an ephemeral answer to a click and a modal opened with a
 //! trigger id are worthless a few seconds later, so they skip the outbox and
@@ -13,14 +14,15 @@ use governor::DefaultDirectRateLimiter;
 use ractor::RpcReplyPort;
 use serde_json::Value;
 
+use super::ephemeral::Ephemeral;
 use super::pacing::{Bucket, Method};
 use super::{GatewayState, IMMEDIATE_ATTEMPTS};
 use crate::slack_port::{MessageBody, SlackApiError};
 
 /// When a non-durable call may go: a pause to wait out, a bucket to draw from.
-struct Gate {
-    pause: Option<Instant>,
-    limiter: Option<Arc<DefaultDirectRateLimiter>>,
+pub(super) struct Gate {
+    pub pause: Option<Instant>,
+    pub limiter: Option<Arc<DefaultDirectRateLimiter>>,
 }
 
 impl GatewayState {
@@ -32,7 +34,8 @@ impl GatewayState {
         }
     }
 
-    /// Sends an ephemeral message to `user` (not durable).
+    /// Sends an ephemeral message to `user` (not durable), in that user's
+    /// turn (`ephemeral.rs`).
     pub(super) fn send_ephemeral(
         &mut self,
         channel: String,
@@ -40,16 +43,11 @@ impl GatewayState {
         thread_ts: Option<String>,
         body: MessageBody,
     ) {
-        let api = self.args.api.clone();
-        let gate = self.gate(Method::PostEphemeral, &channel);
-        tokio::spawn(async move {
-            let r = immediate(gate, || {
-                api.post_ephemeral(&channel, &user, thread_ts.as_deref(), &body)
-            })
-            .await;
-            if let Err(e) = r {
-                tracing::warn!(%channel, %user, "ephemeral message not delivered: {e}");
-            }
+        self.ephemeral.send(Ephemeral {
+            channel,
+            user,
+            thread_ts,
+            body,
         });
     }
 
@@ -75,7 +73,7 @@ impl GatewayState {
 }
 
 /// Runs a non-durable call: waits out a pause and for a token, retries a few times.
-async fn immediate<F, Fut>(gate: Gate, mut call: F) -> Result<(), SlackApiError>
+pub(super) async fn immediate<F, Fut>(gate: Gate, mut call: F) -> Result<(), SlackApiError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), SlackApiError>>,

@@ -34,6 +34,7 @@
 
 pub mod bookkeeping;
 mod enqueue;
+mod ephemeral;
 mod events;
 mod immediate;
 pub mod pacing;
@@ -244,6 +245,8 @@ pub struct GatewayState {
     books: Bookkeeper,
     /// The next operation's ticket.
     next_ticket: i64,
+    /// Ephemeral answers, each user in turn.
+    ephemeral: ephemeral::EphemeralLane,
 }
 
 /// The SlackGateway handler.
@@ -259,7 +262,11 @@ impl Actor for SlackGateway {
         myself: ActorRef<GatewayMsg>,
         args: GatewayArgs,
     ) -> Result<GatewayState, ActorProcessingErr> {
-        let pacer = Pacer::new(args.pacing.clone());
+        let mut pacer = Pacer::new(args.pacing.clone());
+        let ephemeral = ephemeral::EphemeralLane::start(
+            args.api.clone(),
+            pacer.limiter(&Bucket::of(pacing::Method::PostEphemeral, "")),
+        );
         // The previous incarnation's bookkeeping finishes before the outbox
         // is read back, so nothing it still wrote is missed.
         let baton = args.handoff.take().await;
@@ -289,6 +296,7 @@ impl Actor for SlackGateway {
             delivered: VecDeque::new(),
             books,
             next_ticket,
+            ephemeral,
         };
         let now = Instant::now();
         for row in rows {

@@ -213,3 +213,54 @@ async fn a_chatty_agent_cannot_grow_a_waiting_message_past_one_message() {
     let total: usize = texts.iter().map(|t| t.matches('x').count()).sum();
     assert_eq!(total, 400);
 }
+
+#[tokio::test]
+async fn one_users_flood_of_answers_does_not_hold_another_users_answer() {
+    // Ephemeral answers paced to one per 50 ms, workspace-wide as in Slack.
+    let policy = PacingPolicy {
+        ephemeral: Some(pacing::Rate {
+            period: Duration::from_millis(50),
+            burst: 1,
+        }),
+        ..PacingPolicy::unpaced()
+    };
+    let r = rig_paced(
+        Arc::new(MemoryOutbox::new()),
+        Arc::new(MemoryStore::new()),
+        policy,
+    )
+    .await;
+    let answer = |user: &str, text: &str| GatewayMsg::Ephemeral {
+        channel: "C1".into(),
+        user: user.into(),
+        thread_ts: None,
+        body: MessageBody::text(text),
+    };
+    for i in 0..10 {
+        r.gw.send_message(answer("U_FLOOD", &format!("status {i}")))
+            .expect("send");
+    }
+    r.gw.send_message(answer("U_OTHER", "your status"))
+        .expect("send");
+    r.until_call("the other user's answer", |c| {
+        c == "ephemeral U_OTHER your status"
+    })
+    .await;
+    r.until_call("the flood's last answer", |c| {
+        c == "ephemeral U_FLOOD status 9"
+    })
+    .await;
+    let calls = r.api.calls();
+    let other = calls
+        .iter()
+        .position(|c| c.contains("U_OTHER"))
+        .expect("answered");
+    // Only the flood's answers already on their way when it came go first.
+    assert!(other <= 2, "waited behind the flood: {calls:?}");
+    // Nothing lost, and the flood's answers keep their order.
+    let flood: Vec<&String> = calls.iter().filter(|c| c.contains("U_FLOOD")).collect();
+    let expected: Vec<String> = (0..10)
+        .map(|i| format!("ephemeral U_FLOOD status {i}"))
+        .collect();
+    assert_eq!(flood, expected.iter().collect::<Vec<_>>());
+}
