@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::bookkeeping::Write;
 use super::{
     DELIVERED_MEMORY, DELIVERED_REACTION, GatewayState, QUEUED_REACTION, ROOT_KEY, THINKING_KEY,
     View, request_key,
@@ -179,7 +180,7 @@ impl GatewayState {
                 }
             }
             OperatorEvent::SteeringDelivered { steering_id, .. } => {
-                shown.ops = self.steering_delivered(steering_id);
+                shown.ops = self.steering_delivered(&view.record, steering_id).await;
             }
             OperatorEvent::Notice { level, text, .. } => {
                 shown.ops.push(to.post(render.notice(level, &text), None));
@@ -214,8 +215,24 @@ impl GatewayState {
 
     /// A steering reply reached the agent: swap its hourglass for a check
     /// mark, or remember the id until the gateway hears of the reply.
-    fn steering_delivered(&mut self, steering_id: i64) -> Vec<OutboundOp> {
-        let Some((channel, ts)) = self.steering.remove(&steering_id) else {
+    async fn steering_delivered(
+        &mut self,
+        session: &SessionRecord,
+        steering_id: i64,
+    ) -> Vec<OutboundOp> {
+        let known = match self.steering.remove(&steering_id) {
+            Some(found) => Some(found),
+            // Queued before the server (or this gateway) restarted: the
+            // reply's ts was remembered with the session's messages.
+            None => match &session.channel_id {
+                Some(channel) => self
+                    .ts_of(&session.id.0, &steering_key(steering_id))
+                    .await
+                    .map(|ts| (channel.clone(), ts)),
+                None => None,
+            },
+        };
+        let Some((channel, ts)) = known else {
             self.delivered.push_back(steering_id);
             if self.delivered.len() > DELIVERED_MEMORY {
                 self.delivered.pop_front();
@@ -250,6 +267,16 @@ impl GatewayState {
         } else {
             self.steering
                 .insert(steering_id, (channel.clone(), ts.clone()));
+            // Kept durable too, so the hourglass is swapped even when the
+            // reply is delivered after a restart.
+            let key = steering_key(steering_id);
+            self.ts_cache
+                .insert((session_id.0.clone(), key.clone()), Some(ts.clone()));
+            self.books.hand(Write::Remember {
+                lane: session_id.0.clone(),
+                key,
+                ts: ts.clone(),
+            });
             QUEUED_REACTION
         };
         let op = OutboundOp::React {
@@ -259,6 +286,11 @@ impl GatewayState {
         };
         self.enqueue(&session_id.0, op).await;
     }
+}
+
+/// The remembered-ts key of a queued steering reply (its hourglass).
+fn steering_key(steering_id: i64) -> String {
+    format!("steering:{steering_id}")
 }
 
 /// What an event shows: operations in order, agent text to merge into the

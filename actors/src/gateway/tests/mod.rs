@@ -568,6 +568,48 @@ async fn steering_reactions_follow_delivery_in_either_order() {
     );
 }
 
+#[tokio::test]
+async fn a_reply_queued_before_a_restart_loses_its_hourglass_when_delivered_after() {
+    let outbox = Arc::new(MemoryOutbox::new());
+    let store = Arc::new(MemoryStore::new());
+    let first = rig_with(outbox.clone(), store.clone()).await;
+    first.start("s-1", Some("C1")).await;
+    let sid = SessionId::from("s-1");
+    first
+        .gw
+        .send_message(GatewayMsg::SteeringAck {
+            session_id: sid.clone(),
+            steering_id: 7,
+            channel: "C1".into(),
+            ts: "9.7".into(),
+            queued: true,
+        })
+        .expect("send");
+    first
+        .until_call("the hourglass", |c| c == "react 9.7 hourglass_flowing_sand")
+        .await;
+    first.drained().await;
+    first.gw.stop(None);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    // The server came back; the restarted agent takes the queued reply.
+    let second = rig_with(outbox.clone(), store.clone()).await;
+    second.emit(OperatorEvent::SteeringDelivered {
+        session_id: sid,
+        steering_id: 7,
+    });
+    second.drained().await;
+    let calls = second.api.calls();
+    assert_eq!(
+        calls,
+        [
+            "unreact 9.7 hourglass_flowing_sand",
+            "react 9.7 white_check_mark"
+        ],
+        "{calls:?}"
+    );
+}
+
 #[test]
 fn backoff_doubles_and_caps() {
     let p = RetryPolicy {
