@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use intercom_actors::model::{PendingRequest, SessionId, SessionRecord};
@@ -186,6 +186,9 @@ struct Inner {
     /// Every operator event, stored with an id (`GET /api/events`).
     journal: Arc<crate::journal::EventJournal>,
     slack: AtomicU8,
+    /// Set once when a graceful shutdown begins (for `/healthz`): a latch,
+    /// never cleared.
+    stopping: AtomicBool,
     /// Config rules + operator rules, as sessions see them.
     rules: SharedRules,
     /// The rules from the config file (replaced on reload).
@@ -294,6 +297,7 @@ impl App {
             events,
             journal,
             slack: AtomicU8::new(SlackState::Disabled.to_u8()),
+            stopping: AtomicBool::new(false),
             rules,
             config_rules: RwLock::new(config.rules.clone()),
             modes: RwLock::new(config.workspace_modes.clone()),
@@ -426,6 +430,11 @@ impl App {
     /// The store as the core's port (for edges that take one).
     pub fn store_port(&self) -> Arc<dyn SessionStore> {
         self.inner.store.clone()
+    }
+
+    /// Whether a graceful shutdown has begun.
+    pub fn stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::Relaxed)
     }
 
     /// Live sessions, including ones waiting to restart.
@@ -569,6 +578,7 @@ impl App {
     /// Graceful shutdown: cancels every session (the supervisor waits its
     /// grace period, then kills), then stops the actors.
     pub async fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::Relaxed);
         if let Err(e) = ractor::call_t!(self.inner.root, RootMsg::ShuttingDown, CALL_TIMEOUT_MS) {
             tracing::debug!("root gone before shutdown: {e}");
         }

@@ -149,3 +149,32 @@ fn a_descendant_in_its_own_session_dies_when_a_cooperative_agent_stops() {
         gone(escaped.0).then_some(())
     });
 }
+
+#[test]
+fn healthz_says_shutting_down_while_the_sessions_are_being_stopped() {
+    use agent_intercom::config::Config;
+    use common::api_server::in_process::Running;
+    use common::{Http, Layout, TOKEN};
+    // An agent that ignores SIGTERM holds the stop for the grace and the
+    // kill after it: long enough to ask the server how it is.
+    let layout = Layout::new(&Setup {
+        scenario: json!({"turns": [[{"ignore_sigterm": true}, {"hang": true}]]}),
+        ..Setup::default()
+    });
+    let config = Config::load(&layout.config).expect("config");
+    let (running, started) = Running::start(config, TOKEN);
+    let http = Http::new(&format!("http://{}", started.addr), Some(TOKEN));
+    let id = sid(&http.start("hold on"));
+    http.until_status(&id, "active");
+    assert_eq!(http.get("/healthz").body["status"], "ok");
+
+    let app = started.app.clone();
+    let stopping = started.rt.spawn(async move { app.shutdown().await });
+    let health = until("/healthz to say shutting_down", || {
+        let r = http.get("/healthz");
+        (r.status == 503 && r.body["status"] == "shutting_down").then_some(r)
+    });
+    assert_eq!(health.body["sessions"], 0, "{}", health.text);
+    started.rt.block_on(stopping).expect("shutdown");
+    drop(running);
+}

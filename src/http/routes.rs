@@ -59,6 +59,8 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
     // config's.
     let storage_error = reveal(app.store().storage_problem(), STORAGE_ERROR_HIDDEN);
     let (status, code, sessions) = match app.live_count().await {
+        // Sessions are being stopped: send no new work here.
+        _ if app.stopping() => ("shutting_down", StatusCode::SERVICE_UNAVAILABLE, 0),
         Ok(sessions) if storage_error.is_none() => ("ok", StatusCode::OK, sessions),
         Ok(sessions) => ("unavailable", StatusCode::SERVICE_UNAVAILABLE, sessions),
         Err(e) => {
