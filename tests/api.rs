@@ -791,6 +791,40 @@ fn a_revive_that_fails_leaves_the_session_revivable() {
 }
 
 #[test]
+fn a_session_a_server_shutdown_stopped_is_revived_with_its_queued_steering() {
+    let layout = Layout::new(&Setup {
+        scenario: json!({"turns": [[{"chunk": "working"}, {"hang": true}]]}),
+        ..Setup::default()
+    });
+    let id = {
+        let served = Served::on(&layout);
+        let http = &served.http;
+        let id = sid(&http.start("the task"));
+        http.until_transcript(&id, "working");
+        let r = http.post(
+            &format!("/api/sessions/{id}/prompt"),
+            &json!({"text": "after the restart"}),
+        );
+        assert_eq!(r.status, 202, "{}", r.text);
+        id
+        // Dropped: a graceful shutdown stops the session.
+    };
+    let served = Served::on(&layout);
+    let http = &served.http;
+    let ended = http.get(&format!("/api/sessions/{id}")).body;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert_eq!(ended["status_reason"], "server_shutdown", "{ended}");
+    assert_eq!(ended["revivable"], true, "{ended}");
+    let t = http.until_transcript(&id, "Not delivered");
+    assert!(t.contains("revive the session"), "{t}");
+
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    let t = http.until_transcript(&id, "prompt: after the restart");
+    assert_eq!(t.matches("prompt: after the restart").count(), 1, "{t}");
+}
+
+#[test]
 fn a_crashed_session_is_revived_once_its_agent_is_fixed() {
     let layout = Layout::new(&Setup::default());
     let agent = AgentScript::install(&layout);

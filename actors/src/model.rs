@@ -505,6 +505,24 @@ pub struct SessionRecord {
 /// The `status_reason` of a session ended by idle timeout (`completed`).
 pub const IDLE_TIMEOUT: &str = "idle_timeout";
 
+/// The `status_reason` of a session a server shutdown stopped (`cancelled`).
+pub const SERVER_SHUTDOWN: &str = "server_shutdown";
+
+/// Whether a session that ended with `status` for `reason` ended without
+/// anyone deciding it should: by idle timeout, a server shutdown, a crash
+/// the restarts did not fix, an error, or a server restart it could not be
+/// resumed from. The operator (or its owner) may bring such a session back
+/// once the cause is fixed. A session someone stopped (`cancelled` by an
+/// operator) stays stopped: that was a decision.
+pub fn revivable_end(status: SessionStatus, reason: Option<&str>) -> bool {
+    match status {
+        SessionStatus::Completed => reason == Some(IDLE_TIMEOUT),
+        SessionStatus::Cancelled => reason == Some(SERVER_SHUTDOWN),
+        SessionStatus::Crashed | SessionStatus::Error | SessionStatus::Interrupted => true,
+        SessionStatus::Starting | SessionStatus::Active | SessionStatus::Stalled => false,
+    }
+}
+
 impl SessionRecord {
     /// Ended by idle timeout: a reply to it is a reason to bring it back.
     pub fn ended_by_idle_timeout(&self) -> bool {
@@ -512,17 +530,10 @@ impl SessionRecord {
             && self.status_reason.as_deref() == Some(IDLE_TIMEOUT)
     }
 
-    /// Ended without anyone deciding it should: by idle timeout, a crash the
-    /// restarts did not fix, an error, or a server restart it could not be
-    /// resumed from. The operator (or its owner) may bring such a session
-    /// back once the cause is fixed. A session someone stopped (`cancelled`)
-    /// stays stopped: that was a decision.
+    /// Ended without anyone deciding it should ([`revivable_end`]), and run
+    /// by an agent the server starts (an MCP client reconnects on its own).
     pub fn revivable(&self) -> bool {
-        self.ended_by_idle_timeout()
-            || matches!(
-                self.status,
-                SessionStatus::Crashed | SessionStatus::Error | SessionStatus::Interrupted
-            )
+        self.protocol != Protocol::Mcp && revivable_end(self.status, self.status_reason.as_deref())
     }
 }
 
@@ -604,6 +615,39 @@ pub fn is_blank_prompt(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_end_nobody_decided_is_revivable() {
+        use SessionStatus::*;
+        let revivable = [
+            (Completed, Some(IDLE_TIMEOUT)),
+            (Cancelled, Some(SERVER_SHUTDOWN)),
+            (Crashed, Some("agent exited (exit code 1)")),
+            (Error, None),
+            (Interrupted, Some("could not resume")),
+        ];
+        for (status, reason) in revivable {
+            assert!(revivable_end(status, reason), "{status} {reason:?}");
+        }
+        let not = [
+            (Cancelled, Some("stopped by operator")),
+            (Cancelled, None),
+            (Completed, Some("agent finished")),
+            (Active, None),
+            (Starting, Some("revived")),
+            (Stalled, None),
+        ];
+        for (status, reason) in not {
+            assert!(!revivable_end(status, reason), "{status} {reason:?}");
+        }
+        // An MCP client reconnects on its own: nothing to revive.
+        let mcp = SessionRecord {
+            protocol: Protocol::Mcp,
+            status: Crashed,
+            ..SessionRecord::sample("mcp")
+        };
+        assert!(!mcp.revivable());
+    }
 
     fn option(name: &str, kind: OptionKind) -> PermissionOption {
         PermissionOption {

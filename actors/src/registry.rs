@@ -137,11 +137,23 @@ impl WorkspaceMap {
                 return Err(format!("its directory {} no longer exists", rec.cwd));
             }
         }
-        self.agents
+        let profile = self
+            .agents
             .iter()
             .find(|p| p.id == rec.agent)
             .cloned()
-            .ok_or_else(|| format!("its agent `{}` is no longer configured", rec.agent))
+            .ok_or_else(|| format!("its agent `{}` is no longer configured", rec.agent))?;
+        // Its agent's session (and what the transcript says of it) was
+        // spoken in one protocol: another cannot resume it.
+        if profile.protocol != rec.protocol {
+            return Err(format!(
+                "its agent `{}` now speaks {}, not {} as when the session ran; start a new session",
+                rec.agent,
+                profile.protocol.as_str(),
+                rec.protocol.as_str()
+            ));
+        }
+        Ok(profile)
     }
 
     fn agent_ids(&self) -> String {
@@ -423,6 +435,17 @@ mod tests {
                 .expect_err("removed")
                 .contains("no longer configured")
         );
+    }
+
+    #[test]
+    fn a_session_does_not_come_back_in_another_protocol() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let mut m = map(&root);
+        let rec = stored("api", &root.join("api"), "b");
+        m.agents[1].protocol = crate::model::Protocol::Intercom;
+        let why = m.revivable(&rec).expect_err("protocol changed");
+        assert!(why.contains("now speaks intercom, not acp"), "{why}");
     }
 
     #[test]

@@ -341,6 +341,13 @@ pub struct SupervisorState {
     admission: admission::Admission,
 }
 
+/// Whether ending a session says which queued steering it never delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undelivered {
+    Tell,
+    Untold,
+}
+
 /// The SessionSupervisor handler.
 pub struct SessionSupervisor;
 
@@ -442,7 +449,11 @@ impl Actor for SessionSupervisor {
                     let left: Vec<SessionId> = state.sessions.keys().cloned().collect();
                     for id in left {
                         state
-                            .end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                            .end_session(
+                                &id,
+                                SessionStatus::Cancelled,
+                                crate::model::SERVER_SHUTDOWN,
+                            )
                             .await;
                     }
                     let _ = reply.send(());
@@ -552,8 +563,35 @@ impl SupervisorState {
         expired
     }
 
-    /// Marks a session ended for good and forgets it.
+    /// Marks a session ended for good and forgets it; says which queued
+    /// steering it never delivered.
     async fn end_session(&mut self, id: &SessionId, status: SessionStatus, reason: &str) {
+        self.end_session_with(id, status, reason, Undelivered::Tell)
+            .await;
+    }
+
+    /// Says which queued steering an ended session never delivered.
+    async fn tell_undelivered(&self, id: &SessionId, revivable: bool) {
+        match self.args.store.undelivered_steering(id).await {
+            Ok(queued) => {
+                let texts: Vec<&str> = queued.iter().map(|s| s.text.as_str()).collect();
+                if let Some(text) = crate::session::turns::undelivered_notice(&texts, revivable) {
+                    self.notice_kept(id, NoticeLevel::Warning, text).await;
+                }
+            }
+            Err(e) => tracing::warn!(session = %id, "cannot read queued steering: {e}"),
+        }
+    }
+
+    /// [`Self::end_session`], telling the undelivered steering or not (a
+    /// failed revive puts a session back as it had ended, which told it).
+    async fn end_session_with(
+        &mut self,
+        id: &SessionId,
+        status: SessionStatus,
+        reason: &str,
+        undelivered: Undelivered,
+    ) {
         self.sessions.remove(id);
         self.bridge_tokens.retain(|_, s| s != id);
         let store = self.args.store.clone();
@@ -561,14 +599,9 @@ impl SupervisorState {
             tracing::error!(session = %id, "status write failed: {e}");
         }
         self.expire_open_requests(id).await;
-        match store.undelivered_steering(id).await {
-            Ok(queued) => {
-                let texts: Vec<&str> = queued.iter().map(|s| s.text.as_str()).collect();
-                if let Some(text) = crate::session::turns::undelivered_notice(&texts) {
-                    self.notice_kept(id, NoticeLevel::Warning, text).await;
-                }
-            }
-            Err(e) => tracing::warn!(session = %id, "cannot read queued steering: {e}"),
+        if undelivered == Undelivered::Tell {
+            self.tell_undelivered(id, crate::model::revivable_end(status, Some(reason)))
+                .await;
         }
         self.audit(
             id,
@@ -652,7 +685,7 @@ impl SupervisorState {
                     });
                 }
                 None => {
-                    self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+                    self.end_session(&id, SessionStatus::Cancelled, crate::model::SERVER_SHUTDOWN)
                         .await;
                 }
             }

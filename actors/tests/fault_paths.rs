@@ -593,6 +593,12 @@ async fn steering_a_stop_left_undelivered_is_named() {
     support::stop_as_operator(&h, &rec.id).await;
     let text = h.until_transcript(&rec.id, "Not delivered").await;
     assert!(text.contains("«later one», «later two»"), "{text}");
+    // Stopped on purpose: it cannot be revived, so the notice does not say to.
+    assert!(
+        text.contains("start a new session to give them again"),
+        "{text}"
+    );
+    assert!(!text.contains("revive"), "{text}");
 }
 
 /// A shutdown that cuts a start's handshake answers the start that the

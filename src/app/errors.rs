@@ -77,6 +77,10 @@ impl AppError {
             let id = &record.id;
             let how = if record.ended_by_idle_timeout() {
                 "ended by idle timeout;".to_owned()
+            } else if record.status_reason.as_deref()
+                == Some(intercom_actors::model::SERVER_SHUTDOWN)
+            {
+                "was stopped by a server shutdown;".to_owned()
             } else {
                 format!("is {status}; fix what ended it, then")
             };

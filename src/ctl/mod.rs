@@ -143,7 +143,7 @@ pub enum CtlCommand {
         id: String,
     },
     /// Bring back a session that ended without being stopped: idle timeout,
-    /// crashed, error, interrupted (its agent respawned in the same session,
+    /// server shutdown, crashed, error, interrupted (its agent respawned in the same session,
     /// resumed where the agent supports it)
     Revive {
         /// Session id

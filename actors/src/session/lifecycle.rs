@@ -405,9 +405,10 @@ impl SessionState {
 
     async fn finish_stopped(&mut self) {
         self.flush_text(true).await;
-        self.tell_undelivered().await;
         let cause = self.stopping.clone().unwrap_or(StopCause::Operator);
         let (status, reason) = cause.final_status();
+        self.tell_undelivered(crate::model::revivable_end(status, Some(reason)))
+            .await;
         self.phase = Phase::Ended;
         self.set_status(status, status.as_str(), Some(reason)).await;
         self.audit(

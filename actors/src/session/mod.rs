@@ -213,7 +213,7 @@ impl StopCause {
         match self {
             StopCause::Operator => (SessionStatus::Cancelled, "stopped by operator"),
             StopCause::IdleTimeout => (SessionStatus::Completed, crate::model::IDLE_TIMEOUT),
-            StopCause::Shutdown => (SessionStatus::Cancelled, "server_shutdown"),
+            StopCause::Shutdown => (SessionStatus::Cancelled, crate::model::SERVER_SHUTDOWN),
             StopCause::Disconnected => (SessionStatus::Completed, "client_disconnected"),
             StopCause::AgentFinished => (SessionStatus::Completed, "agent_finished"),
         }

@@ -171,10 +171,10 @@ impl SessionState {
 
     /// Tells the operator which queued steering never reached the agent
     /// because the session ended: stored, it would look the same as
-    /// steering still waiting.
-    pub(super) async fn tell_undelivered(&self) {
+    /// steering still waiting. A `revivable` session gets it on its revive.
+    pub(super) async fn tell_undelivered(&self, revivable: bool) {
         let texts: Vec<&str> = self.queue.iter().map(|s| s.text.as_str()).collect();
-        if let Some(text) = undelivered_notice(&texts) {
+        if let Some(text) = undelivered_notice(&texts, revivable) {
             self.emit_notice(NoticeLevel::Warning, &text).await;
         }
     }
@@ -471,8 +471,9 @@ impl SessionState {
 }
 
 /// The notice for steering a session ended before delivering (at most five
-/// quoted, each cut to 80 characters), or `None` when there is none.
-pub(crate) fn undelivered_notice(texts: &[&str]) -> Option<String> {
+/// quoted, each cut to 80 characters), or `None` when there is none. A
+/// `revivable` session delivers it when it is revived.
+pub(crate) fn undelivered_notice(texts: &[&str], revivable: bool) -> Option<String> {
     if texts.is_empty() {
         return None;
     }
@@ -489,8 +490,13 @@ pub(crate) fn undelivered_notice(texts: &[&str]) -> Option<String> {
         0 => String::new(),
         n => format!(" and {n} more"),
     };
+    let then = if revivable {
+        "revive the session to have them delivered (POST /api/sessions/{id}/revive, `ctl revive`, or a reply in its Slack thread), or start a new session to give them again"
+    } else {
+        "start a new session to give them again"
+    };
     Some(format!(
-        "Not delivered: the session ended before the agent got {} queued instruction(s): {}{rest}. They stay stored (GET /api/sessions/{{id}}/steering); start a new session to give them again.",
+        "Not delivered: the session ended before the agent got {} queued instruction(s): {}{rest}. They stay stored (GET /api/sessions/{{id}}/steering); {then}.",
         texts.len(),
         quoted.join(", ")
     ))

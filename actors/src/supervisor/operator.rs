@@ -195,7 +195,7 @@ impl SupervisorState {
         plan: RestartPlan,
     ) {
         if self.shutdown.is_some() {
-            self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+            self.end_session(&id, SessionStatus::Cancelled, crate::model::SERVER_SHUTDOWN)
                 .await;
             return;
         }

@@ -302,6 +302,16 @@ impl SupervisorState {
         if self.shutdown.is_some() {
             return Err(SupervisorError::ShuttingDown);
         }
+        let reviving = self.sessions.get(id).is_some_and(|e| e.reviving.is_some());
+        let starting = matches!(
+            self.args.store.get_session(id).await,
+            Ok(Some(r)) if r.status == SessionStatus::Starting
+        );
+        if reviving && starting {
+            return refuse(format!(
+                "a revive of session {id} is already under way; wait for it (GET /api/sessions/{id})"
+            ));
+        }
         if self.sessions.contains_key(id) {
             return refuse(format!(
                 "session {id} is still live; a session comes back only once it has ended (one ending now can be revived when it has ended)"
@@ -314,7 +324,7 @@ impl SupervisorState {
         };
         if !record.revivable() {
             return refuse(format!(
-                "session {id} is {} ({}); a stopped session stays stopped (only one that ended by idle timeout, crashed, failed or was interrupted comes back) — start a new one",
+                "session {id} is {} ({}); a session someone stopped stays stopped (only one that ended by idle timeout or a server shutdown, crashed, failed or was interrupted comes back) — start a new one",
                 record.status,
                 record.status_reason.as_deref().unwrap_or("no reason")
             ));

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{PriorEnd, SupervisorMsg, SupervisorState};
+use super::{PriorEnd, SupervisorMsg, SupervisorState, Undelivered};
 use crate::model::{Protocol, SessionId, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::session::{SessionExit, StartError, StartMode};
@@ -68,7 +68,8 @@ impl SupervisorState {
     /// as it had ended before, and can be revived once the cause is fixed.
     async fn revive_failed(&mut self, id: &SessionId, prior: PriorEnd, err: &StartError) {
         tracing::info!(session = %id, "revive failed: {}", crate::text::log_safe(&err.to_string()));
-        self.end_session(id, prior.status, &prior.reason).await;
+        self.end_session_with(id, prior.status, &prior.reason, Undelivered::Untold)
+            .await;
         self.notice(
             id,
             NoticeLevel::Warning,
@@ -142,7 +143,7 @@ impl SupervisorState {
 
     pub(super) async fn maybe_restart(&mut self, id: SessionId, reason: String, plan: RestartPlan) {
         if self.shutdown.is_some() {
-            self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+            self.end_session(&id, SessionStatus::Cancelled, crate::model::SERVER_SHUTDOWN)
                 .await;
             return;
         }
@@ -235,7 +236,7 @@ impl SupervisorState {
 
     pub(super) async fn restart(&mut self, id: SessionId) {
         if self.shutdown.is_some() {
-            self.end_session(&id, SessionStatus::Cancelled, "server_shutdown")
+            self.end_session(&id, SessionStatus::Cancelled, crate::model::SERVER_SHUTDOWN)
                 .await;
             self.check_shutdown_done();
             return;

@@ -303,7 +303,9 @@ async fn first_handshake(
             }
             // A shutdown cut the handshake: say so (503), not that the
             // agent failed to start.
-            if stored.is_some_and(|r| r.status_reason.as_deref() == Some("server_shutdown")) {
+            if stored
+                .is_some_and(|r| r.status_reason.as_deref() == Some(crate::model::SERVER_SHUTDOWN))
+            {
                 return Err(SupervisorError::ShuttingDown);
             }
             Err(stopped_before_ready())
