@@ -680,6 +680,19 @@ fn a_kept_alive_connection_survives_a_body_the_route_does_not_read() {
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 }
 
+/// A revived session takes instructions again, and its transcript says it
+/// was revived, not restarted after a crash.
+fn takes_a_prompt_once_revived(http: &common::Http, id: &str) {
+    let r = http.post(
+        &format!("/api/sessions/{id}/prompt"),
+        &json!({"text": "welcome back"}),
+    );
+    assert_eq!(r.status, 202, "{}", r.text);
+    let transcript = http.until_transcript(id, "prompt: welcome back");
+    assert!(transcript.contains("Session revived"), "{transcript}");
+    assert!(!transcript.contains("Agent restarted"), "{transcript}");
+}
+
 #[test]
 fn a_session_ended_by_idle_timeout_is_revived_over_the_api() {
     let server = Server::start(Setup {
@@ -693,16 +706,7 @@ fn a_session_ended_by_idle_timeout_is_revived_over_the_api() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.body["id"], id.as_str());
     assert_eq!(r.body["status"], "active", "{}", r.text);
-    // The same session takes instructions again.
-    let r = http.post(
-        &format!("/api/sessions/{id}/prompt"),
-        &json!({"text": "welcome back"}),
-    );
-    assert_eq!(r.status, 202, "{}", r.text);
-    let transcript = http.until_transcript(&id, "prompt: welcome back");
-    // Said as a revive, not as a crash restart.
-    assert!(transcript.contains("Session revived"), "{transcript}");
-    assert!(!transcript.contains("Agent restarted"), "{transcript}");
+    takes_a_prompt_once_revived(http, &id);
     let audit = http.get(&format!("/api/audit?session={id}"));
     assert!(audit.text.contains("session.revived"), "{}", audit.text);
     assert!(!audit.text.contains("session.restarted"), "{}", audit.text);
@@ -857,11 +861,5 @@ fn a_crashed_session_is_revived_once_its_agent_is_fixed() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.body["status"], "active", "{}", r.text);
     assert_eq!(r.body["revivable"], false, "{}", r.text);
-    let r = http.post(
-        &format!("/api/sessions/{id}/prompt"),
-        &json!({"text": "welcome back"}),
-    );
-    assert_eq!(r.status, 202, "{}", r.text);
-    let transcript = http.until_transcript(&id, "prompt: welcome back");
-    assert!(transcript.contains("Session revived"), "{transcript}");
+    takes_a_prompt_once_revived(http, &id);
 }

@@ -37,6 +37,16 @@ impl Rig {
     }
 }
 
+/// A gateway on fresh memory ports, paced by `policy`.
+async fn paced(policy: PacingPolicy) -> Rig {
+    rig_paced(
+        Arc::new(MemoryOutbox::new()),
+        Arc::new(MemoryStore::new()),
+        policy,
+    )
+    .await
+}
+
 /// Posts paced to one per `ms` per channel with no burst; nothing else paced.
 fn slow_posts(ms: u64) -> PacingPolicy {
     PacingPolicy {
@@ -50,12 +60,7 @@ fn slow_posts(ms: u64) -> PacingPolicy {
 
 #[tokio::test]
 async fn a_request_is_posted_before_chatter_queued_ahead_of_it() {
-    let r = rig_paced(
-        Arc::new(MemoryOutbox::new()),
-        Arc::new(MemoryStore::new()),
-        slow_posts(40),
-    )
-    .await;
+    let r = paced(slow_posts(40)).await;
     for i in 0..6 {
         r.start(&format!("s-{i}"), Some("C1")).await;
     }
@@ -86,12 +91,7 @@ async fn an_approval_decided_within_the_settle_time_costs_two_calls() {
         status_hold_max: Duration::from_secs(2),
         ..PacingPolicy::unpaced()
     };
-    let r = rig_paced(
-        Arc::new(MemoryOutbox::new()),
-        Arc::new(MemoryStore::new()),
-        policy,
-    )
-    .await;
+    let r = paced(policy).await;
     r.start("s-1", Some("C1")).await;
     r.drained().await;
     r.emit(activity("s-1", "working"));
@@ -127,12 +127,7 @@ async fn status_lines_coalesce_to_the_last_one() {
         status_hold_max: Duration::from_secs(2),
         ..PacingPolicy::unpaced()
     };
-    let r = rig_paced(
-        Arc::new(MemoryOutbox::new()),
-        Arc::new(MemoryStore::new()),
-        policy,
-    )
-    .await;
+    let r = paced(policy).await;
     r.start("s-1", Some("C1")).await;
     r.drained().await;
     for what in ["working", "reading", "writing", "testing", "idle"] {
@@ -151,12 +146,7 @@ async fn status_lines_coalesce_to_the_last_one() {
 
 #[tokio::test]
 async fn an_outcome_that_comes_before_its_buttons_were_posted_replaces_them() {
-    let r = rig_paced(
-        Arc::new(MemoryOutbox::new()),
-        Arc::new(MemoryStore::new()),
-        slow_posts(200),
-    )
-    .await;
+    let r = paced(slow_posts(200)).await;
     r.start("s-1", Some("C1")).await;
     r.text("s-1", "first");
     let req = permission("s-1", "Run ls");
@@ -182,12 +172,7 @@ async fn an_outcome_that_comes_before_its_buttons_were_posted_replaces_them() {
 #[tokio::test]
 async fn a_chatty_agent_cannot_grow_a_waiting_message_past_one_message() {
     // Every post waits behind a slow channel, so texts pile up.
-    let r = rig_paced(
-        Arc::new(MemoryOutbox::new()),
-        Arc::new(MemoryStore::new()),
-        slow_posts(30),
-    )
-    .await;
+    let r = paced(slow_posts(30)).await;
     r.start("s-1", Some("C1")).await;
     let chunk = "x".repeat(40);
     for _ in 0..10 {
@@ -224,12 +209,7 @@ async fn one_users_flood_of_answers_does_not_hold_another_users_answer() {
         }),
         ..PacingPolicy::unpaced()
     };
-    let r = rig_paced(
-        Arc::new(MemoryOutbox::new()),
-        Arc::new(MemoryStore::new()),
-        policy,
-    )
-    .await;
+    let r = paced(policy).await;
     let answer = |user: &str, text: &str| GatewayMsg::Ephemeral {
         channel: "C1".into(),
         user: user.into(),
