@@ -637,70 +637,139 @@ fn fs_escapes_are_refused_end_to_end() {
     );
 }
 
+/// The server with 600 descriptors (so 300 connection places), answering
+/// `/healthz`; the client to ask it with.
+struct SmallServer {
+    child: std::process::Child,
+    healthz: String,
+    port: u16,
+    agent: ureq::Agent,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallServer {
+    fn start() -> SmallServer {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let port = free_port();
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "workspace_root = {root:?}\n\n[server]\nbind = \"127.0.0.1:{port}\"\n\n[database]\npath = {db:?}\n",
+                root = dir.path().display().to_string(),
+                db = dir.path().join("data/db.sqlite").display().to_string(),
+            ),
+        )
+        .expect("config");
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_agent-intercom"));
+        command
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env_remove("SLACK_BOT_TOKEN")
+            .env_remove("SLACK_APP_TOKEN")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 600,
+                    rlim_max: 600,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("spawn agent-intercom serve");
+        let healthz = format!("http://127.0.0.1:{port}/healthz");
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(std::time::Duration::from_secs(30)))
+            .build()
+            .new_agent();
+        until("the server to answer", || {
+            agent
+                .get(&healthz)
+                .call()
+                .ok()
+                .filter(|r| r.status() == 200)
+        });
+        SmallServer {
+            child,
+            healthz,
+            port,
+            agent,
+            _dir: dir,
+        }
+    }
+
+    /// Connections opened to it.
+    fn connect(&self, n: usize) -> Vec<std::net::TcpStream> {
+        (0..n)
+            .map(|_| std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect"))
+            .collect()
+    }
+
+    /// `/healthz`'s status, asked on a new connection.
+    fn health(&self) -> u16 {
+        self.agent
+            .get(&self.healthz)
+            .call()
+            .expect("/healthz answered")
+            .status()
+            .as_u16()
+    }
+}
+
+impl Drop for SmallServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Silent connections cannot take every place: an agent (it runs on this
 /// machine and may connect to the server) that opened thousands of them
-/// made `/healthz` stop answering until it let go. The server here runs with
-/// 600 descriptors, so it keeps 300 connection places; 400 silent sockets
-/// are opened, and the server still answers: a full house sheds the
+/// made `/healthz` stop answering until it let go. 400 silent sockets
+/// against 300 places, and the server still answers: a full house sheds the
 /// connection silent longest.
 #[test]
 fn silent_connections_cannot_take_every_place() {
-    use std::os::unix::process::CommandExt;
-    let dir = tempfile::tempdir().expect("tmp");
-    let port = free_port();
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "workspace_root = {root:?}\n\n[server]\nbind = \"127.0.0.1:{port}\"\n\n[database]\npath = {db:?}\n",
-            root = dir.path().display().to_string(),
-            db = dir.path().join("data/db.sqlite").display().to_string(),
-        ),
-    )
-    .expect("config");
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_agent-intercom"));
-    command
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env_remove("SLACK_BOT_TOKEN")
-        .env_remove("SLACK_APP_TOKEN")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 600,
-                rlim_max: 600,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
+    let server = SmallServer::start();
+    let _silent = server.connect(400);
+    assert_eq!(server.health(), 200);
+}
+
+/// Nor can connections that are never silent: a slowloris (each connection
+/// sends a header byte well within every second and never finishes its
+/// request) kept `/healthz` from answering for as long as it ran. A full
+/// house where nobody is silent sheds the request sent longest unanswered.
+#[test]
+fn trickled_requests_cannot_take_every_place() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let server = SmallServer::start();
+    let mut trickling = server.connect(400);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let attacker = std::thread::spawn(move || {
+        let header = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+        let mut k = 0;
+        while !stop2.load(Ordering::Relaxed) {
+            for c in &mut trickling {
+                // A shed connection fails its writes: the attacker goes on.
+                let _ = c.write_all(&[header.get(k).copied().unwrap_or(b'a')]);
             }
-            Ok(())
-        });
-    }
-    let mut server = command.spawn().expect("spawn agent-intercom serve");
-    let healthz = format!("http://127.0.0.1:{port}/healthz");
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(30)))
-        .build()
-        .new_agent();
-    until("the server to answer", || {
-        agent
-            .get(&healthz)
-            .call()
-            .ok()
-            .filter(|r| r.status() == 200)
+            k += 1;
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     });
-    let silent: Vec<std::net::TcpStream> = (0..400)
-        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("a silent connection"))
-        .collect();
-    let answered = agent.get(&healthz).call();
-    let _ = server.kill();
-    let _ = server.wait();
-    drop(silent);
-    let status = answered.expect("/healthz answered").status();
+    let status = server.health();
+    stop.store(true, Ordering::Relaxed);
+    attacker.join().expect("attacker");
     assert_eq!(status, 200);
 }

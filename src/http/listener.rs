@@ -20,6 +20,14 @@
 //! room for the new one. Whoever is talking keeps their place; a flood of
 //! silent sockets only ever displaces itself (or a client's idle keep-alive
 //! connection, which it opens again).
+//!
+//! Silence is not the only way to hold a place: a probe's slowloris (8,400
+//! connections each sending one header byte every 0.7 s) was never silent
+//! for a second, so nothing was shed and `/healthz` timed out for as long
+//! as it ran. So when nobody has been silent long enough, a full house
+//! sheds the connection that has been sending a request longest without
+//! being answered (at least [`TRICKLE_AFTER`]): a real client's request
+//! arrives in milliseconds, and one waiting for its answer is silent.
 
 use std::io;
 use std::net::SocketAddr;
@@ -40,6 +48,14 @@ pub const IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 /// A connection silent for less than this is never shed to make room (it
 /// may be in the middle of a request).
 pub const SHED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A connection that has been sending for this long without an answer may
+/// be shed to make room when nobody is silent (a trickled request).
+pub const TRICKLE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `Place::unanswered_since` when the client has sent nothing since the
+/// server last wrote.
+const ANSWERED: u64 = u64::MAX;
 
 /// The shortest list of places that is swept of closed connections.
 const SWEEP_MIN: usize = 64;
@@ -70,11 +86,15 @@ pub fn limit() -> usize {
 }
 
 /// What the listener knows of one open connection: when it last passed a
-/// byte, and how to close it to make room.
+/// byte, since when it has been sending without an answer, and how to close
+/// it to make room.
 #[derive(Debug)]
 struct Place {
     /// Milliseconds since the listener started, at the last byte.
     last_active: AtomicU64,
+    /// Milliseconds since the listener started, at the first byte read
+    /// after the server last wrote ([`ANSWERED`]: none since).
+    unanswered_since: AtomicU64,
     /// Cancelled to shed the connection.
     shed: CancellationToken,
 }
@@ -86,6 +106,7 @@ pub struct BoundedListener {
     permits: Arc<Semaphore>,
     idle: std::time::Duration,
     shed_after: std::time::Duration,
+    trickle_after: std::time::Duration,
     /// The open connections, oldest first (dropped ones are swept out).
     places: Vec<Weak<Place>>,
     started: tokio::time::Instant,
@@ -102,6 +123,7 @@ impl BoundedListener {
             permits: Arc::new(Semaphore::new(max.max(1))),
             idle: IDLE,
             shed_after: SHED_AFTER,
+            trickle_after: TRICKLE_AFTER,
             places: Vec::new(),
             started: tokio::time::Instant::now(),
             shed_count: 0,
@@ -110,13 +132,13 @@ impl BoundedListener {
     }
 
     /// A permit for one more connection: at once when there is room, else
-    /// after shedding the connection silent longest, else when one closes.
+    /// after shedding one ([`Self::shed_one`]), else when one closes.
     async fn place(&mut self) -> OwnedSemaphorePermit {
         loop {
             if let Ok(p) = self.permits.clone().try_acquire_owned() {
                 return p;
             }
-            self.shed_longest_silent();
+            self.shed_one();
             tokio::select! {
                 p = self.permits.clone().acquire_owned() => {
                     // The semaphore is never closed.
@@ -129,31 +151,48 @@ impl BoundedListener {
         }
     }
 
-    /// Closes the open connection that has been silent longest, if one has
-    /// been silent for at least `shed_after`.
-    fn shed_longest_silent(&mut self) {
+    /// Closes one open connection to make room: the one silent longest (at
+    /// least `shed_after`), else the one sending a request longest without
+    /// an answer (at least `trickle_after`).
+    fn shed_one(&mut self) {
         self.places.retain(|w| w.strong_count() > 0);
         let now = self.started.elapsed().as_millis() as u64;
-        let limit = self.shed_after.as_millis() as u64;
-        let longest = self
-            .places
+        let silent = self.longest(now, self.shed_after, |p| &p.last_active);
+        let (why, found) = match silent {
+            Some(found) => ("silent longest", found),
+            None => match self.longest(now, self.trickle_after, |p| &p.unanswered_since) {
+                Some(found) => ("sending a request longest without finishing it", found),
+                None => return,
+            },
+        };
+        let (at, place) = found;
+        place.shed.cancel();
+        self.shed_count += 1;
+        if self.shed_count == 1 || self.shed_count.is_multiple_of(1000) {
+            tracing::warn!(
+                shed = self.shed_count,
+                for_ms = now.saturating_sub(at),
+                "every connection place is taken: closing the connection {why} to let a new one in"
+            );
+        }
+    }
+
+    /// The open connection whose `since` is oldest, when it is at least
+    /// `at_least` ago.
+    fn longest(
+        &self,
+        now: u64,
+        at_least: std::time::Duration,
+        since: impl Fn(&Place) -> &AtomicU64,
+    ) -> Option<(u64, Arc<Place>)> {
+        let limit = at_least.as_millis() as u64;
+        self.places
             .iter()
             .filter_map(Weak::upgrade)
             .filter(|p| !p.shed.is_cancelled())
-            .map(|p| (p.last_active.load(Ordering::Relaxed), p))
-            .filter(|(at, _)| now.saturating_sub(*at) >= limit)
-            .min_by_key(|(at, _)| *at);
-        if let Some((at, place)) = longest {
-            place.shed.cancel();
-            self.shed_count += 1;
-            if self.shed_count == 1 || self.shed_count.is_multiple_of(1000) {
-                tracing::warn!(
-                    shed = self.shed_count,
-                    silent_ms = now.saturating_sub(at),
-                    "every connection place is taken: closing the connection silent longest to let a new one in"
-                );
-            }
-        }
+            .map(|p| (since(&p).load(Ordering::Relaxed), p))
+            .filter(|(at, _)| *at != ANSWERED && now.saturating_sub(*at) >= limit)
+            .min_by_key(|(at, _)| *at)
     }
 }
 
@@ -166,6 +205,7 @@ impl Listener for BoundedListener {
         let (io, addr) = Listener::accept(&mut self.inner).await;
         let place = Arc::new(Place {
             last_active: AtomicU64::new(self.started.elapsed().as_millis() as u64),
+            unanswered_since: AtomicU64::new(ANSWERED),
             shed: CancellationToken::new(),
         });
         if self.places.len() >= self.sweep_at {
@@ -224,12 +264,33 @@ impl Bounded {
         }
     }
 
-    /// Bytes passed: the idle clock starts again.
-    fn touch(&mut self) {
+    /// Bytes passed: the idle clock starts again. Answers when (ms since
+    /// the listener started).
+    fn touch(&mut self) -> u64 {
         let now = tokio::time::Instant::now();
         self.deadline.as_mut().reset(now + self.idle);
         let at = now.duration_since(self.clock.started).as_millis() as u64;
         self.clock.place.last_active.store(at, Ordering::Relaxed);
+        at
+    }
+
+    /// Bytes read: the client is sending (a request begins, if it was
+    /// answered).
+    fn read_some(&mut self) {
+        let at = self.touch();
+        let since = &self.clock.place.unanswered_since;
+        if since.load(Ordering::Relaxed) == ANSWERED {
+            since.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes written: the client is being answered.
+    fn wrote_some(&mut self) {
+        self.touch();
+        self.clock
+            .place
+            .unanswered_since
+            .store(ANSWERED, Ordering::Relaxed);
     }
 
     /// A write's outcome: bytes written restart the idle clock; a write
@@ -242,7 +303,7 @@ impl Bounded {
         match written {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
-                    self.touch();
+                    self.wrote_some();
                 }
                 Poll::Ready(Ok(n))
             }
@@ -280,7 +341,7 @@ impl AsyncRead for Bounded {
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    self.touch();
+                    self.read_some();
                 }
                 Poll::Ready(Ok(()))
             }
@@ -378,6 +439,48 @@ mod tests {
         drop(first);
         let (_third, _) = listener.accept().await;
         assert_eq!(listener.permits.available_permits(), 0);
+    }
+
+    /// A full house where nobody is silent sheds the connection that has
+    /// been sending a request longest without an answer (a slowloris kept
+    /// `/healthz` from answering); one that was answered keeps its place.
+    #[tokio::test]
+    async fn a_full_house_of_talkers_sheds_the_longest_unanswered_request() {
+        use tokio::io::AsyncReadExt;
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr");
+        let mut listener = BoundedListener::new(tcp, 2);
+        // Nobody counts as silent; any unanswered request may be shed.
+        listener.shed_after = std::time::Duration::from_secs(3600);
+        listener.trickle_after = std::time::Duration::ZERO;
+        let mut c1 = TcpStream::connect(addr).await.expect("c1");
+        let (mut s1, _) = listener.accept().await;
+        let mut c2 = TcpStream::connect(addr).await.expect("c2");
+        let (mut s2, _) = listener.accept().await;
+        let mut one = [0u8; 1];
+        // c1 trickles a request that is never answered...
+        c1.write_all(b"G").await.expect("a byte");
+        s1.read_exact(&mut one).await.expect("read");
+        // ...c2 sent one and was answered.
+        c2.write_all(b"G").await.expect("a byte");
+        s2.read_exact(&mut one).await.expect("read");
+        s2.write_all(b"H").await.expect("answer");
+        let first = tokio::spawn(async move {
+            let mut buf = [0u8; 1];
+            s1.read(&mut buf).await
+        });
+        let second = tokio::spawn(async move {
+            let mut buf = [0u8; 1];
+            s2.read(&mut buf).await
+        });
+        let _c3 = TcpStream::connect(addr).await.expect("c3");
+        let (_s3, _) = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the third got a place");
+        let shed = first.await.expect("join").expect_err("c1 was shed");
+        assert_eq!(shed.kind(), io::ErrorKind::ConnectionAborted);
+        assert!(!second.is_finished(), "the answered one keeps its place");
+        second.abort();
     }
 
     /// A full house sheds the connection silent longest to let a new one
