@@ -59,6 +59,15 @@
     return text.replace(DISGUISES, mark);
   }
 
+  // In what names a file or runs (paths, commands), also the joiners and
+  // the fillers that draw nothing: `deploy\u200d.sh` must not read as
+  // `deploy.sh`. Prose keeps its joiners (emoji and several scripts need
+  // them).
+  const EMPTY_IN_NAMES = /[\u{34f}\u{115f}\u{1160}\u{200c}\u{200d}\u{2800}\u{3164}\u{ffa0}]/gu;
+  function visibleName(text) {
+    return String(text).replace(EMPTY_IN_NAMES, mark);
+  }
+
   // Control characters but tab and newline (ANSI escapes: invisible, and
   // OSC 8 leftovers read as links), marked like disguises.
   const CONTROLS = /[\u0000-\u0008\u000b-\u001f\u007f]/g;
@@ -423,7 +432,7 @@
     // Blank: whitespace of every kind (newlines, no-break and ideographic
     // spaces) and the fillers and joiners that render empty, as the
     // server's `is_blank`.
-    const s = String(cmd).replace(BLANK_RUN, (run) => '⟨' + [...run].length + ' blanks⟩');
+    const s = visibleName(String(cmd).replace(BLANK_RUN, (run) => '⟨' + [...run].length + ' blanks⟩'));
     const max = 20000;
     if (s.length <= max) return s;
     const head = s.slice(0, max - max / 4), tail = s.slice(s.length - max / 4);
@@ -431,11 +440,16 @@
       ' characters not shown here; the API has the whole command …\n' + tail;
   }
 
+  // Line breaks run a second command in a shell, and the title (one line,
+  // its whitespace folded) shows them as spaces.
+  const LINE_BREAK = /[\n\r\v\f\u{85}\u{2028}\u{2029}]/u;
+
   function commandView(req) {
     if (!req.command) return null;
     const shown = commandText(req.command);
-    // The title already shows a short plain command whole.
-    if (req.title.length <= 300 && shown === req.command) return null;
+    // The title already shows a short plain one-line command whole.
+    const plain = shown === req.command && !LINE_BREAK.test(req.command);
+    if (req.title.length <= 300 && plain) return null;
     return h('pre', { class: 'command' }, 'runs: ' + shown);
   }
 
@@ -457,7 +471,7 @@
         h('strong', { class: 'request-title' }, cut(req.title, 300)),
         h('span', { class: 'muted' }, ' waiting ' + ago(req.created_at))),
       commandView(req),
-      req.paths && req.paths.length ? h('div', { class: 'paths' }, cut(req.paths.join(', '), 2000)) : null,
+      req.paths && req.paths.length ? h('div', { class: 'paths' }, visibleName(cut(req.paths.join(', '), 2000))) : null,
       req.diff ? renderDiff(req.diff) : null,
       h('div', { class: 'options' }, buttons),
       h('div', { class: 'reject-feedback' }, feedback,
@@ -476,7 +490,7 @@
         h('span', { class: 'badge tool-' + (t.status || 'pending') }, t.status || 'pending'), ' ',
         h('strong', {}, cut(t.title || t.id || 'tool call', 300)),
         t.kind ? h('span', { class: 'muted' }, ' (' + t.kind + ')') : null,
-        t.paths && t.paths.length ? h('div', { class: 'paths' }, cut(t.paths.join(', '), 2000)) : null,
+        t.paths && t.paths.length ? h('div', { class: 'paths' }, visibleName(cut(t.paths.join(', '), 2000))) : null,
         (t.diffs || []).map((d) => lazyDiff(d)));
     }
     if (m.kind === 'plan') {
