@@ -259,11 +259,12 @@ fn request_head(r: &PendingRequest) -> Vec<Value> {
 const COMMAND_LIMIT: usize = 2400;
 
 /// Whether a request's command needs a block of its own: its title is cut
-/// where shown, or the command has something [`command::marked`] writes
-/// out (padding, backtick runs, invisible characters). Otherwise the title
-/// already shows all of it.
+/// where shown, the command has something [`command::marked`] writes out
+/// (padding, backtick runs, invisible characters), or it has more than one
+/// line ([`command::has_line_break`]). Otherwise the title already shows
+/// all of it.
 fn shows_apart(title: &str, command: &str, marked: &str) -> bool {
-    truncate(title, TITLE_LIMIT) != title || marked != command
+    truncate(title, TITLE_LIMIT) != title || marked != command || command::has_line_break(command)
 }
 
 /// The command a request runs ([`command::marked`] already), in a code

@@ -27,6 +27,16 @@ pub struct ShownCommand {
     pub end: String,
 }
 
+/// Whether `command` has more than one line. A shell runs each line as a
+/// command of its own, and a one-line title shows the breaks as spaces
+/// (`echo note: rm -rf ~/work` read as one harmless `echo`), so such a
+/// command is shown apart, its lines kept.
+pub fn has_line_break(command: &str) -> bool {
+    command.contains([
+        '\n', '\r', '\u{b}', '\u{c}', '\u{85}', '\u{2028}', '\u{2029}',
+    ])
+}
+
 /// An already [`marked`] command past `max` characters cut to its first two
 /// thirds of `max` and its last third (whole when it fits).
 pub fn cut(text: &str, max: usize) -> ShownCommand {
@@ -114,6 +124,14 @@ fn is_blank(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_of_more_than_one_line_is_told() {
+        for multi in ["a\nb", "a\r\nb", "a\u{2028}b", "a\u{85}b", "a\u{b}b"] {
+            assert!(has_line_break(multi), "{multi:?}");
+        }
+        assert!(!has_line_break("git status && cargo test"));
+    }
 
     #[test]
     fn padding_is_counted_not_shown() {

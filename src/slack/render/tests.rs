@@ -171,6 +171,22 @@ fn a_short_plain_command_in_its_title_gets_no_second_block() {
 }
 
 #[test]
+fn a_command_of_two_lines_is_shown_apart_with_its_lines() {
+    // The title shows the line break as a space: one harmless `echo`.
+    let command = "echo Skipping cleanup:\nrm -rf ~/work";
+    let mut r = request(None, RequestKind::Permission);
+    r.title = "`echo Skipping cleanup: rm -rf ~/work` (the agent's title: Print a note)".into();
+    r.command = Some(command.into());
+    let (body, _) = BlockKit.request(&r);
+    blocks_parse(&body);
+    let runs = runs_block(&body).expect("a block with the command");
+    assert!(
+        runs.contains("echo Skipping cleanup:\nrm -rf ~/work"),
+        "{runs}"
+    );
+}
+
+#[test]
 fn an_error_answer_quoting_huge_input_is_bounded() {
     let body = problem(&format!("option {:?} is not offered", "A".repeat(200_000)));
     assert!(body.text.chars().count() <= 1010, "{}", body.text.len());
