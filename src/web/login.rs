@@ -243,6 +243,7 @@ pub async fn login_form(
     if console.token().matches(form.token.trim()) {
         start_login(&console, &headers).await
     } else {
+        crate::http::auth::wrong_token("the console's login form");
         form_page(StatusCode::UNAUTHORIZED, "Wrong API token.")
     }
 }
