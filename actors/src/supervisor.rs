@@ -281,8 +281,8 @@ impl PriorEnd {
         }
     }
 
-    /// "by idle timeout" / "crashed (exit code 1 ...)": for the notice of a
-    /// failed revive.
+    /// "ended by idle timeout" / "crashed": for the notice of a failed
+    /// revive.
     fn describe(&self) -> String {
         if self.status == SessionStatus::Completed && self.reason == crate::model::IDLE_TIMEOUT {
             return "ended by idle timeout".into();

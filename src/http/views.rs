@@ -85,8 +85,9 @@ pub struct SessionView {
     pub channel_id: Option<String>,
     /// Slack thread root, if posted.
     pub thread_ts: Option<String>,
-    /// Ended without anyone stopping it (idle timeout, crash, error,
-    /// interruption): `POST /api/sessions/{id}/revive` can bring it back.
+    /// Ended without anyone stopping it (idle timeout, server shutdown,
+    /// crash, error, interruption): `POST /api/sessions/{id}/revive` can
+    /// bring it back.
     #[serde(default)]
     pub revivable: bool,
 }

@@ -1,7 +1,8 @@
 //! Sessions that outlive a process: after a server restart, the ones
 //! stored as live are resumed (or marked interrupted, saying why), and a
-//! session that ended without anyone stopping it (idle timeout, a crash the
-//! restarts did not fix, an interruption) can be revived on request.
+//! session that ended without anyone stopping it (idle timeout, a server
+//! shutdown, a crash the restarts did not fix, an interruption) can be
+//! revived on request.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -302,12 +303,14 @@ impl SupervisorState {
         if self.shutdown.is_some() {
             return Err(SupervisorError::ShuttingDown);
         }
-        let reviving = self.sessions.get(id).is_some_and(|e| e.reviving.is_some());
-        let starting = matches!(
-            self.args.store.get_session(id).await,
-            Ok(Some(r)) if r.status == SessionStatus::Starting
-        );
-        if reviving && starting {
+        // A revive's entry stays marked until the session next exits: it is
+        // under way only while the stored session is still starting.
+        let under_way = self.sessions.get(id).is_some_and(|e| e.reviving.is_some())
+            && matches!(
+                self.args.store.get_session(id).await,
+                Ok(Some(r)) if r.status == SessionStatus::Starting
+            );
+        if under_way {
             return refuse(format!(
                 "a revive of session {id} is already under way; wait for it (GET /api/sessions/{id})"
             ));

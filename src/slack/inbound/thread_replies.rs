@@ -137,8 +137,9 @@ async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, 
 }
 
 /// A reply in the thread of a session without a running agent: revives it
-/// when it ended without being stopped (idle timeout, a crash the restarts
-/// did not fix, an interruption), else says why nothing happened.
+/// when it ended without anyone stopping it (idle timeout, a server
+/// shutdown, a crash the restarts did not fix, an interruption), else says
+/// why nothing happened.
 async fn not_live(ctx: &Arc<Ctx>, reply: &Reply, thread_ts: &str, held: HeldReply) {
     let Ok(Some(rec)) = ctx.store.session_by_thread(&reply.channel, thread_ts).await else {
         return; // Not one of ours (or the store failed: nothing to act on).
@@ -221,6 +222,7 @@ fn ended_as(status: SessionStatus) -> &'static str {
     match status {
         SessionStatus::Crashed => "crashed",
         SessionStatus::Interrupted => "been interrupted",
+        SessionStatus::Cancelled => "been stopped by a server shutdown",
         _ => "ended in an error",
     }
 }
