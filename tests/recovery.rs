@@ -374,6 +374,33 @@ fn a_turn_cut_by_a_killed_server_is_continued() {
     });
 }
 
+/// A cut turn with steering queued behind it: once resumed, the steering
+/// goes first, and the transcript says so (it used to say the agent was
+/// asked to continue, which did not happen).
+#[test]
+fn queued_steering_goes_first_after_a_killed_server_and_is_told() {
+    let (layout, mut first, http) = first_server_with(json!({"turns": [[
+        {"chunk": "working. "},
+        {"sleep_ms": 60000}
+    ]]}));
+    let a = start(&http, "scripted", "work");
+    http.until_transcript(&a, "working.");
+    let queued = http.post(
+        &format!("/api/sessions/{a}/prompt"),
+        &json!({"text": "and then this"}),
+    );
+    assert_eq!(queued.status, 202, "{}", queued.text);
+    let pid = agent_pid(&http, &a);
+    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
+    let text = http.until_transcript(&a, "prompt: and then this");
+    assert!(
+        text.contains("its 1 queued instruction(s) are delivered"),
+        "{text}"
+    );
+    assert!(!text.contains("asked to continue its turn"), "{text}");
+    assert_eq!(text.matches("prompt: and then this").count(), 1, "{text}");
+}
+
 /// After a restart the session's new requests must not reuse the ids of
 /// stored ones. Ignored until the core continues request numbering after a
 /// restart: today the new actor starts again at `req-1`, the insert hits the

@@ -147,15 +147,35 @@ impl SupervisorState {
                 ));
             }
             text
-        } else if expired.is_empty() && mid_turn {
-            "The server restarted during the agent's turn; resuming this session, and the agent is asked to continue its turn.".to_owned()
-        } else if expired.is_empty() {
-            "The server restarted; resuming this session.".to_owned()
         } else {
-            format!(
-                "The server restarted; resuming this session. Its open request {} expired (the agent that asked is gone); the agent is asked to continue its turn.",
-                expired.join(", ")
-            )
+            // Queued steering goes first once resumed, instead of asking the
+            // agent to continue (the session's start delivers it).
+            let queued = match self.args.store.undelivered_steering(&id).await {
+                Ok(q) => q.len(),
+                Err(e) => {
+                    tracing::warn!(session = %id, "cannot read queued steering: {e}");
+                    0
+                }
+            };
+            let then = if queued > 0 {
+                format!("its {queued} queued instruction(s) are delivered")
+            } else {
+                "the agent is asked to continue its turn".to_owned()
+            };
+            if expired.is_empty() && mid_turn {
+                format!(
+                    "The server restarted during the agent's turn; resuming this session, and {then}."
+                )
+            } else if expired.is_empty() && queued > 0 {
+                format!("The server restarted; resuming this session, and {then}.")
+            } else if expired.is_empty() {
+                "The server restarted; resuming this session.".to_owned()
+            } else {
+                format!(
+                    "The server restarted; resuming this session. Its open request {} expired (the agent that asked is gone); {then}.",
+                    expired.join(", ")
+                )
+            }
         };
         self.notice_kept(&id, NoticeLevel::Info, text).await;
         self.restart(id.clone()).await;
