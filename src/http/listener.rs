@@ -24,15 +24,25 @@
 //! Silence is not the only way to hold a place: a probe's slowloris (8,400
 //! connections each sending one header byte every 0.7 s) was never silent
 //! for a second, so nothing was shed and `/healthz` timed out for as long
-//! as it ran. So when nobody has been silent long enough, a full house
-//! sheds the connection that has been sending a request longest without
-//! being answered (at least [`TRICKLE_AFTER`]): a real client's request
-//! arrives in milliseconds, and one waiting for its answer is silent.
+//! as it ran. And silence is not always waste: a request waiting for its
+//! answer (a start waits for its agent's handshake) is silent, and shedding
+//! it first failed a request that had worked. So the listener follows each
+//! connection's request heads (it looks for the blank line that ends one;
+//! it parses nothing else) and a full house sheds, in this order:
+//! - the connection that has been owing a complete request head longest,
+//!   for at least [`TRICKLE_AFTER`] (a real client's head arrives in
+//!   milliseconds; one that connects and never speaks owes one too);
+//! - else the answered connection silent longest, for at least
+//!   [`SHED_AFTER`] (an idle keep-alive connection, which its client opens
+//!   again; a quiet event stream, which reconnects);
+//! - never one whose request head is complete: it is sending its body or
+//!   waiting for the server. A body that never ends is bounded elsewhere
+//!   (`body.rs`: [`crate::http::body::BODY_DEADLINE`]).
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
@@ -53,9 +63,13 @@ pub const SHED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// be shed to make room when nobody is silent (a trickled request).
 pub const TRICKLE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// `Place::unanswered_since` when the client has sent nothing since the
-/// server last wrote.
-const ANSWERED: u64 = u64::MAX;
+/// Where a connection is in its current request, as far as bytes tell.
+const OWES_HEAD: u8 = 0;
+/// Its request head is complete: it sends its body or waits for the server.
+const HEAD_DONE: u8 = 1;
+/// The server wrote (an answer, or a stream) and the client sent nothing
+/// since.
+const ANSWERED: u8 = 2;
 
 /// The shortest list of places that is swept of closed connections.
 const SWEEP_MIN: usize = 64;
@@ -86,15 +100,17 @@ pub fn limit() -> usize {
 }
 
 /// What the listener knows of one open connection: when it last passed a
-/// byte, since when it has been sending without an answer, and how to close
-/// it to make room.
+/// byte, where it is in its request and since when it owes a head, and how
+/// to close it to make room. Written only by the connection's I/O.
 #[derive(Debug)]
 struct Place {
     /// Milliseconds since the listener started, at the last byte.
     last_active: AtomicU64,
-    /// Milliseconds since the listener started, at the first byte read
-    /// after the server last wrote ([`ANSWERED`]: none since).
-    unanswered_since: AtomicU64,
+    /// [`OWES_HEAD`], [`HEAD_DONE`] or [`ANSWERED`].
+    phase: AtomicU8,
+    /// Milliseconds since the listener started, when it began to owe a
+    /// request head (accepted, or its first byte after an answer).
+    head_since: AtomicU64,
     /// Cancelled to shed the connection.
     shed: CancellationToken,
 }
@@ -151,17 +167,17 @@ impl BoundedListener {
         }
     }
 
-    /// Closes one open connection to make room: the one silent longest (at
-    /// least `shed_after`), else the one sending a request longest without
-    /// an answer (at least `trickle_after`).
+    /// Closes one open connection to make room (the order is in the module
+    /// doc): the one owing a request head longest, else the answered one
+    /// silent longest; never one whose request head is complete.
     fn shed_one(&mut self) {
         self.places.retain(|w| w.strong_count() > 0);
         let now = self.started.elapsed().as_millis() as u64;
-        let silent = self.longest(now, self.shed_after, |p| &p.last_active);
-        let (why, found) = match silent {
-            Some(found) => ("silent longest", found),
-            None => match self.longest(now, self.trickle_after, |p| &p.unanswered_since) {
-                Some(found) => ("sending a request longest without finishing it", found),
+        let owing = self.longest(now, OWES_HEAD, self.trickle_after, |p| &p.head_since);
+        let (why, found) = match owing {
+            Some(found) => ("owing a request head longest", found),
+            None => match self.longest(now, ANSWERED, self.shed_after, |p| &p.last_active) {
+                Some(found) => ("answered and silent longest", found),
                 None => return,
             },
         };
@@ -177,11 +193,12 @@ impl BoundedListener {
         }
     }
 
-    /// The open connection whose `since` is oldest, when it is at least
-    /// `at_least` ago.
+    /// The open connection in `phase` whose `since` is oldest, when it is
+    /// at least `at_least` ago.
     fn longest(
         &self,
         now: u64,
+        phase: u8,
         at_least: std::time::Duration,
         since: impl Fn(&Place) -> &AtomicU64,
     ) -> Option<(u64, Arc<Place>)> {
@@ -189,9 +206,9 @@ impl BoundedListener {
         self.places
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|p| !p.shed.is_cancelled())
+            .filter(|p| !p.shed.is_cancelled() && p.phase.load(Ordering::Relaxed) == phase)
             .map(|p| (since(&p).load(Ordering::Relaxed), p))
-            .filter(|(at, _)| *at != ANSWERED && now.saturating_sub(*at) >= limit)
+            .filter(|(at, _)| now.saturating_sub(*at) >= limit)
             .min_by_key(|(at, _)| *at)
     }
 }
@@ -203,9 +220,11 @@ impl Listener for BoundedListener {
     async fn accept(&mut self) -> (Bounded, SocketAddr) {
         let permit = self.place().await;
         let (io, addr) = Listener::accept(&mut self.inner).await;
+        let at = self.started.elapsed().as_millis() as u64;
         let place = Arc::new(Place {
-            last_active: AtomicU64::new(self.started.elapsed().as_millis() as u64),
-            unanswered_since: AtomicU64::new(ANSWERED),
+            last_active: AtomicU64::new(at),
+            phase: AtomicU8::new(OWES_HEAD),
+            head_since: AtomicU64::new(at),
             shed: CancellationToken::new(),
         });
         if self.places.len() >= self.sweep_at {
@@ -244,6 +263,40 @@ pub struct Bounded {
     clock: Clock,
     /// Ready once the listener sheds this connection to make room.
     shed: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// How far the bytes read have got towards the blank line that ends a
+    /// request head.
+    head_end: HeadEnd,
+}
+
+/// Finds the blank line ending an HTTP/1 request head (`\r\n\r\n`, or bare
+/// `\n\n`) across reads. The HTTP/2 preface has one too.
+#[derive(Debug, Default, Clone, Copy)]
+struct HeadEnd {
+    /// 0: in a line; 1: just after a `\n`; 2: after `\n\r`.
+    after_newline: u8,
+}
+
+impl HeadEnd {
+    fn reset(&mut self) {
+        self.after_newline = 0;
+    }
+
+    /// True once `bytes` complete the blank line.
+    fn found_in(&mut self, bytes: &[u8]) -> bool {
+        for &b in bytes {
+            self.after_newline = match (b, self.after_newline) {
+                (b'\n', 1 | 2) => {
+                    self.after_newline = 0;
+                    return true;
+                }
+                (b'\n', _) => 1,
+                (b'\r', 1) => 2,
+                (b'\r', n) => n,
+                _ => 0,
+            };
+        }
+        false
+    }
 }
 
 impl Bounded {
@@ -261,6 +314,7 @@ impl Bounded {
             deadline: Box::pin(tokio::time::sleep(idle)),
             clock,
             shed,
+            head_end: HeadEnd::default(),
         }
     }
 
@@ -274,23 +328,27 @@ impl Bounded {
         at
     }
 
-    /// Bytes read: the client is sending (a request begins, if it was
-    /// answered).
-    fn read_some(&mut self) {
+    /// Bytes read: after an answer they begin a new request head; while
+    /// one is owed, they are looked through for the blank line ending it.
+    fn read_some(&mut self, bytes: &[u8]) {
         let at = self.touch();
-        let since = &self.clock.place.unanswered_since;
-        if since.load(Ordering::Relaxed) == ANSWERED {
-            since.store(at, Ordering::Relaxed);
+        let place = &self.clock.place;
+        let mut phase = place.phase.load(Ordering::Relaxed);
+        if phase == ANSWERED {
+            phase = OWES_HEAD;
+            self.head_end.reset();
+            place.head_since.store(at, Ordering::Relaxed);
+            place.phase.store(OWES_HEAD, Ordering::Relaxed);
+        }
+        if phase == OWES_HEAD && self.head_end.found_in(bytes) {
+            place.phase.store(HEAD_DONE, Ordering::Relaxed);
         }
     }
 
     /// Bytes written: the client is being answered.
     fn wrote_some(&mut self) {
         self.touch();
-        self.clock
-            .place
-            .unanswered_since
-            .store(ANSWERED, Ordering::Relaxed);
+        self.clock.place.phase.store(ANSWERED, Ordering::Relaxed);
     }
 
     /// A write's outcome: bytes written restart the idle clock; a write
@@ -341,7 +399,7 @@ impl AsyncRead for Bounded {
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    self.read_some();
+                    self.read_some(&buf.filled()[before..]);
                 }
                 Poll::Ready(Ok(()))
             }
@@ -441,51 +499,101 @@ mod tests {
         assert_eq!(listener.permits.available_permits(), 0);
     }
 
-    /// A full house where nobody is silent sheds the connection that has
-    /// been sending a request longest without an answer (a slowloris kept
-    /// `/healthz` from answering); one that was answered keeps its place.
-    #[tokio::test]
-    async fn a_full_house_of_talkers_sheds_the_longest_unanswered_request() {
+    /// Connects `n` clients and accepts them, in order.
+    async fn connected(
+        listener: &mut BoundedListener,
+        addr: SocketAddr,
+        n: usize,
+    ) -> Vec<(TcpStream, Bounded)> {
+        let mut pairs = Vec::new();
+        for _ in 0..n {
+            let client = TcpStream::connect(addr).await.expect("connect");
+            let (server_side, _) = listener.accept().await;
+            pairs.push((client, server_side));
+        }
+        pairs
+    }
+
+    /// Sends `bytes` from the client and reads them on the server's side.
+    async fn send(pair: &mut (TcpStream, Bounded), bytes: &[u8]) {
         use tokio::io::AsyncReadExt;
+        pair.0.write_all(bytes).await.expect("send");
+        let mut got = vec![0u8; bytes.len()];
+        pair.1.read_exact(&mut got).await.expect("read");
+    }
+
+    /// Whether the listener chose to shed the server's side of `pair`.
+    fn shed(pair: &(TcpStream, Bounded)) -> bool {
+        pair.1.clock.place.shed.is_cancelled()
+    }
+
+    /// A full house where nobody is silent sheds the connection that has
+    /// owed a request head longest (a slowloris kept `/healthz` from
+    /// answering), before an answered one that is silent.
+    #[tokio::test]
+    async fn a_full_house_sheds_the_request_head_owed_longest() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr");
+        let mut listener = BoundedListener::new(tcp, 3);
+        listener.shed_after = std::time::Duration::ZERO;
+        listener.trickle_after = std::time::Duration::ZERO;
+        let mut pairs = connected(&mut listener, addr, 3).await;
+        // The first was answered and has been silent since...
+        send(&mut pairs[0], b"GET / HTTP/1.1\r\n\r\n").await;
+        pairs[0]
+            .1
+            .write_all(b"HTTP/1.1 200 OK\r\n\r\n")
+            .await
+            .expect("answer");
+        // ...the second trickles a head it never finishes, and so does the
+        // third, which began later.
+        send(&mut pairs[1], b"GET / HTTP/1.1\r\nX-Slow: a").await;
+        send(&mut pairs[2], b"GET /").await;
+        listener.shed_one();
+        assert!(shed(&pairs[1]), "the head owed longest goes first");
+        assert!(!shed(&pairs[0]) && !shed(&pairs[2]));
+        listener.shed_one();
+        assert!(shed(&pairs[2]), "then the other owed head");
+        assert!(!shed(&pairs[0]), "the answered one goes last");
+        listener.shed_one();
+        assert!(shed(&pairs[0]));
+    }
+
+    /// A connection whose request head is complete is never shed: it is
+    /// waiting for its answer (a start waits for its agent's handshake) or
+    /// sending its body. Shedding the silent one first failed a request that
+    /// had worked.
+    #[tokio::test]
+    async fn a_request_waiting_for_its_answer_keeps_its_place() {
         let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = tcp.local_addr().expect("addr");
         let mut listener = BoundedListener::new(tcp, 2);
-        // Nobody counts as silent; any unanswered request may be shed.
-        listener.shed_after = std::time::Duration::from_secs(3600);
+        listener.shed_after = std::time::Duration::ZERO;
         listener.trickle_after = std::time::Duration::ZERO;
-        let mut c1 = TcpStream::connect(addr).await.expect("c1");
-        let (mut s1, _) = listener.accept().await;
-        let mut c2 = TcpStream::connect(addr).await.expect("c2");
-        let (mut s2, _) = listener.accept().await;
-        let mut one = [0u8; 1];
-        // c1 trickles a request that is never answered...
-        c1.write_all(b"G").await.expect("a byte");
-        s1.read_exact(&mut one).await.expect("read");
-        // ...c2 sent one and was answered.
-        c2.write_all(b"G").await.expect("a byte");
-        s2.read_exact(&mut one).await.expect("read");
-        s2.write_all(b"H").await.expect("answer");
-        let first = tokio::spawn(async move {
-            let mut buf = [0u8; 1];
-            s1.read(&mut buf).await
-        });
-        let second = tokio::spawn(async move {
-            let mut buf = [0u8; 1];
-            s2.read(&mut buf).await
-        });
-        let _c3 = TcpStream::connect(addr).await.expect("c3");
-        let (_s3, _) = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept())
-            .await
-            .expect("the third got a place");
-        let shed = first.await.expect("join").expect_err("c1 was shed");
-        assert_eq!(shed.kind(), io::ErrorKind::ConnectionAborted);
-        assert!(!second.is_finished(), "the answered one keeps its place");
-        second.abort();
+        let mut pairs = connected(&mut listener, addr, 2).await;
+        // Split across reads, and bare LF: complete heads all the same.
+        send(&mut pairs[0], b"POST /api/sessions HTTP/1.1\r\n").await;
+        send(&mut pairs[0], b"\r\n{\"prompt\"").await;
+        send(&mut pairs[1], b"GET /api/events HTTP/1.1\n\n").await;
+        listener.shed_one();
+        assert!(!shed(&pairs[0]) && !shed(&pairs[1]));
     }
 
-    /// A full house sheds the connection silent longest to let a new one
-    /// in: an agent holding thousands of silent sockets made `/healthz`
-    /// stop answering. The one that spoke last keeps its place.
+    #[test]
+    fn the_end_of_a_head_is_found_across_reads() {
+        let mut end = HeadEnd::default();
+        assert!(!end.found_in(b"GET / HTTP/1.1\r\nHost: x\r"));
+        assert!(!end.found_in(b"\n\r"));
+        assert!(end.found_in(b"\nbody"));
+        let mut end = HeadEnd::default();
+        assert!(!end.found_in(b"a\r\nb\r\nc"));
+        assert!(end.found_in(b"\n\n"));
+    }
+
+    /// A full house sheds a connection that never spoke to let a new one
+    /// in (it owes a request head since it connected): an agent holding
+    /// thousands of silent sockets made `/healthz` stop answering. Of two
+    /// owing one, the older goes.
     #[tokio::test]
     async fn a_full_house_sheds_the_connection_silent_longest() {
         use tokio::io::AsyncReadExt;
@@ -493,6 +601,7 @@ mod tests {
         let addr = tcp.local_addr().expect("addr");
         let mut listener = BoundedListener::new(tcp, 2);
         listener.shed_after = std::time::Duration::ZERO;
+        listener.trickle_after = std::time::Duration::ZERO;
         let _c1 = TcpStream::connect(addr).await.expect("c1");
         let (mut s1, _) = listener.accept().await;
         let mut c2 = TcpStream::connect(addr).await.expect("c2");

@@ -106,6 +106,9 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let bounded = listener::BoundedListener::new(listener, listener::limit());
+    // Every route's body arrives in time (the listener never sheds a
+    // connection whose request head is complete).
+    let router = router.layer(middleware::from_fn(body::body_deadline));
     axum::serve(bounded, router.with_state(()).into_make_service())
         .with_graceful_shutdown(shutdown)
         .await

@@ -86,8 +86,10 @@ pub struct SessionView {
     /// Slack thread root, if posted.
     pub thread_ts: Option<String>,
     /// Ended without anyone stopping it (idle timeout, server shutdown,
-    /// crash, error, interruption): `POST /api/sessions/{id}/revive` can
-    /// bring it back.
+    /// crash, error, interruption): `POST /api/sessions/{id}/revive` may
+    /// bring it back. The config as it is now may still refuse (its
+    /// workspace, directory or agent gone, or its agent's protocol changed):
+    /// the revive answers 409 saying why.
     #[serde(default)]
     pub revivable: bool,
 }

@@ -175,7 +175,10 @@ async fn owner_of(
             .await;
             match resolved {
                 Ok(Some(id)) => Ok(Owner::Bridge(id)),
-                Ok(None) => Err(unauthorized("unknown or expired token")),
+                Ok(None) => {
+                    crate::http::auth::wrong_token("/mcp");
+                    Err(unauthorized("unknown or expired token"))
+                }
                 Err(e) => {
                     tracing::error!("bridge token check failed: {e}");
                     Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response())

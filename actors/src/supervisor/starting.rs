@@ -383,6 +383,15 @@ pub(super) async fn when_ready(
     match ready.await {
         Ok(Ok(())) => Ok(stored(store, record).await),
         Ok(Err(e)) => Err(SupervisorError::StartFailed(e)),
-        Err(_) => Err(stopped_before_ready()),
+        Err(_) => {
+            // A shutdown cut the handshake: say so (503), as for a start.
+            let stored = store.get_session(&record.id).await.ok().flatten();
+            if stored
+                .is_some_and(|r| r.status_reason.as_deref() == Some(crate::model::SERVER_SHUTDOWN))
+            {
+                return Err(SupervisorError::ShuttingDown);
+            }
+            Err(stopped_before_ready())
+        }
     }
 }
