@@ -151,7 +151,8 @@ LINE_BREAK_COMMAND = "echo Skipping cleanup:\nrm -rf ~/work"
 LINER = {
     "turns": [[
         {"tool_call": {"id": "n1", "title": "Print a note", "kind": "execute", "status": "pending",
-                       "raw_input": {"command": LINE_BREAK_COMMAND}}},
+                       "raw_input": {"command": LINE_BREAK_COMMAND},
+                       "diffs": [{"path": "deploy\u200d.sh", "new_text": "echo hi\n"}]}},
         {"permission": {"tool_call_id": "n1", "locations": ["deploy\u200d.sh"]}},
         {"chunk": "noted."},
         {"stop_reason": "end_turn"},
@@ -500,6 +501,7 @@ def walk(server, page):
         shown = command.inner_text()
         assert shown == "runs: " + LINE_BREAK_COMMAND, repr(shown)
         expect(card.locator(".paths")).to_contain_text("deploy⟨U+200D⟩.sh")
+        expect(card.locator(".d2h-file-wrapper")).to_contain_text("deploy⟨U+200D⟩.sh")
         back_to_main(side)
 
     def each_file_of_a_change_gets_its_own_panel():

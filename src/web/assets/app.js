@@ -404,11 +404,17 @@
       // Disguises and control characters are marked first: diff2html's
       // output does not pass through h(), and a bidi override in a path or a
       // line (Trojan Source) would read other than it is.
-      box.innerHTML = window.Diff2Html.html(gitHeaders(visibleControls(visible(diff))), { drawFileList: false, matching: 'lines', outputFormat: 'line-by-line' });
+      box.innerHTML = window.Diff2Html.html(gitHeaders(namesMarked(visibleControls(visible(diff)))), { drawFileList: false, matching: 'lines', outputFormat: 'line-by-line' });
     } else {
       box.append(h('pre', {}, diff));
     }
     return box;
+  }
+
+  // The file names of a diff (its header lines) with joiners and blank
+  // fillers marked, as in the paths line: the lines' content keeps them.
+  function namesMarked(diff) {
+    return diff.split('\n').map((l) => (/^(--- |\+\+\+ |diff )/.test(l) ? visibleName(l) : l)).join('\n');
   }
 
   // A collapsed diff of the transcript is rendered when first opened, not
