@@ -8,8 +8,8 @@
 //! `session/request_permission` naming only the tool call, and after Allow
 //! writes through `fs/write_text_file`. These tests hold the server to one
 //! approval per change, carrying the diff and the workspace-relative file;
-//! reject, cancel, a second turn, a crash with `session/load`, and
-//! `auto-edits` are covered too.
+//! reject, cancel, a second turn, a crash with `session/load`, a revive
+//! after a shutdown with `session/load`, and `auto-edits` are covered too.
 //!
 //! Ignored by a plain `cargo test`; `tests/interop/run.sh` runs them.
 
@@ -19,12 +19,15 @@ mod support;
 use std::path::Path;
 use std::sync::Arc;
 
-use intercom_actors::model::{PendingRequest, RequestKind, RequestStatus, SessionId};
+use intercom_actors::model::{
+    PendingRequest, RequestKind, RequestStatus, SessionId, SessionStatus,
+};
 use intercom_actors::ports::SessionStore;
 use intercom_actors::rules::ApprovalMode;
-use intercom_actors::session::Choice;
+use intercom_actors::session::{Caller, Choice, StopCause};
+use intercom_actors::supervisor::SupervisorMsg;
 use interop_support::fake_anthropic::{self, FakeAnthropic, Reply};
-use interop_support::turns::{knobs, pid, steer, stop, until_file, until_turn_ended};
+use interop_support::turns::{knobs, pid, steer, stop, stop_by, until_file, until_turn_ended};
 use interop_support::{bin, fresh_home, profile, set_env};
 use serde_json::json;
 use support::{Harness, Knobs, decide, request_opened, until_group_gone};
@@ -256,5 +259,45 @@ async fn a_crash_mid_turn_resumes_with_session_load() {
     decide(&h, &id, &again.request_id, Choice::Approve).await;
     h.until_record(&id, "active after the restart", |r| r.restart_count == 1)
         .await;
+    stop(&h, &id).await;
+}
+
+/// A session a server shutdown stopped is revived by the operator: the real
+/// Claude Code is started again, loads its own session (it remembers the
+/// first turn), and takes the next instruction as before.
+#[tokio::test]
+#[ignore = "needs tests/interop/install.sh; run by tests/interop/run.sh"]
+async fn a_session_a_shutdown_stopped_is_revived_with_session_load() {
+    let _serial = SERIAL.lock().await;
+    let (h, _fake) = setup(knobs()).await;
+    let id = start(&h, None).await;
+    let first = request_opened(&h, 1).await;
+    decide(&h, &id, &first.request_id, Choice::Approve).await;
+    h.until_transcript(&id, "done").await;
+    // Load needs the turn in Claude Code's own session file.
+    until_claude_stored(h.dir.path(), "hello.txt").await;
+    stop_by(&h, &id, StopCause::Shutdown).await;
+    let ended = h
+        .until_record(&id, "stopped by the shutdown", |r| {
+            r.status == SessionStatus::Cancelled
+        })
+        .await;
+    assert!(ended.revivable(), "{ended:?}");
+    let p = profile("claude", bin("claude-code-acp"), &[], ENV);
+    let revived = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: id.clone(),
+        profile: p,
+        caller: Caller::local(),
+        reply
+    })
+    .expect("revive call")
+    .expect("revived");
+    assert_eq!(revived.status, SessionStatus::Active);
+    h.until_transcript(&id, "Session revived: resumed the agent's session")
+        .await;
+    steer(&h, &id, "now the second file").await;
+    let second = request_opened(&h, 2).await;
+    decide(&h, &id, &second.request_id, Choice::Approve).await;
+    assert_eq!(until_file(&h.workspace.join("second.txt")).await, SECOND);
     stop(&h, &id).await;
 }

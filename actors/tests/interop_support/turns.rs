@@ -33,10 +33,15 @@ pub async fn pid(h: &Harness, id: &SessionId) -> i32 {
 
 /// Stops the session as the operator and waits for its process group to go.
 pub async fn stop(h: &Harness, id: &SessionId) {
+    stop_by(h, id, StopCause::Operator).await;
+}
+
+/// Stops the session for `cause` and waits for its process group to go.
+pub async fn stop_by(h: &Harness, id: &SessionId, cause: StopCause) {
     let pid = pid(h, id).await;
     let actor = h.actor(id).await;
     ractor::call!(actor, |reply| SessionMsg::Stop {
-        cause: StopCause::Operator,
+        cause,
         caller: Caller::local(),
         reply: Some(reply)
     })
