@@ -223,6 +223,15 @@ async fn until_claude_stored(dir: &Path, text: &str) {
     }
 }
 
+/// A session whose first turn (the approved write of hello.txt) is done.
+async fn first_turn_done(h: &Harness) -> SessionId {
+    let id = start(h, None).await;
+    let first = request_opened(h, 1).await;
+    decide(h, &id, &first.request_id, Choice::Approve).await;
+    h.until_transcript(&id, "done").await;
+    id
+}
+
 /// The text of every `*.jsonl` one level under `projects`.
 fn session_files(projects: &Path) -> Vec<String> {
     let dirs = std::fs::read_dir(projects).into_iter().flatten().flatten();
@@ -237,11 +246,8 @@ fn session_files(projects: &Path) -> Vec<String> {
 async fn a_crash_mid_turn_resumes_with_session_load() {
     let _serial = SERIAL.lock().await;
     let (h, _fake) = setup(knobs()).await;
-    let id = start(&h, None).await;
     // Claude Code stores a session once a turn completed; load needs that.
-    let first = request_opened(&h, 1).await;
-    decide(&h, &id, &first.request_id, Choice::Approve).await;
-    h.until_transcript(&id, "done").await;
+    let id = first_turn_done(&h).await;
     steer(&h, &id, "now the second file").await;
     request_opened(&h, 2).await;
     // Claude Code writes its session file behind the turn; kill it only once
@@ -270,10 +276,7 @@ async fn a_crash_mid_turn_resumes_with_session_load() {
 async fn a_session_a_shutdown_stopped_is_revived_with_session_load() {
     let _serial = SERIAL.lock().await;
     let (h, _fake) = setup(knobs()).await;
-    let id = start(&h, None).await;
-    let first = request_opened(&h, 1).await;
-    decide(&h, &id, &first.request_id, Choice::Approve).await;
-    h.until_transcript(&id, "done").await;
+    let id = first_turn_done(&h).await;
     // Load needs the turn in Claude Code's own session file.
     until_claude_stored(h.dir.path(), "hello.txt").await;
     stop_by(&h, &id, StopCause::Shutdown).await;
