@@ -235,6 +235,16 @@ async fn broadcast_reaches_the_operator_and_disconnect_ends_the_session() {
         .until_record(&id, "completed", |r| r.status == SessionStatus::Completed)
         .await;
     assert_eq!(rec.status_reason.as_deref(), Some("client_disconnected"));
+    // Not revived, and told why (its "agent" is no profile to start).
+    let err = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: id.clone(),
+        profile: h.profile(json!({"turns": []})),
+        caller: Caller::local(),
+        reply
+    })
+    .expect("call")
+    .expect_err("not revivable");
+    assert!(err.to_string().contains("reconnects on its own"), "{err}");
 }
 
 #[tokio::test]

@@ -411,12 +411,47 @@ fn approval_detail(a: &ApprovalView) -> String {
         ));
     }
     if let Some(diff) = diff {
-        out.push_str(&printable(diff));
-        if !diff.ends_with('\n') {
+        let (shown, left) = diff_start(diff);
+        out.push_str(&printable(shown));
+        if !shown.ends_with('\n') {
             out.push('\n');
+        }
+        if left > 0 {
+            out.push_str(&format!(
+                "… {left} more lines of this diff not shown; the whole diff: `ctl pending --json` or GET /api/approvals/{}\n",
+                bounded(&a.id, FIELD_MAX)
+            ));
         }
     }
     out
+}
+
+/// Lines of one approval's diff `ctl pending` prints at most (an MCP client
+/// sent three 3.5 MB diffs, and the list was 7 MB of them).
+const DIFF_LINES: usize = 400;
+/// Bytes of one approval's diff `ctl pending` prints at most.
+const DIFF_BYTES: usize = 64 * 1024;
+
+/// The start of `diff` that `ctl pending` prints (whole lines, within
+/// [`DIFF_LINES`] and [`DIFF_BYTES`]), and how many lines it leaves out.
+fn diff_start(diff: &str) -> (&str, usize) {
+    let mut end = 0;
+    for (n, line) in diff.split_inclusive('\n').enumerate() {
+        if n == DIFF_LINES || end + line.len() > DIFF_BYTES {
+            let left = diff[end..].split_inclusive('\n').count();
+            // A first line past the byte bound is cut on a character.
+            if end == 0 {
+                let mut cut = DIFF_BYTES.min(line.len());
+                while !line.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                return (&line[..cut], left);
+            }
+            return (&diff[..end], left);
+        }
+        end += line.len();
+    }
+    (diff, 0)
 }
 
 /// `ctl approve` / `ctl reject`.

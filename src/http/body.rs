@@ -49,6 +49,28 @@ pub async fn body_deadline(request: Request, next: Next) -> Response {
     next.run(Request::from_parts(parts, body)).await
 }
 
+/// Whether reading a body failed because it did not arrive in time.
+pub fn too_slow(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// What a client whose body did not arrive in time is told (408).
+pub fn too_slow_message() -> String {
+    format!(
+        "the request body did not arrive within {} s; send the whole body at once",
+        BODY_DEADLINE.as_secs()
+    )
+}
+
 /// `body`, failing to read once `after` has passed before it ended.
 fn deadlined(body: Body, after: Duration) -> Body {
     Body::new(Deadlined {
@@ -105,6 +127,7 @@ pub async fn read_whole_body(request: Request, next: Next) -> Response {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
+        Err(e) if too_slow(&e) => ApiError::BodyTooSlow(too_slow_message()).into_response(),
         Err(e) => ApiError::bad_request(format!(
             "cannot read the request body ({e}); send at most {MAX_BODY_BYTES} bytes of JSON"
         ))
@@ -130,6 +153,7 @@ mod tests {
         let body = deadlined(trickled(), Duration::from_millis(50));
         let err = axum::body::to_bytes(body, 1 << 20).await.expect_err("cut");
         assert!(err.to_string().contains("did not arrive within"), "{err}");
+        assert!(too_slow(&err), "{err:?}");
     }
 
     #[tokio::test]
@@ -137,5 +161,9 @@ mod tests {
         let body = deadlined(Body::from("hello"), Duration::from_millis(50));
         let bytes = axum::body::to_bytes(body, 64).await.expect("read");
         assert_eq!(&bytes[..], b"hello");
+        let too_big = axum::body::to_bytes(Body::from("hello"), 2)
+            .await
+            .expect_err("limit");
+        assert!(!too_slow(&too_big), "a size error is not a slow body");
     }
 }

@@ -25,6 +25,8 @@ pub enum ApiError {
     App(AppError),
     /// No or a wrong bearer token.
     Unauthorized(String),
+    /// The request's body did not arrive in time (`body::BODY_DEADLINE`).
+    BodyTooSlow(String),
 }
 
 impl From<AppError> for ApiError {
@@ -40,8 +42,10 @@ impl ApiError {
     }
 
     fn status(&self) -> StatusCode {
-        let ApiError::App(e) = self else {
-            return StatusCode::UNAUTHORIZED;
+        let e = match self {
+            ApiError::App(e) => e,
+            ApiError::Unauthorized(_) => return StatusCode::UNAUTHORIZED,
+            ApiError::BodyTooSlow(_) => return StatusCode::REQUEST_TIMEOUT,
         };
         match e {
             AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -60,6 +64,11 @@ impl ApiError {
             ApiError::Unauthorized(message) => ErrorBody {
                 error: message.clone(),
                 code: "unauthorized".into(),
+                status: None,
+            },
+            ApiError::BodyTooSlow(message) => ErrorBody {
+                error: message.clone(),
+                code: "request_timeout".into(),
                 status: None,
             },
             ApiError::App(e) => ErrorBody {
@@ -95,7 +104,7 @@ impl IntoResponse for ApiError {
             ApiError::App(AppError::LimitReached(_)) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
             }
-            ApiError::App(_) => {}
+            ApiError::App(_) | ApiError::BodyTooSlow(_) => {}
         }
         response
     }

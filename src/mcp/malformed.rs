@@ -37,6 +37,13 @@ pub(crate) async fn refuse_malformed(req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let bytes = match to_bytes(body, MAX_BODY_BYTES).await {
         Ok(bytes) => bytes,
+        Err(e) if crate::http::body::too_slow(&e) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                crate::http::body::too_slow_message(),
+            )
+                .into_response();
+        }
         Err(e) => {
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,

@@ -345,6 +345,11 @@ impl SupervisorState {
             Ok(None) => return refuse(format!("no session {id}")),
             Err(e) => return Err(SupervisorError::Storage(e.to_string())),
         };
+        if record.protocol == Protocol::Mcp {
+            return refuse(format!(
+                "session {id} was an MCP client's; it is not revived: its client (the IDE) reconnects on its own, as a new session"
+            ));
+        }
         if !record.revivable() {
             return refuse(format!(
                 "session {id} is {} ({}); a session someone stopped stays stopped (only one that ended by idle timeout or a server shutdown, crashed, failed or was interrupted comes back) — start a new one",

@@ -323,6 +323,40 @@ fn pending_approvals_show_their_files_and_diff_without_escapes() {
 }
 
 #[test]
+fn a_huge_diff_shows_its_start_and_says_where_the_rest_is() {
+    let huge: String = (0..100_000).map(|i| format!("+line {i}\n")).collect();
+    let a = ApprovalView {
+        command: None,
+        id: "s-1:req-1".into(),
+        session_id: "s-1".into(),
+        request_id: "req-1".into(),
+        title: "Write big.txt".into(),
+        kind: intercom_actors::model::RequestKind::Permission,
+        diff: Some(huge),
+        paths: vec!["big.txt".into()],
+        options: vec![],
+        status: intercom_actors::model::RequestStatus::Pending,
+        created_at: 0,
+        decision: None,
+    };
+    let out = approvals(&[a]);
+    assert!(out.len() < 80 * 1024, "{} bytes", out.len());
+    assert!(
+        out.contains("+line 0\n") && out.contains("+line 399\n"),
+        "the start"
+    );
+    assert!(!out.contains("+line 400\n"), "past the bound");
+    assert!(
+        out.contains("… 99600 more lines of this diff not shown; the whole diff: `ctl pending --json` or GET /api/approvals/s-1:req-1"),
+        "{out:.200}"
+    );
+    // One endless line is cut too.
+    let endless = "x".repeat(1 << 20);
+    let (start, left) = diff_start(&endless);
+    assert_eq!((start.len(), left), (64 * 1024, 1));
+}
+
+#[test]
 fn tool_and_plan_entries_are_summarised() {
     let tool = MessageView {
         id: 1,
