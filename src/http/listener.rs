@@ -15,11 +15,10 @@
 //!
 //! The bound alone let anyone who can connect hold every place: an agent (it
 //! runs on this machine) opened 8,321 silent connections and `/healthz`
-//! stopped answering until it let go. So a full house sheds: the connection
-//! that has been silent longest (at least [`SHED_AFTER`]) is closed to make
-//! room for the new one. Whoever is talking keeps their place; a flood of
-//! silent sockets only ever displaces itself (or a client's idle keep-alive
-//! connection, which it opens again).
+//! stopped answering until it let go. So a full house sheds: it closes one
+//! connection to make room for the new one (which one, below), and a flood
+//! of sockets only ever displaces itself, or a client's idle keep-alive
+//! connection, which it opens again.
 //!
 //! Silence is not the only way to hold a place: a probe's slowloris (8,400
 //! connections each sending one header byte every 0.7 s) was never silent
@@ -55,12 +54,12 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 /// How long a connection may pass no bytes either way before it is closed.
 pub const IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// A connection silent for less than this is never shed to make room (it
-/// may be in the middle of a request).
+/// An answered connection silent for less than this is never shed to make
+/// room (its client may be about to send its next request).
 pub const SHED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A connection that has been sending for this long without an answer may
-/// be shed to make room when nobody is silent (a trickled request).
+/// A connection that has owed a complete request head for less than this
+/// is never shed to make room (its head may be on its way).
 pub const TRICKLE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Where a connection is in its current request, as far as bytes tell.
