@@ -25,13 +25,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Query, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use intercom_actors::supervisor::SupervisorMsg;
 
-use super::session_owners::{NotYours, Owner, PER_OWNER};
+use super::session_owners::{Busy, NotYours, Owner, PER_OWNER, REPLACEABLE_AFTER, Reservation};
 use super::{ACTOR_TIMEOUT, BridgedSession, ask, server, session_deleted_is_no_content};
 use crate::http::auth::ApiToken;
 
@@ -121,9 +122,10 @@ pub(crate) async fn authenticate(
     // A request without a session may open one: it holds a place among
     // its credential's sessions from now until answered.
     let reservation = if named.is_none() && method == Method::POST {
-        let Some(r) = shared.owners.reserve(&owner) else {
+        let Some(r) = reserve_making_room(&shared, &owner).await else {
             let why = format!(
-                "{owner} already holds {PER_OWNER} open MCP sessions; close one (DELETE /mcp with its Mcp-Session-Id) or let it expire, then initialize again"
+                "{owner} already holds {PER_OWNER} open MCP sessions, each busy or used within {} s; close one (DELETE /mcp with its Mcp-Session-Id), then initialize again",
+                REPLACEABLE_AFTER.as_secs()
             );
             tracing::warn!("MCP session refused: {why}");
             return (StatusCode::TOO_MANY_REQUESTS, why).into_response();
@@ -132,7 +134,19 @@ pub(crate) async fn authenticate(
     } else {
         None
     };
+    // The session is busy until this request's answer has been sent (a
+    // blocking call's stream, a listening stream): not idle, not replaced.
+    let busy = named.as_deref().map(|id| shared.owners.busy(id));
     let res = next.run(req).await;
+    let res = match busy {
+        Some(busy) => res.map(|body| {
+            Body::new(Holding {
+                inner: body,
+                _busy: busy,
+            })
+        }),
+        None => res,
+    };
     if named.is_none() {
         match (new_session_id(&res), reservation) {
             (Some(id), Some(r)) => r.claim(&id),
@@ -219,6 +233,58 @@ fn session_named(req: &Request) -> Option<String> {
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+}
+
+/// A place for one more MCP session of `owner`: at once when it holds fewer
+/// than [`PER_OWNER`], else after closing its session idle longest (nothing
+/// under way for [`REPLACEABLE_AFTER`]): an IDE that reloads without
+/// `DELETE` leaves sessions behind that would otherwise lock it out until
+/// they expire.
+async fn reserve_making_room(shared: &server::Shared, owner: &Owner) -> Option<Reservation> {
+    if let Some(r) = shared.owners.reserve(owner) {
+        return Some(r);
+    }
+    let idle = shared.owners.idlest(owner, REPLACEABLE_AFTER)?;
+    let sessions = shared.sessions.get()?;
+    tracing::info!(
+        "{owner} holds {PER_OWNER} MCP sessions: closing its session idle longest to open a new one"
+    );
+    if let Err(e) = rmcp::transport::streamable_http_server::session::SessionManager::close_session(
+        sessions.as_ref(),
+        &idle.into(),
+    )
+    .await
+    {
+        tracing::warn!("closing an idle MCP session failed: {e}");
+    }
+    shared.owners.reserve(owner)
+}
+
+/// A response body that keeps its session [`Busy`] until it ends or is
+/// dropped.
+struct Holding {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for Holding {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<axum::body::Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The new session id an `initialize` answer carries, if any.

@@ -188,6 +188,9 @@ where
 #[derive(Debug, Clone)]
 pub(crate) struct BridgedSession(pub SessionId);
 
+/// rmcp's session manager as the server wraps it.
+pub(crate) type Sessions = session_owners::OwnedSessions<LocalSessionManager>;
+
 /// The axum router serving MCP at [`PATH`], for a router of any state.
 /// Mount it with `Router::merge` (not `nest`, which can drop the `Host`
 /// header rmcp checks).
@@ -203,11 +206,15 @@ where
         .with_cancellation_token(deps.shutdown.child_token());
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(deps.longest_wait() + Duration::from_secs(300));
-    let sessions = session_owners::OwnedSessions::new(sessions, shared.owners.clone());
+    let sessions = Arc::new(session_owners::OwnedSessions::new(
+        sessions,
+        shared.owners.clone(),
+    ));
+    let _ = shared.sessions.set(sessions.clone());
     let factory_shared = shared.clone();
     let service = StreamableHttpService::new(
         move || Ok(server::IntercomMcp::new(factory_shared.clone())),
-        Arc::new(sessions),
+        sessions,
         config,
     );
     Router::new()

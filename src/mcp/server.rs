@@ -78,6 +78,9 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) struct Shared {
     pub(crate) deps: McpDeps,
     pub(crate) owners: Arc<super::session_owners::SessionOwners>,
+    /// rmcp's session manager, to close a credential's idle session at its
+    /// cap (set once the service is built).
+    pub(crate) sessions: std::sync::OnceLock<Arc<super::Sessions>>,
 }
 
 impl Shared {
@@ -85,6 +88,7 @@ impl Shared {
         Shared {
             deps,
             owners: Arc::default(),
+            sessions: std::sync::OnceLock::new(),
         }
     }
 

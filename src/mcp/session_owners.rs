@@ -28,6 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures::Stream;
 use intercom_actors::model::SessionId as CoreSessionId;
@@ -46,6 +47,14 @@ pub(crate) const CAP: usize = 10_000;
 /// evicted other clients' sessions. A credential at the bound is answered
 /// 429 until it closes one (`DELETE`) or one expires.
 pub(crate) const PER_OWNER: usize = 32;
+
+/// A credential at [`PER_OWNER`] that opens one more MCP session has its
+/// session idle longest closed to make room, when that one has had nothing
+/// in flight (no call, no open stream) for this long. An IDE that reloads
+/// without `DELETE` leaves its old sessions behind, and they expire only
+/// after the longest blocking wait (an hour, for `standby`): 32 reloads
+/// locked its workspace out of `/mcp` for 65 minutes.
+pub(crate) const REPLACEABLE_AFTER: Duration = Duration::from_secs(60);
 
 /// The identity of a credential on `/mcp`; never the token itself, so the
 /// map holds no secret and logging an [`Owner`] leaks none.
@@ -131,6 +140,43 @@ struct Table {
     /// `initialize` requests under way, by reservation number: they count
     /// against [`PER_OWNER`] until their session is claimed or they end.
     reserved: HashMap<u64, Owner>,
+    /// What each recorded session is doing, for [`SessionOwners::idlest`].
+    activity: HashMap<String, Activity>,
+}
+
+/// Requests of one MCP session under way (a blocking call, an open stream)
+/// and when one last began or ended.
+#[derive(Debug)]
+struct Activity {
+    in_flight: u32,
+    last: Instant,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: 0,
+            last: Instant::now(),
+        }
+    }
+}
+
+/// One request of an MCP session under way; ends when dropped (with the
+/// response's body, for a stream).
+#[derive(Debug)]
+pub(crate) struct Busy {
+    owners: Arc<SessionOwners>,
+    id: String,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut t = self.owners.table();
+        if let Some(a) = t.activity.get_mut(&self.id) {
+            a.in_flight = a.in_flight.saturating_sub(1);
+            a.last = Instant::now();
+        }
+    }
 }
 
 impl SessionOwners {
@@ -159,11 +205,15 @@ impl SessionOwners {
             t.order.remove(&old);
         }
         t.order.insert(seq, id.to_owned());
+        t.activity
+            .entry(id.to_owned())
+            .or_insert_with(Activity::new);
         while t.owners.len() > cap {
             let Some((_, oldest)) = t.order.pop_first() else {
                 break;
             };
             t.owners.remove(&oldest);
+            t.activity.remove(&oldest);
             tracing::warn!(
                 cap,
                 "more MCP sessions than remembered owners; the oldest one's client must reconnect"
@@ -213,6 +263,36 @@ impl SessionOwners {
         if let Some((seq, _)) = t.owners.remove(id) {
             t.order.remove(&seq);
         }
+        t.activity.remove(id);
+    }
+
+    /// A request of MCP session `id` begins; it ends when the guard drops.
+    pub(crate) fn busy(self: &Arc<Self>, id: &str) -> Busy {
+        let mut t = self.table();
+        let a = t
+            .activity
+            .entry(id.to_owned())
+            .or_insert_with(Activity::new);
+        a.in_flight += 1;
+        a.last = Instant::now();
+        Busy {
+            owners: self.clone(),
+            id: id.to_owned(),
+        }
+    }
+
+    /// `owner`'s session with nothing under way for longest, when that is
+    /// at least `idle_for`.
+    pub(crate) fn idlest(&self, owner: &Owner, idle_for: Duration) -> Option<String> {
+        let t = self.table();
+        let now = Instant::now();
+        t.owners
+            .iter()
+            .filter(|(_, (_, o))| o == owner)
+            .filter_map(|(id, _)| t.activity.get(id).map(|a| (id, a)))
+            .filter(|(_, a)| a.in_flight == 0 && now.duration_since(a.last) >= idle_for)
+            .min_by_key(|(_, a)| a.last)
+            .map(|(id, _)| id.clone())
     }
 
     /// How many owners are remembered.
@@ -321,6 +401,37 @@ impl<M: SessionManager> SessionManager for OwnedSessions<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idlest_session_is_one_with_nothing_under_way() {
+        let owners = Arc::new(SessionOwners::default());
+        let me = Owner::Workspace("a".into());
+        let other = Owner::Workspace("b".into());
+        owners.claim("old", me.clone());
+        owners.claim("streaming", me.clone());
+        owners.claim("theirs", other.clone());
+        // A session with a call or a stream open is never the idlest.
+        let busy = owners.busy("streaming");
+        assert_eq!(owners.idlest(&me, Duration::ZERO).as_deref(), Some("old"));
+        // Not idle long enough yet: none.
+        assert_eq!(owners.idlest(&me, Duration::from_secs(3600)), None);
+        // The one used last is not the idlest; nor is another owner's.
+        drop(busy);
+        let used = owners.busy("old");
+        drop(used);
+        assert_eq!(
+            owners.idlest(&me, Duration::ZERO).as_deref(),
+            Some("streaming")
+        );
+        assert_eq!(
+            owners.idlest(&other, Duration::ZERO).as_deref(),
+            Some("theirs")
+        );
+        // A forgotten (closed) session is no longer a candidate.
+        owners.forget("streaming");
+        owners.forget("old");
+        assert_eq!(owners.idlest(&me, Duration::ZERO), None);
+    }
 
     #[test]
     fn reservations_count_against_the_cap_until_claimed_or_dropped() {
