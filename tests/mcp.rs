@@ -1065,6 +1065,34 @@ async fn malformed_bodies_get_json_rpc_errors() {
         assert_eq!(v["error"]["code"], code, "{shown}: {answer}");
         assert!(v["id"].is_null(), "{shown}: {answer}");
     }
+    // A tools/call whose params have the wrong types names the one at
+    // fault, as invalid params (rmcp said "method not found").
+    for (body, names) in [
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"ping","arguments":5}}"#,
+            "`arguments`",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"ping","arguments":"x"}}"#,
+            "`arguments`",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":5}}"#,
+            "`name`",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":[1,2]}"#,
+            "`params`",
+        ),
+    ] {
+        let (status, answer) = raw_post_answer(h.port, body.as_bytes()).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).expect("a JSON body");
+        assert_eq!(v["error"]["code"], -32602, "{body}: {answer}");
+        assert_eq!(v["id"], 5, "{body}: {answer}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{body}: {answer}");
+    }
     // A well-formed message still goes through.
     let (status, _) = raw_post_answer(h.port, INITIALIZE.as_bytes()).await;
     assert_eq!(status, 200);

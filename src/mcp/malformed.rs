@@ -54,7 +54,12 @@ pub(crate) async fn refuse_malformed(req: Request, next: Next) -> Response {
     };
     match serde_json::from_slice::<Value>(&bytes) {
         Err(e) => return rpc_error(-32700, format!("parse error: {e}")),
-        Ok(Value::Object(_)) => {}
+        Ok(Value::Object(message)) => {
+            if let Some(why) = bad_tool_call(&message) {
+                let id = message.get("id").cloned().unwrap_or(Value::Null);
+                return rpc_error_for(id, -32602, why);
+            }
+        }
         Ok(_) => {
             return rpc_error(
                 -32600,
@@ -85,6 +90,40 @@ pub(crate) async fn refuse_malformed(req: Request, next: Next) -> Response {
 
 /// 400 with a JSON-RPC error and a null id.
 fn rpc_error(code: i64, message: String) -> Response {
-    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    rpc_error_for(Value::Null, code, message)
+}
+
+/// 400 with a JSON-RPC error answering request `id`.
+fn rpc_error_for(id: Value, code: i64, message: String) -> Response {
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
     (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
+
+/// Why a `tools/call` cannot be a call of a tool: its `params` not an
+/// object, its `name` not a string, its `arguments` not an object. rmcp
+/// answers those "method not found" (-32601) naming `tools/call`, which
+/// sends a client looking for a missing method; these are invalid params
+/// (-32602), and the answer names the one at fault.
+fn bad_tool_call(message: &serde_json::Map<String, Value>) -> Option<String> {
+    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return None;
+    }
+    let Some(params) = message.get("params").and_then(Value::as_object) else {
+        return Some(
+            "invalid params: `params` of tools/call must be an object with `name` and `arguments`"
+                .into(),
+        );
+    };
+    if !params.get("name").is_some_and(Value::is_string) {
+        return Some(
+            "invalid params: `name` of tools/call must be a string, the tool's name".into(),
+        );
+    }
+    match params.get("arguments") {
+        None | Some(Value::Object(_)) => None,
+        Some(_) => Some(
+            "invalid params: `arguments` of tools/call must be an object of the tool's arguments"
+                .into(),
+        ),
+    }
 }
