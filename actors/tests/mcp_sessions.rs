@@ -27,6 +27,23 @@ async fn attach(h: &Harness) -> SessionId {
     rec.id
 }
 
+/// The steering a `ping` (with `status`) hands over, in order.
+async fn ping(actor: &ractor::ActorRef<SessionMsg>, status: Option<&str>) -> Vec<String> {
+    let (tx, rx) = oneshot::channel();
+    actor
+        .send_message(SessionMsg::Mcp(McpCall::Ping {
+            status: status.map(str::to_owned),
+            progress: vec![],
+            reply: tx,
+        }))
+        .expect("ping");
+    rx.await
+        .expect("answered")
+        .into_iter()
+        .map(|s| s.text)
+        .collect()
+}
+
 async fn clearance(h: &Harness, id: &SessionId) -> (String, oneshot::Receiver<McpAnswer>) {
     let (opened, rx) = open_clearance(&h.actor(id).await).await;
     (opened.expect("stored"), rx)
@@ -179,30 +196,8 @@ async fn standby_receives_steering_and_ping_drains_the_queue() {
         .expect("call")
         .expect("ok");
     }
-    let (tx, rx) = oneshot::channel();
-    actor
-        .send_message(SessionMsg::Mcp(McpCall::Ping {
-            status: Some("50%".into()),
-            progress: vec![],
-            reply: tx,
-        }))
-        .expect("send");
-    let texts: Vec<String> = rx
-        .await
-        .expect("ping")
-        .into_iter()
-        .map(|s| s.text)
-        .collect();
-    assert_eq!(texts, vec!["third", "fourth"]);
-    let (tx, rx) = oneshot::channel();
-    actor
-        .send_message(SessionMsg::Mcp(McpCall::Ping {
-            status: None,
-            progress: vec![],
-            reply: tx,
-        }))
-        .expect("send");
-    assert!(rx.await.expect("ping").is_empty());
+    assert_eq!(ping(&actor, Some("50%")).await, vec!["third", "fourth"]);
+    assert!(ping(&actor, None).await.is_empty());
     assert!(
         h.store
             .undelivered_steering(&id)
@@ -312,14 +307,6 @@ async fn requests_opened_and_dropped_are_bounded_until_the_operator_acts() {
     assert!(refused.contains("1000 requests"), "{refused}");
     // An instruction from the operator, handed over, renews it.
     steer(&h, &id, "go on", false).await;
-    let (tx, rx) = oneshot::channel();
-    actor
-        .send_message(SessionMsg::Mcp(McpCall::Ping {
-            status: None,
-            progress: vec![],
-            reply: tx,
-        }))
-        .expect("ping");
-    assert_eq!(rx.await.expect("handed").len(), 1);
+    assert_eq!(ping(&actor, None).await, vec!["go on"]);
     open().await.expect("taken again");
 }
