@@ -102,9 +102,17 @@ impl WorkspaceMap {
     /// The agent profile and workspace a stored session would come back
     /// with now (a revive), or why it cannot: its workspace was removed
     /// from the config (or its directory no longer lies in it or under the
-    /// workspace root), or its agent profile is gone. A revive must follow
+    /// workspace root), its agent profile is gone or speaks another protocol
+    /// now, or it was an MCP client's (nothing to start). A revive must follow
     /// the operator's current config, not the one the session started with.
     pub fn revivable(&self, rec: &crate::model::SessionRecord) -> Result<AgentProfile, String> {
+        if rec.protocol == crate::model::Protocol::Mcp {
+            // Its "agent" is no profile: it was an IDE connected over MCP.
+            return Err(
+                "it was an MCP client's, and is not revived: its client (the IDE) reconnects on its own, as a new session"
+                    .into(),
+            );
+        }
         let cwd = Path::new(&rec.cwd);
         // A path session stores its directory as its workspace.
         if rec.workspace.is_empty() || rec.workspace == rec.cwd {
@@ -446,6 +454,13 @@ mod tests {
         m.agents[1].protocol = crate::model::Protocol::Intercom;
         let why = m.revivable(&rec).expect_err("protocol changed");
         assert!(why.contains("now speaks intercom, not acp"), "{why}");
+        // An MCP client's session: its client reconnects instead.
+        let mcp = crate::model::SessionRecord {
+            protocol: crate::model::Protocol::Mcp,
+            ..stored("api", &root.join("api"), "mcp")
+        };
+        let why = m.revivable(&mcp).expect_err("mcp");
+        assert!(why.contains("reconnects on its own"), "{why}");
     }
 
     #[test]

@@ -118,14 +118,6 @@ impl App {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        if record.protocol == intercom_actors::model::Protocol::Mcp {
-            return Err(AppError::Conflict {
-                message: format!(
-                    "session {id} was an MCP client's; it is not revived: its client (the IDE) reconnects on its own, as a new session"
-                ),
-                status: Some(record.status),
-            });
-        }
         // The current config decides: its workspace and agent profile as
         // configured now, not as when the session started.
         let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
