@@ -8,6 +8,11 @@
 //! takes a buffer, reads what is there, hands out the complete frames, and
 //! lets go of the buffer when no partial frame is left (or shrinks it when a
 //! short partial frame sits in an allocation an earlier huge line grew).
+//!
+//! Each read lands in a chunk on the stack first and only what arrived is
+//! copied into the buffer: an agent's lines are a few hundred bytes, and
+//! asking the allocator for 8 KiB per read made it sweep its free lists
+//! (glibc's `malloc_consolidate`) on every line under load.
 
 use std::future::Future;
 use std::io;
@@ -28,9 +33,9 @@ const SHRINK_FACTOR: usize = 4;
 pub trait ReadySource {
     /// Resolves when a read may find data or end of file.
     fn ready(&mut self) -> impl Future<Output = io::Result<()>> + Send;
-    /// Appends what is available to `buf` without waiting (`Ok(0)`: end of
+    /// Reads what is available into `buf` without waiting (`Ok(0)`: end of
     /// file; `WouldBlock`: nothing yet).
-    fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize>;
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
 }
 
 impl ReadySource for pipe::Receiver {
@@ -38,21 +43,21 @@ impl ReadySource for pipe::Receiver {
         self.readable()
     }
 
-    fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        self.try_read_buf(buf)
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        pipe::Receiver::try_read(self, buf)
     }
 }
 
 /// An in-memory source (tests and benchmarks): always ready, hands out at
-/// most the buffer's spare capacity per read, like a pipe.
+/// most what `buf` holds per read, like a pipe.
 impl ReadySource for &[u8] {
     fn ready(&mut self) -> impl Future<Output = io::Result<()>> + Send {
         std::future::ready(Ok(()))
     }
 
-    fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        let n = (buf.capacity() - buf.len()).min(self.len());
-        buf.extend_from_slice(&self[..n]);
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.len());
+        buf[..n].copy_from_slice(&self[..n]);
         *self = &self[n..];
         Ok(n)
     }
@@ -106,18 +111,22 @@ impl<S: ReadySource, D: Decoder> FrameReader<S, D> {
     }
 
     /// Reads once into the buffer (waiting for the source without holding
-    /// a buffer when none is needed); marks end of file.
+    /// a buffer); marks end of file. The read goes to a chunk on the stack
+    /// and the buffer grows by what arrived, not by a whole chunk.
     async fn fill(&mut self) -> io::Result<()> {
         loop {
             self.source.ready().await?;
-            self.buf.reserve(READ_CHUNK);
-            match self.source.try_read_into(&mut self.buf) {
+            let mut chunk = [0u8; READ_CHUNK];
+            match self.source.try_read(&mut chunk) {
                 Ok(0) => {
                     self.eof = true;
                     return Ok(());
                 }
-                Ok(_) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.release_idle(),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
         }
@@ -196,8 +205,8 @@ mod tests {
             }
         }
 
-        fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-            self.0.try_read_into(buf)
+        fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.0.try_read(buf)
         }
     }
 
@@ -234,6 +243,26 @@ mod tests {
         );
         assert!(reader.next_frame().now_or_never().is_none());
         assert_eq!(reader.buffer_capacity(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_short_partial_line_holds_only_about_its_own_bytes() {
+        use futures::FutureExt;
+        // Reads land in a stack chunk: waiting for the rest of a short line
+        // keeps a buffer of about its size, never a whole read chunk.
+        let input = b"{\"a\":1}\n{\"b\":".to_vec();
+        let mut reader = FrameReader::new(Stalling(&input), NdjsonCodec::new(1024));
+        assert_eq!(
+            reader.next_frame().await.unwrap(),
+            Some(Frame::Message("{\"a\":1}".into()))
+        );
+        assert!(reader.next_frame().now_or_never().is_none());
+        assert_eq!(&reader.buf[..], b"{\"b\":");
+        assert!(
+            reader.buffer_capacity() < 256,
+            "{} bytes held for a 5-byte partial line",
+            reader.buffer_capacity()
+        );
     }
 
     #[tokio::test]

@@ -454,8 +454,57 @@ pub struct FanOut(pub Vec<std::sync::Arc<dyn OperatorSink>>);
 
 impl OperatorSink for FanOut {
     fn emit(&self, event: OperatorEvent) {
-        for sink in &self.0 {
+        // The last sink takes the event itself: one copy fewer per event.
+        let Some((last, rest)) = self.0.split_last() else {
+            return;
+        };
+        for sink in rest {
             sink.emit(event.clone());
         }
+        last.emit(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::memory::RecordingSink;
+
+    #[test]
+    fn fan_out_gives_every_sink_the_event_in_order() {
+        let sinks: Vec<Arc<RecordingSink>> =
+            (0..3).map(|_| Arc::new(RecordingSink::new())).collect();
+        let fan = FanOut(
+            sinks
+                .iter()
+                .map(|s| s.clone() as Arc<dyn OperatorSink>)
+                .collect(),
+        );
+        for text in ["first", "second"] {
+            fan.emit(OperatorEvent::Notice {
+                session_id: SessionId("s".into()),
+                level: NoticeLevel::Info,
+                text: text.into(),
+            });
+        }
+        for sink in &sinks {
+            let texts: Vec<String> = sink
+                .events()
+                .into_iter()
+                .filter_map(|e| match e {
+                    OperatorEvent::Notice { text, .. } => Some(text),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(texts, ["first", "second"]);
+        }
+        // No sinks: nothing to do, nothing to fail.
+        FanOut(Vec::new()).emit(OperatorEvent::Notice {
+            session_id: SessionId("s".into()),
+            level: NoticeLevel::Info,
+            text: "unheard".into(),
+        });
     }
 }

@@ -67,10 +67,12 @@ impl SessionState {
         reason: Option<String>,
         decided_by: &str,
     ) -> Result<Decided, SessionError> {
-        let Some(pending) = self.pending.get(&n).cloned() else {
+        // Looked at in place: a request can carry a whole file's content,
+        // and it stays in `pending` until its decision is committed.
+        let Some(pending) = self.pending.get(&n) else {
             return Err(SessionError::NotFound(format!("req-{n}")));
         };
-        let option = pick_option(&pending, choice)?;
+        let option = pick_option(pending, choice)?;
         let decision = Decision {
             option_id: option.id.clone(),
             approved: option.kind.is_allow(),
@@ -81,21 +83,21 @@ impl SessionState {
         // Commit first; only a recorded decision reaches the agent.
         // The audit entry is part of the same write: stored with the
         // decision, before the agent hears of it, in one commit.
+        let id = pending.record.id.clone();
         let entry = AuditEntry {
             session_id: Some(self.record.id.clone()),
             actor: decided_by.to_owned(),
             action: "request.decided".to_owned(),
-            detail: json!({"request": pending.record.id, "option": decision.option_id, "approved": decision.approved, "reason": decision.reason}),
+            detail: json!({"request": id, "option": decision.option_id, "approved": decision.approved, "reason": decision.reason}),
         };
-        let (store, id, decided) = (
-            Arc::clone(&self.store),
-            pending.record.id.clone(),
-            decision.clone(),
-        );
+        let (store, decided) = (Arc::clone(&self.store), decision.clone());
         self.ledger
             .wait(async move { store.decide_request_audited(&id, &decided, &entry).await })
             .await?;
-        self.pending.remove(&n);
+        // The actor handles one message at a time: nothing took it meanwhile.
+        let Some(pending) = self.pending.remove(&n) else {
+            return Err(SessionError::NotFound(format!("req-{n}")));
+        };
         // A decided request (by a person, a rule or a mode) does not count
         // against the turn's requests: only ones left undecided pile up,
         // and a long autonomous turn in mode `auto` asks many.
