@@ -9,11 +9,13 @@
 //! lets go of the buffer when no partial frame is left (or shrinks it when a
 //! short partial frame sits in an allocation an earlier huge line grew).
 //!
-//! Each read lands in a chunk on the stack first and only what arrived is
-//! copied into the buffer: an agent's lines are a few hundred bytes, and
-//! asking the allocator for 8 KiB per read made it sweep its free lists
-//! (glibc's `malloc_consolidate`) on every line under load.
+//! A read into an empty buffer lands in the thread's scratch chunk first and
+//! only what arrived is copied out: an agent's lines are a few hundred bytes,
+//! and asking the allocator for 8 KiB per read made glibc sweep its free
+//! lists (`malloc_consolidate`) on every line under load. A read that adds
+//! to a partial frame goes straight into its (already grown) buffer.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 
@@ -29,13 +31,19 @@ pub const READ_CHUNK: usize = 8 * 1024;
 /// [`READ_CHUNK`]).
 const SHRINK_FACTOR: usize = 4;
 
+thread_local! {
+    /// Where a read into an empty buffer lands; one per runtime thread,
+    /// never shared (its bytes are copied out before the next read).
+    static SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
 /// A byte source that can be waited on without lending it a buffer.
 pub trait ReadySource {
     /// Resolves when a read may find data or end of file.
     fn ready(&mut self) -> impl Future<Output = io::Result<()>> + Send;
-    /// Reads what is available into `buf` without waiting (`Ok(0)`: end of
+    /// Appends what is available to `buf` without waiting (`Ok(0)`: end of
     /// file; `WouldBlock`: nothing yet).
-    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize>;
 }
 
 impl ReadySource for pipe::Receiver {
@@ -43,21 +51,21 @@ impl ReadySource for pipe::Receiver {
         self.readable()
     }
 
-    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        pipe::Receiver::try_read(self, buf)
+    fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.try_read_buf(buf)
     }
 }
 
 /// An in-memory source (tests and benchmarks): always ready, hands out at
-/// most what `buf` holds per read, like a pipe.
+/// most the buffer's spare capacity per read, like a pipe.
 impl ReadySource for &[u8] {
     fn ready(&mut self) -> impl Future<Output = io::Result<()>> + Send {
         std::future::ready(Ok(()))
     }
 
-    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = buf.len().min(self.len());
-        buf[..n].copy_from_slice(&self[..n]);
+    fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        let n = (buf.capacity() - buf.len()).min(self.len());
+        buf.extend_from_slice(&self[..n]);
         *self = &self[n..];
         Ok(n)
     }
@@ -111,25 +119,37 @@ impl<S: ReadySource, D: Decoder> FrameReader<S, D> {
     }
 
     /// Reads once into the buffer (waiting for the source without holding
-    /// a buffer); marks end of file. The read goes to a chunk on the stack
-    /// and the buffer grows by what arrived, not by a whole chunk.
+    /// a buffer when none is needed); marks end of file.
     async fn fill(&mut self) -> io::Result<()> {
         loop {
             self.source.ready().await?;
-            let mut chunk = [0u8; READ_CHUNK];
-            match self.source.try_read(&mut chunk) {
+            match self.read_once() {
                 Ok(0) => {
                     self.eof = true;
                     return Ok(());
                 }
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    return Ok(());
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.release_idle(),
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// One read without waiting: into the scratch chunk when the buffer is
+    /// empty (the buffer then takes only what arrived), else straight into
+    /// the buffer.
+    fn read_once(&mut self) -> io::Result<usize> {
+        if !self.buf.is_empty() {
+            self.buf.reserve(READ_CHUNK);
+            return self.source.try_read_into(&mut self.buf);
+        }
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.clear();
+            scratch.reserve(READ_CHUNK);
+            let n = self.source.try_read_into(scratch)?;
+            self.buf.extend_from_slice(scratch);
+            Ok(n)
+        })
     }
 
     /// Lets go of the buffer when it holds nothing, and right-sizes it when
@@ -205,8 +225,8 @@ mod tests {
             }
         }
 
-        fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            self.0.try_read(buf)
+        fn try_read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+            self.0.try_read_into(buf)
         }
     }
 
@@ -248,7 +268,7 @@ mod tests {
     #[tokio::test]
     async fn a_short_partial_line_holds_only_about_its_own_bytes() {
         use futures::FutureExt;
-        // Reads land in a stack chunk: waiting for the rest of a short line
+        // Reads into an empty buffer land in the scratch chunk: waiting for the rest of a short line
         // keeps a buffer of about its size, never a whole read chunk.
         let input = b"{\"a\":1}\n{\"b\":".to_vec();
         let mut reader = FrameReader::new(Stalling(&input), NdjsonCodec::new(1024));
