@@ -174,6 +174,8 @@ fn unknown_things_are_404() {
         "/api/sessions/s-0000000000000000",
         "/api/sessions/s-0000000000000000/messages",
         "/api/approvals/s-0000000000000000:req-1",
+        // As /api/events?session= answers: a typo'd id is not a quiet session.
+        "/api/audit?session=s-0000000000000000",
     ];
     for path in gets {
         let r = http.get(path);

@@ -96,6 +96,15 @@ pub async fn audit(
     let session = query.session.filter(|s| !s.is_empty()).map(SessionId);
     let bounds = paging::bounds(query.before, query.limit)?;
     let page = app.audit_page(session.as_ref(), bounds).await?;
+    if let Some(id) = &session
+        && page.items.is_empty()
+        && bounds.before.is_none()
+    {
+        // No entries at all: a typo'd id must not read as a quiet session
+        // (404, as `GET /api/events?session=` says). Entries of a session
+        // whose record is gone are still listed.
+        app.session(id).await?;
+    }
     let views: Vec<AuditView> = page
         .items
         .into_iter()
