@@ -429,6 +429,39 @@ pub fn evaluate(rules: &[Rule], mode: ApprovalMode, facts: &RequestFacts) -> Ver
     mode_verdict(mode, facts)
 }
 
+/// Evaluates a request that announces file changes (diffs) whatever kind
+/// it claims: judged as what it says *and* as an `edit` of the same paths,
+/// the stricter verdict wins (deny over ask over allow). The kind is the
+/// agent's word; the diffs are what an allowed request lets it write
+/// without asking again. A `read` carrying a diff for `.git/hooks/pre-commit`
+/// was allowed by auto-edits (and by an "allow read `**`" rule, or an
+/// execute rule for `git status`), and the hook was written.
+pub fn evaluate_changes(rules: &[Rule], mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
+    let claimed = evaluate(rules, mode, facts);
+    if facts.kind.as_deref() == Some("edit") {
+        return claimed;
+    }
+    let as_edit = RequestFacts {
+        kind: Some("edit".into()),
+        command: None,
+        ..facts.clone()
+    };
+    let changes = evaluate(rules, mode, &as_edit);
+    let rank = |v: &Verdict| match v.action {
+        RuleAction::Allow => 0,
+        RuleAction::Ask => 1,
+        RuleAction::Deny => 2,
+    };
+    if rank(&changes) > rank(&claimed) {
+        Verdict {
+            why: format!("as a change to files: {}", changes.why),
+            ..changes
+        }
+    } else {
+        claimed
+    }
+}
+
 /// Kinds whose requests are about files: without a path they are not
 /// automatically allowed (there is nothing to check them against).
 const FILE_KINDS: &[&str] = &["edit", "delete", "move"];
@@ -464,6 +497,28 @@ const RUNS_CODE: &[&str] = &[
     ".cursor",
     ".cargo",
     "build.rs",
+    // Later additions: more hook managers, toolchain files that name
+    // binaries, CI workflows and submodules, and more agents' and editors'
+    // project settings (MCP servers, hooks, local Lisp/Lua evaluated on open).
+    "lefthook.yml",
+    "lefthook.yaml",
+    ".lefthook.yml",
+    ".overcommit.yml",
+    "rust-toolchain",
+    "rust-toolchain.toml",
+    ".tool-versions",
+    ".gitmodules",
+    ".github",
+    ".roo",
+    ".amazonq",
+    ".kiro",
+    ".continue",
+    ".windsurf",
+    ".codex",
+    ".helix",
+    ".dir-locals.el",
+    ".lazy.lua",
+    "opencode.json",
 ];
 
 /// True when `path` (workspace-relative) is or lies in one of [`RUNS_CODE`].

@@ -50,6 +50,13 @@ fn auto_edits_asks_before_changing_a_file_that_runs_code() {
         ".nvim.lua",
         ".cargo/config.toml",
         "crates/core/build.rs",
+        "rust-toolchain.toml",
+        "lefthook.yml",
+        ".roo/mcp.json",
+        ".github/workflows/ci.yml",
+        ".gitmodules",
+        ".continue/config.json",
+        "opencode.json",
     ] {
         let v = evaluate(&[], ApprovalMode::AutoEdits, &facts("edit", &[path], None));
         assert_eq!(v.action, RuleAction::Ask, "{path}: {}", v.why);
@@ -489,4 +496,90 @@ fn a_denied_command_is_denied_wherever_it_appears_in_the_line() {
     assert_eq!(decided(&rules, "rmdir build"), RuleAction::Deny);
     let rules = [execute_rule(None, Some("^curl "), RuleAction::Deny)];
     assert_eq!(decided(&rules, "true && curl http://x"), RuleAction::Deny);
+}
+
+#[test]
+fn a_request_that_announces_diffs_is_judged_as_the_edit_it_allows() {
+    // What the agent claims, with a diff for a hook: the diff is what an
+    // allowed request lets it write without asking again.
+    let hook = &[".git/hooks/pre-commit"];
+    let read_all = rule(
+        "r-read",
+        Scope::Global,
+        RuleMatch {
+            kind: Some("read".into()),
+            paths: vec!["**".into()],
+            ..Default::default()
+        },
+        RuleAction::Allow,
+    );
+    let git_status = rule(
+        "r-status",
+        Scope::Global,
+        RuleMatch {
+            kind: Some("execute".into()),
+            command_prefix: Some("git status".into()),
+            ..Default::default()
+        },
+        RuleAction::Allow,
+    );
+    let cases = [
+        (
+            "auto-edits, kind read",
+            vec![],
+            ApprovalMode::AutoEdits,
+            facts("read", hook, None),
+        ),
+        (
+            "auto-edits, kind search",
+            vec![],
+            ApprovalMode::AutoEdits,
+            facts("search", hook, None),
+        ),
+        (
+            "allow read **",
+            vec![read_all.clone()],
+            ApprovalMode::Ask,
+            facts("read", hook, None),
+        ),
+        (
+            "allow execute git status",
+            vec![git_status.clone()],
+            ApprovalMode::Ask,
+            facts("execute", hook, Some("git status")),
+        ),
+    ];
+    for (what, rules, mode, f) in cases {
+        // Without the diff the claim alone decides (allowed)...
+        assert_eq!(
+            evaluate(&rules, mode, &f).action,
+            RuleAction::Allow,
+            "{what}"
+        );
+        // ...with it, the change to the hook is asked for.
+        let v = evaluate_changes(&rules, mode, &f);
+        assert_eq!(v.action, RuleAction::Ask, "{what}: {}", v.why);
+        assert!(
+            v.why.starts_with("as a change to files:"),
+            "{what}: {}",
+            v.why
+        );
+    }
+    // An ordinary file the claim and the edit both allow stays allowed.
+    let docs = facts("read", &["docs/guide.md"], None);
+    let v = evaluate_changes(&[], ApprovalMode::AutoEdits, &docs);
+    assert_eq!(v.action, RuleAction::Allow, "{}", v.why);
+    // A deny for edits wins over an allowed claim.
+    let no_edits = rule("r-no", Scope::Global, kind("edit"), RuleAction::Deny);
+    let v = evaluate_changes(&[read_all, no_edits], ApprovalMode::Ask, &docs);
+    assert_eq!(
+        (v.action, v.rule.as_deref()),
+        (RuleAction::Deny, Some("r-no"))
+    );
+    // An honest edit is judged once, as before.
+    let edit = facts("edit", &["src/lib.rs"], None);
+    assert_eq!(
+        evaluate_changes(&[], ApprovalMode::AutoEdits, &edit),
+        evaluate(&[], ApprovalMode::AutoEdits, &edit)
+    );
 }

@@ -105,7 +105,8 @@ impl SessionState {
         if decision.approved
             && let Some(announced) = pending.announced.clone()
         {
-            self.toolcalls.grant(&pending.record.id, announced);
+            let root = std::path::PathBuf::from(&self.record.cwd);
+            self.toolcalls.grant(&root, &pending.record.id, announced);
         }
         self.answer(&pending, &decision).await;
         self.emit(OperatorEvent::RequestClosed {

@@ -15,7 +15,7 @@ use super::noise::Verdict;
 use super::{Caller, Choice, SessionError, SessionState};
 use crate::fsjail;
 use crate::ports::NoticeLevel;
-use crate::rules::{ApprovalMode, RequestFacts, RuleAction, evaluate};
+use crate::rules::{ApprovalMode, RequestFacts, RuleAction, evaluate, evaluate_changes};
 
 /// The longest request title quoted in a notice about an automatic
 /// decision, in bytes.
@@ -64,7 +64,14 @@ impl SessionState {
             return;
         };
         let facts = self.facts(&pending.record.paths, kind, command);
-        let verdict = evaluate(&self.settings.rules.current(), self.mode, &facts);
+        // A permission that announced diffs is also judged as the edit it
+        // lets the agent make: its grant covers those writes.
+        let changes = pending
+            .announced
+            .as_ref()
+            .is_some_and(|a| !a.edits.is_empty());
+        let judge = if changes { evaluate_changes } else { evaluate };
+        let verdict = judge(&self.settings.rules.current(), self.mode, &facts);
         let choice = match verdict.action {
             RuleAction::Ask => return,
             RuleAction::Allow => Choice::Approve,

