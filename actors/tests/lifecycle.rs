@@ -9,7 +9,7 @@ use intercom_actors::session::{Caller, Choice, SessionMsg, StartError, StopCause
 use intercom_actors::settings::{Limits, StallPolicy, SupervisionPolicy};
 use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
 use serde_json::json;
-use support::{Harness, Knobs, decide, decide_as, group_alive, until_group_gone};
+use support::{Harness, Knobs, decide, decide_as, group_alive, request_opened, until_group_gone};
 
 fn owner() -> Caller {
     Caller {
@@ -1174,3 +1174,72 @@ async fn starts_past_max_concurrent_starts_wait_for_a_start_to_finish() {
     let b = b_rx.await.expect("B answered").expect("B started");
     h.until_transcript(&b.id, "b here").await;
 }
+
+/// An agent that ignores the cancel a pause sends keeps working: what it
+/// asks meanwhile is refused (a probe's agent opened a request for
+/// `rm -rf build` while paused), it is restarted after the shutdown grace as
+/// for an interrupt, and the session stays paused.
+#[tokio::test]
+async fn a_pause_the_agent_ignores_refuses_its_requests_and_restarts_it() {
+    let mut knobs = Knobs::default();
+    knobs.limits.shutdown_grace_secs = 1;
+    let h = Harness::new(knobs).await;
+    let profile = h.python_agent(KEEPS_ASKING_AFTER_CANCEL);
+    let rec = h
+        .start_req(h.request(profile, "work"))
+        .await
+        .expect("start");
+    request_opened(&h, 1).await;
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Pause {
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("paused");
+    h.until("the refusal while paused", |e| {
+        matches!(e, OperatorEvent::Notice { text, .. } if text.contains("while the session was paused"))
+    })
+    .await;
+    h.until("the restart after the grace", |e| {
+        matches!(e, OperatorEvent::Notice { text, .. } if text.contains("of the pause") && text.contains("stays paused"))
+    })
+    .await;
+    let requests = h
+        .store
+        .list_requests(Some(&rec.id), false)
+        .await
+        .expect("list");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].status, RequestStatus::Cancelled);
+    // Back after the restart, still paused, sending it nothing.
+    h.until_record(&rec.id, "restarted", |r| r.restart_count == 1)
+        .await;
+    let snap = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            let found = ractor::call!(h.sup, |reply| SupervisorMsg::Lookup {
+                id: rec.id.clone(),
+                reply
+            });
+            if let Ok(Some(actor)) = found
+                && let Ok(snap) = ractor::call!(actor, SessionMsg::Snapshot)
+            {
+                return snap;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the restarted session is live");
+    assert!(snap.paused && !snap.turn_running, "{snap:?}");
+}
+
+/// Asks once per prompt; on `session/cancel` asks again and never ends the
+/// turn (an agent that ignores a pause).
+const KEEPS_ASKING_AFTER_CANCEL: &str = r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        ask(1, "first")
+    elif method == "session/cancel":
+        ask(2, "rm -rf build")
+"#;

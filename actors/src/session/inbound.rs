@@ -306,6 +306,16 @@ impl SessionState {
                     .to_owned(),
             ));
         }
+        if self.paused && !o.from_mcp {
+            // A pause cancelled the turn: an agent still asking ignored that
+            // (it is restarted after the grace, `check_cancel_ignored`).
+            return Some((
+                "the session is paused by its operator; no request is taken until it is resumed"
+                    .to_owned(),
+                "The agent asked for something while the session was paused; it was refused."
+                    .to_owned(),
+            ));
+        }
         let cap = self.settings.limits.max_pending_requests;
         if self.pending.len() >= cap {
             return Some((

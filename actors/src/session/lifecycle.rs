@@ -63,7 +63,7 @@ impl SessionState {
     }
 
     /// An agent that does not end its turn within the shutdown grace of
-    /// being interrupted to steer is restarted: a probe's agent ignored
+    /// being interrupted to steer (or paused) is restarted: a probe's agent ignored
     /// `session/cancel` and kept chatting, so an interrupt did nothing, the
     /// steering it was for waited for ever, and the stall detector (which
     /// watches silence) never fired.
@@ -77,10 +77,17 @@ impl SessionState {
         if !ignored || self.restart_by.is_some() {
             return;
         }
-        let text = format!(
-            "The agent did not end its turn within {} s of being cancelled (limits.shutdown_grace_secs); restarting it, so that what waits for it goes out.",
-            grace.as_secs()
-        );
+        let text = if self.paused {
+            format!(
+                "The agent did not end its turn within {} s of the pause (limits.shutdown_grace_secs); restarting it. The session stays paused.",
+                grace.as_secs()
+            )
+        } else {
+            format!(
+                "The agent did not end its turn within {} s of being cancelled (limits.shutdown_grace_secs); restarting it, so that what waits for it goes out.",
+                grace.as_secs()
+            )
+        };
         tracing::warn!(session = %self.record.id, "{text}");
         self.emit_notice(NoticeLevel::Warning, &text).await;
         self.audit(

@@ -418,6 +418,11 @@ impl SessionState {
         self.resume_turn = self.turn.as_ref().map(|t| t.prompt.clone());
         if self.turn.is_some() {
             self.cancel_turn("paused by operator").await;
+            // An agent that keeps working anyway is restarted after the
+            // grace, as for an interrupt ([`Self::check_cancel_ignored`]).
+            if let Some(turn) = &mut self.turn {
+                turn.cancelled_at.get_or_insert_with(Instant::now);
+            }
         }
         self.audit(&caller.id, "session.paused", json!({})).await;
         self.emit_notice(NoticeLevel::Info, &format!("Paused by {}.", caller.id))
