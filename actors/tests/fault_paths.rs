@@ -384,41 +384,53 @@ async fn a_spawn_failure_during_a_restart_is_counted_once() {
     assert_eq!(stored.restart_count, 3);
 }
 
+/// A stop during the handshake leaves a `cancelled` row, whether the agent
+/// is still stuck in its handshake (killed after the grace) or answers the
+/// `initialize` it owed after the stop and then exits on the closed stdin, as
+/// most agents do. That answer used to move the handshake on (overwriting
+/// the stop), the exit then read as a failed start, and the row was erased:
+/// the person who pressed stop was told "no session".
 #[tokio::test]
 async fn a_stop_during_start_leaves_a_cancelled_record() {
-    let h = Harness::new(Knobs::default()).await;
-    let req = h.request(h.profile(json!({"handshake_delay_ms": 60000})), "go");
-    let sup = h.sup.clone();
-    let starting = tokio::spawn(async move {
-        ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
-    });
-    let started = h
-        .until("session started", |e| {
-            matches!(e, OperatorEvent::SessionStarted { .. })
+    for delay_ms in [60_000, 1_000] {
+        let h = Harness::new(Knobs::default()).await;
+        let req = h.request(h.profile(json!({"handshake_delay_ms": delay_ms})), "go");
+        let sup = h.sup.clone();
+        let starting = tokio::spawn(async move {
+            ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
+        });
+        let started = h
+            .until("session started", |e| {
+                matches!(e, OperatorEvent::SessionStarted { .. })
+            })
+            .await;
+        let OperatorEvent::SessionStarted { session } = started else {
+            unreachable!()
+        };
+        let stopped = ractor::call!(h.sup, |reply| SupervisorMsg::Stop {
+            id: session.id.clone(),
+            caller: Caller::local(),
+            reply
         })
-        .await;
-    let OperatorEvent::SessionStarted { session } = started else {
-        unreachable!()
-    };
-    let stopped = ractor::call!(h.sup, |reply| SupervisorMsg::Stop {
-        id: session.id.clone(),
-        caller: Caller::local(),
-        reply
-    })
-    .expect("stop call")
-    .expect("stop accepted");
-    assert!(stopped);
-    let outcome = starting.await.expect("start task");
-    assert!(
-        outcome.is_err(),
-        "the start reports it did not finish: {outcome:?}"
-    );
-    let rec = h
-        .until_record(&session.id, "cancelled", |r| {
-            r.status == SessionStatus::Cancelled
-        })
-        .await;
-    assert_eq!(rec.status_reason.as_deref(), Some("stopped by operator"));
+        .expect("stop call")
+        .expect("stop accepted");
+        assert!(stopped);
+        let outcome = starting.await.expect("start task");
+        assert!(
+            outcome.is_err(),
+            "the start reports it did not finish: {outcome:?}"
+        );
+        let rec = h
+            .until_record(&session.id, "cancelled", |r| {
+                r.status == SessionStatus::Cancelled
+            })
+            .await;
+        assert_eq!(
+            rec.status_reason.as_deref(),
+            Some("stopped by operator"),
+            "handshake delay {delay_ms} ms"
+        );
+    }
 }
 
 #[tokio::test]

@@ -86,6 +86,12 @@ impl SessionState {
         purpose: Outgoing,
         outcome: Result<Value, RpcError>,
     ) {
+        if matches!(self.phase, Phase::Stopping | Phase::Ended) {
+            // Stopped during its start: the handshake goes no further. A
+            // step would overwrite the stop, and an agent exiting on its
+            // closed stdin would then read as a failed start (its row erased).
+            return;
+        }
         match (purpose, outcome) {
             (Outgoing::Initialize, Ok(result)) => match AgentInfo::from_initialize(&result) {
                 Ok(info) => {
