@@ -687,3 +687,65 @@ for line in sys.stdin:
     let text = err.to_string();
     assert!(text.contains("over limits.max_line_bytes (4096)"), "{text}");
 }
+
+/// A session restarted while it waits for the operator (its turn over)
+/// says it is idle once its agent is back; it read "working" for ever
+/// after a server restart (a probe's `ctl watch`).
+#[tokio::test]
+async fn a_restarted_idle_session_shows_idle_not_working() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"load_session": true, "turns": [[{"chunk": "done"}]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("the turn's end", |e| {
+        matches!(e, OperatorEvent::StatusChanged { session_id, activity, .. }
+            if session_id == &rec.id && activity == "idle")
+    })
+    .await;
+    ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
+        id: rec.id.clone(),
+        caller: owner(),
+        reply
+    })
+    .expect("restart call")
+    .expect("restart accepted");
+    h.until("resumed notice", |e| {
+        matches!(e, OperatorEvent::Notice { session_id, text, .. }
+            if session_id == &rec.id && text.contains("resumed the agent's session"))
+    })
+    .await;
+    // After the notice, the session's activity comes to rest at idle.
+    let activities = |events: &[OperatorEvent]| -> Vec<String> {
+        let from = events
+            .iter()
+            .rposition(|e| matches!(e, OperatorEvent::Notice { text, .. } if text.contains("resumed the agent's session")))
+            .unwrap_or(0);
+        events[from..]
+            .iter()
+            .filter_map(|e| match e {
+                OperatorEvent::StatusChanged {
+                    session_id,
+                    activity,
+                    ..
+                } if session_id == &rec.id => Some(activity.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let rested = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let seen = activities(&h.sink.events());
+            if seen.last().map(String::as_str) == Some("idle") {
+                return seen;
+            }
+            h.sink
+                .wait_for(std::time::Duration::from_millis(200), |_| false)
+                .await;
+        }
+    })
+    .await;
+    assert!(
+        rested.is_ok(),
+        "no idle after the restart: {:?}",
+        activities(&h.sink.events())
+    );
+}

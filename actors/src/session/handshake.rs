@@ -326,6 +326,11 @@ impl SessionState {
                         self.send_prompt(text, Role::System).await;
                     }
                 }
+                if !self.paused && self.turn.is_none() {
+                    // Nothing to continue: it waits for the operator, and
+                    // says so (it read "working" for ever after a restart).
+                    self.show_activity("idle", None);
+                }
             }
         }
     }
