@@ -12,7 +12,7 @@ mod support;
 
 use intercom_actors::model::{SessionId, SessionStatus};
 use intercom_actors::ports::{NoticeLevel, OperatorEvent, SessionStore};
-use intercom_actors::session::{Caller, SessionError, SessionMsg, SteerOutcome};
+use intercom_actors::session::{Caller, SessionError, SessionMsg, StartError, SteerOutcome};
 use intercom_actors::settings::SupervisionPolicy;
 use intercom_actors::supervisor::{SupervisorError, SupervisorMsg, steer_session};
 use serde_json::{Value, json};
@@ -656,36 +656,54 @@ async fn a_crashed_dialect_agent_is_given_its_prompt_again() {
     h.until_transcript(&rec.id, "second run did the work").await;
 }
 
-/// An `initialize` answer over `max_line_bytes` fails the start at once and
-/// says why; it used to fail after the startup timeout as "did not finish
-/// the handshake", the size only in the log.
+/// An `initialize` (or `session/new`) answer over `max_line_bytes` fails
+/// the start at once and says why; it used to fail after the startup
+/// timeout as "did not finish the handshake", the size only in the log (a
+/// probe's 4 MB `session/new` answer held a start slot for 30 s).
 #[tokio::test]
 async fn an_oversized_handshake_answer_fails_the_start_saying_so() {
-    let mut knobs = Knobs::default();
-    knobs.limits.max_line_bytes = 4096;
-    let h = Harness::new(knobs).await;
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec![
-        "-c".into(),
-        r#"
+    const AGENT: &str = r#"
 import json, sys
+big = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
+    pad = {"_meta": {"pad": "x" * 10000}}
     if m.get("method") == "initialize":
-        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {
-            "protocolVersion": 1, "agentCapabilities": {}, "authMethods": [],
-            "_meta": {"pad": "x" * 10000}}}) + "\n")
-        sys.stdout.flush()
-"#
-        .into(),
-    ];
-    let err = h
-        .start_req(h.request(profile, "go"))
-        .await
-        .expect_err("the start fails");
-    let text = err.to_string();
-    assert!(text.contains("over limits.max_line_bytes (4096)"), "{text}");
+        result = {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}
+        if big == "initialize": result.update(pad)
+    elif m.get("method") == "session/new":
+        result = {"sessionId": "s1"}
+        if big == "session/new": result.update(pad)
+    else:
+        continue
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": result}) + "\n")
+    sys.stdout.flush()
+"#;
+    for method in ["initialize", "session/new"] {
+        let mut knobs = Knobs::default();
+        knobs.limits.max_line_bytes = 4096;
+        knobs.limits.startup_timeout_secs = 60;
+        let h = Harness::new(knobs).await;
+        let mut profile = h.profile(json!({}));
+        profile.command = "python3".into();
+        profile.args = vec!["-c".into(), AGENT.into(), method.into()];
+        let err = h
+            .start_req(h.request(profile, "go"))
+            .await
+            .expect_err("the start fails");
+        let text = err.to_string();
+        assert!(
+            text.contains("over limits.max_line_bytes (4096)") && text.contains(method),
+            "{method}: {text}"
+        );
+        assert!(
+            !matches!(
+                err,
+                SupervisorError::StartFailed(StartError::Timeout { .. })
+            ),
+            "{method}: {err:?}"
+        );
+    }
 }
 
 /// A session restarted while it waits for the operator (its turn over)

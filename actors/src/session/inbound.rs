@@ -624,13 +624,19 @@ impl SessionState {
 
 impl SessionState {
     /// An oversized message while the agent owes the answer to
-    /// `initialize` (or `authenticate`) is that answer: the start fails now,
+    /// `initialize` (or `authenticate`, or `session/new`) is that answer: the start fails now,
     /// saying so, instead of after the startup timeout with "it did not
     /// finish the handshake" (the size was only in the log).
     async fn fail_start_if_handshaking(&mut self, len: usize) {
         let method = match self.phase {
             Phase::Initializing => methods::INITIALIZE,
             Phase::Authenticating => methods::AUTHENTICATE,
+            // No notification can come before `session/new`'s answer (it
+            // names the session). While loading, oversized replayed
+            // history is skipped as at any other time.
+            Phase::Opening if self.outgoing.values().any(|o| *o == Outgoing::NewSession) => {
+                methods::SESSION_NEW
+            }
             _ => return,
         };
         if !self.is_acp() {
