@@ -157,10 +157,12 @@ impl SupervisorState {
                     0
                 }
             };
+            // Said before the resume is tried: a resume that fails says so
+            // in a notice of its own ("Not delivered: ...").
             let then = if queued > 0 {
-                format!("its {queued} queued instruction(s) are delivered")
+                format!("its {queued} queued instruction(s) are delivered once it is back")
             } else {
-                "the agent is asked to continue its turn".to_owned()
+                "once it is back, the agent is asked to continue its turn".to_owned()
             };
             if expired.is_empty() && mid_turn {
                 format!(
