@@ -410,7 +410,8 @@ fn prompts_queue_behind_a_blocked_turn_and_arrive_in_order() {
     }
     let detail = http.get(&format!("/api/sessions/{id}"));
     assert_eq!(detail.body["live"]["queued_prompts"], 2, "{}", detail.text);
-    // The stored steering, queued (no delivery time yet), oldest first.
+    // The stored steering, oldest first: the first prompt (delivered, it is
+    // the session's first steering), then the two queued (no delivery time).
     let steering = format!("/api/sessions/{id}/steering");
     let listed = http.get(&steering);
     assert_eq!(listed.status, 200, "{}", listed.text);
@@ -428,7 +429,11 @@ fn prompts_queue_behind_a_blocked_turn_and_arrive_in_order() {
     };
     assert_eq!(
         texts(&listed.body),
-        vec![("second".to_owned(), false), ("third".to_owned(), false)]
+        vec![
+            ("first".to_owned(), true),
+            ("second".to_owned(), false),
+            ("third".to_owned(), false)
+        ]
     );
 
     let approve = |req: &str| {
@@ -444,7 +449,11 @@ fn prompts_queue_behind_a_blocked_turn_and_arrive_in_order() {
     let listed = http.get(&steering);
     assert_eq!(
         texts(&listed.body),
-        vec![("second".to_owned(), true), ("third".to_owned(), false)],
+        vec![
+            ("first".to_owned(), true),
+            ("second".to_owned(), true),
+            ("third".to_owned(), false)
+        ],
         "{}",
         listed.text
     );
@@ -828,6 +837,49 @@ fn a_session_a_server_shutdown_stopped_is_revived_with_its_queued_steering() {
     assert_eq!(r.status, 200, "{}", r.text);
     let t = http.until_transcript(&id, "prompt: after the restart");
     assert_eq!(t.matches("prompt: after the restart").count(), 1, "{t}");
+}
+
+/// A start cut by a graceful shutdown during its agent's handshake ends
+/// `cancelled` (`server_shutdown`), and its revive delivers the first
+/// prompt: it is kept as the session's first steering. A probe's revived
+/// session started its agent and sent it nothing (the prompt lived only in
+/// the 80-character title).
+#[test]
+fn a_start_cut_by_a_shutdown_is_revived_with_its_first_prompt() {
+    let layout = Layout::new(&Setup {
+        scenario: json!({"handshake_delay_ms": 2000, "turns": [[{"chunk": "did it"}]]}),
+        ..Setup::default()
+    });
+    let id = {
+        let served = Served::on(&layout);
+        let (base, token) = (served.http.base.clone(), served.http.token.clone());
+        let starting = std::thread::spawn(move || {
+            Http::new(&base, token.as_deref()).post(
+                "/api/sessions",
+                &json!({"workspace": "demo", "prompt": "the cut task, in full"}),
+            )
+        });
+        let id = until("the session row", || {
+            let list = served.http.get("/api/sessions").body;
+            list.as_array()?
+                .iter()
+                .find(|s| s["status"] == "starting")
+                .and_then(|s| s["id"].as_str().map(str::to_owned))
+        });
+        drop(served); // a graceful shutdown, mid-handshake
+        let cut = starting.join().expect("start thread");
+        assert_ne!(cut.status, 201, "{}", cut.text);
+        id
+    };
+    let served = Served::on(&layout);
+    let http = &served.http;
+    let ended = http.get(&format!("/api/sessions/{id}")).body;
+    assert_eq!(ended["status_reason"], "server_shutdown", "{ended}");
+    assert_eq!(ended["revivable"], true, "{ended}");
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    let t = http.until_transcript(&id, "did it");
+    assert_eq!(t.matches("prompt: the cut task, in full").count(), 1, "{t}");
 }
 
 #[test]

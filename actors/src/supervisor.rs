@@ -104,6 +104,10 @@ pub enum SupervisorError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The session was stopped before its agent was ready (its row is kept,
+    /// `cancelled`): not the agent's failure.
+    #[error("the session was stopped before its agent was ready")]
+    StoppedBeforeReady,
     /// The session cannot be revived (explicitly stopped, unknown, live).
     #[error("{0}")]
     NotRevivable(String),

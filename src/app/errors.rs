@@ -150,10 +150,12 @@ impl From<SupervisorError> for AppError {
             SupervisorError::StartFailed(_) => AppError::AgentStartFailed(message),
             SupervisorError::Storage(_) => AppError::Storage(message),
             SupervisorError::ShuttingDown => AppError::Unavailable(message),
-            SupervisorError::NotRevivable(_) => AppError::Conflict {
-                message,
-                status: None,
-            },
+            SupervisorError::NotRevivable(_) | SupervisorError::StoppedBeforeReady => {
+                AppError::Conflict {
+                    message,
+                    status: None,
+                }
+            }
             SupervisorError::Unauthorized { .. } => AppError::Forbidden(message),
         }
     }

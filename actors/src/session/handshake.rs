@@ -273,8 +273,11 @@ impl SessionState {
         let start = self.start.clone();
         match start {
             StartMode::Attached => {}
-            StartMode::Fresh { prompt } => {
-                self.send_prompt(prompt, Role::User).await;
+            StartMode::Fresh { first } => {
+                // Delivered as steering (marked once its write is taken), so
+                // it is not also in the queue the session loaded.
+                self.queue.retain(|s| s.id != first.id);
+                self.deliver(first).await;
             }
             StartMode::Restart {
                 reprompt,

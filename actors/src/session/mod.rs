@@ -94,10 +94,12 @@ pub enum Choice {
 /// How a session should start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartMode {
-    /// A new session with its first prompt.
+    /// A new session with its first prompt, stored as the session's first
+    /// steering with its row: a start cut by a crash or a shutdown still
+    /// has it to deliver when the session is revived.
     Fresh {
         /// The first prompt.
-        prompt: String,
+        first: crate::model::Steering,
     },
     /// An MCP client attached: no child process, no first prompt.
     Attached,

@@ -184,7 +184,7 @@ impl SupervisorState {
         req: StartRequest,
         reply: RpcReplyPort<Result<SessionRecord, SupervisorError>>,
     ) -> bool {
-        let (record, prompt) = match self.create_record(&req).await {
+        let (record, first) = match self.create_record(&req).await {
             Ok(created) => created,
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -195,7 +195,7 @@ impl SupervisorState {
             session: record.clone(),
         });
         let (tx, rx) = oneshot::channel();
-        let start = StartMode::Fresh { prompt };
+        let start = StartMode::Fresh { first };
         let id = record.id.clone();
         let spawned = self
             .spawn_session(record.clone(), req.profile.clone(), start, Some(tx))
@@ -226,11 +226,11 @@ impl SupervisorState {
     }
 
     /// Checks a start can go ahead and stores its session row (with the
-    /// approval mode asked for); the row and the trimmed first prompt.
+    /// approval mode asked for); the row and the first prompt, stored as its first steering.
     async fn create_record(
         &self,
         req: &StartRequest,
-    ) -> Result<(SessionRecord, String), SupervisorError> {
+    ) -> Result<(SessionRecord, crate::model::Steering), SupervisorError> {
         if self.shutdown.is_some() {
             return Err(SupervisorError::ShuttingDown);
         }
@@ -261,7 +261,20 @@ impl SupervisorState {
             let _ = store.delete_session(&record.id).await;
             return Err(storage(e));
         }
-        Ok((record, prompt))
+        // The first prompt is kept as the session's first steering: a start
+        // cut by a crash or a shutdown delivered it nowhere, and the revived
+        // session had nothing to do (only an 80-character title held it).
+        let first = match store
+            .enqueue_steering(&record.id, &prompt, &req.owner)
+            .await
+        {
+            Ok(first) => first,
+            Err(e) => {
+                let _ = store.delete_session(&record.id).await;
+                return Err(storage(e));
+            }
+        };
+        Ok((record, first))
     }
 }
 
@@ -322,11 +335,10 @@ async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecor
     }
 }
 
-/// The answer to a start whose session stopped during its handshake.
+/// The answer to a start whose session stopped during its handshake: a
+/// conflict with the stop, not an agent that cannot start.
 fn stopped_before_ready() -> SupervisorError {
-    SupervisorError::StartFailed(StartError::Spawn(
-        "the session stopped before its agent was ready".into(),
-    ))
+    SupervisorError::StoppedBeforeReady
 }
 
 /// A new session's row: `starting`, titled by the first 80 characters of
