@@ -274,10 +274,13 @@ impl SessionState {
         match start {
             StartMode::Attached => {}
             StartMode::Fresh { first } => {
-                // Delivered as steering (marked once its write is taken), so
-                // it is not also in the queue the session loaded.
+                // Sent as the first prompt (noted in the transcript before
+                // the agent can answer it), then marked delivered; not sent
+                // (stdin already gone) it stays queued for the restart.
                 self.queue.retain(|s| s.id != first.id);
-                self.deliver(first).await;
+                if self.send_prompt(first.text.clone(), Role::User).await {
+                    self.first_prompt_sent(first.id);
+                }
             }
             StartMode::Restart {
                 reprompt,
@@ -336,6 +339,22 @@ impl SessionState {
                 }
             }
         }
+    }
+
+    /// The first prompt, stored as the session's first steering, reached
+    /// the agent: its row is marked delivered (a queued write: the next
+    /// commit takes it) and watchers are told, as for any steering.
+    fn first_prompt_sent(&self, steering_id: i64) {
+        let (store, id) = (Arc::clone(&self.store), self.id().clone());
+        self.ledger.queue(async move {
+            if let Err(e) = store.mark_steering_delivered(steering_id).await {
+                tracing::error!(session = %id, "marking the first prompt delivered: {e}");
+            }
+        });
+        self.emit(OperatorEvent::SteeringDelivered {
+            session_id: self.id().clone(),
+            steering_id,
+        });
     }
 
     /// Records a notice in the transcript and tells the operator.

@@ -215,7 +215,7 @@ impl SessionState {
     /// only once the write is confirmed ([`Self::on_written`]); when it
     /// cannot be sent it goes back to the head of the queue (and stays
     /// undelivered in storage, for the restarted agent) and this is false.
-    pub(super) async fn deliver(&mut self, steering: Steering) -> bool {
+    async fn deliver(&mut self, steering: Steering) -> bool {
         let token = self.next_write_token;
         self.next_write_token += 1;
         if self
