@@ -390,7 +390,8 @@ def walk(server, page):
             time.sleep(0.1)
         if write.count():
             write.first.locator("button.opt.allow_once").first.click()
-        expect(page.locator(".steering-list li.delivered")).to_have_count(1, timeout=WAIT_MS)
+        # The first prompt (the session's first steering) and the steer.
+        expect(page.locator(".steering-list li.delivered")).to_have_count(2, timeout=WAIT_MS)
         expect(page.locator(".transcript")).to_contain_text("then run the tests", timeout=WAIT_MS)
 
     def remember_the_always_decision():
@@ -410,8 +411,10 @@ def walk(server, page):
     def steering_and_mode_come_from_the_server():
         page.reload()
         expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)
-        # The steering sent before the reload, as stored: delivered.
-        expect(page.locator(".steering-list li.delivered")).to_have_count(1, timeout=WAIT_MS)
+        # The steering sent before the reload, as stored: delivered, after
+        # the first prompt (shown as text, its <script> too).
+        expect(page.locator(".steering-list li.delivered")).to_have_count(2, timeout=WAIT_MS)
+        expect(page.locator(".steering-list li.delivered").first).to_contain_text(XSS_TITLE)
         expect(page.locator(".steering-list")).to_contain_text("then run the tests")
         expect(page.locator("#mode")).to_have_value("ask", timeout=WAIT_MS)
         server.api("POST", f"/api/sessions/{state['id']}/mode", {"mode": "auto-edits"})
