@@ -99,6 +99,26 @@ fn delivered_events(h: &Harness, id: &SessionId) -> usize {
         .count()
 }
 
+/// Asks the supervisor to restart `id` in its owner's name.
+async fn restart_as_owner(h: &Harness, id: &SessionId) {
+    ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
+        id: id.clone(),
+        caller: owner(),
+        reply
+    })
+    .expect("restart call")
+    .expect("restart accepted");
+}
+
+/// Waits for the notice that the restarted agent resumed its session.
+async fn until_resumed(h: &Harness, id: &SessionId) {
+    h.until("resumed notice", |e| {
+        matches!(e, OperatorEvent::Notice { session_id, text, .. }
+            if session_id == id && text.contains("resumed the agent's session"))
+    })
+    .await;
+}
+
 async fn until_restart_scheduled(h: &Harness, id: &SessionId) {
     h.until("restart scheduled", |e| {
         matches!(e, OperatorEvent::StatusChanged { session_id, status: SessionStatus::Starting, .. }
@@ -289,19 +309,9 @@ async fn operator_restart_resumes_a_hung_agent_in_the_same_session() {
         matches!(refused, Err(SessionError::Unauthorized { .. })),
         "{refused:?}"
     );
-    ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
-        id: rec.id.clone(),
-        caller: owner(),
-        reply
-    })
-    .expect("restart call")
-    .expect("restart accepted");
+    restart_as_owner(&h, &rec.id).await;
     until_group_gone(old).await;
-    h.until("resumed notice", |e| {
-        matches!(e, OperatorEvent::Notice { session_id, text, .. }
-            if session_id == &rec.id && text.contains("resumed the agent's session"))
-    })
-    .await;
+    until_resumed(&h, &rec.id).await;
     // Resumed mid-turn: continued with the nudge text.
     h.until_transcript(&rec.id, "working again").await;
     let stored = h
@@ -320,13 +330,7 @@ async fn operator_restart_without_load_resends_the_original_prompt() {
     let rec = h.start(scenario, "the task").await;
     h.until_transcript(&rec.id, "prompt: the task").await;
     let old = pid(&h, &rec.id).await;
-    ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
-        id: rec.id.clone(),
-        caller: owner(),
-        reply
-    })
-    .expect("restart call")
-    .expect("restart accepted");
+    restart_as_owner(&h, &rec.id).await;
     until_group_gone(old).await;
     let text = h.until_transcript(&rec.id, "working again").await;
     assert_eq!(text.matches("prompt: the task").count(), 2, "{text}");
@@ -722,18 +726,8 @@ async fn a_restarted_idle_session_shows_idle_not_working() {
             if session_id == &rec.id && activity == "idle")
     })
     .await;
-    ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
-        id: rec.id.clone(),
-        caller: owner(),
-        reply
-    })
-    .expect("restart call")
-    .expect("restart accepted");
-    h.until("resumed notice", |e| {
-        matches!(e, OperatorEvent::Notice { session_id, text, .. }
-            if session_id == &rec.id && text.contains("resumed the agent's session"))
-    })
-    .await;
+    restart_as_owner(&h, &rec.id).await;
+    until_resumed(&h, &rec.id).await;
     // After the notice, the session's activity comes to rest at idle.
     let activities = |events: &[OperatorEvent]| -> Vec<String> {
         let from = events

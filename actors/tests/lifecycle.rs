@@ -103,6 +103,16 @@ async fn happy_path_with_a_permission_round_trip() {
     );
 }
 
+/// Pauses the session as its owner.
+async fn pause(actor: &ractor::ActorRef<SessionMsg>) {
+    ractor::call!(actor, |reply| SessionMsg::Pause {
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("paused");
+}
+
 async fn snapshot(
     h: &Harness,
     id: &intercom_actors::model::SessionId,
@@ -810,12 +820,7 @@ async fn pause_holds_steering_and_resume_delivers_it() {
     h.until("gate", |e| matches!(e, OperatorEvent::RequestOpened { .. }))
         .await;
     let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Pause {
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect("paused");
+    pause(&actor).await;
     // The running turn was cancelled, its permission answered cancelled.
     h.until_transcript(&rec.id, "permission t1: cancelled")
         .await;
@@ -1191,12 +1196,7 @@ async fn a_pause_the_agent_ignores_refuses_its_requests_and_restarts_it() {
         .expect("start");
     request_opened(&h, 1).await;
     let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Pause {
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect("paused");
+    pause(&actor).await;
     h.until("the refusal while paused", |e| {
         matches!(e, OperatorEvent::Notice { text, .. } if text.contains("while the session was paused"))
     })
