@@ -519,6 +519,30 @@ const RUNS_CODE: &[&str] = &[
     ".dir-locals.el",
     ".lazy.lua",
     "opencode.json",
+    // After a re-check: hook managers' other names, other version control
+    // systems' configs, more agents' settings, package managers that run
+    // what their config names, more CI.
+    "lefthook-local.yml",
+    "lefthook-local.yaml",
+    ".lefthook.yaml",
+    "lefthook.toml",
+    "lefthook.json",
+    ".githooks",
+    ".hg",
+    ".jj",
+    ".qwen",
+    ".opencode",
+    "opencode.jsonc",
+    ".crush.json",
+    ".aider.conf.yml",
+    "mise.local.toml",
+    ".mise.local.toml",
+    "rust-analyzer.toml",
+    ".yarnrc.yml",
+    ".pnpmfile.cjs",
+    ".npmrc",
+    ".gitlab-ci.yml",
+    ".trunk",
 ];
 
 /// True when `path` (workspace-relative) is or lies in one of [`RUNS_CODE`].

@@ -103,6 +103,18 @@ pub enum FsError {
         /// What it is.
         what: &'static str,
     },
+    /// The path leads elsewhere than when its write was approved.
+    #[error(
+        "{path} now leads to {now}, not to {then} as when its write was approved (a link changed); the write was not done, ask again"
+    )]
+    Moved {
+        /// What the agent sent.
+        path: String,
+        /// Where it led when approved (workspace-relative).
+        then: String,
+        /// Where it leads now.
+        now: String,
+    },
     /// A symlink where a file is written (dangling, escaping or not).
     #[error(
         "{path} is a symbolic link; write to the file itself (links are never written through)"
@@ -167,7 +179,10 @@ impl FsError {
     pub fn is_containment(&self) -> bool {
         matches!(
             self,
-            FsError::Outside { .. } | FsError::ServerFile { .. } | FsError::Symlink { .. }
+            FsError::Outside { .. }
+                | FsError::ServerFile { .. }
+                | FsError::Symlink { .. }
+                | FsError::Moved { .. }
         )
     }
 }
@@ -380,6 +395,16 @@ impl WorkspaceFs {
         } else {
             path.to_path_buf()
         };
+        // Read as text, `link/..` is where the link is; the kernel (and the
+        // rules, which judge where a path lands) take it beside the link's
+        // target. Refused, so that a path means one place: a probe's
+        // `docs-link/../.git/hooks/x` was judged in docs/ and written in
+        // .git/hooks.
+        if self.dotdot_after_link(path) {
+            return Err(invalid(
+                "'..' follows a symbolic link, so the path means one place read as text and another to the kernel; name the file without '..'",
+            ));
+        }
         let mut depth = 0usize;
         for c in rel.components() {
             match c {
@@ -394,6 +419,38 @@ impl WorkspaceFs {
             return Err(invalid("the path names the workspace directory itself"));
         }
         Ok(rel)
+    }
+
+    /// Whether a `..` in `path` (as the agent wrote it, relative to the
+    /// workspace or absolute) comes right after a symbolic link.
+    fn dotdot_after_link(&self, path: &Path) -> bool {
+        if !path.components().any(|c| c == Component::ParentDir) {
+            return false;
+        }
+        let absolute = path.is_absolute();
+        let is_link = |walked: &Path| {
+            if absolute {
+                std::fs::symlink_metadata(walked).is_ok_and(|m| m.file_type().is_symlink())
+            } else {
+                self.dir
+                    .symlink_metadata(walked)
+                    .is_ok_and(|m| m.file_type().is_symlink())
+            }
+        };
+        let mut walked = PathBuf::new();
+        for c in path.components() {
+            match c {
+                Component::ParentDir => {
+                    if is_link(&walked) {
+                        return true;
+                    }
+                    walked.pop();
+                }
+                Component::CurDir => {}
+                other => walked.push(other),
+            }
+        }
+        false
     }
 
     fn outside(&self, requested: &str) -> FsError {
@@ -538,6 +595,27 @@ impl WorkspaceFs {
     /// renamed over it.
     pub fn write(&self, requested: &str, content: &str) -> Result<(), FsError> {
         let target = self.write_target(requested)?;
+        self.write_to(requested, target, content)
+    }
+
+    /// [`Self::write`], only if `requested` still lands on `expected` (the
+    /// workspace-relative file the operator was shown and approved, from
+    /// [`Self::write_preview`]). A probe's agent re-pointed a link after
+    /// the approval of `notes/x` and the write went to `.git/hooks/x`.
+    pub fn write_at(&self, requested: &str, content: &str, expected: &Path) -> Result<(), FsError> {
+        let target = self.write_target(requested)?;
+        let lands = target.parent.join(&target.name);
+        if lands != expected {
+            return Err(FsError::Moved {
+                path: requested.to_owned(),
+                then: expected.display().to_string(),
+                now: lands.display().to_string(),
+            });
+        }
+        self.write_to(requested, target, content)
+    }
+
+    fn write_to(&self, requested: &str, target: WriteTarget, content: &str) -> Result<(), FsError> {
         let io = |e: std::io::Error| FsError::Io {
             action: "write",
             path: requested.to_owned(),

@@ -57,6 +57,11 @@ fn auto_edits_asks_before_changing_a_file_that_runs_code() {
         ".gitmodules",
         ".continue/config.json",
         "opencode.json",
+        "lefthook-local.yml",
+        ".githooks/pre-commit",
+        ".hg/hgrc",
+        ".npmrc",
+        ".gitlab-ci.yml",
     ] {
         let v = evaluate(&[], ApprovalMode::AutoEdits, &facts("edit", &[path], None));
         assert_eq!(v.action, RuleAction::Ask, "{path}: {}", v.why);

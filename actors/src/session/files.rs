@@ -143,10 +143,10 @@ impl SessionState {
                 tool_kind: Some("edit".into()),
                 title: format!("Write {rel}"),
                 diff: Some(diff),
-                paths: vec![rel],
+                paths: vec![rel.clone()],
                 unlisted: 0,
                 options: write_options(),
-                write: Some((path, content)),
+                write: Some((path, content, rel)),
             })
             .await;
         if let Ok(n) = opened {
@@ -154,15 +154,21 @@ impl SessionState {
         }
     }
 
-    /// Writes an approved file, resolving its path again now.
+    /// Writes an approved file, resolving its path again now: only if it
+    /// still lands on `shown` (the workspace-relative file approved).
     pub(super) async fn perform_write(
         &mut self,
         path: &str,
         content: &str,
+        shown: &str,
     ) -> Result<Value, RpcError> {
         let ws = self.workspace().map_err(|e| rpc_error(&e))?;
-        let (p, c) = (path.to_owned(), content.to_owned());
-        match on_blocking_pool(ws, "write", path, move |ws| ws.write(&p, &c)).await {
+        let (p, c, at) = (
+            path.to_owned(),
+            content.to_owned(),
+            std::path::PathBuf::from(shown),
+        );
+        match on_blocking_pool(ws, "write", path, move |ws| ws.write_at(&p, &c, &at)).await {
             Ok(()) => Ok(Value::Null),
             Err(e) => {
                 self.refused("fs/write_text_file", path, &e).await;

@@ -56,7 +56,7 @@ pub(super) struct Opening {
     /// The buttons.
     pub options: Vec<PermissionOption>,
     /// For `fs/write_text_file`: the path and content to write once allowed.
-    pub write: Option<(String, String)>,
+    pub write: Option<(String, String, String)>,
 }
 
 impl SessionState {
@@ -265,7 +265,7 @@ impl SessionState {
             .await;
         if let Ok(n) = opened {
             if let Some(p) = self.pending.get_mut(&n) {
-                p.announced = Some(ToolCalls::announced(&tool_id, &merged));
+                p.announced = Some(ToolCalls::announced(&root, &tool_id, &merged));
                 p.cancel_option = cancel_option;
             }
             self.apply_rules(n, shown.kind, shown.command).await;

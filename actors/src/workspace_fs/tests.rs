@@ -404,3 +404,71 @@ fn a_hard_link_to_a_file_in_the_data_directory_is_refused() {
         "s3cret"
     );
 }
+
+#[test]
+fn dotdot_after_a_link_is_refused_where_text_and_kernel_disagree() {
+    // `lnk/../X` is X at the top read as text, but docs/X to the kernel
+    // (and to the rules): refused, relative or absolute. A plain `a/../b`
+    // (no link popped) still reads as before.
+    let f = fixture();
+    std::fs::create_dir_all(f.root.join("docs/sub")).expect("mkdir");
+    std::fs::create_dir_all(f.root.join(".git/hooks")).expect("mkdir");
+    symlink("docs/sub", f.root.join("lnk")).expect("link");
+    std::fs::write(f.root.join("README.md"), "top\n").expect("readme");
+    let ws = open(&f, ServerFiles::default());
+    let abs = format!("{}/lnk/../.git/hooks/post-merge", f.root.display());
+    for bad in [
+        "lnk/../.git/hooks/post-merge",
+        "lnk/../README.md",
+        abs.as_str(),
+    ] {
+        let write = ws.write(bad, "#!/bin/sh\n");
+        assert!(
+            matches!(write, Err(FsError::Invalid { why, .. }) if why.contains("symbolic link")),
+            "write {bad}: {write:?}"
+        );
+    }
+    assert!(!f.root.join(".git/hooks/post-merge").exists());
+    assert_eq!(
+        std::fs::read_to_string(f.root.join("README.md")).expect("readme"),
+        "top\n"
+    );
+    // Through a real directory, `..` means the same either way.
+    ws.write("docs/../notes.txt", "ok\n").expect("plain dotdot");
+    assert_eq!(
+        std::fs::read_to_string(f.root.join("notes.txt")).expect("notes"),
+        "ok\n"
+    );
+}
+
+#[test]
+fn an_approved_write_is_done_only_where_it_was_shown() {
+    // Asked (and shown) as notes/x; the link re-pointed before the write:
+    // refused, nothing written in .git/hooks.
+    let f = fixture();
+    for d in ["notes", ".git/hooks"] {
+        std::fs::create_dir_all(f.root.join(d)).expect("mkdir");
+    }
+    symlink("notes", f.root.join("lnk")).expect("link");
+    let ws = open(&f, ServerFiles::default());
+    let (shown, _) = ws
+        .write_preview("lnk/pre-merge-commit", MAX)
+        .expect("preview");
+    assert_eq!(shown, Path::new("notes/pre-merge-commit"));
+    std::fs::remove_file(f.root.join("lnk")).expect("unlink");
+    symlink(".git/hooks", f.root.join("lnk")).expect("relink");
+    let moved = ws.write_at("lnk/pre-merge-commit", "#!/bin/sh\n", &shown);
+    assert!(
+        matches!(&moved, Err(FsError::Moved { now, .. }) if now == ".git/hooks/pre-merge-commit"),
+        "{moved:?}"
+    );
+    assert!(moved.as_ref().is_err_and(FsError::is_containment));
+    assert!(!f.root.join(".git/hooks/pre-merge-commit").exists());
+    // Where it still lands: written.
+    ws.write_at("notes/ok", "fine\n", Path::new("notes/ok"))
+        .expect("write");
+    assert_eq!(
+        std::fs::read_to_string(f.root.join("notes/ok")).expect("ok"),
+        "fine\n"
+    );
+}
