@@ -1243,3 +1243,42 @@ def on(m, method, mid):
     elif method == "session/cancel":
         ask(2, "rm -rf build")
 "#;
+
+/// A write an approval covered is not carried out once the session is
+/// paused: the agent that writes anyway (it ignored the pause's cancel) is
+/// refused, and the file is not written.
+#[tokio::test]
+async fn a_pause_ends_what_the_cut_turn_was_allowed_to_write() {
+    let h = Harness::new(Knobs::default()).await;
+    let target = h.workspace.join("notes.txt");
+    let body = WRITES_AFTER_CANCEL.replace("TARGET", &target.display().to_string());
+    let profile = h.python_agent(&body);
+    let rec = h
+        .start_req(h.request(profile, "work"))
+        .await
+        .expect("start");
+    request_opened(&h, 1).await;
+    decide(&h, &rec.id, "req-1", Choice::Approve).await;
+    let actor = h.actor(&rec.id).await;
+    pause(&actor).await;
+    h.until("the refusal while paused", |e| {
+        matches!(e, OperatorEvent::Notice { text, .. } if text.contains("while the session was paused"))
+    })
+    .await;
+    assert!(!target.exists(), "written while paused");
+}
+
+/// Announces a diff for TARGET and asks for it; once cancelled (a pause),
+/// writes exactly that content anyway.
+const WRITES_AFTER_CANCEL: &str = r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        send({"jsonrpc": "2.0", "id": 1, "method": "session/request_permission", "params": {
+            "sessionId": "s1", "toolCall": {"toolCallId": "t1", "title": "Write notes", "kind": "edit",
+                "content": [{"type": "diff", "path": "TARGET", "oldText": None, "newText": "later\n"}]},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}})
+    elif method == "session/cancel":
+        send({"jsonrpc": "2.0", "id": 2, "method": "fs/write_text_file",
+              "params": {"sessionId": "s1", "path": "TARGET", "content": "later\n"}})
+"#;

@@ -416,6 +416,10 @@ impl SessionState {
         self.store_pause(true).await?;
         self.paused = true;
         self.resume_turn = self.turn.as_ref().map(|t| t.prompt.clone());
+        // What was approved in the cut turn is not carried out while
+        // paused: a write it covered is asked for again (and refused
+        // while paused).
+        self.toolcalls.clear_grants();
         if self.turn.is_some() {
             self.cancel_turn("paused by operator").await;
             // An agent that keeps working anyway is restarted after the
