@@ -85,6 +85,26 @@ pub fn resolve(root: &Path, requested: &Path) -> Result<Resolved, PathError> {
     resolve_from(&root_real, requested)
 }
 
+/// Where each of `paths` lands inside workspace `root` ([`resolve`], the
+/// root resolved once); `None` for one that cannot be resolved or lands
+/// outside.
+pub fn landings<'a>(
+    root: &Path,
+    paths: impl IntoIterator<Item = &'a Path>,
+) -> Vec<Option<PathBuf>> {
+    let root_real = root.canonicalize().ok();
+    paths
+        .into_iter()
+        .map(|p| {
+            let real = root_real.as_deref()?;
+            resolve_from(real, p)
+                .ok()
+                .filter(|r| r.inside)
+                .map(|r| r.real)
+        })
+        .collect()
+}
+
 /// [`resolve`] under a workspace root already resolved.
 fn resolve_from(root_real: &Path, requested: &Path) -> Result<Resolved, PathError> {
     let unresolvable = |why: &str| PathError::Unresolvable {

@@ -25,6 +25,19 @@ use crate::protocol::acp;
 use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
 use crate::workspace_fs::{FsError, on_blocking_pool};
 
+/// A file write the agent asked for (`fs/write_text_file`), kept with its
+/// request until it is decided.
+#[derive(Debug, Clone)]
+pub(super) struct AskedWrite {
+    /// The path as the agent gave it (resolved again at write time).
+    pub(super) path: String,
+    /// What to write.
+    pub(super) content: String,
+    /// The workspace-relative file the request showed: the write is done
+    /// only if the path still lands there.
+    pub(super) shown: String,
+}
+
 /// Largest current file shown in a write's diff (bigger: diffed as new).
 const DIFF_BASE_MAX: usize = 8 * 1024 * 1024;
 
@@ -146,7 +159,11 @@ impl SessionState {
                 paths: vec![rel.clone()],
                 unlisted: 0,
                 options: write_options(),
-                write: Some((path, content, rel)),
+                write: Some(AskedWrite {
+                    path,
+                    content,
+                    shown: rel,
+                }),
             })
             .await;
         if let Ok(n) = opened {

@@ -278,7 +278,7 @@ impl SessionState {
                 // the agent can answer it), then marked delivered; not sent
                 // (stdin already gone) it stays queued for the restart.
                 self.queue.retain(|s| s.id != first.id);
-                if self.send_prompt(first.text.clone(), Role::User).await {
+                if self.send_prompt(first.text, Role::User).await {
                     self.first_prompt_sent(first.id);
                 }
             }

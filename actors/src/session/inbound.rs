@@ -56,7 +56,7 @@ pub(super) struct Opening {
     /// The buttons.
     pub options: Vec<PermissionOption>,
     /// For `fs/write_text_file`: the path and content to write once allowed.
-    pub write: Option<(String, String, String)>,
+    pub write: Option<super::files::AskedWrite>,
 }
 
 impl SessionState {

@@ -409,9 +409,8 @@ struct Pending {
     record: PendingRequest,
     /// The JSON-RPC id to answer (ACP) or dialect id.
     wire: RpcId,
-    /// For gated writes: the path as the agent gave it (resolved again at
-    /// write time) and the content.
-    write: Option<(String, String, String)>,
+    /// For gated writes: what the agent asked to write, and where.
+    write: Option<files::AskedWrite>,
     /// Rule facts (ACP tool kind, command) when approval rules govern it.
     governed: Option<(Option<String>, Option<String>)>,
     /// For permissions: the edits the tool call announced when we asked.

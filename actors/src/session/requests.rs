@@ -136,9 +136,7 @@ impl SessionState {
             (true, RequestKind::FileWrite) => {
                 let result = if decision.approved {
                     match &pending.write {
-                        Some((path, content, shown)) => {
-                            self.perform_write(path, content, shown).await
-                        }
+                        Some(w) => self.perform_write(&w.path, &w.content, &w.shown).await,
                         None => Err(RpcError::new(codes::INTERNAL_ERROR, "nothing to write")),
                     }
                 } else {

@@ -174,7 +174,7 @@ struct Grant {
     /// Global id of the request whose decision allowed them.
     request: String,
     tool_call_id: String,
-    /// Each edit with where it landed when the decision was taken
+    /// Each edit with where it landed when the permission was asked
     /// ([`landing`]).
     edits: Vec<(AnnouncedEdit, PathBuf)>,
     replace_all: bool,
@@ -186,10 +186,7 @@ struct Grant {
 /// by text alone let `link/../README.md`, allowed by a rule for `docs/**`
 /// because the link leads into `docs/`, cover a write to `README.md`.
 fn landing(root: &Path, path: &Path) -> Option<PathBuf> {
-    crate::fsjail::resolve(root, path)
-        .ok()
-        .filter(|r| r.inside)
-        .map(|r| r.real)
+    crate::fsjail::landings(root, [path]).pop().flatten()
 }
 
 /// A write found to carry out what an allowed permission announced.
@@ -272,7 +269,7 @@ impl ToolCalls {
         Announced {
             tool_call_id: id.to_owned(),
             edits: call.edits.clone(),
-            lands: call.edits.iter().map(|e| landing(root, &e.path)).collect(),
+            lands: crate::fsjail::landings(root, call.edits.iter().map(|e| e.path.as_path())),
             replace_all: call.replace_all(),
         }
     }

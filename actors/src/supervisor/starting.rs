@@ -255,26 +255,25 @@ impl SupervisorState {
         let store = &self.args.store;
         let storage = |e: crate::ports::StoreError| SupervisorError::Storage(e.to_string());
         store.create_session(&record).await.map_err(storage)?;
-        if let Some(mode) = req.mode
-            && let Err(e) = store.set_approval_mode(&record.id, mode).await
-        {
-            let _ = store.delete_session(&record.id).await;
-            return Err(storage(e));
-        }
-        // The first prompt is kept as the session's first steering: a start
-        // cut by a crash or a shutdown delivered it nowhere, and the revived
-        // session had nothing to do (only an 80-character title held it).
-        let first = match store
-            .enqueue_steering(&record.id, &prompt, &req.owner)
-            .await
-        {
-            Ok(first) => first,
+        // The approval mode asked for, and the first prompt kept as the
+        // session's first steering: a start cut by a crash or a shutdown
+        // delivered it nowhere, and the revived session had nothing to do
+        // (only an 80-character title held it). Either failing, no row.
+        let rest = async {
+            if let Some(mode) = req.mode {
+                store.set_approval_mode(&record.id, mode).await?;
+            }
+            store
+                .enqueue_steering(&record.id, &prompt, &req.owner)
+                .await
+        };
+        match rest.await {
+            Ok(first) => Ok((record, first)),
             Err(e) => {
                 let _ = store.delete_session(&record.id).await;
-                return Err(storage(e));
+                Err(storage(e))
             }
-        };
-        Ok((record, first))
+        }
     }
 }
 
@@ -321,7 +320,7 @@ async fn first_handshake(
             {
                 return Err(SupervisorError::ShuttingDown);
             }
-            Err(stopped_before_ready())
+            Err(SupervisorError::StoppedBeforeReady)
         }
     }
 }
@@ -333,12 +332,6 @@ async fn stored(store: &dyn SessionStore, record: SessionRecord) -> SessionRecor
         Ok(Some(rec)) => rec,
         _ => record,
     }
-}
-
-/// The answer to a start whose session stopped during its handshake: a
-/// conflict with the stop, not an agent that cannot start.
-fn stopped_before_ready() -> SupervisorError {
-    SupervisorError::StoppedBeforeReady
 }
 
 /// A new session's row: `starting`, titled by the first 80 characters of
@@ -403,7 +396,7 @@ pub(super) async fn when_ready(
             {
                 return Err(SupervisorError::ShuttingDown);
             }
-            Err(stopped_before_ready())
+            Err(SupervisorError::StoppedBeforeReady)
         }
     }
 }
