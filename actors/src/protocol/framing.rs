@@ -66,7 +66,7 @@ impl Decoder for NdjsonCodec {
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FramingError> {
         loop {
-            let newline = buf[self.scanned..].iter().position(|b| *b == b'\n');
+            let newline = memchr::memchr(b'\n', &buf[self.scanned..]);
             let Some(offset) = newline else {
                 self.scanned = buf.len();
                 // +1: a line of exactly `max` bytes may still get its `\r`.
