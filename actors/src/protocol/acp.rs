@@ -8,6 +8,7 @@
 //! the only place that touches them, so a schema upgrade stays local.
 
 use agent_client_protocol_schema::v1 as acp;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 
@@ -69,7 +70,7 @@ pub struct AgentInfo {
 impl AgentInfo {
     /// Digests an `initialize` result.
     pub fn from_initialize(result: &Value) -> Result<AgentInfo, String> {
-        let resp: acp::InitializeResponse = serde_json::from_value(result.clone())
+        let resp = acp::InitializeResponse::deserialize(result)
             .map_err(|e| format!("initialize result does not match the ACP schema: {e}"))?;
         let caps = &resp.agent_capabilities;
         let resume_session = result
@@ -167,7 +168,7 @@ pub fn load_session_params(
 
 /// `session/new` result -> the agent's session id.
 pub fn session_id_from_new(result: &Value) -> Result<String, String> {
-    let resp: acp::NewSessionResponse = serde_json::from_value(result.clone())
+    let resp = acp::NewSessionResponse::deserialize(result)
         .map_err(|e| format!("session/new result does not match the ACP schema: {e}"))?;
     Ok(resp.session_id.to_string())
 }
@@ -396,7 +397,7 @@ fn view_of_update(upd: &acp::ToolCallUpdate) -> ToolCallView {
 
 /// Digests `session/update` params; errors name what did not match.
 pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
-    let n: acp::SessionNotification = match serde_json::from_value(params.clone()) {
+    let n = match acp::SessionNotification::deserialize(params) {
         Ok(n) => n,
         Err(e) => {
             return lenient_plan(params)
@@ -484,7 +485,7 @@ pub const MAX_OPTION_ID_BYTES: usize = 256;
 
 /// Digests `session/request_permission` params.
 pub fn parse_permission(params: &Value) -> Result<PermissionAsk, String> {
-    let req: acp::RequestPermissionRequest = serde_json::from_value(params.clone())
+    let req = acp::RequestPermissionRequest::deserialize(params)
         .map_err(|e| format!("session/request_permission does not match the ACP schema: {e}"))?;
     let options = req
         .options
@@ -536,14 +537,14 @@ pub fn parse_permission(params: &Value) -> Result<PermissionAsk, String> {
 
 /// Digests `fs/write_text_file` params into (path, content).
 pub fn parse_fs_write(params: &Value) -> Result<(PathBuf, String), String> {
-    let req: acp::WriteTextFileRequest = serde_json::from_value(params.clone())
+    let req = acp::WriteTextFileRequest::deserialize(params)
         .map_err(|e| format!("fs/write_text_file params: {e}"))?;
     Ok((req.path, req.content))
 }
 
 /// Digests `fs/read_text_file` params into (path, first line (1-based), line limit).
 pub fn parse_fs_read(params: &Value) -> Result<(PathBuf, Option<u32>, Option<u32>), String> {
-    let req: acp::ReadTextFileRequest = serde_json::from_value(params.clone())
+    let req = acp::ReadTextFileRequest::deserialize(params)
         .map_err(|e| format!("fs/read_text_file params: {e}"))?;
     Ok((req.path, req.line, req.limit))
 }

@@ -147,7 +147,7 @@ impl DialectIn {
         match method.as_str() {
             "clearance/request" => Ok(DialectIn::Clearance {
                 id: id_string(id, method)?,
-                req: serde_json::from_value(params.clone()).map_err(|e| bad(method, e))?,
+                req: Deserialize::deserialize(params).map_err(|e| bad(method, e))?,
             }),
             "status/update" => Ok(DialectIn::Status {
                 message: params
@@ -172,7 +172,7 @@ impl DialectIn {
             "heartbeat" => {
                 let items: Vec<ProgressItem> = match params.get("progress") {
                     None | Some(Value::Null) => Vec::new(),
-                    Some(p) => serde_json::from_value(p.clone()).map_err(|e| bad(method, e))?,
+                    Some(p) => Deserialize::deserialize(p).map_err(|e| bad(method, e))?,
                 };
                 Ok(DialectIn::Heartbeat {
                     progress: items.into_iter().map(|i| (i.label, i.status)).collect(),
