@@ -58,6 +58,40 @@ def on(m, method, mid):
         send({"jsonrpc": "2.0", "id": prompt[0], "result": {"stopReason": "end_turn"}})
 "#;
 
+/// Within the budget, every update of a call rewrites the call's one line
+/// (the line is taken out of the session's table and put back per update).
+#[tokio::test]
+async fn a_tool_calls_updates_rewrite_its_one_line() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = serde_json::json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Build", "kind": "execute", "status": "pending"}},
+        {"tool_update": {"id": "t1", "status": "in_progress"}},
+        {"tool_update": {"id": "t1", "status": "completed", "title": "Build all"}},
+        {"tool_call": {"id": "t2", "title": "Test", "kind": "execute", "status": "pending"}},
+        {"chunk": "Done."}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "Done.").await;
+    let all = whole_transcript(&h, &rec.id).await;
+    let tools: Vec<&TranscriptEntry> = all.iter().filter(|m| m.kind == MessageKind::Tool).collect();
+    assert_eq!(tools.len(), 2, "one line per call: {tools:?}");
+    assert!(
+        tools[0].content.contains("\"title\":\"Build all\""),
+        "{}",
+        tools[0].content
+    );
+    assert!(
+        tools[0].content.contains("\"status\":\"completed\""),
+        "{}",
+        tools[0].content
+    );
+    assert!(
+        tools[1].content.contains("\"title\":\"Test\""),
+        "{}",
+        tools[1].content
+    );
+}
+
 #[tokio::test]
 async fn tool_calls_past_the_turns_budget_are_dropped_with_one_notice() {
     let h = Harness::new(Knobs::default()).await;

@@ -247,6 +247,11 @@ impl ToolCalls {
         self.calls.entry(view.id.clone()).or_default()
     }
 
+    /// The merged state of a call still remembered.
+    pub fn get(&self, id: &str) -> Option<&ToolCall> {
+        self.calls.get(id)
+    }
+
     /// Forgets the oldest call.
     fn forget_oldest(&mut self) {
         if let Some(old) = self.order.pop_front() {

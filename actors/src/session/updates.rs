@@ -154,8 +154,12 @@ impl SessionState {
 
     async fn on_tool(&mut self, view: acp::ToolCallView) {
         let root = PathBuf::from(&self.record.cwd);
-        let merged = self.toolcalls.update(&view).clone();
+        self.toolcalls.update(&view);
         self.forget_tool_lines();
+        // The call just updated is never the one forgotten (`update`).
+        let Some(merged) = self.toolcalls.get(&view.id) else {
+            return;
+        };
         if self.flooded()
             && let Some((row, doc)) = self.tools.get_mut(&view.id)
             && !row.is_none()
@@ -166,22 +170,25 @@ impl SessionState {
                 edits: None,
                 ..view.clone()
             };
-            tool_doc(doc, &root, &merged, &light, &|_| None);
+            tool_doc(doc, &root, merged, &light, &|_| None);
             keep_small(doc, &mut self.text.tool_bytes);
             self.dirty_tools.insert(view.id);
             return;
         }
-        let (mut row, mut doc) = self.tools.get(&view.id).cloned().unwrap_or((
+        // Taken out and put back: a diff's document is not copied per update.
+        let (mut row, mut doc) = self.tools.remove(&view.id).unwrap_or((
             RowId::None,
             json!({"id": view.id, "title": "", "kind": "other", "status": "pending"}),
         ));
         row.refresh();
         let old_status = doc["status"].clone();
-        tool_doc(&mut doc, &root, &merged, &view, &|p| self.preview(p));
+        tool_doc(&mut doc, &root, merged, &view, &|p| self.preview(p));
         keep_small(&mut doc, &mut self.text.tool_bytes);
         self.dirty_tools.remove(&view.id);
         let content = doc.to_string();
         if !self.agent_may_write(content.len()).await {
+            // Not written: the line (if any) stays the call's, for a later update.
+            self.tools.insert(view.id, (row, doc));
             return;
         }
         let new = row.is_none();
@@ -191,13 +198,19 @@ impl SessionState {
             self.queue_update(&row, content);
         }
         let changed = new || old_status != doc["status"] || view.title.is_some();
-        self.tools.insert(view.id.clone(), (row, doc.clone()));
-        if changed {
+        let shown = changed.then(|| {
+            (
+                doc["title"].as_str().unwrap_or_default().to_owned(),
+                doc["status"].as_str().unwrap_or_default().to_owned(),
+            )
+        });
+        self.tools.insert(view.id.clone(), (row, doc));
+        if let Some((title, status)) = shown {
             self.emit(OperatorEvent::ToolCall {
                 session_id: self.id().clone(),
                 tool_call_id: view.id,
-                title: doc["title"].as_str().unwrap_or_default().to_owned(),
-                status: doc["status"].as_str().unwrap_or_default().to_owned(),
+                title,
+                status,
             });
         }
     }
