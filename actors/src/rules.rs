@@ -545,14 +545,28 @@ const RUNS_CODE: &[&str] = &[
     ".trunk",
 ];
 
-/// True when `path` (workspace-relative) is or lies in one of [`RUNS_CODE`].
+/// File names that make a directory a git repository, or configure one,
+/// wherever they lie: git takes any directory holding `HEAD`, `objects/` and
+/// `refs/` for a (bare) repository and obeys its `config` when someone runs
+/// git there. A probe's agent wrote `HEAD`, `config` (with a
+/// `core.fsmonitor` command), `objects/` and `refs/` into the workspace
+/// itself; the next `git status` in it ran the command. As whole names
+/// only: `config/routes.rb` is an ordinary edit.
+const GIT_DIR_FILES: &[&str] = &["HEAD", "config", "config.worktree"];
+
+/// True when `path` (workspace-relative) is or lies in one of [`RUNS_CODE`],
+/// or names one of [`GIT_DIR_FILES`].
 fn runs_code_when_touched(path: &str) -> bool {
-    std::path::Path::new(path).components().any(|c| match c {
-        std::path::Component::Normal(name) => name
-            .to_str()
-            .is_some_and(|n| RUNS_CODE.iter().any(|r| n.eq_ignore_ascii_case(r))),
-        _ => false,
-    })
+    let path = std::path::Path::new(path);
+    let named = |list: &[&str], name: &std::ffi::OsStr| {
+        name.to_str()
+            .is_some_and(|n| list.iter().any(|r| n.eq_ignore_ascii_case(r)))
+    };
+    path.file_name().is_some_and(|n| named(GIT_DIR_FILES, n))
+        || path.components().any(|c| match c {
+            std::path::Component::Normal(name) => named(RUNS_CODE, name),
+            _ => false,
+        })
 }
 
 /// What the session's mode says when no rule matched. Modes never leave

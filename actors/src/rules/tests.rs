@@ -62,6 +62,12 @@ fn auto_edits_asks_before_changing_a_file_that_runs_code() {
         ".hg/hgrc",
         ".npmrc",
         ".gitlab-ci.yml",
+        // What makes a directory a (bare) repository git obeys.
+        "HEAD",
+        "config",
+        "fixtures/repo.git/config",
+        "docs/HEAD",
+        "sub/config.worktree",
     ] {
         let v = evaluate(&[], ApprovalMode::AutoEdits, &facts("edit", &[path], None));
         assert_eq!(v.action, RuleAction::Ask, "{path}: {}", v.why);
@@ -73,6 +79,9 @@ fn auto_edits_asks_before_changing_a_file_that_runs_code() {
         ("edit", "git/config.rs"),
         ("edit", "src/build.rs.txt"),
         ("edit", "docs/claude.md"),
+        ("edit", "config/routes.rb"),
+        ("edit", "src/config.rs"),
+        ("edit", "HEAD.md"),
         ("read", ".git/config"),
         ("read", ".claude/settings.json"),
     ] {
