@@ -401,3 +401,36 @@ async fn a_request_past_the_option_bounds_is_refused() {
         .expect("list");
     assert!(all.is_empty(), "no request was opened: {all:?}");
 }
+
+/// A probe's agent made the workspace a bare repository (`HEAD`, `config`
+/// with a `core.fsmonitor` command, `objects/`, `refs/`): the next
+/// `git status` in it ran the command. In auto-edits the files that make
+/// a directory a repository git obeys are asked for; the rest is not.
+#[tokio::test]
+async fn auto_edits_asks_before_the_files_that_make_a_bare_repository() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"write_file": {"path": "objects/info/keep", "content": "\n"}},
+        {"write_file": {"path": "refs/heads/keep", "content": "\n"}},
+        {"write_file": {"path": "HEAD", "content": "ref: refs/heads/main\n"}},
+        {"write_file": {"path": "config",
+                        "content": "[core]\n\tfsmonitor = \"touch pwned; false\"\n"}},
+        {"chunk": "turn over"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::AutoEdits);
+    let rec = h.start_req(req).await.expect("starts");
+    // Every write opens a request; the mode decides the first two itself,
+    // so deciding the next two here fails unless they were left asked.
+    let head = request_opened(&h, 3).await;
+    assert_eq!(head.paths, vec!["HEAD".to_owned()]);
+    decide(&h, &rec.id, &head.request_id, Choice::Reject).await;
+    let config = request_opened(&h, 4).await;
+    assert_eq!(config.paths, vec!["config".to_owned()]);
+    decide(&h, &rec.id, &config.request_id, Choice::Reject).await;
+    h.until_transcript(&rec.id, "turn over").await;
+    assert!(h.workspace.join("objects/info/keep").exists());
+    assert!(h.workspace.join("refs/heads/keep").exists());
+    assert!(!h.workspace.join("HEAD").exists());
+    assert!(!h.workspace.join("config").exists());
+}
