@@ -1234,6 +1234,52 @@ async fn a_pause_the_agent_ignores_refuses_its_requests_and_restarts_it() {
     assert!(snap.paused && !snap.turn_running, "{snap:?}");
 }
 
+/// A paused agent's reads are refused too: a probe's agent, ignoring the
+/// pause's cancel, went on reading the workspace.
+#[tokio::test]
+async fn a_paused_agents_reads_are_refused() {
+    let h = Harness::new(Knobs::default()).await;
+    std::fs::write(h.workspace.join("notes.txt"), "secret plans\n").expect("file");
+    let profile = h.python_agent(READS_AFTER_CANCEL);
+    let rec = h
+        .start_req(h.request(profile, "work"))
+        .await
+        .expect("start");
+    request_opened(&h, 1).await;
+    pause(&h.actor(&rec.id).await).await;
+    h.until("the refusal while paused", |e| {
+        matches!(e, OperatorEvent::Notice { text, .. } if text.contains("while the session was paused"))
+    })
+    .await;
+    let answer = h.workspace.join("read-answer.json");
+    let text = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            match std::fs::read_to_string(&answer) {
+                Ok(t) if t.ends_with('\n') => return t,
+                _ => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        }
+    })
+    .await
+    .expect("the agent wrote down the answer to its read");
+    assert!(text.contains("paused"), "{text}");
+    assert!(!text.contains("secret plans"), "{text}");
+}
+
+/// Asks once per prompt; on `session/cancel` reads `notes.txt` and writes
+/// the answer it got to `read-answer.json` (an agent that ignores a pause).
+const READS_AFTER_CANCEL: &str = r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        ask(1, "first")
+    elif method == "session/cancel":
+        send({"jsonrpc": "2.0", "id": 50, "method": "fs/read_text_file",
+              "params": {"sessionId": "s1", "path": __import__("os").getcwd() + "/notes.txt"}})
+    elif method is None and mid == 50:
+        with open("read-answer.json", "w") as f:
+            f.write(json.dumps(m) + "\n")
+"#;
+
 /// Asks once per prompt; on `session/cancel` asks again and never ends the
 /// turn (an agent that ignores a pause).
 const KEEPS_ASKING_AFTER_CANCEL: &str = r#"

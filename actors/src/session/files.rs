@@ -70,6 +70,23 @@ impl SessionState {
             Err(e) => return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
         };
         let path = path.display().to_string();
+        if self.paused {
+            // A paused agent is not working for anyone: what it asks is
+            // refused, reads too (a probe's agent read on while paused).
+            self.warn_agent(|| format!("refused a read while paused: {path}"));
+            self.respond(
+                id,
+                Err(RpcError::new(
+                    codes::INVALID_REQUEST,
+                    "the session is paused by its operator; no request is taken until it is resumed",
+                )),
+            );
+            self.tell_refusal_once(
+                "The agent asked for something while the session was paused; it was refused.",
+            )
+            .await;
+            return;
+        }
         if self.reads_in_flight >= READS_IN_FLIGHT {
             let text = format!(
                 "{READS_IN_FLIGHT} file reads of this session are already running; wait for their answers"

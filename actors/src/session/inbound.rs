@@ -475,7 +475,7 @@ impl SessionState {
 
     /// Shows the operator why the agent's requests are refused, once per
     /// session: an agent that keeps asking cannot fill the transcript.
-    async fn tell_refusal_once(&mut self, note: &str) {
+    pub(super) async fn tell_refusal_once(&mut self, note: &str) {
         if !self.over_request_cap_noted {
             self.over_request_cap_noted = true;
             self.emit_notice(NoticeLevel::Warning, note).await;
