@@ -145,6 +145,21 @@ impl WorkspaceMap {
                 return Err(format!("its directory {} no longer exists", rec.cwd));
             }
         }
+        // The directory it ran in (stored resolved), not wherever that name
+        // leads now: a probe replaced a workspace's directory with a link to
+        // another workspace, and the revived session wrote there, in its own
+        // approval mode, while the operator was shown the old directory.
+        match cwd.canonicalize() {
+            Ok(real) if real == cwd => {}
+            Ok(real) => {
+                return Err(format!(
+                    "its directory {} now leads to {}; a session comes back only in the directory it ran in (start a new one there)",
+                    rec.cwd,
+                    real.display()
+                ));
+            }
+            Err(e) => return Err(format!("its directory {} cannot be used: {e}", rec.cwd)),
+        }
         let profile = self
             .agents
             .iter()
@@ -423,6 +438,16 @@ mod tests {
                 .contains("no longer exists")
         );
         std::fs::create_dir_all(root.join("api")).expect("mkdir");
+        // A workspace's directory replaced by a link to another directory
+        // (another workspace): not revived there.
+        std::fs::create_dir_all(root.join("other")).expect("mkdir");
+        std::fs::rename(root.join("api"), root.join("api.old")).expect("mv");
+        std::os::unix::fs::symlink(root.join("other"), root.join("api")).expect("link");
+        let why = m.revivable(&rec).expect_err("swapped");
+        assert!(why.contains("now leads to"), "{why}");
+        std::fs::remove_file(root.join("api")).expect("unlink");
+        std::fs::rename(root.join("api.old"), root.join("api")).expect("mv back");
+        assert_eq!(m.revivable(&rec).expect("revivable again").id, "b");
         // A path session outside the root.
         let outside = stored("", Path::new("/elsewhere"), "a");
         assert!(
