@@ -1234,6 +1234,68 @@ async fn a_pause_the_agent_ignores_refuses_its_requests_and_restarts_it() {
     assert!(snap.paused && !snap.turn_running, "{snap:?}");
 }
 
+/// A pause during the start holds the first prompt until the resume: a
+/// probe's operator could not hold a misbehaving agent (409 "start a new
+/// one") until it was back, and it then got its prompt.
+#[tokio::test]
+async fn a_pause_during_the_start_holds_the_first_prompt_until_resumed() {
+    let h = Harness::new(Knobs::default()).await;
+    let req = h.request(h.python_agent(ANSWERS_INITIALIZE_ON_GO), "first words");
+    let sup = h.sup.clone();
+    let starting = tokio::spawn(async move {
+        ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
+    });
+    let OperatorEvent::SessionStarted { session } = h
+        .until("session started", |e| {
+            matches!(e, OperatorEvent::SessionStarted { .. })
+        })
+        .await
+    else {
+        unreachable!()
+    };
+    pause(&h.actor(&session.id).await).await;
+    std::fs::write(h.workspace.join("go"), "").expect("go");
+    let rec = starting.await.expect("start task").expect("started");
+    h.until_transcript(
+        &rec.id,
+        "the first prompt waits until the session is resumed",
+    )
+    .await;
+    let waiting = h
+        .store
+        .undelivered_steering(&rec.id)
+        .await
+        .expect("steering");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(waiting[0].text, "first words");
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Resume {
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("resumed");
+    let text = h.until_transcript(&rec.id, "got: first words").await;
+    assert_eq!(text.matches("got: first words").count(), 1, "{text}");
+}
+
+/// Answers `initialize` only once a file `go` exists in its directory
+/// (the test holds the start there), then echoes each prompt and ends
+/// the turn.
+const ANSWERS_INITIALIZE_ON_GO: &str = r#"
+import os, time
+_send = send
+def send(m):
+    if isinstance(m.get("result"), dict) and "protocolVersion" in m["result"]:
+        while not os.path.exists("go"):
+            time.sleep(0.01)
+    _send(m)
+def on(m, method, mid):
+    if method == "session/prompt":
+        chunk("got: " + m["params"]["prompt"][0]["text"])
+        send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+"#;
+
 /// A paused agent's reads are refused too: a probe's agent, ignoring the
 /// pause's cancel, went on reading the workspace.
 #[tokio::test]

@@ -73,6 +73,17 @@ impl AppError {
     /// ended without being stopped can be revived).
     pub(super) fn ended(record: &SessionRecord) -> Self {
         let status = record.status;
+        if status.is_live() {
+            // No actor while its record says live: between a crash and the
+            // restart (or a start queued behind others). It comes back.
+            return Self::conflict_status(
+                status,
+                format!(
+                    "session {} is {status}: its agent is being started or restarted; retry once it is ready (GET /api/sessions/{})",
+                    record.id, record.id
+                ),
+            );
+        }
         if record.revivable() {
             let id = &record.id;
             let how = if record.ended_by_idle_timeout() {

@@ -158,6 +158,9 @@ pub fn session_error_text(e: &SessionError) -> String {
         ) => format!(
             "The session is {status}; fix what ended it, then reply in its thread to revive it, or start a new one with `/intercom start <prompt>`."
         ),
+        SessionError::NotLive(status) if status.is_live() => {
+            "The session is stopping; once it has ended, start a new one with `/intercom start <prompt>`.".to_owned()
+        }
         SessionError::NotLive(status) => {
             format!("The session is {status}; start a new one with `/intercom start <prompt>`.")
         }

@@ -101,8 +101,9 @@ pub enum SessionError {
         /// Its status.
         status: String,
     },
-    /// The session no longer runs an agent.
-    #[error("session is {0}; start a new one")]
+    /// The session no longer runs an agent (or is ending: its status is
+    /// still a live one while it stops).
+    #[error("{}", not_live(*.0))]
     NotLive(SessionStatus),
     /// Storage refused the write; nothing was sent to the agent.
     #[error("could not record it, so nothing was sent to the agent: {0}")]
@@ -150,5 +151,14 @@ mod tests {
             stderr: "no API key".into(),
         };
         assert!(loud.to_string().ends_with("; stderr: no API key"), "{loud}");
+    }
+}
+
+/// What to do about a session that cannot take an operator's action now.
+fn not_live(status: SessionStatus) -> String {
+    if status.is_live() {
+        format!("session is stopping (it was {status}); start a new one once it has ended")
+    } else {
+        format!("session is {status}; start a new one")
     }
 }

@@ -273,6 +273,19 @@ impl SessionState {
         let start = self.start.clone();
         match start {
             StartMode::Attached => {}
+            StartMode::Fresh { first } if self.paused => {
+                // Paused during the start: the first prompt waits in the
+                // queue (stored, undelivered) for the resume.
+                if !self.queue.iter().any(|s| s.id == first.id) {
+                    self.queue.push_front(first);
+                }
+                self.emit_notice(
+                    NoticeLevel::Info,
+                    "Still paused: the first prompt waits until the session is resumed.",
+                )
+                .await;
+                self.show_activity("paused", None);
+            }
             StartMode::Fresh { first } => {
                 // Sent as the first prompt (noted in the transcript before
                 // the agent can answer it), then marked delivered; not sent

@@ -407,7 +407,10 @@ impl SessionState {
     /// cancelled), steering is held and stall detection rests until resumed.
     pub(super) async fn pause(&mut self, caller: &Caller) -> Result<(), SessionError> {
         self.authorize(caller, "pause").await?;
-        if self.phase != Phase::Ready {
+        // Also while its agent starts: the first prompt (or what a restart
+        // would continue) then waits for the resume. An operator holding a
+        // misbehaving agent must not have to wait until it is back.
+        if matches!(self.phase, Phase::Stopping | Phase::Ended) {
             return Err(SessionError::NotLive(self.status));
         }
         if self.paused {
@@ -459,6 +462,10 @@ impl SessionState {
         self.audit(&caller.id, "session.resumed", json!({})).await;
         self.emit_notice(NoticeLevel::Info, &format!("Resumed by {}.", caller.id))
             .await;
+        if self.phase != Phase::Ready {
+            // Still starting: the end of the handshake delivers what waits.
+            return Ok(());
+        }
         let interrupted = self.resume_turn.take();
         if self.turn.is_some() {
             // The cancelled turn has not ended yet; its end delivers what waits.
