@@ -764,3 +764,80 @@ async fn a_restarted_idle_session_shows_idle_not_working() {
         activities(&h.sink.events())
     );
 }
+
+/// Steering someone sent while a session started was answered "queued";
+/// a probe's was erased with the row when the start failed. Now the row
+/// stays, ended in error (revivable), with the steering and a notice.
+#[tokio::test]
+async fn a_failed_start_keeps_steering_sent_while_it_started() {
+    let h = Harness::new(Knobs::default()).await;
+    let req = h.request(h.python_agent(EXITS_AT_INITIALIZE_ON_GO), "first words");
+    let sup = h.sup.clone();
+    let starting = tokio::spawn(async move {
+        ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
+    });
+    let OperatorEvent::SessionStarted { session } = h
+        .until("session started", |e| {
+            matches!(e, OperatorEvent::SessionStarted { .. })
+        })
+        .await
+    else {
+        unreachable!()
+    };
+    let queued = steer(&h, &session.id, "meanwhile, also this").await;
+    assert!(queued.queued, "{queued:?}");
+    std::fs::write(h.workspace.join("go"), "").expect("go");
+    let outcome = starting.await.expect("start task");
+    assert!(
+        matches!(outcome, Err(SupervisorError::StartFailed(_))),
+        "{outcome:?}"
+    );
+    let rec = h
+        .store
+        .get_session(&session.id)
+        .await
+        .expect("read")
+        .expect("the row is kept");
+    assert_eq!(rec.status, SessionStatus::Error);
+    assert!(rec.revivable(), "{rec:?}");
+    let waiting = h
+        .store
+        .undelivered_steering(&session.id)
+        .await
+        .expect("steering");
+    let texts: Vec<&str> = waiting.iter().map(|s| s.text.as_str()).collect();
+    assert_eq!(texts, ["first words", "meanwhile, also this"]);
+    h.until_transcript(&session.id, "«meanwhile, also this»")
+        .await;
+}
+
+/// A failed start with nothing but its first prompt leaves no row, as
+/// before (the starter is told why).
+#[tokio::test]
+async fn a_failed_start_with_only_its_first_prompt_leaves_no_row() {
+    let h = Harness::new(Knobs::default()).await;
+    std::fs::write(h.workspace.join("go"), "").expect("go");
+    let req = h.request(h.python_agent(EXITS_AT_INITIALIZE_ON_GO), "first words");
+    let outcome =
+        ractor::call!(h.sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call");
+    let Err(SupervisorError::StartFailed(_)) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let sessions = h.store.list_sessions(false).await.expect("list");
+    assert!(sessions.is_empty(), "{sessions:?}");
+}
+
+/// Exits instead of answering `initialize`, once a file `go` exists in its
+/// directory (the test holds the start there).
+const EXITS_AT_INITIALIZE_ON_GO: &str = r#"
+import os, time
+_send = send
+def send(m):
+    if isinstance(m.get("result"), dict) and "protocolVersion" in m["result"]:
+        while not os.path.exists("go"):
+            time.sleep(0.01)
+        sys.exit(3)
+    _send(m)
+def on(m, method, mid):
+    pass
+"#;

@@ -52,6 +52,7 @@ use crate::supervisor::SupervisorMsg;
 
 pub use errors::{SessionError, StartError};
 pub use toolcalls::COMMAND_TITLE_MARK;
+pub(crate) use turns::undelivered_notice;
 
 /// How often the actor checks its clocks (stall, idle, prompt timeout).
 pub const TICK: Duration = Duration::from_millis(250);

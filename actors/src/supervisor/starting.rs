@@ -277,20 +277,46 @@ impl SupervisorState {
     }
 }
 
-/// A first start that failed leaves no session row; the operator is told
-/// the session ended in error.
+/// A first start that failed leaves no session row, unless steering sent
+/// while it started waits in it: that was answered "queued" to someone
+/// other than the starter (a probe's was erased with the row), so the row
+/// stays, ended in error and revivable, and says what was not delivered.
+/// Either way the operator is told the session ended in error.
 async fn first_start_failed(
     store: &dyn SessionStore,
     sink: &dyn OperatorSink,
     id: &SessionId,
     err: StartError,
 ) -> SupervisorError {
-    let _ = store.delete_session(id).await;
+    let reason = err.to_string();
+    let waiting = store.undelivered_steering(id).await.unwrap_or_default();
+    // The first prompt is the first row; the starter is told (the error).
+    let others: Vec<&str> = waiting.iter().skip(1).map(|s| s.text.as_str()).collect();
+    let kept = !others.is_empty()
+        && store
+            .set_status(id, SessionStatus::Error, Some(&reason))
+            .await
+            .is_ok();
+    if !kept {
+        let _ = store.delete_session(id).await;
+    }
     sink.emit(OperatorEvent::SessionEnded {
         session_id: id.clone(),
         status: SessionStatus::Error,
-        reason: Some(err.to_string()),
+        reason: Some(reason),
     });
+    if kept && let Some(text) = crate::session::undelivered_notice(&others, true) {
+        let level = crate::ports::NoticeLevel::Warning;
+        let role = crate::model::Role::System;
+        let _ = store
+            .append_message(id, role, level.message_kind(), &text)
+            .await;
+        sink.emit(OperatorEvent::Notice {
+            session_id: id.clone(),
+            level,
+            text,
+        });
+    }
     SupervisorError::StartFailed(err)
 }
 
