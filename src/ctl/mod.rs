@@ -231,8 +231,12 @@ struct Defaults {
 }
 
 fn defaults(explicit: Option<&Path>) -> Result<Defaults, CtlError> {
-    let choice = choose_config(explicit);
-    match Config::load(&choice.path) {
+    defaults_at(&choose_config(explicit).path, explicit.is_some())
+}
+
+/// [`defaults`] from the config at `path` (`named`: given with `--config`).
+fn defaults_at(path: &Path, named: bool) -> Result<Defaults, CtlError> {
+    match Config::load(path) {
         Ok(config) => Ok(Defaults {
             url: url_for(config.server.bind),
             token_file: token_path(&config.database.path),
@@ -241,18 +245,21 @@ fn defaults(explicit: Option<&Path>) -> Result<Defaults, CtlError> {
             // A bad edit must not lock the operator out of the terminal: the
             // server keeps running on its last good config, and ctl needs
             // only where it listens and where its token is.
-            if let Some((bind, database)) = Config::bind_and_database(&choice.path) {
+            if let Some((bind, database)) = Config::bind_and_database(path) {
                 eprintln!(
                     "warning: {} has an error, so only its [server] bind and [database] path were read: {}",
-                    choice.path.display(),
-                    e.to_string().lines().next().unwrap_or_default()
+                    path.display(),
+                    one_line(&e.to_string())
                 );
                 return Ok(Defaults {
                     url: url_for(bind),
                     token_file: token_path(&database),
                 });
             }
-            if explicit.is_some() {
+            // A file that is there but unreadable is as good as named: the
+            // built-in address would be another server's, or nobody's (a
+            // walk-through's ctl said "server down" after a bad save).
+            if named || path.exists() {
                 return Err(CtlError::Usage(format!(
                     "{e}\nctl cannot read where the server listens from it; fix the file, or give --url and --token (the server keeps running on its last good config)"
                 )));
@@ -263,6 +270,16 @@ fn defaults(explicit: Option<&Path>) -> Result<Defaults, CtlError> {
             })
         }
     }
+}
+
+/// An error's lines joined into one (a TOML error's reason is on its last
+/// lines, under a caret).
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '^' || c == '|' || c.is_whitespace()))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The URL a client uses for a bind address (wildcards become loopback).
@@ -723,6 +740,29 @@ mod tests {
         assert!(d.token_file.ends_with("db/api-token"), "{:?}", d.token_file);
         let missing = defaults(Some(&dir.path().join("nope.toml")));
         assert!(matches!(missing, Err(CtlError::Usage(_))));
+        // The default file (not named) that is there but is not TOML: a
+        // usage error too, not the built-in address (a walk-through's ctl
+        // said "server down" after a bad save).
+        let broken = dir.path().join("config.toml");
+        std::fs::write(&broken, "[limits]\nmax_sessions = 5 ]]\n").expect("write");
+        match defaults_at(&broken, false) {
+            Err(CtlError::Usage(why)) => assert!(why.contains("--url"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // No config file at all: the built-in address, as the server's.
+        let none = defaults_at(&dir.path().join("absent.toml"), false).expect("defaults");
+        assert_eq!(none.url, format!("http://{DEFAULT_BIND}"));
+    }
+
+    #[test]
+    fn a_config_error_is_told_on_one_line_with_its_reason() {
+        let toml_error = "TOML parse error at line 3, column 1\n  |\n3 | approval_mod = 1\n  | ^^^^^^^^^^^^\nunknown field `approval_mod`\n";
+        let line = one_line(toml_error);
+        assert!(
+            line.contains("line 3") && line.contains("unknown field `approval_mod`"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'), "{line}");
     }
 
     #[test]
