@@ -478,6 +478,9 @@ fn prompt(
     emit(json, &raw, || {
         if answer.paused {
             format!("held: the session is paused; it is delivered after `ctl resume {id}`\n")
+        } else if answer.queued && interrupt {
+            "queued: the running turn is being interrupted; it is delivered once the turn has ended\n"
+                .to_owned()
         } else if answer.queued {
             "queued: it is delivered when the running turn ends\n".to_owned()
         } else {

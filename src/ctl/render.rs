@@ -410,6 +410,10 @@ fn approval_detail(a: &ApprovalView) -> String {
             printable(&marked).replace('\n', "\n      ")
         ));
     }
+    if diff.is_none() && a.diff.is_some() {
+        // A diff that changes nothing: said, not a blank under the files.
+        out.push_str("(the diff is empty: it changes nothing in these files)\n");
+    }
     if let Some(diff) = diff {
         let (shown, left) = diff_start(diff);
         out.push_str(&printable(shown));

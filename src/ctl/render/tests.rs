@@ -373,3 +373,19 @@ fn tool_and_plan_entries_are_summarised() {
     };
     assert!(message(&plan).contains("[pending] a"));
 }
+
+#[test]
+fn an_empty_diff_is_said_to_change_nothing() {
+    let a = ApprovalView {
+        title: "Write hello.txt".into(),
+        command: None,
+        diff: Some(String::new()),
+        paths: vec!["hello.txt".into()],
+        ..hostile_approval("t")
+    };
+    let out = approvals(&[a]);
+    assert!(
+        out.contains(" — hello.txt\n(the diff is empty: it changes nothing in these files)\n"),
+        "{out}"
+    );
+}
