@@ -106,6 +106,25 @@ pub fn bounded(text: &str, max: usize) -> String {
     out
 }
 
+/// `text` on one line, escaped, at most about `max` characters: when longer,
+/// its first and last parts with what was left out counted between them.
+pub fn head_and_tail(text: &str, max: usize) -> String {
+    let count = text.chars().count();
+    if count <= max {
+        return bounded(text, max);
+    }
+    let (head_len, tail_len) = (max / 3, max - max / 3);
+    let head: String = text.chars().take(head_len).collect();
+    let tail: String = text.chars().skip(count - tail_len).collect();
+    format!(
+        "{}…({} characters)…{}",
+        // Cut by characters above; escapes may lengthen what is shown.
+        bounded(&head, 16 * head_len),
+        count - head_len - tail_len,
+        bounded(&tail, 16 * tail_len)
+    )
+}
+
 /// The server's JSON with every character [`printable`] would spell out
 /// written as a JSON escape (`\u009b`, `\u202e`) instead: the same JSON
 /// value (serde already escapes C0 controls; C1, DEL and bidi controls it
@@ -295,10 +314,22 @@ pub fn session_detail(d: &SessionDetailView) -> String {
             fields.push(("usage", usage.trim_end().to_owned()));
         }
     }
+    if s.revivable {
+        fields.push(("revive", format!("possible: ctl revive {}", s.id)));
+    }
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut out: String = fields
         .iter()
-        .map(|(k, v)| format!("{k:<width$}  {}\n", bounded(v, FIELD_MAX)))
+        .map(|(k, v)| {
+            // A reason ends with what matters ("gave up after 3 restarts")
+            // after an agent's stderr: its head and its tail are shown.
+            let shown = if *k == "reason" {
+                head_and_tail(v, FIELD_MAX)
+            } else {
+                bounded(v, FIELD_MAX)
+            };
+            format!("{k:<width$}  {shown}\n")
+        })
         .collect();
     if !d.pending.is_empty() {
         out.push_str("\npending approvals:\n");

@@ -389,3 +389,33 @@ fn an_empty_diff_is_said_to_change_nothing() {
         "{out}"
     );
 }
+
+#[test]
+fn a_long_reason_keeps_its_end() {
+    let reason = format!(
+        "agent exited unexpectedly (exit code 7); stderr: {} panic: scripted crash (gave up after 3 restarts within 600 s)",
+        "initialize: clientCapabilities {...}\n".repeat(20)
+    );
+    let shown = head_and_tail(&reason, FIELD_MAX);
+    assert!(shown.starts_with("agent exited unexpectedly"), "{shown}");
+    assert!(
+        shown.ends_with("(gave up after 3 restarts within 600 s)"),
+        "{shown}"
+    );
+    assert!(shown.contains("characters)…"), "{shown}");
+    assert!(!shown.contains('\n'), "{shown}");
+    assert_eq!(head_and_tail("short", FIELD_MAX), "short");
+}
+
+#[test]
+fn show_says_a_revivable_session_can_be_revived() {
+    let mut d = detail("t", vec![]);
+    assert!(!session_detail(&d).contains("revive"));
+    d.session.status = intercom_actors::model::SessionStatus::Crashed;
+    d.session.revivable = true;
+    assert!(
+        session_detail(&d).contains("revive     possible: ctl revive s-1\n"),
+        "{}",
+        session_detail(&d)
+    );
+}
