@@ -78,6 +78,16 @@ pub enum ResolveError {
     /// The path does not exist.
     #[error("path {0} does not exist or is not a directory")]
     PathNotFound(String),
+    /// A configured workspace's directory does not exist.
+    #[error(
+        "workspace `{workspace}`: its directory {path} does not exist or is not a directory; create it, or fix the workspace's `path` in config.toml"
+    )]
+    WorkspaceDirMissing {
+        /// The workspace id.
+        workspace: String,
+        /// Its configured path.
+        path: String,
+    },
     /// The path lies inside a configured workspace (below its top).
     #[error(
         "path {path} lies inside workspace `{workspace}`; start the session in workspace `{workspace}`, or give a directory no workspace holds (a workspace's rules name paths from its top)"
@@ -229,7 +239,13 @@ impl WorkspaceMap {
             // Checked again at every start: a workspace directory swapped
             // for a symlink leading out of workspace_root since the config
             // was loaded (or the repository was discovered) is refused.
-            let cwd = self.contain(&entry.path)?;
+            let cwd = self.contain(&entry.path).map_err(|e| match e {
+                ResolveError::PathNotFound(path) => ResolveError::WorkspaceDirMissing {
+                    workspace: entry.id.clone(),
+                    path,
+                },
+                other => other,
+            })?;
             return Ok(in_workspace(entry, cwd, profile));
         }
         let path = target.path.as_ref().ok_or(ResolveError::NoTarget)?;
@@ -545,6 +561,25 @@ mod tests {
             }),
             Err(ResolveError::UnknownAgent(..))
         ));
+    }
+
+    #[test]
+    fn a_workspace_whose_directory_is_gone_is_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let m = map(&root);
+        std::fs::remove_dir(root.join("api")).expect("rmdir");
+        let err = m
+            .resolve(&Target {
+                workspace: Some("api".into()),
+                ..Default::default()
+            })
+            .expect_err("gone");
+        assert!(
+            matches!(&err, ResolveError::WorkspaceDirMissing { workspace, .. } if workspace == "api"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("workspace `api`"), "{err}");
     }
 
     #[test]

@@ -145,7 +145,8 @@ impl From<ResolveError> for AppError {
             ResolveError::UnknownWorkspace(..)
             | ResolveError::UnknownAgent(..)
             | ResolveError::NoAgent
-            | ResolveError::PathNotFound(_) => AppError::NotFound(e.to_string()),
+            | ResolveError::PathNotFound(_)
+            | ResolveError::WorkspaceDirMissing { .. } => AppError::NotFound(e.to_string()),
         }
     }
 }
