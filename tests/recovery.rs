@@ -330,6 +330,12 @@ fn a_pause_outlives_a_killed_server() {
     let _second = kill_and_start_again(&layout, &mut first, &http, pid);
     let text = http.until_transcript(&a, "Still paused");
     assert!(!text.contains("prompt: held for later"), "{text}");
+    // The recovery notice says the steering stays held, not that it is
+    // delivered once the agent is back.
+    assert!(
+        text.contains("its 1 queued instruction(s) stay held: it is paused"),
+        "{text}"
+    );
     let live = http.get(&format!("/api/sessions/{a}")).body;
     assert_eq!(live["status"], "active", "{live}");
     assert_eq!(live["live"]["paused"], true, "{live}");

@@ -159,7 +159,14 @@ impl SupervisorState {
             };
             // Said before the resume is tried: a resume that fails says so
             // in a notice of its own ("Not delivered: ...").
-            let then = if queued > 0 {
+            let paused = self.args.store.is_paused(&id).await.unwrap_or(false);
+            let then = if paused && queued > 0 {
+                format!(
+                    "its {queued} queued instruction(s) stay held: it is paused, so they are delivered once someone resumes it"
+                )
+            } else if paused {
+                "it stays paused: its turn is continued once someone resumes it".to_owned()
+            } else if queued > 0 {
                 format!("its {queued} queued instruction(s) are delivered once it is back")
             } else {
                 "once it is back, the agent is asked to continue its turn".to_owned()
