@@ -487,6 +487,9 @@ fn a_second_instance_or_a_taken_port_is_refused() {
         "{log}"
     );
     assert!(log.contains("change [server] bind"), "{log}");
+    // It made no token: the next start, the one that runs, shows it.
+    let token = agent_intercom::http::auth::token_path(&other.database);
+    assert!(!token.exists(), "{} exists", token.display());
     drop(first);
 }
 

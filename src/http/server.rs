@@ -69,9 +69,13 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let config = load_config(&options)?;
     warn_about_exposure(&config);
     let slack_tokens = crate::slack::SlackTokens::from_env()?;
+    // The database first (a second instance on it is told so), then the
+    // port, then the token: a server that cannot listen shows no token (a
+    // walk-through's second server, on a taken port, printed a "shown once"
+    // token that the next start, the one that ran, did not show).
     let store = SqliteStore::open(&config.database.path).await?;
-    let token = load_token(&config)?;
     let listener = bind(config.server.bind).await?;
+    let token = load_token(&config)?;
     let mut options = AppOptions {
         bridge_url: Some(bridge_url(config.server.bind)),
         ..AppOptions::default()
