@@ -24,7 +24,11 @@ use agent::{Agent, Phase};
 use scenario::{Framing, Protocol, Scenario};
 
 const USAGE: &str =
-    "usage: scripted-agent [--scenario PATH] [--protocol acp|intercom] [--framing ndjson|lsp]";
+    "usage: scripted-agent [--scenario PATH] [--protocol acp|intercom] [--framing ndjson|lsp]
+  A deterministic ACP (or intercom dialect) agent for tests and demos. Without
+  --scenario it plays the built-in demo (asks to write hello.txt, then writes it).
+  The scenario format (turns of steps such as chunk, tool_call, permission,
+  if_allowed, write_file, exit) is described in docs/testing.md.";
 
 /// Parsed command line.
 #[derive(Debug, Default, PartialEq)]
