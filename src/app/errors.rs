@@ -232,6 +232,16 @@ mod tests {
                 status: Some(SessionStatus::Completed)
             }
         );
+        // A live record with no actor: between a crash and its restart.
+        let mut restarting = crate::storage::tests::rec("s-1");
+        restarting.status = SessionStatus::Starting;
+        let AppError::Conflict { message, status } = AppError::ended(&restarting) else {
+            panic!("a conflict")
+        };
+        assert!(message.contains("retry once it is ready"), "{message}");
+        assert_eq!(status, Some(SessionStatus::Starting));
+        let stopping: AppError = SessionError::NotLive(SessionStatus::Active).into();
+        assert!(stopping.to_string().contains("stopping"), "{stopping}");
         let storage: AppError = StoreError::Backend {
             op: "x",
             message: "disk full".into(),

@@ -130,6 +130,15 @@ impl From<StoreError> for SessionError {
     }
 }
 
+/// What to do about a session that cannot take an operator's action now.
+fn not_live(status: SessionStatus) -> String {
+    if status.is_live() {
+        format!("session is stopping (it was {status}); start a new one once it has ended")
+    } else {
+        format!("session is {status}; start a new one")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,14 +160,5 @@ mod tests {
             stderr: "no API key".into(),
         };
         assert!(loud.to_string().ends_with("; stderr: no API key"), "{loud}");
-    }
-}
-
-/// What to do about a session that cannot take an operator's action now.
-fn not_live(status: SessionStatus) -> String {
-    if status.is_live() {
-        format!("session is stopping (it was {status}); start a new one once it has ended")
-    } else {
-        format!("session is {status}; start a new one")
     }
 }
