@@ -16,7 +16,7 @@ use intercom_actors::session::{Caller, SessionError, SessionMsg, StartError, Ste
 use intercom_actors::settings::SupervisionPolicy;
 use intercom_actors::supervisor::{SupervisorError, SupervisorMsg, steer_session};
 use serde_json::{Value, json};
-use support::{Harness, Knobs, until_group_gone};
+use support::{HOLD_INITIALIZE_UNTIL_GO, Harness, Knobs, start_in_background, until_group_gone};
 
 fn owner() -> Caller {
     Caller {
@@ -771,19 +771,8 @@ async fn a_restarted_idle_session_shows_idle_not_working() {
 #[tokio::test]
 async fn a_failed_start_keeps_steering_sent_while_it_started() {
     let h = Harness::new(Knobs::default()).await;
-    let req = h.request(h.python_agent(EXITS_AT_INITIALIZE_ON_GO), "first words");
-    let sup = h.sup.clone();
-    let starting = tokio::spawn(async move {
-        ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
-    });
-    let OperatorEvent::SessionStarted { session } = h
-        .until("session started", |e| {
-            matches!(e, OperatorEvent::SessionStarted { .. })
-        })
-        .await
-    else {
-        unreachable!()
-    };
+    let req = h.request(h.python_agent(&exits_at_initialize()), "first words");
+    let (starting, session) = start_in_background(&h, req).await;
     let queued = steer(&h, &session.id, "meanwhile, also this").await;
     assert!(queued.queued, "{queued:?}");
     std::fs::write(h.workspace.join("go"), "").expect("go");
@@ -817,7 +806,7 @@ async fn a_failed_start_keeps_steering_sent_while_it_started() {
 async fn a_failed_start_with_only_its_first_prompt_leaves_no_row() {
     let h = Harness::new(Knobs::default()).await;
     std::fs::write(h.workspace.join("go"), "").expect("go");
-    let req = h.request(h.python_agent(EXITS_AT_INITIALIZE_ON_GO), "first words");
+    let req = h.request(h.python_agent(&exits_at_initialize()), "first words");
     let outcome =
         ractor::call!(h.sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call");
     let Err(SupervisorError::StartFailed(_)) = outcome else {
@@ -829,15 +818,6 @@ async fn a_failed_start_with_only_its_first_prompt_leaves_no_row() {
 
 /// Exits instead of answering `initialize`, once a file `go` exists in its
 /// directory (the test holds the start there).
-const EXITS_AT_INITIALIZE_ON_GO: &str = r#"
-import os, time
-_send = send
-def send(m):
-    if isinstance(m.get("result"), dict) and "protocolVersion" in m["result"]:
-        while not os.path.exists("go"):
-            time.sleep(0.01)
-        sys.exit(3)
-    _send(m)
-def on(m, method, mid):
-    pass
-"#;
+fn exits_at_initialize() -> String {
+    format!("{HOLD_INITIALIZE_UNTIL_GO}\nEXIT_AT_GO = True\ndef on(m, method, mid):\n    pass\n")
+}

@@ -9,7 +9,10 @@ use intercom_actors::session::{Caller, Choice, SessionMsg, StartError, StopCause
 use intercom_actors::settings::{Limits, StallPolicy, SupervisionPolicy};
 use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
 use serde_json::json;
-use support::{Harness, Knobs, decide, decide_as, group_alive, request_opened, until_group_gone};
+use support::{
+    HOLD_INITIALIZE_UNTIL_GO, Harness, Knobs, decide, decide_as, group_alive, request_opened,
+    start_in_background, until_group_gone,
+};
 
 fn owner() -> Caller {
     Caller {
@@ -1240,19 +1243,9 @@ async fn a_pause_the_agent_ignores_refuses_its_requests_and_restarts_it() {
 #[tokio::test]
 async fn a_pause_during_the_start_holds_the_first_prompt_until_resumed() {
     let h = Harness::new(Knobs::default()).await;
-    let req = h.request(h.python_agent(ANSWERS_INITIALIZE_ON_GO), "first words");
-    let sup = h.sup.clone();
-    let starting = tokio::spawn(async move {
-        ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
-    });
-    let OperatorEvent::SessionStarted { session } = h
-        .until("session started", |e| {
-            matches!(e, OperatorEvent::SessionStarted { .. })
-        })
-        .await
-    else {
-        unreachable!()
-    };
+    let agent = format!("{HOLD_INITIALIZE_UNTIL_GO}{ECHOES_PROMPTS}");
+    let req = h.request(h.python_agent(&agent), "first words");
+    let (starting, session) = start_in_background(&h, req).await;
     pause(&h.actor(&session.id).await).await;
     std::fs::write(h.workspace.join("go"), "").expect("go");
     let rec = starting.await.expect("start task").expect("started");
@@ -1279,17 +1272,8 @@ async fn a_pause_during_the_start_holds_the_first_prompt_until_resumed() {
     assert_eq!(text.matches("got: first words").count(), 1, "{text}");
 }
 
-/// Answers `initialize` only once a file `go` exists in its directory
-/// (the test holds the start there), then echoes each prompt and ends
-/// the turn.
-const ANSWERS_INITIALIZE_ON_GO: &str = r#"
-import os, time
-_send = send
-def send(m):
-    if isinstance(m.get("result"), dict) and "protocolVersion" in m["result"]:
-        while not os.path.exists("go"):
-            time.sleep(0.01)
-    _send(m)
+/// Echoes each prompt and ends the turn.
+const ECHOES_PROMPTS: &str = r#"
 def on(m, method, mid):
     if method == "session/prompt":
         chunk("got: " + m["params"]["prompt"][0]["text"])

@@ -350,6 +350,46 @@ pub async fn decide_as(
     .map(|decided| decided.decision)
 }
 
+/// Asks for `req` without waiting for its handshake: the start's answer, to
+/// be awaited, and the session as announced when its row was made.
+pub async fn start_in_background(
+    h: &Harness,
+    req: StartRequest,
+) -> (
+    tokio::task::JoinHandle<Result<SessionRecord, SupervisorError>>,
+    SessionRecord,
+) {
+    let sup = h.sup.clone();
+    let starting = tokio::spawn(async move {
+        ractor::call!(sup, |reply| SupervisorMsg::Start { req, reply }).expect("start call")
+    });
+    let OperatorEvent::SessionStarted { session } = h
+        .until("session started", |e| {
+            matches!(e, OperatorEvent::SessionStarted { .. })
+        })
+        .await
+    else {
+        unreachable!()
+    };
+    (starting, session)
+}
+
+/// Python agent lines (before its `on`) that hold the `initialize` answer
+/// until a file `go` exists in the agent's directory, so a test acts while
+/// the start waits; with `EXIT_AT_GO = True` the agent exits 3 there instead.
+pub const HOLD_INITIALIZE_UNTIL_GO: &str = r#"
+import os, time
+EXIT_AT_GO = False
+_send = send
+def send(m):
+    if isinstance(m.get("result"), dict) and "protocolVersion" in m["result"]:
+        while not os.path.exists("go"):
+            time.sleep(0.01)
+        if EXIT_AT_GO:
+            sys.exit(3)
+    _send(m)
+"#;
+
 /// What every Python agent of the tests starts with (see
 /// [`Harness::python_agent`]).
 const PYTHON_AGENT_HEAD: &str = r#"
