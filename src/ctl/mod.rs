@@ -384,9 +384,20 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
         } => prompt(client, json, id, text, *interrupt)?,
         CtlCommand::Cancel { id } => {
             let url = format!("/api/sessions/{}/cancel", segment(id));
-            if !json {
-                // The answer waits for the agent (up to the shutdown grace,
-                // then a kill): say so, rather than seconds of silence.
+            // The answer waits for the agent (up to the shutdown grace, then
+            // a kill): say so, rather than seconds of silence; not for a
+            // session that has already ended (its answer comes at once).
+            let live = || {
+                client
+                    .get_as::<Value>(&format!("/api/sessions/{}", segment(id)))
+                    .map_or(true, |(_, s)| {
+                        matches!(
+                            s["status"].as_str(),
+                            Some("starting" | "active" | "stalled")
+                        )
+                    })
+            };
+            if !json && live() {
                 eprintln!(
                     "stopping {}; waiting for its agent to exit…",
                     render::one_line(id)
