@@ -202,6 +202,9 @@ struct Inner {
     fixed: Fixed,
     /// What the last reload changed that takes a restart (`/healthz`).
     restart_needed: RwLock<Vec<&'static str>>,
+    /// What the config in force warns about (a missing agent binary or
+    /// workspace directory): logged at each load, counted in `/healthz`.
+    config_warnings: RwLock<Vec<String>>,
     /// How long `cancel` waits for a session to end: the shutdown grace,
     /// SIGTERM -> SIGKILL, and a second for the exit to be recorded.
     cancel_wait: Duration,
@@ -304,6 +307,7 @@ impl App {
             config_status: ConfigStatus::new(),
             fixed: Fixed::of(config),
             restart_needed: RwLock::new(Vec::new()),
+            config_warnings: RwLock::new(config.warnings()),
             cancel_wait: config.limits.shutdown_grace()
                 + intercom_actors::session::TERM_TO_KILL
                 + CANCEL_MARGIN,

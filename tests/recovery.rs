@@ -689,6 +689,59 @@ fn a_reload_that_moves_the_address_shows_a_restart_is_needed() {
     );
 }
 
+/// A valid config can still name an agent binary that is not there: the
+/// reload warns in the log, and `/healthz` counts it (a walk-through saw
+/// `"config": "ok"` and nothing else after such an edit). The texts, which
+/// name paths, go only to a caller with the token.
+#[test]
+fn a_config_naming_a_missing_agent_is_counted_on_healthz() {
+    let (layout, server, http) = first_server();
+    let before = http.get("/healthz");
+    let texts = |h: &common::Reply| {
+        h.body["config_warning_texts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(
+        texts(&before)
+            .iter()
+            .all(|w| !w.to_string().contains("agent-intercom-moved-away")),
+        "{}",
+        before.text
+    );
+    let count = before.body["config_warnings"].as_u64().expect("a count");
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let agent = common::agent_bin().display().to_string();
+    let gone = "/nonexistent/agent-intercom-moved-away";
+    std::fs::write(&layout.config, text.replace(&agent, gone)).expect("edit the config");
+    until("the reload", || {
+        server.log().contains("config reloaded").then_some(())
+    });
+    let health = http.get("/healthz");
+    assert_eq!(health.body["config"], "ok", "{}", health.text);
+    assert_eq!(health.body["config_warnings"], count + 1, "{}", health.text);
+    assert!(
+        texts(&health)
+            .iter()
+            .any(|w| w.as_str().is_some_and(|w| w.contains(gone))),
+        "{}",
+        health.text
+    );
+    let anonymous = Http::new(&http.base, None).get("/healthz");
+    assert_eq!(
+        anonymous.body["config_warnings"],
+        count + 1,
+        "{}",
+        anonymous.text
+    );
+    assert!(
+        anonymous.body.get("config_warning_texts").is_none(),
+        "{}",
+        anonymous.text
+    );
+}
+
 /// An intercom-dialect session has no turns and no session to load: after
 /// the server is killed, its fresh agent is given its last prompt again (as
 /// after a crash). It was given nothing, while the transcript said it was

@@ -46,8 +46,12 @@ impl App {
             "config reloaded: {}",
             config.summary()
         );
-        for w in config.warnings() {
+        let warnings = config.warnings();
+        for w in &warnings {
             tracing::warn!("{w}");
+        }
+        if let Ok(mut kept) = self.inner.config_warnings.write() {
+            *kept = warnings;
         }
         for w in self.inner.fixed.changed_by(config) {
             tracing::warn!("{w}");
@@ -66,6 +70,16 @@ impl App {
             .restart_needed
             .read()
             .map(|p| p.clone())
+            .unwrap_or_default()
+    }
+
+    /// What the config in force warns about (each also logged when it was
+    /// loaded): a config can be valid and still name a missing binary.
+    pub fn config_warnings(&self) -> Vec<String> {
+        self.inner
+            .config_warnings
+            .read()
+            .map(|w| w.clone())
             .unwrap_or_default()
     }
 

@@ -50,6 +50,7 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
         reason.map(|r| if trusted { r } else { hidden.to_owned() })
     };
     let config_error = reveal(app.config_error(), CONFIG_ERROR_HIDDEN);
+    let warnings = app.config_warnings();
     let config = if config_error.is_some() {
         "stale"
     } else {
@@ -82,6 +83,8 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
             .into_iter()
             .map(str::to_owned)
             .collect(),
+        config_warnings: warnings.len(),
+        config_warning_texts: if trusted { warnings } else { Vec::new() },
     };
     (code, Json(body)).into_response()
 }

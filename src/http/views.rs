@@ -46,6 +46,13 @@ pub struct Health {
     /// ...); absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restart_needed: Vec<String>,
+    /// How many warnings the config in force has (a missing agent binary or
+    /// workspace directory: valid, but a start there fails); 0 when none.
+    #[serde(default)]
+    pub config_warnings: usize,
+    /// Those warnings, to a caller with the API token (they name paths).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_warning_texts: Vec<String>,
 }
 
 fn config_ok() -> String {
