@@ -17,9 +17,16 @@ fn health_needs_no_token_but_the_api_does() {
     let anonymous = Http::new(&server.http.base, None);
     let health = anonymous.get("/healthz");
     assert_eq!(health.status, 200);
+    // The test config has an agent profile `missing` whose command does not
+    // exist: counted for anyone, told (it names a path) only with the token.
     assert_eq!(
         health.body,
-        json!({"status": "ok", "sessions": 0, "slack": "disabled", "config": "ok", "slack_dropped": 0, "slack_refused": 0})
+        json!({"status": "ok", "sessions": 0, "slack": "disabled", "config": "ok", "slack_dropped": 0, "slack_refused": 0, "config_warnings": 1})
+    );
+    let told = server.http.get("/healthz").body["config_warning_texts"].clone();
+    assert!(
+        told.to_string().contains("agent profile `missing`"),
+        "{told}"
     );
 
     let missing = anonymous.get("/api/sessions");
