@@ -230,6 +230,16 @@ pub struct App {
     inner: Arc<Inner>,
 }
 
+/// What `config` warns about (a missing agent binary or workspace
+/// directory), each logged: at the start and at every reload.
+fn logged_warnings(config: &Config) -> Vec<String> {
+    let warnings = config.warnings();
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    warnings
+}
+
 fn session_settings(config: &Config, rules: SharedRules) -> SessionSettings {
     SessionSettings {
         rules,
@@ -307,7 +317,7 @@ impl App {
             config_status: ConfigStatus::new(),
             fixed: Fixed::of(config),
             restart_needed: RwLock::new(Vec::new()),
-            config_warnings: RwLock::new(config.warnings()),
+            config_warnings: RwLock::new(logged_warnings(config)),
             cancel_wait: config.limits.shutdown_grace()
                 + intercom_actors::session::TERM_TO_KILL
                 + CANCEL_MARGIN,

@@ -535,16 +535,7 @@ impl SupervisorState {
     /// [`Self::notice`], also kept in the session's transcript (what a
     /// reader of the session later needs to know).
     async fn notice_kept(&self, id: &SessionId, level: NoticeLevel, text: String) {
-        let kind = level.message_kind();
-        if let Err(e) = self
-            .args
-            .store
-            .append_message(id, Role::System, kind, &text)
-            .await
-        {
-            tracing::warn!(session = %id, "keeping a notice in the transcript: {e}");
-        }
-        self.notice(id, level, text);
+        keep_notice(&*self.args.store, &*self.args.sink, id, level, text).await;
     }
 
     /// Expires the session's open requests (nobody can answer them any
@@ -708,4 +699,24 @@ impl SupervisorState {
             let _ = reply.send(());
         }
     }
+}
+
+/// A notice told to the operator and kept in the session's transcript, for
+/// whoever holds the store and the sink (the supervisor, or a start's task).
+async fn keep_notice(
+    store: &dyn SessionStore,
+    sink: &dyn OperatorSink,
+    id: &SessionId,
+    level: NoticeLevel,
+    text: String,
+) {
+    let kind = level.message_kind();
+    if let Err(e) = store.append_message(id, Role::System, kind, &text).await {
+        tracing::warn!(session = %id, "keeping a notice in the transcript: {e}");
+    }
+    sink.emit(OperatorEvent::Notice {
+        session_id: id.clone(),
+        level,
+        text,
+    });
 }

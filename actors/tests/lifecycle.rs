@@ -1298,7 +1298,7 @@ async fn a_paused_agents_reads_are_refused() {
     })
     .await;
     let answer = h.workspace.join("read-answer.json");
-    let text = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+    let text = tokio::time::timeout(support::WAIT, async {
         loop {
             match std::fs::read_to_string(&answer) {
                 Ok(t) if t.ends_with('\n') => return t,

@@ -46,10 +46,7 @@ impl App {
             "config reloaded: {}",
             config.summary()
         );
-        let warnings = config.warnings();
-        for w in &warnings {
-            tracing::warn!("{w}");
-        }
+        let warnings = super::logged_warnings(config);
         if let Ok(mut kept) = self.inner.config_warnings.write() {
             *kept = warnings;
         }

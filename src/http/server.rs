@@ -149,9 +149,7 @@ fn load_config(options: &ServeOptions) -> Result<Config, ConfigError> {
     }
     let config = Config::load(&choice.path)?;
     tracing::info!("{}", config.summary());
-    for w in config.warnings() {
-        tracing::warn!("{w}");
-    }
+    // Its warnings are logged by `App::start`, which keeps them for /healthz.
     Ok(config)
 }
 

@@ -74,17 +74,9 @@ impl SessionState {
             // A paused agent is not working for anyone: what it asks is
             // refused, reads too (a probe's agent read on while paused).
             self.warn_agent(|| format!("refused a read while paused: {path}"));
-            self.respond(
-                id,
-                Err(RpcError::new(
-                    codes::INVALID_REQUEST,
-                    "the session is paused by its operator; no request is taken until it is resumed",
-                )),
-            );
-            self.tell_refusal_once(
-                "The agent asked for something while the session was paused; it was refused.",
-            )
-            .await;
+            let refusal = RpcError::new(codes::INVALID_REQUEST, super::inbound::PAUSED_REFUSAL);
+            self.respond(id, Err(refusal));
+            self.tell_refusal_once(super::inbound::PAUSED_NOTE).await;
             return;
         }
         if self.reads_in_flight >= READS_IN_FLIGHT {

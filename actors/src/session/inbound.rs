@@ -59,6 +59,14 @@ pub(super) struct Opening {
     pub write: Option<super::files::AskedWrite>,
 }
 
+/// What a paused session answers the agent for anything it asks.
+pub(super) const PAUSED_REFUSAL: &str =
+    "the session is paused by its operator; no request is taken until it is resumed";
+
+/// What the operator is told (once) when a paused agent asks anyway.
+pub(super) const PAUSED_NOTE: &str =
+    "The agent asked for something while the session was paused; it was refused.";
+
 impl SessionState {
     pub(super) async fn on_child_event(&mut self, ev: ChildEvent) {
         match ev {
@@ -309,12 +317,7 @@ impl SessionState {
         if self.paused && !o.from_mcp {
             // A pause cancelled the turn: an agent still asking ignored that
             // (it is restarted after the grace, `check_cancel_ignored`).
-            return Some((
-                "the session is paused by its operator; no request is taken until it is resumed"
-                    .to_owned(),
-                "The agent asked for something while the session was paused; it was refused."
-                    .to_owned(),
-            ));
+            return Some((PAUSED_REFUSAL.to_owned(), PAUSED_NOTE.to_owned()));
         }
         let cap = self.settings.limits.max_pending_requests;
         if self.pending.len() >= cap {

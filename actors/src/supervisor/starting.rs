@@ -307,15 +307,7 @@ async fn first_start_failed(
     });
     if kept && let Some(text) = crate::session::undelivered_notice(&others, true) {
         let level = crate::ports::NoticeLevel::Warning;
-        let role = crate::model::Role::System;
-        let _ = store
-            .append_message(id, role, level.message_kind(), &text)
-            .await;
-        sink.emit(OperatorEvent::Notice {
-            session_id: id.clone(),
-            level,
-            text,
-        });
+        super::keep_notice(store, sink, id, level, text).await;
     }
     SupervisorError::StartFailed(err)
 }
