@@ -405,6 +405,11 @@ fn a_long_reason_keeps_its_end() {
     assert!(shown.contains("characters)…"), "{shown}");
     assert!(!shown.contains('\n'), "{shown}");
     assert_eq!(head_and_tail("short", FIELD_MAX), "short");
+    // An agent's stderr in the reason, long and hostile: cut by characters,
+    // so no escape sequence is split, and nothing reaches the terminal raw.
+    let hostile = head_and_tail(&HOSTILE.repeat(50), FIELD_MAX);
+    assert_inert(&hostile);
+    assert_shown_on_one_line(&hostile);
 }
 
 #[test]
