@@ -720,6 +720,27 @@ fn check_config_refuses_what_serve_cannot_take_and_warns_of_an_empty_file() {
     assert!(summary.contains("warning: the file is empty"), "{summary}");
 }
 
+/// A file that declares no rules is loaded by `serve`, but a running server
+/// with rules refuses to reload it: `check-config` says so, and only of
+/// what the file lacks.
+#[test]
+fn check_config_warns_of_what_a_reload_would_refuse_to_empty() {
+    let agent = "[[agent]]\nid = \"a\"\ncommand = \"sh\"\n";
+    let (_dir, path) = write_config(agent);
+    let summary = check_config(&path).unwrap();
+    assert!(
+        summary.contains("note: the file declares no workspaces and no [[rule]]:"),
+        "{summary}"
+    );
+    assert!(!summary.contains("[[agent]]"), "{summary}");
+    assert!(summary.contains("refuses to reload"), "{summary}");
+    let rule =
+        "[[rule]]\nid = \"r\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
+    let (_dir, path) = write_config(&format!("{agent}{rule}"));
+    let summary = check_config(&path).unwrap();
+    assert!(!summary.contains("[[rule]]"), "{summary}");
+}
+
 /// An unreadable file is not told to be created.
 #[cfg(unix)]
 #[test]

@@ -390,6 +390,34 @@ async fn a_spawn_failure_during_a_restart_is_counted_once() {
     assert_eq!(stored.restart_count, 3);
 }
 
+/// An operator's restart whose agent binary is gone is not a crash: the
+/// operator is told the restart did not start, not sent looking for a crash.
+#[tokio::test]
+async fn a_restart_whose_agent_is_gone_is_not_called_a_crash() {
+    let h = Harness::new(knobs_with_backoff(1)).await;
+    let copy = h.dir.path().join("agent-copy");
+    std::fs::copy(support::agent_bin(), &copy).expect("copy the agent");
+    let mut profile = h.profile(json!({"turns": [[{"chunk": "idle now"}]]}));
+    profile.command = copy.display().to_string();
+    let rec = h.start_req(h.request(profile, "go")).await.expect("starts");
+    h.until_transcript(&rec.id, "idle now").await;
+    std::fs::remove_file(&copy).expect("remove the agent");
+    restart_as_owner(&h, &rec.id).await;
+    let stored = h
+        .until_record(&rec.id, "retrying the failed restart", |r| {
+            r.status == SessionStatus::Starting
+                && r.status_reason
+                    .as_deref()
+                    .is_some_and(|s| s.contains("retrying"))
+        })
+        .await;
+    let reason = stored.status_reason.unwrap_or_default();
+    assert!(
+        reason.contains("did not start") && !reason.contains("crash"),
+        "{reason}"
+    );
+}
+
 /// A stop during the handshake leaves a `cancelled` row, whether the agent
 /// is still stuck in its handshake (killed after the grace) or answers the
 /// `initialize` it owed after the stop and then exits on the closed stdin, as

@@ -426,17 +426,31 @@ impl Config {
     /// where `running` has some ([`ConfigError::Emptied`]).
     pub fn keeps_something_of(&self, running: &Config) -> Result<(), ConfigError> {
         let path = self.source.clone().unwrap_or_default();
-        let workspaces = |c: &Config| c.workspaces.len() + c.discovered.len();
-        for (what, now, had) in [
-            ("[[agent]]", self.agents.len(), running.agents.len()),
-            ("workspaces", workspaces(self), workspaces(running)),
-            ("[[rule]]", self.rules.len(), running.rules.len()),
-        ] {
+        for ((what, now), (_, had)) in self.counts().into_iter().zip(running.counts()) {
             if now == 0 && had > 0 {
                 return Err(ConfigError::Emptied { path, what, had });
             }
         }
         Ok(())
+    }
+
+    /// What this config has none of, among what a reload may not empty
+    /// ([`Config::keeps_something_of`]).
+    pub fn declares_none(&self) -> Vec<&'static str> {
+        self.counts()
+            .into_iter()
+            .filter(|(_, n)| *n == 0)
+            .map(|(what, _)| what)
+            .collect()
+    }
+
+    /// How many agents, workspaces (declared and discovered) and rules.
+    fn counts(&self) -> [(&'static str, usize); 3] {
+        [
+            ("[[agent]]", self.agents.len()),
+            ("workspaces", self.workspaces.len() + self.discovered.len()),
+            ("[[rule]]", self.rules.len()),
+        ]
     }
 }
 
@@ -710,6 +724,13 @@ pub fn check_config(path: &Path) -> Result<String, ConfigError> {
                  workspaces, no rules), but a running server refuses to reload an emptied file \
                  and keeps its previous configuration",
             );
+        } else if let none @ [_, ..] = c.declares_none().as_slice() {
+            out.push_str(&format!(
+                "\nnote: the file declares no {}: `serve` starts on it, but a running server \
+                 that has some refuses to reload it (a file cut while being written looks like \
+                 that) and keeps its previous configuration; restart the server to drop them all",
+                none.join(" and no ")
+            ));
         }
         for w in c.warnings() {
             out.push_str(&format!("\nwarning: {w}"));

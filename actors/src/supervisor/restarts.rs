@@ -40,6 +40,34 @@ impl RestartPlan {
     }
 }
 
+/// Why a session's agent is being started again: the operator is told
+/// which, since "after a crash" sends them looking for a crash that did
+/// not happen when it was the start (a restart's, say) that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// The running agent went away.
+    Crashed,
+    /// Starting it again (a restart, the operator's or the supervisor's)
+    /// failed before it ran: a missing binary, a failed handshake.
+    StartFailed,
+}
+
+impl Cause {
+    fn retrying(self) -> &'static str {
+        match self {
+            Cause::Crashed => "restarting after a crash",
+            Cause::StartFailed => "retrying a restart whose agent did not start",
+        }
+    }
+
+    fn activity(self) -> &'static str {
+        match self {
+            Cause::Crashed => "crashed, restarting",
+            Cause::StartFailed => "restart failed, retrying",
+        }
+    }
+}
+
 impl SupervisorState {
     /// Takes a reloaded config's agent profiles for the next restart of each
     /// live session that uses one. A probe fixed a profile's `command` while
@@ -110,7 +138,8 @@ impl SupervisorState {
                 Some(prior) => self.revive_failed(&id, prior, &err).await,
                 None => {
                     let plan = entry.plan.clone().unwrap_or_default();
-                    self.maybe_restart(id, err.to_string(), plan).await;
+                    self.maybe_restart(id, err.to_string(), plan, Cause::StartFailed)
+                        .await;
                 }
             },
             SessionExit::RestartRequested {
@@ -135,13 +164,19 @@ impl SupervisorState {
                 entry.first_start = false;
                 entry.recovering = false;
                 let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
-                self.maybe_restart(id, reason, plan).await;
+                self.maybe_restart(id, reason, plan, Cause::Crashed).await;
             }
         }
         self.check_shutdown_done();
     }
 
-    pub(super) async fn maybe_restart(&mut self, id: SessionId, reason: String, plan: RestartPlan) {
+    pub(super) async fn maybe_restart(
+        &mut self,
+        id: SessionId,
+        reason: String,
+        plan: RestartPlan,
+        cause: Cause,
+    ) {
         if self.shutdown.is_some() {
             self.end_session(&id, SessionStatus::Cancelled, crate::model::SERVER_SHUTDOWN)
                 .await;
@@ -179,10 +214,11 @@ impl SupervisorState {
         let total = entry.total_restarts;
         let delay = policy.backoff(attempt);
         let why = format!(
-            "restarting after a crash (attempt {attempt} of {})",
+            "{} (attempt {attempt} of {})",
+            cause.retrying(),
             policy.max_restarts
         );
-        self.mark_restarting(&id, total, "crashed, restarting", why)
+        self.mark_restarting(&id, total, cause.activity(), why)
             .await;
         self.notice(
             &id,
@@ -275,7 +311,8 @@ impl SupervisorState {
                 if recovering {
                     self.not_resumed(&id, &err).await;
                 } else {
-                    self.maybe_restart(id, err.to_string(), plan).await;
+                    self.maybe_restart(id, err.to_string(), plan, Cause::StartFailed)
+                        .await;
                 }
             }
         }
