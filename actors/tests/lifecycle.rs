@@ -3,12 +3,12 @@
 
 mod support;
 
-use intercom_actors::model::{RequestStatus, SessionStatus};
+use intercom_actors::model::{MessageKind, RequestStatus, SessionStatus};
 use intercom_actors::ports::{OperatorEvent, SessionStore};
 use intercom_actors::session::{Caller, Choice, SessionMsg, StartError, StopCause};
 use intercom_actors::settings::{Limits, StallPolicy, SupervisionPolicy};
 use intercom_actors::supervisor::{SupervisorError, SupervisorMsg};
-use serde_json::json;
+use serde_json::{Value, json};
 use support::{
     HOLD_INITIALIZE_UNTIL_GO, Harness, Knobs, decide, decide_as, group_alive, request_opened,
     start_in_background, until_group_gone,
@@ -665,6 +665,59 @@ async fn interrupt_and_steer_cancels_the_turn_first() {
         .await
         .expect("list");
     assert_eq!(reqs[0].status, RequestStatus::Cancelled);
+}
+
+/// ACP's cancellation: the client marks the cut turn's unfinished tool
+/// calls cancelled when it sends `session/cancel`; a finished one keeps its
+/// status, and so does a call from an earlier turn.
+#[tokio::test]
+async fn an_interrupt_marks_the_turns_unfinished_tool_calls_cancelled() {
+    let h = Harness::new(Knobs::default()).await;
+    let tool = |id: &str, status: &str| json!({"tool_call": {"id": id, "title": format!("call {id}"), "kind": "edit", "status": status}});
+    let scenario = json!({"turns": [
+        [tool("t0", "pending")],
+        [tool("t1", "pending"), tool("t2", "in_progress"), tool("t3", "completed"), {"wait_cancel": true}],
+        [{"chunk": "steered"}],
+    ]});
+    let rec = h.start(scenario, "first").await;
+    h.until_transcript(&rec.id, "\"t0\"").await;
+    // Queued behind the first turn, it starts the second.
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Steer {
+        text: "second".into(),
+        interrupt: false,
+        caller: owner(),
+        reply
+    })
+    .expect("steer call")
+    .expect("steer accepted");
+    h.until_transcript(&rec.id, "\"t3\"").await;
+    assert!(steer(&h, &rec.id, "change course", true).await.queued);
+    h.until_transcript(&rec.id, "steered").await;
+    let tools: Vec<Value> = h
+        .transcript(&rec.id)
+        .await
+        .into_iter()
+        .filter(|m| m.kind == MessageKind::Tool)
+        .map(|m| serde_json::from_str(&m.content).expect("a tool line is JSON"))
+        .collect();
+    let status = |id: &str| {
+        let line = tools.iter().find(|t| t["id"] == id).expect("its line");
+        line["status"].as_str().unwrap_or_default().to_owned()
+    };
+    assert_eq!(status("t1"), "cancelled");
+    assert_eq!(status("t2"), "cancelled");
+    assert_eq!(status("t3"), "completed");
+    assert_eq!(
+        status("t0"),
+        "pending",
+        "another turn's call is not this cancel's"
+    );
+    h.until("t1 shown cancelled", |e| {
+        matches!(e, OperatorEvent::ToolCall { tool_call_id, status, .. }
+            if tool_call_id == "t1" && status == "cancelled")
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -571,6 +571,7 @@ impl Render for BlockKit {
         let emoji = match status {
             "completed" => ":white_check_mark:",
             "failed" => ":x:",
+            "cancelled" => ":heavy_minus_sign:",
             "in_progress" => ":arrows_counterclockwise:",
             _ => ":white_circle:",
         };

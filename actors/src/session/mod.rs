@@ -435,6 +435,10 @@ struct Turn {
     /// When the operator interrupted the turn to steer (`session/cancel`
     /// sent), if they did.
     cancelled_at: Option<Instant>,
+    /// The tool calls this turn announced (their first transcript line was
+    /// written during it), at most [`updates::TURN_TOOLS`]: a cancel marks
+    /// the unfinished ones cancelled.
+    tools: Vec<String>,
 }
 
 /// Agent text being aggregated for the current turn.

@@ -65,6 +65,7 @@ impl SessionState {
                             agent_since: Instant::now(),
                             timeout_noted: false,
                             cancelled_at: None,
+                            tools: Vec::new(),
                         });
                         self.record_turn(true);
                         true
@@ -348,6 +349,7 @@ impl SessionState {
                 && self.turn.is_some()
             {
                 self.notify(methods::SESSION_CANCEL, acp::cancel_params(&sid));
+                self.cancel_turn_tools();
             }
         } else {
             let bytes = self.dialect.interrupt(why);

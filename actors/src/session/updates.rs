@@ -194,6 +194,11 @@ impl SessionState {
         let new = row.is_none();
         if new {
             row = self.queue_append(Role::System, MessageKind::Tool, content);
+            if let Some(turn) = self.turn.as_mut()
+                && turn.tools.len() < TURN_TOOLS
+            {
+                turn.tools.push(view.id.clone());
+            }
         } else {
             self.queue_update(&row, content);
         }
@@ -213,6 +218,48 @@ impl SessionState {
                 status,
             });
         }
+    }
+
+    /// ACP's cancellation: the client that sends `session/cancel` marks
+    /// the turn's unfinished tool calls `cancelled` at once (prompt turn,
+    /// "Cancellation"), or a cut turn's calls stay `pending` in the
+    /// transcript for good. The agent may still report one finished: its
+    /// later update is shown as it says.
+    pub(super) fn cancel_turn_tools(&mut self) {
+        let ids = self
+            .turn
+            .as_mut()
+            .map(|t| std::mem::take(&mut t.tools))
+            .unwrap_or_default();
+        for id in ids {
+            let Some((row, doc)) = self.tools.get_mut(&id) else {
+                continue;
+            };
+            if !matches!(
+                doc["status"].as_str(),
+                None | Some("pending" | "in_progress")
+            ) {
+                continue;
+            }
+            doc["status"] = json!(CANCELLED);
+            let (row, content) = (row.clone(), doc.to_string());
+            let title = doc["title"].as_str().unwrap_or_default().to_owned();
+            let cancelled = acp::ToolCallView {
+                id: id.clone(),
+                status: Some(CANCELLED.into()),
+                ..Default::default()
+            };
+            self.toolcalls.update(&cancelled);
+            self.dirty_tools.remove(&id);
+            self.queue_update(&row, content);
+            self.emit(OperatorEvent::ToolCall {
+                session_id: self.id().clone(),
+                tool_call_id: id,
+                title,
+                status: CANCELLED.into(),
+            });
+        }
+        self.forget_tool_lines();
     }
 
     pub(super) async fn on_plan(&mut self, entries: Vec<(String, String)>) {
@@ -370,6 +417,11 @@ impl SessionState {
 /// What one usage event counts against the turn's budget (it is stored in
 /// the event journal, not the transcript).
 const USAGE_BYTES: usize = 64;
+/// Tool calls a turn remembers as its own, for a cancel to mark
+/// ([`SessionState::cancel_turn_tools`]); past it the rest keep their status.
+pub(super) const TURN_TOOLS: usize = 1024;
+/// The status a cancelled turn's unfinished tool calls are given.
+const CANCELLED: &str = "cancelled";
 
 /// The longest tool call title kept in the transcript, in bytes (the
 /// request shows the whole of it).
