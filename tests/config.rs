@@ -228,6 +228,7 @@ fn commented_out_example_agents_are_valid_too() {
         agent: agent.into(),
         workspace: "api".into(),
         session: SessionId::from("s-1"),
+        root: None,
     };
     let decide = |f: &RequestFacts, mode| {
         let Verdict { action, rule, .. } = evaluate(&cfg.rules, mode, f);

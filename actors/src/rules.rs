@@ -14,11 +14,13 @@
 //!    `auto-edits` allows `read`/`edit`/`search` kinds whose paths are all
 //!    inside the workspace, `auto` allows everything.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::model::SessionId;
+
+pub mod gitconfig;
 
 /// The current rule set, shared by every session; replaced as a whole.
 #[derive(Debug, Clone, Default)]
@@ -347,6 +349,9 @@ pub struct RequestFacts {
     pub workspace: String,
     /// Session id.
     pub session: SessionId,
+    /// The workspace's directory, when known: `auto-edits` reads its git
+    /// configuration for where hooks run ([`gitconfig`]).
+    pub root: Option<PathBuf>,
 }
 
 /// Per-session approval mode.
@@ -569,6 +574,16 @@ fn runs_code_when_touched(path: &str) -> bool {
         })
 }
 
+/// True when a path lies where the workspace's git configuration runs
+/// hooks from, or is a config file it includes ([`gitconfig`]).
+fn in_git_hooks(facts: &RequestFacts) -> bool {
+    let Some(root) = &facts.root else {
+        return false;
+    };
+    let protected = gitconfig::protected(root);
+    !protected.is_empty() && facts.paths.iter().any(|p| gitconfig::covers(&protected, p))
+}
+
 /// What the session's mode says when no rule matched. Modes never leave
 /// their scope: a file-kind request naming no path, a path outside the
 /// workspace or a server file is always asked; auto-edits also asks before
@@ -604,6 +619,9 @@ fn mode_verdict(mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
                 "it changes a file that runs code when git or an editor next touches the workspace (.git, .envrc, .vscode, ...)",
             )
         }
+        ApprovalMode::AutoEdits if kind == "edit" && in_git_hooks(facts) => ask(
+            "it changes a file under the repository's core.hooksPath, or a git config file it includes",
+        ),
         ApprovalMode::AutoEdits if matches!(kind, "read" | "edit" | "search") => Verdict {
             action: RuleAction::Allow,
             rule: None,

@@ -434,3 +434,38 @@ async fn auto_edits_asks_before_the_files_that_make_a_bare_repository() {
     assert!(!h.workspace.join("HEAD").exists());
     assert!(!h.workspace.join("config").exists());
 }
+
+/// A repository can run its hooks from anywhere (`core.hooksPath`): in
+/// auto-edits a write there is asked for, as one to `.git/hooks` is. So is
+/// a write to a config file the repository's config includes. An ordinary
+/// file next to them is not.
+#[tokio::test]
+async fn auto_edits_asks_before_writing_where_the_repository_runs_hooks_from() {
+    let h = Harness::new(Knobs::default()).await;
+    std::fs::create_dir_all(h.workspace.join(".git")).expect("git dir");
+    std::fs::write(
+        h.workspace.join(".git/config"),
+        "[core]\n\thooksPath = tools/hooks\n[include]\n\tpath = ../team.gitconfig\n",
+    )
+    .expect("git config");
+    let scenario = json!({"turns": [[
+        {"write_file": {"path": "tools/notes.md", "content": "fine\n"}},
+        {"write_file": {"path": "tools/hooks/pre-commit", "content": "#!/bin/sh\ntouch pwned\n"}},
+        {"write_file": {"path": "team.gitconfig",
+                        "content": "[core]\n\tfsmonitor = \"touch pwned; false\"\n"}},
+        {"chunk": "turn over"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::AutoEdits);
+    let rec = h.start_req(req).await.expect("starts");
+    let hook = request_opened(&h, 2).await;
+    assert_eq!(hook.paths, vec!["tools/hooks/pre-commit".to_owned()]);
+    decide(&h, &rec.id, &hook.request_id, Choice::Reject).await;
+    let included = request_opened(&h, 3).await;
+    assert_eq!(included.paths, vec!["team.gitconfig".to_owned()]);
+    decide(&h, &rec.id, &included.request_id, Choice::Reject).await;
+    h.until_transcript(&rec.id, "turn over").await;
+    assert!(h.workspace.join("tools/notes.md").exists());
+    assert!(!h.workspace.join("tools/hooks/pre-commit").exists());
+    assert!(!h.workspace.join("team.gitconfig").exists());
+}

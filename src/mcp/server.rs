@@ -765,6 +765,7 @@ fn auto_check_facts(
         agent: "mcp".to_owned(),
         workspace: t.workspace.clone(),
         session: t.id.clone(),
+        root: t.cwd.clone(),
     })
 }
 

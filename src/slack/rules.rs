@@ -573,6 +573,7 @@ mod tests {
             agent: "a".into(),
             workspace: "w".into(),
             session: SessionId::from("s-1"),
+            root: None,
         }
     }
 

@@ -21,6 +21,7 @@ fn facts(kind: &str, paths: &[&str], command: Option<&str>) -> RequestFacts {
         agent: "claude".into(),
         workspace: "api".into(),
         session: SessionId("s-1".into()),
+        root: None,
     }
 }
 

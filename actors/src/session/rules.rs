@@ -6,7 +6,7 @@
 //! deciding rule, shown to the operator). A rule change or a mode change
 //! re-evaluates what is still pending.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::json;
@@ -39,6 +39,7 @@ impl SessionState {
             agent: self.record.agent.clone(),
             workspace: self.record.workspace.clone(),
             session: self.record.id.clone(),
+            root: Some(PathBuf::from(&self.record.cwd)),
         }
     }
 
