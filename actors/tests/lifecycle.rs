@@ -1003,6 +1003,49 @@ async fn a_session_ended_by_idle_timeout_can_be_revived_and_an_explicit_stop_can
     assert!(matches!(err, SupervisorError::NotRevivable(_)), "{err:?}");
 }
 
+/// A session paused when it crashed comes back working when revived (it
+/// was brought back on purpose), and the transcript says the pause was
+/// lifted, so whoever paused it is not surprised by its steering going out.
+#[tokio::test]
+async fn a_revive_of_a_paused_session_says_it_lifted_the_pause() {
+    let h = Harness::new(Knobs {
+        policy: SupervisionPolicy {
+            max_restarts: 0,
+            ..Knobs::default().policy
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let scenario = json!({"turns": [[{"chunk": "up"}, {"hang": true}]]});
+    let profile = h.profile(scenario);
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    h.until_transcript(&rec.id, "up").await;
+    pause(&h.actor(&rec.id).await).await;
+    // Paused, its agent dies.
+    let pid = snapshot(&h, &rec.id).await.pid.expect("a pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    h.until_record(&rec.id, "crashed", |r| r.status == SessionStatus::Crashed)
+        .await;
+    let fixed = h.profile(json!({"turns": [[{"chunk": "working again"}]]}));
+    let revived = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id: rec.id.clone(),
+        profile: fixed,
+        caller: owner(),
+        reply
+    })
+    .expect("call")
+    .expect("revived");
+    assert_eq!(revived.status, SessionStatus::Active);
+    h.until_transcript(&rec.id, "the revive lifted the pause")
+        .await;
+    assert!(!h.store.is_paused(&rec.id).await.expect("flag"));
+    assert!(!steer(&h, &rec.id, "after revive", false).await.paused);
+}
+
 #[tokio::test]
 async fn a_crashed_session_comes_back_once_its_agent_is_fixed() {
     let h = Harness::new(Knobs {

@@ -22,6 +22,10 @@ use crate::session::{Caller, StartError, StartMode};
 use crate::settings::AgentProfile;
 use crate::transcript::{Anchor, TranscriptPage};
 
+/// The notice of a revive that brought a paused session back working.
+const REVIVE_LIFTS_PAUSE: &str =
+    "It was paused when it ended; the revive lifted the pause, so steering is delivered again";
+
 /// The longest recovery waits for the previous server's agents to die.
 const ORPHANS_GONE: Duration = Duration::from_secs(2);
 
@@ -282,9 +286,18 @@ impl SupervisorState {
         let _ = store
             .set_status(&id, SessionStatus::Starting, Some("revived"))
             .await;
-        // Brought back on purpose: it comes back working, not paused.
-        if let Err(e) = store.set_paused(&id, false).await {
-            tracing::warn!(session = %id, "clearing the pause of a revived session: {e}");
+        // Brought back on purpose: it comes back working, not paused, and
+        // whoever paused it reads that the pause was lifted.
+        if store.is_paused(&id).await.unwrap_or(false) {
+            match store.set_paused(&id, false).await {
+                Ok(()) => {
+                    let text = format!("{REVIVE_LIFTS_PAUSE} (by {}).", caller.id);
+                    self.notice_kept(&id, NoticeLevel::Info, text).await;
+                }
+                Err(e) => {
+                    tracing::warn!(session = %id, "clearing the pause of a revived session: {e}");
+                }
+            }
         }
         let start = StartMode::Restart {
             resume: record.acp_session_id.clone(),
