@@ -1248,25 +1248,59 @@ fn a_reload_that_would_empty_the_config_is_refused() {
     ));
     fs::write(&path, "workspace_root = \".\"\n").unwrap();
     let cut = Config::reload(&path).expect("parses");
-    let err = cut.keeps_something_of(&running).unwrap_err();
+    let err = cut.reload_over(&running).unwrap_err();
     assert!(matches!(err, ConfigError::Emptied { .. }), "{err}");
     assert!(
         err.to_string().contains("now declares no [[agent]]"),
         "{err}"
     );
-    // Removing one rule of several, or adding, is an ordinary edit.
-    fs::write(
-        &path,
-        format!("workspace_root = \".\"\n{AGENT}[[workspace]]\nid = \"w\"\npath = \".\"\n"),
-    )
-    .unwrap();
+    // A file that declares no rule keeps the running deny rule, applies
+    // the rest, and says so.
+    let workspace = |id: &str| {
+        format!("workspace_root = \".\"\n{AGENT}[[workspace]]\nid = \"{id}\"\npath = \".\"\n")
+    };
+    fs::write(&path, workspace("renamed")).unwrap();
     let no_rules = Config::reload(&path).expect("parses");
-    assert!(
-        no_rules.keeps_something_of(&running).is_err(),
-        "every rule at once"
-    );
-    assert!(running.keeps_something_of(&no_rules).is_ok());
+    let (applied, kept) = no_rules.clone().reload_over(&running).expect("applied");
+    assert_eq!(applied.rules, running.rules, "the deny rule stays");
+    assert_eq!(applied.workspaces[0].id, "renamed", "the rest is applied");
+    let kept = kept.expect("said so").to_string();
+    assert!(kept.contains("1 deny/ask rule(s) are kept"), "{kept}");
+    // Adding rules is an ordinary edit.
+    let (_, note) = running.clone().reload_over(&no_rules).expect("applied");
+    assert!(note.is_none());
     drop(dir);
+}
+
+/// Deleting the last rule when every running rule allows is an ordinary
+/// edit: a probe deleted its only allow rule and the server refused the
+/// reload, so the deleted rule kept approving edits. With deny rules too,
+/// the allow rules are dropped and the deny rules kept.
+#[test]
+fn deleting_the_last_allow_rule_stops_it_allowing() {
+    let base = format!("workspace_root = \".\"\n{AGENT}[[workspace]]\nid = \"w\"\npath = \".\"\n");
+    let allow =
+        "[[rule]]\nid = \"allow-edits\"\naction = \"allow\"\nkind = \"edit\"\npaths = [\"**\"]\n";
+    let deny = "[[rule]]\nid = \"no-rm\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
+    let (_dir, path) = write_config(&format!("{base}{allow}"));
+    let running = Config::load(&path).unwrap();
+    fs::write(&path, &base).unwrap();
+    let (applied, note) = Config::reload(&path)
+        .expect("parses")
+        .reload_over(&running)
+        .expect("applied");
+    assert!(applied.rules.is_empty(), "{:?}", applied.rules);
+    assert!(note.is_none());
+    fs::write(&path, format!("{base}{allow}{deny}")).unwrap();
+    let running = Config::load(&path).unwrap();
+    fs::write(&path, &base).unwrap();
+    let (applied, note) = Config::reload(&path)
+        .expect("parses")
+        .reload_over(&running)
+        .expect("applied");
+    let ids: Vec<_> = applied.rules.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["no-rm"]);
+    assert!(matches!(note, Some(ConfigError::RulesKept { kept: 1, .. })));
 }
 
 /// The package's directory: cargo's `CARGO_MANIFEST_DIR` when it runs this

@@ -163,6 +163,44 @@ async fn approved_whole_file_change_is_applied() {
     assert_eq!(again["code"], "already_applied");
 }
 
+/// Whole new content is shown to the operator as the diff it makes: a
+/// probe's `+important line 7 (fixed)` read as a one-line addition, and
+/// replaced a 50-line README with that one line.
+#[tokio::test]
+async fn whole_content_is_shown_as_the_change_it_makes() {
+    let h = Harness::new().await;
+    let old: String = (1..=50).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(h.workspace.join("README.md"), &old).expect("seed");
+    let client = h.ws_client().await;
+    let peer = client.peer().clone();
+    let whole = "+important line 7 (fixed)\n";
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("README.md", whole))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    let shown = req.diff.clone().expect("a diff");
+    assert!(
+        shown.starts_with("--- a/README.md\n+++ b/README.md\n"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\n-line 1\n") && shown.contains("\n-line 50\n"),
+        "{shown}"
+    );
+    assert!(shown.contains("\n++important line 7 (fixed)\n"), "{shown}");
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    ok(&client, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("README.md")).expect("read"),
+        whole
+    );
+}
+
 #[tokio::test]
 async fn approved_unified_diff_is_applied_and_a_new_file_created() {
     let h = Harness::new().await;
@@ -419,29 +457,94 @@ async fn paths_outside_the_workspace_are_refused() {
     assert!(!outside.path().join("f.txt").exists());
 }
 
+/// A probe's agent had `d/pre-commit` approved, swapped `d` for a link to
+/// `.git/hooks` (inside the workspace), and `check_diff` wrote the hook.
+/// A change is applied only where it was named, `force` or not; a target
+/// whose way goes through a link is refused when clearance is asked too.
 #[tokio::test]
-async fn a_file_changed_since_approval_needs_force() {
+async fn a_directory_swapped_for_a_link_after_approval_is_not_written_through() {
     let h = Harness::new().await;
-    std::fs::write(h.workspace.join("f.txt"), "v1\n").expect("seed");
+    std::fs::create_dir_all(h.workspace.join(".git/hooks")).expect("hooks");
+    std::fs::create_dir(h.workspace.join("d")).expect("mkdir");
     let client = h.ws_client().await;
     let peer = client.peer().clone();
     let task = tokio::spawn(async move {
         peer.call_tool(
             CallToolRequestParams::new("check_clearance")
-                .with_arguments(mcp_common::args(clearance("f.txt", "v3\n"))),
+                .with_arguments(mcp_common::args(clearance("d/pre-commit", "#!/bin/sh\n"))),
         )
         .await
     });
     let req = h.pending().await;
     h.decide(&req, Choice::Approve, None).await;
     task.await.expect("join").expect("call");
-    std::fs::write(h.workspace.join("f.txt"), "v2 by someone else\n").expect("edit");
+    std::fs::remove_dir(h.workspace.join("d")).expect("rmdir");
+    std::os::unix::fs::symlink(".git/hooks", h.workspace.join("d")).expect("symlink");
+    for force in [false, true] {
+        let r = refused(
+            &client,
+            "check_diff",
+            json!({"request_id": req.id, "force": force}),
+        )
+        .await;
+        assert_eq!(r["code"], "moved", "{r}");
+        assert!(
+            r["error"]
+                .as_str()
+                .expect("msg")
+                .contains(".git/hooks/pre-commit"),
+            "{r}"
+        );
+    }
+    assert!(!h.workspace.join(".git/hooks/pre-commit").exists());
+    // Asked through the link, clearance is refused at once.
+    let err = call(&client, "check_clearance", clearance("d/post-merge", "x\n"))
+        .await
+        .expect_err("refused");
+    let ServiceError::McpError(e) = err else {
+        panic!("unexpected {err:?}")
+    };
+    assert!(
+        e.message
+            .contains("leads through a link to .git/hooks/post-merge"),
+        "{}",
+        e.message
+    );
+}
+
+/// A file changed since the approval is not written without `force`. With
+/// it, the change is applied as the diff the operator saw (whole content
+/// is shown and kept as the diff it made): someone else's edit elsewhere in
+/// the file stays.
+#[tokio::test]
+async fn a_file_changed_since_approval_needs_force() {
+    let h = Harness::new().await;
+    let lines = |first: &str, last: &str| {
+        let middle: String = (2..10).map(|i| format!("line {i}\n")).collect();
+        format!("{first}\n{middle}{last}\n")
+    };
+    std::fs::write(h.workspace.join("f.txt"), lines("v1", "end")).expect("seed");
+    let client = h.ws_client().await;
+    let peer = client.peer().clone();
+    let whole = lines("v3", "end");
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("f.txt", &whole))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    let theirs = lines("v1", "end, by someone else");
+    std::fs::write(h.workspace.join("f.txt"), &theirs).expect("edit");
     let r = refused(&client, "check_diff", json!({"request_id": req.id})).await;
     assert_eq!(r["code"], "file_changed");
     assert!(r["error"].as_str().expect("msg").contains("f.txt"), "{r}");
     assert_eq!(
         std::fs::read_to_string(h.workspace.join("f.txt")).expect("read"),
-        "v2 by someone else\n"
+        theirs
     );
     let applied = ok(
         &client,
@@ -452,7 +555,7 @@ async fn a_file_changed_since_approval_needs_force() {
     assert_eq!(applied["files_written"], json!(["f.txt"]));
     assert_eq!(
         std::fs::read_to_string(h.workspace.join("f.txt")).expect("read"),
-        "v3\n"
+        lines("v3", "end, by someone else")
     );
 }
 

@@ -41,6 +41,7 @@ pub use rules::RULE_KINDS;
 pub use watch::{ConfigStatus, WatchError, WatchHandle, watch};
 
 use intercom_actors::registry::WorkspaceMap;
+use intercom_actors::rules::RuleAction;
 
 /// `server.bind` when the file does not set it.
 pub const DEFAULT_BIND: &str = "127.0.0.1:3000";
@@ -215,10 +216,27 @@ pub enum ConfigError {
     Emptied {
         /// The file.
         path: PathBuf,
-        /// What it lost (`[[agent]]`, workspaces, `[[rule]]`).
+        /// What it lost (`[[agent]]`, workspaces).
         what: &'static str,
         /// How many the running configuration has.
         had: usize,
+    },
+    /// A reload declares no `[[rule]]` while the running configuration has
+    /// deny or ask rules. The rest of the file is applied and the running
+    /// allow rules are dropped (the operator may have deleted the last one:
+    /// it must stop allowing), but those deny and ask rules are kept: a
+    /// file cut while being written loses its rules, and would then allow
+    /// what they forbade. The server reports itself stale until the file
+    /// declares a rule again or it restarts.
+    #[error(
+        "config file {} declares no [[rule]]: its other changes are applied and the previous allow rules dropped, but the previous {kept} deny/ask rule(s) are kept (a file cut while being written looks like this, and would drop them). To run without them, restart the server, or keep one rule that matches nothing (a deny rule for a command that does not exist)",
+        path.display()
+    )]
+    RulesKept {
+        /// The file.
+        path: PathBuf,
+        /// How many deny and ask rules were kept.
+        kept: usize,
     },
     /// The file is not valid TOML or does not match the schema (unknown key,
     /// wrong type). `message` is toml's, with line, column and the offending key.
@@ -422,34 +440,59 @@ fn read_text(path: &Path) -> std::io::Result<String> {
 }
 
 impl Config {
-    /// Refuses a reload that would leave no agent, no workspace or no rule
-    /// where `running` has some ([`ConfigError::Emptied`]).
-    pub fn keeps_something_of(&self, running: &Config) -> Result<(), ConfigError> {
+    /// This config as a reload over `running` applies it. Refused when it
+    /// would leave no agent or no workspace where `running` has some
+    /// ([`ConfigError::Emptied`]). Declaring no rule where `running` has
+    /// deny or ask rules keeps those, and says so
+    /// ([`ConfigError::RulesKept`]: applied, but stale); dropping only
+    /// allow rules is an ordinary edit.
+    pub fn reload_over(
+        mut self,
+        running: &Config,
+    ) -> Result<(Config, Option<ConfigError>), ConfigError> {
         let path = self.source.clone().unwrap_or_default();
         for ((what, now), (_, had)) in self.counts().into_iter().zip(running.counts()) {
             if now == 0 && had > 0 {
                 return Err(ConfigError::Emptied { path, what, had });
             }
         }
-        Ok(())
+        if !self.rules.is_empty() {
+            return Ok((self, None));
+        }
+        let guarding: Vec<Rule> = running
+            .rules
+            .iter()
+            .filter(|r| r.action != RuleAction::Allow)
+            .cloned()
+            .collect();
+        if guarding.is_empty() {
+            return Ok((self, None));
+        }
+        let kept = guarding.len();
+        self.rules = guarding;
+        Ok((self, Some(ConfigError::RulesKept { path, kept })))
     }
 
     /// What this config has none of, among what a reload may not empty
-    /// ([`Config::keeps_something_of`]).
+    /// ([`Config::reload_over`]).
     pub fn declares_none(&self) -> Vec<&'static str> {
-        self.counts()
+        let mut none: Vec<&'static str> = self
+            .counts()
             .into_iter()
             .filter(|(_, n)| *n == 0)
             .map(|(what, _)| what)
-            .collect()
+            .collect();
+        if self.rules.is_empty() {
+            none.push("[[rule]]");
+        }
+        none
     }
 
-    /// How many agents, workspaces (declared and discovered) and rules.
-    fn counts(&self) -> [(&'static str, usize); 3] {
+    /// How many agents and workspaces (declared and discovered).
+    fn counts(&self) -> [(&'static str, usize); 2] {
         [
             ("[[agent]]", self.agents.len()),
             ("workspaces", self.workspaces.len() + self.discovered.len()),
-            ("[[rule]]", self.rules.len()),
         ]
     }
 }
@@ -727,8 +770,9 @@ pub fn check_config(path: &Path) -> Result<String, ConfigError> {
         } else if let none @ [_, ..] = c.declares_none().as_slice() {
             out.push_str(&format!(
                 "\nnote: the file declares no {}: `serve` starts on it, but a running server \
-                 that has some refuses to reload it (a file cut while being written looks like \
-                 that) and keeps its previous configuration; restart the server to drop them all",
+                 that has some does not take that from a reload (a file cut while being \
+                 written looks like that): it keeps its agents and workspaces, and its deny and \
+                 ask rules; restart the server to drop them all",
                 none.join(" and no ")
             ));
         }

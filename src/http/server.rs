@@ -331,9 +331,14 @@ fn stale_recipients(config: &Config) -> Vec<String> {
 
 impl StaleNotice {
     fn post(&self, error: &crate::config::ConfigError) {
-        let text = format!(
-            ":warning: agent-intercom kept its previous configuration: the edit to the config file is invalid.\n{error}\nFix the file; it reloads on save."
-        );
+        let text = match error {
+            crate::config::ConfigError::RulesKept { .. } => format!(
+                ":warning: agent-intercom applied the edit to its config file in part.\n{error}"
+            ),
+            _ => format!(
+                ":warning: agent-intercom kept its previous configuration: the edit to the config file is invalid.\n{error}\nFix the file; it reloads on save."
+            ),
+        };
         for to in &self.recipients {
             crate::slack::dropped::send(
                 &self.gateway,
@@ -362,22 +367,22 @@ fn watch_config(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let checked = result.and_then(|c| {
-            c.keeps_something_of(&in_force)
-                .map(|()| c)
-                .inspect_err(|e| {
-                    tracing::error!("config change rejected: {e}");
-                })
+            c.reload_over(&in_force).inspect_err(|e| {
+                tracing::error!("config change rejected: {e}");
+            })
         });
-        match checked {
-            Ok(config) => {
+        let stale = match checked {
+            Ok((config, kept)) => {
                 handle.block_on(app.apply_config(&config));
                 *in_force = config;
+                kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
             }
-            Err(e) => {
-                app.config_stale(&e);
-                if let Some(n) = &notice {
-                    n.post(&e);
-                }
+            Err(e) => Some(e),
+        };
+        if let Some(e) = stale {
+            app.config_stale(&e);
+            if let Some(n) = &notice {
+                n.post(&e);
             }
         }
     });

@@ -55,7 +55,7 @@ mod waits;
 
 use super::tools::{self, Args};
 use super::{ACTOR_TIMEOUT, ActorCallError, BridgedSession, McpDeps, ask};
-use apply::record_targets;
+use apply::{record_targets, whole_as_diff};
 use confine::Reach;
 use placement::Connection;
 
@@ -277,11 +277,17 @@ impl IntercomMcp {
             )));
         }
         let paths = clearance_paths(&change, &file_path, t.cwd.as_deref())?;
-        let recorded = match &t.cwd {
+        let (recorded, diff) = match &t.cwd {
             Some(root) => {
-                record_targets(&self.shared.workspace(root)?, &change, &file_path).await?
+                let ws = self.shared.workspace(root)?;
+                let recorded = record_targets(&ws, &change, &file_path).await?;
+                let shown = match &change {
+                    Change::Whole(new) => whole_as_diff(&ws, &file_path, new).await?,
+                    Change::Diff(_) => None,
+                };
+                (recorded, shown.unwrap_or(diff))
             }
-            None => Vec::new(),
+            None => (Vec::new(), diff),
         };
         let (opened_tx, opened_rx) = oneshot::channel();
         let (tx, mut rx) = oneshot::channel();

@@ -67,10 +67,13 @@ impl IntercomMcp {
         let ws = self.shared.workspace(&root)?;
         let files = targets(&change, file_path);
         for (rel, _) in &files {
-            let r = rel.clone();
-            on_blocking_pool(ws.clone(), "write", rel, move |ws| ws.check_write(&r))
-                .await
-                .map_err(|e| Fail::refused("outside_workspace", e.to_string()))?;
+            lands_as_named(&ws, rel).await.map_err(|e| {
+                let code = match e {
+                    FsError::Moved { .. } => "moved",
+                    _ => "outside_workspace",
+                };
+                Fail::refused(code, e.to_string())
+            })?;
         }
         if !force {
             if clearance.session_id != req.session_id {
@@ -261,6 +264,12 @@ pub(super) async fn record_targets(
         } else {
             "diff"
         };
+        lands_as_named(ws, &rel).await.map_err(|e| match e {
+            FsError::Moved { now, .. } => Fail::Params(format!(
+                "argument `{which}`: {rel} leads through a link to {now}; name the file where it is"
+            )),
+            e => fs_fail(&e, which),
+        })?;
         let r = rel.clone();
         // `snapshot` reads through `current`, which refuses whatever a
         // write to the target would refuse.
@@ -270,6 +279,69 @@ pub(super) async fn record_targets(
         recorded.push((rel, hash));
     }
     Ok(recorded)
+}
+
+/// Refuses a target that does not land where it is named: one whose way
+/// goes through a link (`d/x` with `d` a link to `.git/hooks`). A change is
+/// judged, shown and approved by the path it names; a probe's agent had
+/// `d/pre-commit` approved (in `auto-edits`, at once), then swapped `d`
+/// for a link, and `check_diff` wrote `.git/hooks/pre-commit`. Checked when
+/// clearance is asked, when the change is applied, and at the write itself
+/// ([`write_all`]).
+async fn lands_as_named(ws: &Arc<WorkspaceFs>, rel: &str) -> Result<(), FsError> {
+    let named = as_named(rel);
+    let r = rel.to_owned();
+    let lands = on_blocking_pool(ws.clone(), "write", rel, move |ws| ws.check_write(&r)).await?;
+    if lands != named {
+        return Err(FsError::Moved {
+            path: rel.to_owned(),
+            then: named.display().to_string(),
+            now: lands.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// A workspace-relative path as named, `.` and `..` taken lexically.
+fn as_named(rel: &str) -> std::path::PathBuf {
+    intercom_actors::fsjail::normalize(std::path::Path::new(rel.trim_start_matches('/')))
+}
+
+/// Whole new content as the operator is shown it and `check_diff` applies
+/// it: a unified diff against the file as it is now (a creation when it does
+/// not exist), when that diff applied to the file gives back exactly the
+/// content; `None` (shown and applied as sent) otherwise. A probe's whole
+/// content `+important line 7 (fixed)` read as a one-line addition and
+/// replaced a 50-line README.
+pub(super) async fn whole_as_diff(
+    ws: &Arc<WorkspaceFs>,
+    rel: &str,
+    new: &str,
+) -> Result<Option<String>, Fail> {
+    let r = rel.to_owned();
+    let current = on_blocking_pool(ws.clone(), "read", rel, move |ws| {
+        ws.current(&r, MAX_APPLY_BYTES)
+    })
+    .await
+    .map_err(|e| fs_fail(&e, "file_path"))?;
+    // An empty file would read as a creation, which an existing file refuses.
+    if current.as_deref() == Some("") {
+        return Ok(None);
+    }
+    let old = current.unwrap_or_default();
+    let (rel, new) = (rel.to_owned(), new.to_owned());
+    let diffed = tokio::task::spawn_blocking(move || {
+        let diff = intercom_actors::protocol::acp::unified_diff(&rel, &old, &new);
+        let Ok(Change::Diff(files)) = Change::parse(&diff) else {
+            return None;
+        };
+        let [file] = files.as_slice() else {
+            return None;
+        };
+        (patch::apply(&old, &file.hunks).ok()? == new).then_some(diff)
+    })
+    .await;
+    Ok(diffed.ok().flatten())
 }
 
 /// A target file's content hash at clearance time (`None`: did not exist).
@@ -351,8 +423,11 @@ pub(super) async fn write_all(
     let mut written: Vec<String> = Vec::new();
     for (rel, content) in outputs {
         let r = rel.clone();
-        let result =
-            on_blocking_pool(ws.clone(), "write", &rel, move |ws| ws.write(&r, &content)).await;
+        let named = as_named(&rel);
+        let result = on_blocking_pool(ws.clone(), "write", &rel, move |ws| {
+            ws.write_at(&r, &content, &named)
+        })
+        .await;
         if let Err(e) = result {
             let done = if written.is_empty() {
                 String::from("nothing was written")
