@@ -721,9 +721,9 @@ fn check_config_refuses_what_serve_cannot_take_and_warns_of_an_empty_file() {
     assert!(summary.contains("warning: the file is empty"), "{summary}");
 }
 
-/// A file that declares no rules is loaded by `serve`, but a running server
-/// with rules refuses to reload it: `check-config` says so, and only of
-/// what the file lacks.
+/// A file that declares no workspace or no rule is loaded by `serve`, but a
+/// running server that has some does not take that from a reload:
+/// `check-config` says so, and only of what the file lacks.
 #[test]
 fn check_config_warns_of_what_a_reload_would_refuse_to_empty() {
     let agent = "[[agent]]\nid = \"a\"\ncommand = \"sh\"\n";
@@ -734,7 +734,7 @@ fn check_config_warns_of_what_a_reload_would_refuse_to_empty() {
         "{summary}"
     );
     assert!(!summary.contains("[[agent]]"), "{summary}");
-    assert!(summary.contains("refuses to reload"), "{summary}");
+    assert!(summary.contains("does not take that from a reload"), "{summary}");
     let rule =
         "[[rule]]\nid = \"r\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
     let (_dir, path) = write_config(&format!("{agent}{rule}"));
