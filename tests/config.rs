@@ -734,7 +734,10 @@ fn check_config_warns_of_what_a_reload_would_refuse_to_empty() {
         "{summary}"
     );
     assert!(!summary.contains("[[agent]]"), "{summary}");
-    assert!(summary.contains("does not take that from a reload"), "{summary}");
+    assert!(
+        summary.contains("does not take that from a reload"),
+        "{summary}"
+    );
     let rule =
         "[[rule]]\nid = \"r\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
     let (_dir, path) = write_config(&format!("{agent}{rule}"));

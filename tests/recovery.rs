@@ -689,6 +689,44 @@ fn a_reload_that_moves_the_address_shows_a_restart_is_needed() {
     );
 }
 
+/// Deleting every `[[rule]]` from the file: the allow rule the operator
+/// deleted stops allowing (a probe's stayed in force, the reload refused as
+/// a file caught being written), the deny rule is kept until the file
+/// declares a rule again, and `/healthz` says so.
+#[test]
+fn deleting_every_rule_drops_the_allow_rules_and_keeps_the_deny_rules() {
+    let (layout, server, http) = first_server();
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let rules = "\n[[rule]]\nid = \"allow-edits\"\naction = \"allow\"\nkind = \"edit\"\npaths = [\"**\"]\n\
+                 \n[[rule]]\nid = \"no-rm\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
+    std::fs::write(&layout.config, format!("{text}{rules}")).expect("add the rules");
+    let ids = |http: &Http| -> Vec<String> {
+        let rules = http.get("/api/rules");
+        rules
+            .body
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r["source"] == "config")
+            .filter_map(|r| r["id"].as_str().map(str::to_owned))
+            .collect()
+    };
+    until("both rules in force", || {
+        (ids(&http) == ["allow-edits", "no-rm"]).then_some(())
+    });
+    std::fs::write(&layout.config, &text).expect("delete the rules");
+    until("the partial reload", || {
+        server
+            .log()
+            .contains("config change applied in part")
+            .then_some(())
+    });
+    assert_eq!(ids(&http), ["no-rm"]);
+    let health = http.get("/healthz");
+    assert_eq!(health.body["config"], "stale", "{}", health.text);
+}
+
 /// A valid config can still name an agent binary that is not there: the
 /// reload warns in the log, and `/healthz` counts it (a walk-through saw
 /// `"config": "ok"` and nothing else after such an edit). The texts, which
