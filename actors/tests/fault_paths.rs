@@ -146,6 +146,39 @@ async fn crash_then_three_queued(scenario: Value) {
     assert_eq!(delivered_events(&h, &rec.id), 5);
 }
 
+/// An agent that cannot resume starts a fresh session after a crash: it
+/// lost the cut turn. A probe queued steering during the restart, and the
+/// fresh agent was given only that, never the task. The cut turn's prompt
+/// goes first, the steering after it, and the transcript says so.
+#[tokio::test]
+async fn a_fresh_agent_after_a_crash_gets_the_cut_turn_before_queued_steering() {
+    let h = Harness::new(knobs_with_backoff(2)).await;
+    let m = marker(&h, "crashed");
+    let scenario = json!({"load_session": false, "turns": [
+        [{"chunk": "on it"}, {"exit_once": {"code": 1, "marker": m}}, {"chunk": "task done"}],
+        [{"chunk": "steered"}]
+    ]});
+    let rec = h.start(scenario, "the task").await;
+    until_restart_scheduled(&h, &rec.id).await;
+    assert!(steer(&h, &rec.id, "and then this").await.queued);
+    let text = h.until_transcript(&rec.id, "steered").await;
+    let at = |needle: &str| {
+        text.match_indices(needle)
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    let task = at("prompt: the task");
+    assert_eq!(task.len(), 2, "given again once:\n{text}");
+    let then = at("prompt: and then this");
+    assert_eq!(then.len(), 1, "{text}");
+    assert!(task[1] < then[0], "the task first:\n{text}");
+    assert!(at("task done")[0] < then[0], "{text}");
+    assert!(
+        text.contains("its prompt is given again first; 1 queued instruction(s) follow it"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn dialect_crash_delivers_every_queued_instruction_in_order() {
     crash_then_three_queued(json!({"protocol": "intercom"})).await;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::turns::CutTurn;
 use super::{Outgoing, Phase, SessionState, StartError, StartMode};
 use crate::model::{Role, SessionStatus};
 use crate::ports::{NoticeLevel, OperatorEvent};
@@ -320,30 +321,25 @@ impl SessionState {
                     self.audit("system", "session.restarted", json!({"resumed": resumed}))
                         .await;
                 }
+                // A fresh agent lost the cut turn: it is given again. One
+                // that resumed its session is told to continue it.
+                let cut = match (was_mid_turn, resumed, reprompt) {
+                    (false, ..) => None,
+                    (true, true, _) => Some(CutTurn::Continue),
+                    (true, false, prompt) => prompt.map(CutTurn::Redo),
+                };
                 if self.paused {
                     // Still paused: what waits is delivered on resume, and a
-                    // cut turn is continued then.
-                    if was_mid_turn {
-                        self.resume_turn =
-                            reprompt.or(Some(self.settings.stall.nudge_text.clone()));
-                    }
+                    // cut turn is continued (or given again) then.
+                    self.resume_turn = cut;
                     self.emit_notice(
                         NoticeLevel::Info,
                         "Still paused: steering waits until the session is resumed.",
                     )
                     .await;
                     self.show_activity("paused", None);
-                } else if !self.queue.is_empty() {
-                    self.deliver_queued().await;
-                } else if was_mid_turn {
-                    let text = if resumed {
-                        Some(self.settings.stall.nudge_text.clone())
-                    } else {
-                        reprompt
-                    };
-                    if let Some(text) = text {
-                        self.send_prompt(text, Role::System).await;
-                    }
+                } else {
+                    self.go_on(cut).await;
                 }
                 if !self.paused && self.turn.is_none() {
                     // Nothing to continue: it waits for the operator, and

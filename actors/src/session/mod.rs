@@ -520,8 +520,9 @@ pub struct SessionState {
     /// give again to a fresh agent after a crash.
     dialect_prompt: Option<String>,
     reprompt_after_cancel: Option<String>,
-    /// The prompt of a turn cut short by a pause (continued on resume).
-    resume_turn: Option<String>,
+    /// A turn cut short by a pause, or by a crash while paused: what the
+    /// resume does about it ([`turns::CutTurn`]).
+    resume_turn: Option<turns::CutTurn>,
     queue: VecDeque<Steering>,
     /// Steering written to the agent's stdin but not yet confirmed written,
     /// by write token: it becomes delivered on [`ChildEvent::Written`] and

@@ -420,7 +420,7 @@ impl SessionState {
         }
         self.store_pause(true).await?;
         self.paused = true;
-        self.resume_turn = self.turn.as_ref().map(|t| t.prompt.clone());
+        self.resume_turn = self.turn.as_ref().map(|_| CutTurn::Continue);
         // What was approved in the cut turn is not carried out while
         // paused: a write it covered is asked for again (and refused
         // while paused).
@@ -468,24 +468,69 @@ impl SessionState {
             // Still starting: the end of the handshake delivers what waits.
             return Ok(());
         }
-        let interrupted = self.resume_turn.take();
+        let cut = self.resume_turn.take();
         if self.turn.is_some() {
             // The cancelled turn has not ended yet; its end delivers what waits.
-            if interrupted.is_some() && self.queue.is_empty() {
-                self.reprompt_after_cancel = Some(self.settings.stall.nudge_text.clone());
+            match cut {
+                Some(CutTurn::Redo(prompt)) => self.reprompt_after_cancel = Some(prompt),
+                Some(CutTurn::Continue) if self.queue.is_empty() => {
+                    self.reprompt_after_cancel = Some(self.settings.stall.nudge_text.clone());
+                }
+                _ => {}
             }
             return Ok(());
         }
-        if !self.queue.is_empty() {
-            self.deliver_queued().await;
-        } else if interrupted.is_some() {
-            let text = self.settings.stall.nudge_text.clone();
-            self.send_prompt(text, Role::System).await;
-        } else {
+        if cut.is_none() && self.queue.is_empty() {
             self.show_activity("idle", None);
+        } else {
+            self.go_on(cut).await;
         }
         Ok(())
     }
+
+    /// Goes on after a restart, or a resume, with what waits: a turn the
+    /// agent lost (a fresh session after a crash) is given again first and
+    /// the queued steering follows it, as the next prompts; otherwise queued
+    /// steering goes first, and without any a cut turn is continued. A probe
+    /// queued steering during a crash restart: the fresh agent was given
+    /// only that, never the task it had lost.
+    pub(super) async fn go_on(&mut self, cut: Option<CutTurn>) {
+        match cut {
+            // The dialect has no turns: its last prompt may be steering
+            // still queued (written when its pipe broke). What waits goes
+            // first there, as before.
+            Some(CutTurn::Redo(_)) if !self.is_acp() && !self.queue.is_empty() => {
+                self.deliver_queued().await;
+            }
+            Some(CutTurn::Redo(prompt)) => {
+                if !self.queue.is_empty() {
+                    let n = self.queue.len();
+                    let text = format!(
+                        "The agent lost the cut turn: its prompt is given again first; {n} queued instruction(s) follow it."
+                    );
+                    self.emit_notice(NoticeLevel::Info, &text).await;
+                }
+                self.send_prompt(prompt, Role::System).await;
+            }
+            _ if !self.queue.is_empty() => self.deliver_queued().await,
+            Some(CutTurn::Continue) => {
+                let text = self.settings.stall.nudge_text.clone();
+                self.send_prompt(text, Role::System).await;
+            }
+            None => {}
+        }
+    }
+}
+
+/// What becomes of a turn a crash or a pause cut short.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum CutTurn {
+    /// The agent kept its context (a pause, a resumed session): it is
+    /// told to continue, after any queued steering.
+    Continue,
+    /// The agent lost it (a fresh session after a crash): this prompt, the
+    /// cut turn's, is given again before any queued steering.
+    Redo(String),
 }
 
 /// The notice for steering a session ended before delivering (at most five
