@@ -258,9 +258,45 @@ async fn restart_budget_exhausted_marks_the_session_crashed() {
     assert_eq!(h.live_count().await, 0);
 }
 
+/// A nudge cancels a hung turn and prompts again; an agent that ignores
+/// the cancel is restarted after the shutdown grace, as for an interrupt.
+/// A probe's hung agent was nudged twice, told each time that its turn was
+/// cancelled and it was prompted again, and nothing changed.
+#[tokio::test]
+async fn a_nudged_agent_that_ignores_the_cancel_is_restarted() {
+    let mut knobs = Knobs {
+        stall: StallPolicy {
+            inactivity_secs: 1,
+            escalation_secs: 1,
+            max_nudges: 1,
+            nudge_text: "wake up".into(),
+        },
+        ..Knobs::default()
+    };
+    knobs.limits.shutdown_grace_secs = 1;
+    let h = Harness::new(knobs).await;
+    let m = h.dir.path().join("hung-once");
+    let scenario =
+        json!({"turns": [[{"chunk": "thinking"}, {"hang_once": m}, {"chunk": "working again"}]]});
+    let rec = h.start(scenario, "go").await;
+    let text = h.until_transcript(&rec.id, "working again").await;
+    assert!(
+        text.contains("did not end its turn within 1 s of being cancelled"),
+        "{text}"
+    );
+    assert!(text.contains("prompt: wake up"), "{text}");
+    let stored = h
+        .until_record(&rec.id, "active", |r| r.status == SessionStatus::Active)
+        .await;
+    assert_eq!(stored.restart_count, 1);
+}
+
+/// The stall policy's own escalation: nudged, then marked stalled (the
+/// agent's ignored cancels would restart it only after a grace longer than
+/// the escalation).
 #[tokio::test]
 async fn a_stalled_agent_is_nudged_then_marked_stalled() {
-    let h = Harness::new(Knobs {
+    let mut knobs = Knobs {
         stall: StallPolicy {
             inactivity_secs: 1,
             escalation_secs: 1,
@@ -268,8 +304,9 @@ async fn a_stalled_agent_is_nudged_then_marked_stalled() {
             nudge_text: "wake up".into(),
         },
         ..Knobs::default()
-    })
-    .await;
+    };
+    knobs.limits.shutdown_grace_secs = 60;
+    let h = Harness::new(knobs).await;
     let rec = h
         .start(
             json!({"turns": [[{"chunk": "thinking"}, {"hang": true}]]}),

@@ -63,7 +63,7 @@ impl SessionState {
     }
 
     /// An agent that does not end its turn within the shutdown grace of
-    /// being interrupted to steer (or paused) is restarted: a probe's agent ignored
+    /// being interrupted to steer (or paused, or nudged) is restarted: a probe's agent ignored
     /// `session/cancel` and kept chatting, so an interrupt did nothing, the
     /// steering it was for waited for ever, and the stall detector (which
     /// watches silence) never fired.

@@ -328,8 +328,8 @@ impl SessionState {
         if interrupt && self.turn.is_some() {
             self.cancel_turn("interrupted to steer").await;
             // Steering waits for this turn to end: an agent that ignores
-            // the cancel is restarted ([`Self::check_cancel_ignored`]).
-            // (A nudge's cancel is the stall policy's to follow up.)
+            // the cancel is restarted ([`Self::check_cancel_ignored`]), as
+            // after a nudge's cancel.
             if let Some(turn) = &mut self.turn {
                 turn.cancelled_at.get_or_insert_with(Instant::now);
             }
@@ -390,6 +390,12 @@ impl SessionState {
                 // A hung turn: cancel it and prompt again once it ends.
                 self.reprompt_after_cancel = Some(text);
                 self.cancel_turn("nudge").await;
+                // An agent that ignores the cancel is restarted after the
+                // grace, as for an interrupt: a probe's hung agent was
+                // nudged (and told "prompted again") with nothing changing.
+                if let Some(turn) = &mut self.turn {
+                    turn.cancelled_at.get_or_insert_with(Instant::now);
+                }
             }
             Protocol::Acp => {
                 if self.phase == Phase::Ready {
