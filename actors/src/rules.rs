@@ -548,7 +548,38 @@ const RUNS_CODE: &[&str] = &[
     ".npmrc",
     ".gitlab-ci.yml",
     ".trunk",
+    // From a probe: siblings of names above, and configs that editors or
+    // their extensions run as code when the workspace is opened.
+    ".dir-locals-2.el",
+    ".yarnrc",
+    ".devcontainer.json",
+    ".config",
+    "mise",
+    ".rtx.toml",
+    "mise.dev.toml",
+    ".mise.dev.toml",
+    "eslint.config.js",
+    "eslint.config.mjs",
+    "eslint.config.cjs",
+    "eslint.config.ts",
+    ".eslintrc.js",
+    ".eslintrc.cjs",
+    "prettier.config.js",
+    "prettier.config.mjs",
+    "prettier.config.cjs",
+    ".prettierrc.js",
+    ".prettierrc.mjs",
+    ".prettierrc.cjs",
+    ".gitattributes",
+    ".envrc.local",
+    ".vimrc",
+    ".gvimrc",
+    ".lvimrc",
 ];
+
+/// Name endings of files that run code when touched, wherever they lie:
+/// a VS Code workspace file carries tasks and settings like `.vscode/`.
+const RUNS_CODE_SUFFIXES: &[&str] = &[".code-workspace"];
 
 /// File names that make a directory a git repository, or configure one,
 /// wherever they lie: git takes any directory holding `HEAD`, `objects/` and
@@ -567,7 +598,14 @@ fn runs_code_when_touched(path: &str) -> bool {
         name.to_str()
             .is_some_and(|n| list.iter().any(|r| n.eq_ignore_ascii_case(r)))
     };
-    path.file_name().is_some_and(|n| named(GIT_DIR_FILES, n))
+    let suffixed = |name: &std::ffi::OsStr| {
+        name.to_str().is_some_and(|n| {
+            let n = n.to_ascii_lowercase();
+            RUNS_CODE_SUFFIXES.iter().any(|s| n.ends_with(s))
+        })
+    };
+    path.file_name()
+        .is_some_and(|n| named(GIT_DIR_FILES, n) || suffixed(n))
         || path.components().any(|c| match c {
             std::path::Component::Normal(name) => named(RUNS_CODE, name),
             _ => false,
