@@ -226,6 +226,13 @@ fn unknown_things_are_404() {
             r.text
         );
     }
+    // An id without its session says what an approval id looks like.
+    let short = http.post("/api/approvals/req-1", &json!({"decision": "approve"}));
+    assert!(
+        short.text.contains("approval ids are <session-id>:req-N"),
+        "{}",
+        short.text
+    );
     let unknown_ws = http.post(
         "/api/sessions",
         &json!({"workspace": "nope", "prompt": "hi"}),

@@ -392,6 +392,12 @@ async fn startup_timeout_fails_the_start_and_leaves_no_record() {
         "{err:?}"
     );
     assert!(err.to_string().contains("within 1 s"), "{err}");
+    // It names the setting, and the step the agent is stuck in.
+    assert!(
+        err.to_string()
+            .contains("(limits.startup_timeout_secs): no answer to `"),
+        "{err}"
+    );
     assert!(h.store.list_sessions(false).await.expect("list").is_empty());
     assert_eq!(h.live_count().await, 0);
 }

@@ -21,7 +21,7 @@ impl App {
             .store
             .get_request(global_id)
             .await?
-            .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))
+            .ok_or_else(|| no_request(global_id))
     }
 
     /// A page of approval requests, newest first, optionally only those in
@@ -43,8 +43,8 @@ impl App {
         reason: Option<String>,
         caller: Caller,
     ) -> Result<(PendingRequest, Decision), AppError> {
-        let (session, request_id) = split_request_id(global_id)
-            .ok_or_else(|| AppError::NotFound(format!("no approval request {global_id}")))?;
+        let (session, request_id) =
+            split_request_id(global_id).ok_or_else(|| no_request(global_id))?;
         // The live session knows its pending requests and answers with the
         // request it closed (or why not): no read of the row on this path.
         // Only without a running agent is the row read, to say why.
@@ -79,4 +79,15 @@ impl App {
         );
         Ok((request, decision))
     }
+}
+
+/// No such approval; an id without its session says what an id looks like
+/// (`ctl approve req-1` answered only "no approval request req-1").
+fn no_request(global_id: &str) -> AppError {
+    let hint = if global_id.contains(':') {
+        ""
+    } else {
+        ": approval ids are <session-id>:req-N, as `ctl pending` and GET /api/approvals list them"
+    };
+    AppError::NotFound(format!("no approval request {global_id}{hint}"))
 }

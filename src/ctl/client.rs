@@ -54,6 +54,18 @@ pub enum CtlError {
         /// What failed.
         reason: String,
     },
+    /// The connection broke after a change was sent, before its answer: a
+    /// probe's `ctl start` said "cannot reach the server" for a start the
+    /// server had stored (killed mid-start), and the retry made a second.
+    #[error(
+        "the connection to the server at {url} broke before its answer ({reason}); the change may still have been carried out: check with `ctl sessions` or `ctl pending` before trying again"
+    )]
+    Cut {
+        /// The base URL.
+        url: String,
+        /// What failed.
+        reason: String,
+    },
     /// The server took the request and did not answer in time.
     #[error("{}", no_answer(url, *secs, *change))]
     NoAnswer {
@@ -87,7 +99,9 @@ impl CtlError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            CtlError::Unreachable { .. } | CtlError::NoAnswer { .. } => exit::UNREACHABLE,
+            CtlError::Unreachable { .. } | CtlError::NoAnswer { .. } | CtlError::Cut { .. } => {
+                exit::UNREACHABLE
+            }
             CtlError::NoToken(_) => exit::UNAUTHORIZED,
             CtlError::Usage(_) => exit::USAGE,
             CtlError::Protocol(_) => exit::OTHER,
@@ -306,6 +320,11 @@ impl Client {
                     change,
                 }
             }
+            // Connected, then cut: a change may have reached the server.
+            ureq::Error::Io(_) if change => CtlError::Cut {
+                url: self.base.clone(),
+                reason: e.to_string(),
+            },
             ureq::Error::Io(_)
             | ureq::Error::Timeout(_)
             | ureq::Error::HostNotFound
@@ -362,6 +381,36 @@ pub fn parse<T: DeserializeOwned>(raw: &str) -> Result<T, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that reads a request and drops the connection (killed in
+    /// the middle): a change may have been carried out, and ctl says so
+    /// instead of "cannot reach the server"; a read is just unreachable.
+    #[test]
+    fn a_connection_cut_after_a_change_was_sent_says_it_may_be_done() {
+        use std::io::Read;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf);
+                drop(conn);
+            }
+        });
+        let client = Client::new(&base, "t");
+        let err = client
+            .post("/api/sessions", &serde_json::json!({"workspace": "w"}))
+            .expect_err("cut");
+        assert!(matches!(err, CtlError::Cut { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("may still have been carried out"),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), exit::UNREACHABLE);
+        let err = client.get("/api/sessions").expect_err("cut");
+        assert!(matches!(err, CtlError::Unreachable { .. }), "{err:?}");
+    }
 
     /// A server that takes connections and never answers (a stopped
     /// process): ctl gives up, and says a change may still be carried out.

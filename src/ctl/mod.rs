@@ -43,7 +43,8 @@ pub struct CtlArgs {
     /// API token [default: the api-token file beside the config's database]
     #[arg(long, global = true, env = TOKEN_ENV, hide_env_values = true)]
     pub token: Option<String>,
-    /// Config file used to find the URL and the token file [default: ./config.toml]
+    /// Config file used to find the URL and the token file [default:
+    /// ./config.toml, else ./config.toml.example]
     #[arg(long, global = true)]
     pub config: Option<PathBuf>,
     /// Print the server's JSON instead of tables
@@ -114,17 +115,20 @@ pub enum CtlCommand {
         /// Session id
         id: String,
     },
-    /// Pause a session: the agent keeps running, prompts are held
+    /// Pause a session: its running turn is cancelled and steering is held
+    /// until resumed (an agent that ignores the cancel is restarted)
     Pause {
         /// Session id
         id: String,
     },
-    /// Resume a paused session: held prompts go out in order
+    /// Resume a paused session: held steering goes out in order, or the
+    /// cut turn is continued
     Resume {
         /// Session id
         id: String,
     },
-    /// Nudge a stalled agent (a reminder prompt)
+    /// Nudge a stalled agent: a reminder prompt (a hung turn is cancelled
+    /// first; an agent that ignores that is restarted)
     Nudge {
         /// Session id
         id: String,

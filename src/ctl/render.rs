@@ -302,6 +302,10 @@ pub fn session_detail(d: &SessionDetailView) -> String {
         let turn = if live.turn_running { "running" } else { "idle" };
         fields.push(("agent pid", pid));
         fields.push(("turn", turn.into()));
+        if live.paused {
+            let held = format!("yes: steering is held until `ctl resume {}`", s.id);
+            fields.push(("paused", held));
+        }
         fields.push(("queued", live.queued_prompts.to_string()));
         if let Some(u) = &live.usage {
             let mut usage = format!("{}/{} tokens", u.used, u.size);

@@ -251,7 +251,9 @@ pub async fn require_token(
         Some(presented) if token.matches(presented) => next.run(request).await,
         Some(_) => {
             wrong_token("the API");
-            refuse(ApiError::Unauthorized("wrong API token".into()))
+            refuse(ApiError::Unauthorized(format!(
+                "wrong API token: use {TOKEN_ENV} if the server was started with it, else the content of {TOKEN_FILE_NAME} in the database's directory (data/{TOKEN_FILE_NAME} by default)"
+            )))
         }
         None => refuse(ApiError::Unauthorized(format!(
             "missing API token: send Authorization: Bearer <token> (the token is in {TOKEN_ENV} or data/{TOKEN_FILE_NAME})"

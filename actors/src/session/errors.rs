@@ -13,7 +13,7 @@ pub enum StartError {
     Spawn(String),
     /// The handshake did not finish in time.
     #[error(
-        "agent `{agent}` did not finish the ACP handshake within {secs} s{}",
+        "agent `{agent}` did not finish the ACP handshake within {secs} s (limits.startup_timeout_secs): no answer to {step}{}",
         stderr_suffix(.stderr)
     )]
     Timeout {
@@ -21,6 +21,8 @@ pub enum StartError {
         agent: String,
         /// Seconds.
         secs: u64,
+        /// The handshake request left unanswered (`initialize`, ...).
+        step: &'static str,
         /// The last of what the agent wrote to stderr (why it is stuck).
         stderr: String,
     },

@@ -175,9 +175,15 @@ impl SessionState {
             self.phase,
             Phase::Initializing | Phase::Authenticating | Phase::Opening
         ) {
+            let step = match self.phase {
+                Phase::Initializing => "`initialize`",
+                Phase::Authenticating => "`authenticate`",
+                _ => "`session/new` (or `session/load`)",
+            };
             let err = StartError::Timeout {
                 agent: self.profile.id.clone(),
                 secs: self.settings.limits.startup_timeout_secs,
+                step,
                 stderr: self
                     .child
                     .as_ref()

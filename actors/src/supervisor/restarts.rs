@@ -195,7 +195,8 @@ impl SupervisorState {
                 policy.max_restarts, policy.restart_window_secs
             );
             tracing::error!(session = %id, "{}", crate::text::log_safe(&text));
-            self.notice(&id, NoticeLevel::Error, text);
+            // Kept: whoever reads the transcript later needs it most.
+            self.notice_kept(&id, NoticeLevel::Error, text).await;
             let reason = if policy.max_restarts == 0 {
                 format!("{reason} (not restarted: supervision.max_restarts is 0)")
             } else {

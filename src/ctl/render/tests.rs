@@ -265,6 +265,27 @@ fn show_names_the_approval_mode() {
     );
 }
 
+/// A paused session says so (the API had `live.paused`; `ctl show` only
+/// showed a queue that never moved).
+#[test]
+fn show_says_when_a_session_is_paused() {
+    let mut d = detail("t", vec![]);
+    let live = |paused: bool| {
+        serde_json::from_value(serde_json::json!({
+            "turn_running": false, "paused": paused, "queued_prompts": 1, "agent_pid": 7
+        }))
+        .expect("live")
+    };
+    d.live = Some(live(true));
+    let out = session_detail(&d);
+    assert!(
+        out.contains("paused     yes: steering is held until `ctl resume s-1`\n"),
+        "{out}"
+    );
+    d.live = Some(live(false));
+    assert!(!session_detail(&d).contains("paused"));
+}
+
 #[test]
 fn tables_align_columns() {
     let t = table(
