@@ -37,16 +37,33 @@ pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// handling began (loopback delivers megabytes in milliseconds).
 pub const BODY_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long the console's login form may take to arrive. It is the one
+/// body anyone may send without a token (a token and a key, which a browser
+/// sends at once): a probe held 8,400 connections with `POST /login` heads
+/// and no body, 30 s each, and `/healthz` took seconds to answer.
+pub const LOGIN_BODY_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Middleware: the request's body fails to read once [`BODY_DEADLINE`] has
-/// passed (the handler answers with its usual "cannot read the body").
+/// passed ([`LOGIN_BODY_DEADLINE`] for the login form; the handler answers
+/// with its usual "cannot read the body").
 pub async fn body_deadline(request: Request, next: Next) -> Response {
     use http_body::Body as _;
     if request.body().is_end_stream() {
         return next.run(request).await;
     }
+    let after = deadline_for(request.uri().path());
     let (parts, body) = request.into_parts();
-    let body = deadlined(body, BODY_DEADLINE);
+    let body = deadlined(body, after);
     next.run(Request::from_parts(parts, body)).await
+}
+
+/// How long a body sent to `path` may take.
+fn deadline_for(path: &str) -> Duration {
+    if path == "/login" {
+        LOGIN_BODY_DEADLINE
+    } else {
+        BODY_DEADLINE
+    }
 }
 
 /// Whether reading a body failed because it did not arrive in time.
@@ -154,6 +171,16 @@ mod tests {
         let err = axum::body::to_bytes(body, 1 << 20).await.expect_err("cut");
         assert!(err.to_string().contains("did not arrive within"), "{err}");
         assert!(too_slow(&err), "{err:?}");
+    }
+
+    /// The one body sent without a token has the short deadline.
+    #[test]
+    fn the_login_form_has_the_short_deadline() {
+        assert_eq!(deadline_for("/login"), LOGIN_BODY_DEADLINE);
+        assert!(LOGIN_BODY_DEADLINE < BODY_DEADLINE);
+        for path in ["/api/sessions", "/mcp", "/logout", "/login/x"] {
+            assert_eq!(deadline_for(path), BODY_DEADLINE, "{path}");
+        }
     }
 
     #[tokio::test]
