@@ -445,33 +445,38 @@ async fn run_until_signal(
 
 /// First SIGINT/SIGTERM: graceful stop. Second: exit immediately.
 async fn watch_signals(stop: watch::Sender<bool>) {
-    if let Err(e) = next_signal().await {
-        tracing::error!("cannot listen for signals: {e}; use SIGKILL to stop");
-        return;
-    }
-    tracing::info!("signal received; shutting down gracefully (send it again to exit at once)");
+    let name = match next_signal().await {
+        Ok(name) => name,
+        Err(e) => {
+            tracing::error!("cannot listen for signals: {e}; use SIGKILL to stop");
+            return;
+        }
+    };
+    tracing::info!("{name} received; shutting down gracefully (send it again to exit at once)");
     let _ = stop.send(true);
-    if next_signal().await.is_ok() {
+    if let Ok(name) = next_signal().await {
         // No session is stopped on this path, but no agent is left running.
         let killed = intercom_actors::child::kill_every_agent_group();
-        eprintln!("second signal: exiting immediately (killed {killed} agent process groups)");
+        eprintln!(
+            "second signal ({name}): exiting immediately (killed {killed} agent process groups)"
+        );
         std::process::exit(130);
     }
 }
 
+/// Waits for SIGINT or SIGTERM; returns which.
 #[cfg(unix)]
-async fn next_signal() -> std::io::Result<()> {
+async fn next_signal() -> std::io::Result<&'static str> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
-    Ok(())
+    Ok(tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    })
 }
 
 #[cfg(not(unix))]
-async fn next_signal() -> std::io::Result<()> {
-    tokio::signal::ctrl_c().await
+async fn next_signal() -> std::io::Result<&'static str> {
+    tokio::signal::ctrl_c().await.map(|()| "Ctrl-C")
 }

@@ -53,6 +53,26 @@ impl InstanceLock {
         })
     }
 
+    /// [`InstanceLock::acquire`], trying again for up to `patience` while
+    /// another holds it. A server killed with SIGKILL holds its lock until
+    /// the kernel has taken the process down: a restart right after the
+    /// kill (by hand, or a service manager's) found it still held and
+    /// exited saying another instance ran.
+    pub(crate) async fn acquire_within(
+        path: &Path,
+        patience: std::time::Duration,
+    ) -> Result<InstanceLock, LockFailure> {
+        let until = tokio::time::Instant::now() + patience;
+        loop {
+            match Self::acquire(path) {
+                Err(LockFailure::Held) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Where the lock file is.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -102,6 +122,30 @@ mod tests {
         ));
         drop(first);
         InstanceLock::acquire(&path).expect("lock after release");
+    }
+
+    /// A lock let go of while a second waits is taken; one held throughout
+    /// is refused once the patience is spent.
+    #[tokio::test]
+    async fn a_lock_released_while_waiting_is_taken() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db.lock");
+        let first = InstanceLock::acquire(&path).expect("first lock");
+        let refused =
+            InstanceLock::acquire_within(&path, std::time::Duration::from_millis(250)).await;
+        assert!(matches!(refused, Err(LockFailure::Held)));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn(async move {
+            let _ = rx.await;
+            drop(first);
+        });
+        let waiting = tokio::spawn({
+            let path = path.clone();
+            async move { InstanceLock::acquire_within(&path, std::time::Duration::from_secs(30)).await }
+        });
+        let _ = tx.send(());
+        holder.await.expect("holder");
+        waiting.await.expect("join").expect("taken once released");
     }
 
     #[test]

@@ -126,6 +126,10 @@ pub struct SqliteStore {
     _temporary: Option<tempfile::TempDir>,
 }
 
+/// How long a start waits for the instance lock of a server that was just
+/// killed ([`InstanceLock::acquire_within`]).
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, takes the
     /// single-instance lock and applies migrations.
@@ -136,7 +140,7 @@ impl SqliteStore {
         create_parent_dir(path)?;
 
         let lock_path = InstanceLock::path_for(path);
-        let instance_lock = match InstanceLock::acquire(&lock_path) {
+        let instance_lock = match InstanceLock::acquire_within(&lock_path, LOCK_PATIENCE).await {
             Ok(lock) => lock,
             Err(LockFailure::Held) => {
                 return Err(StorageOpenError::Locked {
