@@ -288,6 +288,41 @@ fn path_sessions_stay_under_the_workspace_root() {
     assert!(inside.text.contains("workspace `demo`"), "{}", inside.text);
 }
 
+/// A route that takes no body refuses one with fields, and does nothing: a
+/// probe's `{"dry_run": true}` on a stop was ignored and the session
+/// stopped. No body, or `{}`, is what the clients send.
+#[test]
+fn a_control_with_fields_it_does_not_take_is_refused_and_does_nothing() {
+    let server = Server::start(with_permission());
+    let http = &server.http;
+    let started = http.post(
+        "/api/sessions",
+        &json!({"workspace": "demo", "prompt": "hi"}),
+    );
+    assert_eq!(started.status, 201, "{}", started.text);
+    let id = started.body["id"].as_str().expect("id").to_owned();
+    for what in ["cancel", "pause", "restart", "nudge", "resume", "revive"] {
+        let r = http.post(
+            &format!("/api/sessions/{id}/{what}"),
+            &json!({"dry_run": true}),
+        );
+        assert_eq!(r.status, 400, "{what}: {}", r.text);
+        let error = r.body["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("unknown field(s) \"dry_run\""),
+            "{what}: {error}"
+        );
+    }
+    let s = http.get(&format!("/api/sessions/{id}"));
+    assert!(
+        ["active", "starting"].contains(&s.body["status"].as_str().unwrap_or("")),
+        "{}",
+        s.text
+    );
+    let paused = http.post(&format!("/api/sessions/{id}/pause"), &json!({}));
+    assert_eq!(paused.status, 200, "{}", paused.text);
+}
+
 #[test]
 fn malformed_requests_are_400_with_json_errors() {
     let server = Server::start(with_permission());

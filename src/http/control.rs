@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use axum::response::{IntoResponse, Response};
 
-use super::error::{ApiError, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiPath, ApiQuery, NoBody};
 use super::paging;
 use crate::app::App;
 use crate::ctl::client::segment;
@@ -38,6 +38,7 @@ fn done(id: String, what: &str) -> Json<ControlDone> {
 pub async fn pause(
     State(app): State<App>,
     ApiPath(id): ApiPath<String>,
+    _: NoBody,
 ) -> Result<Json<ControlDone>, ApiError> {
     app.pause(&SessionId(id.clone()), true, Caller::local())
         .await?;
@@ -48,6 +49,7 @@ pub async fn pause(
 pub async fn resume(
     State(app): State<App>,
     ApiPath(id): ApiPath<String>,
+    _: NoBody,
 ) -> Result<Json<ControlDone>, ApiError> {
     app.pause(&SessionId(id.clone()), false, Caller::local())
         .await?;
@@ -58,6 +60,7 @@ pub async fn resume(
 pub async fn nudge(
     State(app): State<App>,
     ApiPath(id): ApiPath<String>,
+    _: NoBody,
 ) -> Result<Json<ControlDone>, ApiError> {
     app.nudge(&SessionId(id.clone()), Caller::local()).await?;
     Ok(done(id, "nudged"))

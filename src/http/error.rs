@@ -140,6 +140,45 @@ where
     }
 }
 
+/// The body of a route that takes none (stop, restart, revive, pause,
+/// resume, nudge): nothing, or `{}` (what clients that always send JSON
+/// send). Anything else is refused: a probe's `{"dry_run": true}` on a stop
+/// was ignored, and the session stopped.
+#[derive(Debug)]
+pub struct NoBody;
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+        let text = std::str::from_utf8(&bytes).unwrap_or("?").trim();
+        if text.is_empty() {
+            return Ok(NoBody);
+        }
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(o)) if o.is_empty() => Ok(NoBody),
+            Ok(serde_json::Value::Null) => Ok(NoBody),
+            Ok(serde_json::Value::Object(o)) => {
+                let names: Vec<&str> = o.keys().map(String::as_str).take(5).collect();
+                Err(ApiError::bad_request(format!(
+                    "this route takes no body, so nothing in it is done: unknown field(s) {}; send none, or {{}} (see docs/api.md)",
+                    names
+                        .iter()
+                        .map(|n| format!("{:?}", intercom_actors::text::one_line(n, 64)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )))
+            }
+            _ => Err(ApiError::bad_request(
+                "this route takes no body; send none, or {} (see docs/api.md)",
+            )),
+        }
+    }
+}
+
 fn json_rejection(rejection: &JsonRejection) -> ApiError {
     let detail = rejection.body_text();
     let message = match rejection {

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::auth::{self, ApiToken};
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, NoBody};
 use super::paging;
 use super::views::{
     ApprovalView, ErrorBody, Health, PromptAccepted, SessionDetailView, SessionView,
@@ -182,6 +182,7 @@ pub async fn prompt(
 pub async fn restart(
     State(app): State<App>,
     ApiPath(id): ApiPath<String>,
+    _: NoBody,
 ) -> ApiResult<(StatusCode, Json<SessionView>)> {
     let record = app.restart(&SessionId(id), Caller::local()).await?;
     Ok((StatusCode::ACCEPTED, Json(record.into())))
@@ -192,6 +193,7 @@ pub async fn restart(
 pub async fn revive(
     State(app): State<App>,
     ApiPath(id): ApiPath<String>,
+    _: NoBody,
 ) -> ApiResult<Json<SessionView>> {
     let record = app.revive(&SessionId(id), Caller::local()).await?;
     Ok(Json(record.into()))
@@ -202,6 +204,7 @@ pub async fn revive(
 pub async fn cancel(
     State(app): State<App>,
     ApiPath(id): ApiPath<String>,
+    _: NoBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let outcome = app.cancel(&SessionId(id), Caller::local()).await?;
     let mut view = serde_json::to_value(SessionView::from(outcome.record))
