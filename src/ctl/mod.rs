@@ -215,16 +215,43 @@ pub fn run(args: &CtlArgs) -> i32 {
                 // Anything else may quote the server or an agent: one line.
                 _ => eprintln!("error: {}", render::bounded(&text, ERROR_MAX)),
             }
-            if matches!(&e, CtlError::Api { status: 401, .. }) && args.token.is_some() {
-                // A stale token in the environment is the likely cause at
-                // 2 a.m., and the message alone did not say where it came from.
-                eprintln!(
-                    "  (the token came from --token or {TOKEN_ENV}; without either, ctl reads the server's api-token file)"
-                );
+            for hint in hints(&e, args) {
+                eprintln!("  ({hint})");
             }
             e.exit_code()
         }
     }
+}
+
+/// What an error's cause likely is, told under it, from where ctl took
+/// what it used.
+fn hints(e: &CtlError, args: &CtlArgs) -> Vec<String> {
+    let config = choose_config(args.config.as_deref()).path;
+    let from_file = config.is_file();
+    let mut out = Vec::new();
+    // A probe changed [server] bind: the running server still listened on
+    // its old address (a restart applies it), and ctl, following the file,
+    // said the server was down. The same for [database] path and the token.
+    if matches!(e, CtlError::Unreachable { .. }) && args.url.is_none() && from_file {
+        out.push(format!(
+            "the address came from [server] bind in {}; a server started before that was last changed listens on its old address until restarted: give --url",
+            config.display()
+        ));
+    }
+    if matches!(e, CtlError::NoToken(_)) && args.token.is_none() && from_file {
+        out.push(format!(
+            "the token file's place came from [database] path in {}; a server started before that was last changed keeps its old one until restarted: give --token",
+            config.display()
+        ));
+    }
+    if matches!(e, CtlError::Api { status: 401, .. }) && args.token.is_some() {
+        // A stale token in the environment is the likely cause at 2 a.m.,
+        // and the message alone did not say where it came from.
+        out.push(format!(
+            "the token came from --token or {TOKEN_ENV}; without either, ctl reads the server's api-token file"
+        ));
+    }
+    out
 }
 
 /// Where the server and its token are, absent flags.
@@ -770,6 +797,40 @@ mod tests {
         // No config file at all: the built-in address, as the server's.
         let none = defaults_at(&dir.path().join("absent.toml"), false).expect("defaults");
         assert_eq!(none.url, format!("http://{DEFAULT_BIND}"));
+    }
+
+    /// An unreachable server or a missing token, when ctl followed the
+    /// config file, says the file may have moved on from the running server
+    /// (a probe changed `[server] bind`, and ctl said the server was down).
+    #[test]
+    fn a_failure_after_following_the_config_says_where_it_came_from() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            ctl: CtlArgs,
+        }
+        use clap::Parser as _;
+        let dir = tempfile::tempdir().expect("tmp");
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "[server]\nbind = \"127.0.0.1:4123\"\n").expect("write");
+        let args = |extra: &[&str]| {
+            let mut argv = vec!["ctl", "--config", cfg.to_str().expect("utf-8")];
+            argv.extend_from_slice(extra);
+            argv.push("sessions");
+            Cli::parse_from(argv).ctl
+        };
+        let down = CtlError::Unreachable {
+            url: "http://127.0.0.1:4123".into(),
+            reason: "refused".into(),
+        };
+        let told = hints(&down, &args(&[]));
+        assert!(
+            told.len() == 1 && told[0].contains("[server] bind in") && told[0].contains("--url"),
+            "{told:?}"
+        );
+        assert!(hints(&down, &args(&["--url", "http://127.0.0.1:9"])).is_empty());
+        let no_token = CtlError::NoToken("no API token".into());
+        assert!(hints(&no_token, &args(&[]))[0].contains("[database] path"));
     }
 
     #[test]
