@@ -15,6 +15,11 @@ use crate::storage::pages::{Bounds, DEFAULT_LIMIT, MAX_LIMIT};
 
 /// The page a query asks for, or what is wrong with it.
 pub fn bounds(before: Option<i64>, limit: Option<usize>) -> Result<Bounds, ApiError> {
+    if let Some(b) = before.filter(|b| *b < 0) {
+        return Err(ApiError::bad_request(format!(
+            "before must be an id (0 or more), not {b}"
+        )));
+    }
     Ok(Bounds {
         before,
         limit: page_limit(limit, DEFAULT_LIMIT)?,
@@ -86,6 +91,7 @@ mod tests {
     fn a_limit_out_of_range_says_what_is_allowed() {
         assert_eq!(bounds(None, None).expect("default").limit, DEFAULT_LIMIT);
         assert_eq!(bounds(Some(9), Some(3)).expect("page").before, Some(9));
+        assert!(bounds(Some(-1), None).is_err(), "a negative id is refused");
         for bad in [0, MAX_LIMIT + 1] {
             let err = bounds(None, Some(bad)).expect_err("refused");
             assert!(format!("{err:?}").contains("between 1 and 5000"), "{err:?}");

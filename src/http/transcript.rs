@@ -34,6 +34,16 @@ pub struct PageQuery {
 impl PageQuery {
     /// The page asked for, or what is wrong with the query.
     fn page(&self) -> Result<TranscriptPage, ApiError> {
+        // Ids start at 1: a negative one is a client's mistake, said as
+        // the event stream says it (an empty page would read as "no more").
+        if let Some((name, id)) = [("before", self.before), ("after", self.after)]
+            .into_iter()
+            .find_map(|(n, v)| v.filter(|v| *v < 0).map(|v| (n, v)))
+        {
+            return Err(ApiError::bad_request(format!(
+                "{name} must be an entry id (0 or more), not {id}"
+            )));
+        }
         let anchor = match (self.before, self.after) {
             (None, None) => Anchor::Latest,
             (Some(b), None) => Anchor::Before(b),
@@ -136,6 +146,8 @@ mod tests {
     fn a_bad_query_says_what_is_allowed() {
         for (q, says) in [
             (query(Some(1), Some(2), None), "not both"),
+            (query(Some(-1), None, None), "before must be an entry id"),
+            (query(None, Some(-5), None), "after must be an entry id"),
             (query(None, None, Some(0)), "between 1 and 5000"),
             (query(None, None, Some(MAX_LIMIT + 1)), "between 1 and 5000"),
             (
