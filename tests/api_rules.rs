@@ -23,6 +23,13 @@ fn rules_answer_matching_requests_and_can_be_removed() {
     assert_eq!(created.status, 201, "{}", created.text);
     let rule_id = created.body["id"].as_str().expect("rule id").to_owned();
     assert!(rule_id.starts_with("r-"), "{rule_id}");
+    // The same rule posted again (a retried call) is the one stored.
+    let again = http.post(
+        "/api/rules",
+        &json!({"scope": "workspace", "scope_id": "demo", "match": {"kind": "edit"}, "action": "allow"}),
+    );
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.body["id"], rule_id.as_str());
     http.until_transcript(&first_id, "permission t1: selected allow-once");
     let listed = http.get("/api/rules");
     assert_eq!(listed.status, 200);

@@ -93,6 +93,17 @@ pub async fn create(
         matcher: body.matcher,
         action: body.action,
     };
+    // Posting the same rule twice (a retried call) keeps one, as
+    // `/remember` does: 200 with the rule already stored.
+    let stored = app.rules().await?;
+    if let Some((same, _)) = stored.into_iter().find(|(r, source)| {
+        source != "config"
+            && r.scope == rule.scope
+            && r.matcher == rule.matcher
+            && r.action == rule.action
+    }) {
+        return Ok((StatusCode::OK, Json(same)));
+    }
     let rule = app.add_rule(rule, LOCAL_OWNER).await?;
     Ok((StatusCode::CREATED, Json(rule)))
 }
