@@ -763,6 +763,41 @@ async fn an_interrupt_marks_the_turns_unfinished_tool_calls_cancelled() {
     .await;
 }
 
+/// The same status is not shown twice in a row: a probe's event stream
+/// showed "active · working" twice at each start.
+#[tokio::test]
+async fn a_start_shows_each_status_once() {
+    let h = Harness::new(Knobs::default()).await;
+    let rec = h.start(json!({"turns": [[{"chunk": "done"}]]}), "go").await;
+    h.until(
+        "idle",
+        |e| matches!(e, OperatorEvent::StatusChanged { activity, .. } if activity == "idle"),
+    )
+    .await;
+    let shown: Vec<(String, String)> = h
+        .sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            OperatorEvent::StatusChanged {
+                session_id,
+                status,
+                activity,
+                ..
+            } if session_id == rec.id => Some((status.as_str().to_owned(), activity)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        shown.windows(2).all(|w| w[0] != w[1]),
+        "a status shown twice in a row: {shown:?}"
+    );
+    assert!(
+        shown.contains(&("active".into(), "working".into())),
+        "{shown:?}"
+    );
+}
+
 #[tokio::test]
 async fn auth_required_without_a_method_names_the_offered_methods() {
     let h = Harness::new(Knobs::default()).await;

@@ -523,6 +523,9 @@ pub struct SessionState {
     /// A turn cut short by a pause, or by a crash while paused: what the
     /// resume does about it ([`turns::CutTurn`]).
     resume_turn: Option<turns::CutTurn>,
+    /// A hash of the status, activity and reason last shown to the
+    /// operator: the same twice in a row is not shown again.
+    last_shown: std::sync::atomic::AtomicU64,
     queue: VecDeque<Steering>,
     /// Steering written to the agent's stdin but not yet confirmed written,
     /// by write token: it becomes delivered on [`ChildEvent::Written`] and

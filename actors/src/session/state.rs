@@ -55,6 +55,7 @@ impl SessionState {
             dialect_prompt: None,
             reprompt_after_cancel: None,
             resume_turn: None,
+            last_shown: Default::default(),
             queue: VecDeque::new(),
             in_flight: BTreeMap::new(),
             next_write_token: 0,
@@ -173,12 +174,7 @@ impl SessionState {
         if let Err(e) = written {
             tracing::error!(session = %self.record.id, "status write failed: {e}");
         }
-        self.emit(OperatorEvent::StatusChanged {
-            session_id: self.id().clone(),
-            status,
-            activity: activity.to_owned(),
-            reason: reason.map(str::to_owned),
-        });
+        self.show_activity(activity, reason);
     }
 
     /// Bumps `last_activity_at` (Slack's "most recent session" and cleanup
@@ -203,6 +199,21 @@ impl SessionState {
 
     /// Tells the operator what the session is doing now (status unchanged).
     pub(super) fn show_activity(&self, activity: &str, reason: Option<&str>) {
+        // The same status twice in a row says nothing new: a probe's event
+        // stream showed "active · working" twice at each start.
+        let shown = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (self.status.as_str(), activity, reason).hash(&mut h);
+            h.finish()
+        };
+        if self
+            .last_shown
+            .swap(shown, std::sync::atomic::Ordering::Relaxed)
+            == shown
+        {
+            return;
+        }
         self.emit(OperatorEvent::StatusChanged {
             session_id: self.id().clone(),
             status: self.status,
