@@ -232,32 +232,40 @@ pub fn sessions(list: &[SessionView]) -> String {
         return "no sessions\n".to_owned();
     }
     let now = now_ms();
+    // An ended session's reason tells a stop from a shutdown a revive can
+    // undo; the column is there only when some listed session ended.
+    let ended = list.iter().any(|s| !s.status.is_live());
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|s| {
-            vec![
+            let mut row = vec![
                 s.id.clone(),
                 s.status.to_string(),
                 clip(&s.workspace, 30),
                 s.agent.clone(),
                 s.owner.clone(),
                 ago(s.updated_at, now),
-                clip(&s.title, CELL_MAX),
-            ]
+            ];
+            if ended {
+                let reason = match (&s.status_reason, s.revivable) {
+                    _ if s.status.is_live() => String::new(),
+                    (Some(r), true) => format!("{} (revivable)", clip(r, 40)),
+                    (Some(r), false) => clip(r, 40),
+                    (None, true) => "(revivable)".into(),
+                    (None, false) => "-".into(),
+                };
+                row.push(reason);
+            }
+            row.push(clip(&s.title, CELL_MAX));
+            row
         })
         .collect();
-    table(
-        &[
-            "ID",
-            "STATUS",
-            "WORKSPACE",
-            "AGENT",
-            "OWNER",
-            "UPDATED",
-            "TITLE",
-        ],
-        &rows,
-    )
+    let mut heads = vec!["ID", "STATUS", "WORKSPACE", "AGENT", "OWNER", "UPDATED"];
+    if ended {
+        heads.push("REASON");
+    }
+    heads.push("TITLE");
+    table(&heads, &rows)
 }
 
 /// `ctl start` / `ctl cancel`: one line about a session.

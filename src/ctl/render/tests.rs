@@ -286,6 +286,31 @@ fn show_says_when_a_session_is_paused() {
     assert!(!session_detail(&d).contains("paused"));
 }
 
+/// Ended sessions say why, and whether a revive can bring them back: a
+/// probe could not tell a shutdown (revivable) from an operator's stop.
+#[test]
+fn sessions_show_why_an_ended_one_ended() {
+    let view = |id: &str, status: &str, reason: Option<&str>, revivable: bool| -> SessionView {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "workspace": "demo", "agent": "scripted", "status": status,
+            "status_reason": reason, "title": "t", "owner": "local", "created_at": 0,
+            "updated_at": 0, "last_activity_at": 0, "restart_count": 0, "cwd": "/w",
+            "protocol": "acp", "channel_id": null, "thread_ts": null, "revivable": revivable
+        }))
+        .expect("view")
+    };
+    let live = sessions(&[view("s-1", "active", None, false)]);
+    assert!(!live.contains("REASON"), "{live}");
+    let all = sessions(&[
+        view("s-1", "active", None, false),
+        view("s-2", "cancelled", Some("server_shutdown"), true),
+        view("s-3", "cancelled", Some("stopped by local"), false),
+    ]);
+    assert!(all.contains("REASON"), "{all}");
+    assert!(all.contains("server_shutdown (revivable)"), "{all}");
+    assert!(all.contains("stopped by local"), "{all}");
+}
+
 #[test]
 fn tables_align_columns() {
     let t = table(
