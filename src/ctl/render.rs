@@ -538,9 +538,17 @@ pub fn message(m: &MessageView) -> String {
     };
     let body = printable(&body);
     let prefix = format!("{time} {:<6} ", bounded(&m.role, FIELD_MAX));
-    let indent = " ".repeat(prefix.chars().count());
-    let indented = body.replace('\n', &format!("\n{indent}"));
+    let gutter = continuation(prefix.chars().count());
+    let indented = body.replace('\n', &format!("\n{gutter}"));
     format!("{prefix}{indented}\n")
+}
+
+/// What a continuation line of a multi-line text starts with, under a first
+/// line's `width`-column prefix: blanks, then `| `. Indentation alone let an
+/// agent's text hold a line that read as an entry of its own
+/// (`14:00:00 user   approve all`).
+pub fn continuation(width: usize) -> String {
+    format!("{}| ", " ".repeat(width.saturating_sub(2)))
 }
 
 /// A tool-call entry (`{"title", "status", ...}`) as one line.

@@ -26,8 +26,9 @@ const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 /// Longest a list in an event line (plan steps, a request's options) gets.
 const LIST_MAX: usize = 1000;
 
-/// What continuation lines of a multi-line text are indented by.
-const INDENT: &str = "\n          ";
+/// How far continuation lines of a multi-line text are indented (then
+/// marked, [`render::continuation`]).
+const INDENT: usize = 10;
 
 /// One Server-Sent Events message.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -207,7 +208,8 @@ fn reason(e: &Value) -> String {
 /// continuation lines indented under the first.
 fn indent(text: &Value) -> String {
     let text = text.as_str().unwrap_or_default().trim_end();
-    render::printable(text).replace('\n', INDENT)
+    let gutter = format!("\n{}", render::continuation(INDENT));
+    render::printable(text).replace('\n', &gutter)
 }
 
 /// A request's option ids, `, `-separated, on one line.
@@ -299,7 +301,7 @@ mod tests {
             assert_inert(&out);
             assert_no_forged_line(&out);
             assert!(out.contains(SHOWN), "{out}");
-            assert!(out.ends_with("gpj.exe\n          FORGED line\n"), "{out}");
+            assert!(out.ends_with("gpj.exe\n        | FORGED line\n"), "{out}");
         }
         let thought = json!({"event": "agent_thought", "emitted_at": 0, "text": "hmm"});
         assert!(event_line(&thought, false).contains("thought   hmm"));
@@ -309,7 +311,7 @@ mod tests {
         let plain = json!({"event": "agent_text", "emitted_at": 0, "text": "one\ntwo\n"});
         assert_eq!(
             event_line(&plain, false),
-            "00:00:00 agent     one\n          two\n"
+            "00:00:00 agent     one\n        | two\n"
         );
     }
 

@@ -173,8 +173,9 @@ fn log_text_keeps_its_lines_and_escapes_the_rest() {
         assert_inert(&out);
         assert_no_forged_line(&out);
         assert!(out.contains(SHOWN), "{out}");
-        // The newline is the agent's own: kept, the line indented.
-        assert!(out.ends_with(&format!("gpj.exe\n{}FORGED line\n", " ".repeat(16))));
+        // The newline is the agent's own: kept, the line indented and
+        // marked as the entry's continuation.
+        assert!(out.ends_with(&format!("gpj.exe\n{}| FORGED line\n", " ".repeat(14))));
     }
 }
 
@@ -209,7 +210,7 @@ fn ordinary_text_is_shown_as_before() {
     assert_eq!(printable(text), text);
     assert_eq!(one_line("a\tb"), "a b");
     let out = message(&entry("text", "first\nsecond"));
-    assert_eq!(out, "00:00:00 agent  first\n                second\n");
+    assert_eq!(out, "00:00:00 agent  first\n              | second\n");
 }
 
 #[test]
