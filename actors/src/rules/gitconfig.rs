@@ -96,9 +96,18 @@ fn repository(dir: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
     Some((top.to_path_buf(), configs))
 }
 
+/// A regular file's text, at most [`MAX_BYTES`]; `None` for anything else.
+/// Opened without blocking: an agent (a process on this machine) can put a
+/// FIFO where a config file or `.git` is looked for, and a plain open of
+/// it waits for a writer for ever, holding the session that asked.
 fn read_bounded(path: &Path) -> Option<String> {
     use std::io::Read;
-    let file = std::fs::File::open(path).ok()?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
     if !file.metadata().ok()?.is_file() {
         return None;
     }
@@ -258,6 +267,29 @@ mod tests {
         assert!(covers(&found, "team.gitconfig"));
         assert!(!covers(&found, "tools/hooksmith.rs"));
         assert!(!covers(&found, "src/main.rs"));
+    }
+
+    /// A FIFO where a config file is looked for is skipped, not waited on.
+    #[test]
+    fn a_fifo_in_place_of_a_config_file_is_skipped() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().join("repo");
+        std::fs::create_dir_all(root.join(".git")).expect("git dir");
+        std::fs::write(
+            root.join(".git/config"),
+            "[include]\n\tpath = ../team.gitconfig\n[core]\n\thooksPath = hooks\n",
+        )
+        .expect("config");
+        let fifo = std::ffi::CString::new(root.join("team.gitconfig").to_str().expect("utf-8"))
+            .expect("c path");
+        // SAFETY: mkfifo(3) on a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let found = protected(&root);
+        assert!(found.contains(&PathBuf::from("hooks")), "{found:?}");
+        assert!(
+            found.contains(&PathBuf::from("team.gitconfig")),
+            "{found:?}"
+        );
     }
 
     #[test]
