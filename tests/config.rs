@@ -1285,22 +1285,21 @@ fn deleting_the_last_allow_rule_stops_it_allowing() {
     let allow =
         "[[rule]]\nid = \"allow-edits\"\naction = \"allow\"\nkind = \"edit\"\npaths = [\"**\"]\n";
     let deny = "[[rule]]\nid = \"no-rm\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
-    let (_dir, path) = write_config(&format!("{base}{allow}"));
-    let running = Config::load(&path).unwrap();
-    fs::write(&path, &base).unwrap();
-    let (applied, note) = Config::reload(&path)
-        .expect("parses")
-        .reload_over(&running)
-        .expect("applied");
+    let (_dir, path) = write_config(&base);
+    // Runs `rules`, then reloads the file with none.
+    let delete_all_of = |rules: String| {
+        fs::write(&path, format!("{base}{rules}")).unwrap();
+        let running = Config::load(&path).unwrap();
+        fs::write(&path, &base).unwrap();
+        Config::reload(&path)
+            .expect("parses")
+            .reload_over(&running)
+            .expect("applied")
+    };
+    let (applied, note) = delete_all_of(allow.to_owned());
     assert!(applied.rules.is_empty(), "{:?}", applied.rules);
     assert!(note.is_none());
-    fs::write(&path, format!("{base}{allow}{deny}")).unwrap();
-    let running = Config::load(&path).unwrap();
-    fs::write(&path, &base).unwrap();
-    let (applied, note) = Config::reload(&path)
-        .expect("parses")
-        .reload_over(&running)
-        .expect("applied");
+    let (applied, note) = delete_all_of(format!("{allow}{deny}"));
     let ids: Vec<_> = applied.rules.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["no-rm"]);
     assert!(matches!(note, Some(ConfigError::RulesKept { kept: 1, .. })));

@@ -124,6 +124,22 @@ async fn snapshot(
     ractor::call!(actor, SessionMsg::Snapshot).expect("snapshot")
 }
 
+/// Asks the supervisor to revive `id` with `profile`, as `caller`.
+async fn revive(
+    h: &Harness,
+    id: intercom_actors::model::SessionId,
+    profile: intercom_actors::settings::AgentProfile,
+    caller: Caller,
+) -> Result<intercom_actors::model::SessionRecord, SupervisorError> {
+    ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
+        id,
+        profile,
+        caller,
+        reply
+    })
+    .expect("revive call")
+}
+
 async fn steer(
     h: &Harness,
     id: &intercom_actors::model::SessionId,
@@ -258,23 +274,30 @@ async fn restart_budget_exhausted_marks_the_session_crashed() {
     assert_eq!(h.live_count().await, 0);
 }
 
+/// Knobs for the stall tests: an alert after 1 s of silence, a nudge
+/// ("wake up") every second after it, `max_nudges`, and the grace an
+/// ignored cancel gets before the agent is restarted.
+fn stall_knobs(max_nudges: u32, grace_secs: u64) -> Knobs {
+    let mut knobs = Knobs {
+        stall: StallPolicy {
+            inactivity_secs: 1,
+            escalation_secs: 1,
+            max_nudges,
+            nudge_text: "wake up".into(),
+        },
+        ..Knobs::default()
+    };
+    knobs.limits.shutdown_grace_secs = grace_secs;
+    knobs
+}
+
 /// A nudge cancels a hung turn and prompts again; an agent that ignores
 /// the cancel is restarted after the shutdown grace, as for an interrupt.
 /// A probe's hung agent was nudged twice, told each time that its turn was
 /// cancelled and it was prompted again, and nothing changed.
 #[tokio::test]
 async fn a_nudged_agent_that_ignores_the_cancel_is_restarted() {
-    let mut knobs = Knobs {
-        stall: StallPolicy {
-            inactivity_secs: 1,
-            escalation_secs: 1,
-            max_nudges: 1,
-            nudge_text: "wake up".into(),
-        },
-        ..Knobs::default()
-    };
-    knobs.limits.shutdown_grace_secs = 1;
-    let h = Harness::new(knobs).await;
+    let h = Harness::new(stall_knobs(1, 1)).await;
     let m = h.dir.path().join("hung-once");
     let scenario =
         json!({"turns": [[{"chunk": "thinking"}, {"hang_once": m}, {"chunk": "working again"}]]});
@@ -296,17 +319,7 @@ async fn a_nudged_agent_that_ignores_the_cancel_is_restarted() {
 /// the escalation).
 #[tokio::test]
 async fn a_stalled_agent_is_nudged_then_marked_stalled() {
-    let mut knobs = Knobs {
-        stall: StallPolicy {
-            inactivity_secs: 1,
-            escalation_secs: 1,
-            max_nudges: 2,
-            nudge_text: "wake up".into(),
-        },
-        ..Knobs::default()
-    };
-    knobs.limits.shutdown_grace_secs = 60;
-    let h = Harness::new(knobs).await;
+    let h = Harness::new(stall_knobs(2, 60)).await;
     let rec = h
         .start(
             json!({"turns": [[{"chunk": "thinking"}, {"hang": true}]]}),
@@ -1040,14 +1053,9 @@ async fn a_session_ended_by_idle_timeout_can_be_revived_and_an_explicit_stop_can
         r.status == SessionStatus::Completed
     })
     .await;
-    let revived = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
-        id: rec.id.clone(),
-        profile: profile.clone(),
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect("revived");
+    let revived = revive(&h, rec.id.clone(), profile.clone(), owner())
+        .await
+        .expect("revived");
     assert_eq!(revived.status, SessionStatus::Active);
     let out = steer(&h, &rec.id, "after revive", false).await;
     assert!(!out.queued);
@@ -1109,14 +1117,9 @@ async fn a_revive_of_a_paused_session_says_it_lifted_the_pause() {
     h.until_record(&rec.id, "crashed", |r| r.status == SessionStatus::Crashed)
         .await;
     let fixed = h.profile(json!({"turns": [[{"chunk": "working again"}]]}));
-    let revived = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
-        id: rec.id.clone(),
-        profile: fixed,
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect("revived");
+    let revived = revive(&h, rec.id.clone(), fixed, owner())
+        .await
+        .expect("revived");
     assert_eq!(revived.status, SessionStatus::Active);
     h.until_transcript(&rec.id, "the revive lifted the pause")
         .await;
@@ -1147,14 +1150,9 @@ async fn a_crashed_session_comes_back_once_its_agent_is_fixed() {
     // stays crashed, with the reason it had.
     let mut missing = h.profile(json!({"turns": []}));
     missing.command = h.dir.path().join("no-such-agent").display().to_string();
-    let err = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
-        id: rec.id.clone(),
-        profile: missing,
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect_err("the agent cannot start");
+    let err = revive(&h, rec.id.clone(), missing, owner())
+        .await
+        .expect_err("the agent cannot start");
     assert!(matches!(err, SupervisorError::StartFailed(_)), "{err:?}");
     let still = h
         .until_record(&rec.id, "crashed again", |r| !r.status.is_live())
@@ -1167,27 +1165,17 @@ async fn a_crashed_session_comes_back_once_its_agent_is_fixed() {
         operator: false,
     };
     let fixed = h.profile(json!({"turns": [[{"chunk": "working again"}]]}));
-    let err = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
-        id: rec.id.clone(),
-        profile: fixed.clone(),
-        caller: stranger,
-        reply
-    })
-    .expect("call")
-    .expect_err("not the owner");
+    let err = revive(&h, rec.id.clone(), fixed.clone(), stranger)
+        .await
+        .expect_err("not the owner");
     assert!(
         matches!(err, SupervisorError::Unauthorized { .. }),
         "{err:?}"
     );
     // Fixed: it comes back in the same session and takes a prompt.
-    let revived = ractor::call!(h.sup, |reply| SupervisorMsg::Revive {
-        id: rec.id.clone(),
-        profile: fixed,
-        caller: owner(),
-        reply
-    })
-    .expect("call")
-    .expect("revived");
+    let revived = revive(&h, rec.id.clone(), fixed, owner())
+        .await
+        .expect("revived");
     assert_eq!(revived.status, SessionStatus::Active);
     assert_eq!(revived.id, rec.id);
     steer(&h, &rec.id, "after the fix", false).await;
