@@ -359,6 +359,40 @@ fn the_token_form_logs_in_and_a_wrong_token_does_not() {
             .send(format!("token={TOKEN}")),
     );
     assert_eq!(cross.status, 403, "a cross-site login post is refused");
+    // A form that is not one gets the login page back, saying so.
+    let garbled = answer(
+        agent()
+            .post(format!("{}/login", server.base))
+            .header("Content-Type", "application/json")
+            .send("{\"token\": 1}"),
+    );
+    assert_eq!(garbled.status, 400);
+    assert!(
+        garbled.body.contains("could not be read"),
+        "{}",
+        garbled.body
+    );
+}
+
+/// The login form is the one body anyone may send without a token: one
+/// that does not come within its deadline is answered 408 with the page
+/// (a probe held thousands of such connections 30 s each).
+#[test]
+fn a_login_form_that_never_comes_is_answered_408() {
+    use std::io::{Read, Write};
+    let server = Server::start();
+    let addr = server.base.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .expect("timeout");
+    let head = format!(
+        "POST /login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken=ab"
+    );
+    conn.write_all(head.as_bytes()).expect("send");
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 5 s"), "{answer}");
 }
 
 /// A stream opened with a console login ends when the login does: a probe's

@@ -179,6 +179,67 @@ async fn a_fresh_agent_after_a_crash_gets_the_cut_turn_before_queued_steering() 
     );
 }
 
+/// Paused, its turn cut, then the agent crashes and comes back fresh: the
+/// resume gives it the cut turn's prompt before the steering held for it.
+/// A probe's fresh agent was given nothing (or only the steering); and
+/// steering sent between the crash and the restart answered `paused:
+/// false` while it was held.
+#[tokio::test]
+async fn a_crash_while_paused_leaves_the_cut_turn_owed_to_the_fresh_agent() {
+    let h = Harness::new(knobs_with_backoff(2)).await;
+    let scenario =
+        json!({"load_session": false, "turns": [[{"chunk": "working"}, {"wait_cancel": true}]]});
+    let rec = h.start(scenario, "the task").await;
+    h.until_transcript(&rec.id, "working").await;
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Pause {
+        caller: owner(),
+        reply
+    })
+    .expect("pause call")
+    .expect("paused");
+    // The pause's cancel ends the turn; then the agent dies.
+    let deadline = std::time::Instant::now() + support::WAIT;
+    while ractor::call!(actor, SessionMsg::Snapshot)
+        .expect("snapshot")
+        .turn_running
+    {
+        assert!(std::time::Instant::now() < deadline, "the turn never ended");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let old = pid(&h, &rec.id).await;
+    // SAFETY: kill(2) on the agent this test started.
+    unsafe { libc::kill(old, libc::SIGKILL) };
+    until_restart_scheduled(&h, &rec.id).await;
+    let held = steer(&h, &rec.id, "and then this").await;
+    assert!(held.queued && held.paused, "{held:?}");
+    h.until_transcript(&rec.id, "Still paused").await;
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Resume {
+        caller: owner(),
+        reply
+    })
+    .expect("resume call")
+    .expect("resumed");
+    // The fresh agent's first turn is the cut one again (it waits for a
+    // cancel again, so the held steering stays queued behind it).
+    h.until_transcript(&rec.id, "The agent lost the cut turn")
+        .await;
+    let deadline = std::time::Instant::now() + support::WAIT;
+    let text = loop {
+        let text = h.transcript_text(&rec.id).await;
+        if text.matches("prompt: the task").count() == 2 {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never given again:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(!text.contains("prompt: and then this"), "{text}");
+}
+
 #[tokio::test]
 async fn dialect_crash_delivers_every_queued_instruction_in_order() {
     crash_then_three_queued(json!({"protocol": "intercom"})).await;

@@ -210,7 +210,7 @@ pub enum ConfigError {
     /// file caught being written (cut after its first lines) looks like
     /// that, and loaded it would drop the deny rules with the rest.
     #[error(
-        "config file {} now declares no {what} while the running configuration has {had}; keeping the previous configuration (a file caught being written?). To run without any, restart the server, or keep one that matches nothing (for rules: a deny rule for a command that does not exist)",
+        "config file {} now declares no {what} while the running configuration has {had}; keeping the previous configuration (a file caught being written?). To run without any, restart the server",
         path.display()
     )]
     Emptied {
@@ -767,14 +767,27 @@ pub fn check_config(path: &Path) -> Result<String, ConfigError> {
                  workspaces, no rules), but a running server refuses to reload an emptied file \
                  and keeps its previous configuration",
             );
-        } else if let none @ [_, ..] = c.declares_none().as_slice() {
-            out.push_str(&format!(
-                "\nnote: the file declares no {}: `serve` starts on it, but a running server \
-                 that has some does not take that from a reload (a file cut while being \
-                 written looks like that): it keeps its agents and workspaces, and its deny and \
-                 ask rules; restart the server to drop them all",
-                none.join(" and no ")
-            ));
+        } else {
+            let none = c.declares_none();
+            let (rules, rest): (Vec<&str>, Vec<&str>) =
+                none.into_iter().partition(|w| *w == "[[rule]]");
+            if !rest.is_empty() {
+                out.push_str(&format!(
+                    "\nnote: the file declares no {}: `serve` starts on it, but a running server \
+                     that has some refuses to reload it (a file cut while being written looks \
+                     like that) and keeps its previous configuration; restart the server to run \
+                     without them",
+                    rest.join(" and no ")
+                ));
+            }
+            if !rules.is_empty() {
+                out.push_str(
+                    "\nnote: the file declares no [[rule]]: `serve` starts on it; a running server \
+                     that has rules reloads it and drops its allow rules, but keeps its deny and \
+                     ask rules (a file cut while being written looks like that) and reports \
+                     itself stale; restart the server to drop those too",
+                );
+            }
         }
         for w in c.warnings() {
             out.push_str(&format!("\nwarning: {w}"));

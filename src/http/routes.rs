@@ -26,7 +26,7 @@ use crate::app::{App, AppError, LOCAL_OWNER};
 type ApiResult<T> = Result<T, ApiError>;
 
 /// What `/healthz` says of a stale config to a caller without the token.
-pub const CONFIG_ERROR_HIDDEN: &str = "the config file did not load; the reason quotes the file, \
+pub const CONFIG_ERROR_HIDDEN: &str = "the config file did not load, or only in part; the reason quotes the file, \
 so it is shown only with the API token (Authorization: Bearer <token>); or run \
 `agent-intercom check-config`, or read the server log";
 

@@ -238,8 +238,27 @@ pub struct TokenForm {
 pub async fn login_form(
     State(console): State<Console>,
     headers: HeaderMap,
-    Form(form): Form<TokenForm>,
+    form: Result<Form<TokenForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
+    let form = match form {
+        Ok(Form(form)) => form,
+        // The body did not come within its deadline (`body::LOGIN_BODY_DEADLINE`).
+        Err(e) if e.body_text().contains("did not arrive within") => {
+            return form_page(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "The form did not arrive within {} s; send it again.",
+                    crate::http::body::LOGIN_BODY_DEADLINE.as_secs()
+                ),
+            );
+        }
+        Err(_) => {
+            return form_page(
+                StatusCode::BAD_REQUEST,
+                "The form could not be read; paste the API token and send it again.",
+            );
+        }
+    };
     if console.token().matches(form.token.trim()) {
         start_login(&console, &headers).await
     } else {

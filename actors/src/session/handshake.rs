@@ -325,7 +325,7 @@ impl SessionState {
                 // that resumed its session is told to continue it.
                 let cut = match (was_mid_turn, resumed, reprompt) {
                     (false, ..) => None,
-                    (true, true, _) => Some(CutTurn::Continue),
+                    (true, true, prompt) => Some(CutTurn::Continue(prompt)),
                     (true, false, prompt) => prompt.map(CutTurn::Redo),
                 };
                 if self.paused {

@@ -378,11 +378,19 @@ impl SessionState {
         // stopped, so a crash cuts its work, and the fresh agent is given
         // its last prompt again.
         let dialect = self.record.protocol == crate::model::Protocol::Intercom;
-        let mid_turn = self.turn.is_some() || (dialect && self.dialect_prompt.is_some());
+        // A turn a pause cut is still owed: the restarted agent (a fresh
+        // one most of all) is given it on resume. A probe paused, killed
+        // the agent, resumed, and the fresh agent was given nothing.
+        let owed = self
+            .resume_turn
+            .as_ref()
+            .and_then(|c| c.owed().map(str::to_owned));
+        let mid_turn =
+            self.turn.is_some() || (dialect && self.dialect_prompt.is_some()) || owed.is_some();
         let interrupted_prompt = match self.turn.take() {
             Some(t) => Some(t.prompt),
             None if dialect => self.dialect_prompt.clone(),
-            None => None,
+            None => owed,
         };
         self.cancel_pending("agent exited").await;
         self.flush_text(true).await;

@@ -426,7 +426,10 @@ impl SessionState {
         }
         self.store_pause(true).await?;
         self.paused = true;
-        self.resume_turn = self.turn.as_ref().map(|_| CutTurn::Continue);
+        self.resume_turn = self
+            .turn
+            .as_ref()
+            .map(|t| CutTurn::Continue(Some(t.prompt.clone())));
         // What was approved in the cut turn is not carried out while
         // paused: a write it covered is asked for again (and refused
         // while paused).
@@ -479,7 +482,7 @@ impl SessionState {
             // The cancelled turn has not ended yet; its end delivers what waits.
             match cut {
                 Some(CutTurn::Redo(prompt)) => self.reprompt_after_cancel = Some(prompt),
-                Some(CutTurn::Continue) if self.queue.is_empty() => {
+                Some(CutTurn::Continue(_)) if self.queue.is_empty() => {
                     self.reprompt_after_cancel = Some(self.settings.stall.nudge_text.clone());
                 }
                 _ => {}
@@ -519,7 +522,7 @@ impl SessionState {
                 self.send_prompt(prompt, Role::System).await;
             }
             _ if !self.queue.is_empty() => self.deliver_queued().await,
-            Some(CutTurn::Continue) => {
+            Some(CutTurn::Continue(_)) => {
                 let text = self.settings.stall.nudge_text.clone();
                 self.send_prompt(text, Role::System).await;
             }
@@ -532,11 +535,23 @@ impl SessionState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum CutTurn {
     /// The agent kept its context (a pause, a resumed session): it is
-    /// told to continue, after any queued steering.
-    Continue,
+    /// told to continue, after any queued steering. The cut turn's prompt,
+    /// when known, is kept for an agent that crashes before the resume and
+    /// comes back fresh ([`CutTurn::owed`]).
+    Continue(Option<String>),
     /// The agent lost it (a fresh session after a crash): this prompt, the
     /// cut turn's, is given again before any queued steering.
     Redo(String),
+}
+
+impl CutTurn {
+    /// The cut turn's prompt, still owed to the agent.
+    pub(super) fn owed(&self) -> Option<&str> {
+        match self {
+            CutTurn::Continue(prompt) => prompt.as_deref(),
+            CutTurn::Redo(prompt) => Some(prompt),
+        }
+    }
 }
 
 /// The notice for steering a session ended before delivering (at most five

@@ -140,9 +140,11 @@ impl SupervisorState {
             session_id: id.clone(),
             steering,
         });
+        // A pause outlives the restart: say so, as the session would.
+        let paused = store.is_paused(id).await.unwrap_or(false);
         Ok(SteerOutcome {
             queued: true,
-            paused: false,
+            paused,
             steering_id,
         })
     }
