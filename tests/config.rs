@@ -229,6 +229,7 @@ fn commented_out_example_agents_are_valid_too() {
         workspace: "api".into(),
         session: SessionId::from("s-1"),
         root: None,
+        written: Vec::new(),
     };
     let decide = |f: &RequestFacts, mode| {
         let Verdict { action, rule, .. } = evaluate(&cfg.rules, mode, f);

@@ -201,6 +201,48 @@ async fn whole_content_is_shown_as_the_change_it_makes() {
     );
 }
 
+/// A file that is not UTF-8 text is not changed through a clearance: read
+/// as text, its other bytes showed as U+FFFD context and were rewritten.
+/// A target named by its absolute path inside the workspace is taken.
+#[tokio::test]
+async fn a_file_that_is_not_text_is_refused_and_an_absolute_path_inside_is_taken() {
+    let h = Harness::new().await;
+    std::fs::write(h.workspace.join("latin1.txt"), b"a\nb\xff\nc\n").expect("seed");
+    let client = h.ws_client().await;
+    let err = call(
+        &client,
+        "check_clearance",
+        clearance("latin1.txt", "a\nb\u{fffd}\nc\nNEW\n"),
+    )
+    .await
+    .expect_err("refused");
+    let ServiceError::McpError(e) = err else {
+        panic!("unexpected {err:?}")
+    };
+    assert!(e.message.contains("not UTF-8 text"), "{}", e.message);
+    assert_eq!(
+        std::fs::read(h.workspace.join("latin1.txt")).expect("read"),
+        b"a\nb\xff\nc\n"
+    );
+    let absolute = h.workspace.join("abs.txt").display().to_string();
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance(&absolute, "x\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    ok(&client, "check_diff", json!({"request_id": req.id})).await;
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("abs.txt")).expect("read"),
+        "x\n"
+    );
+}
+
 #[tokio::test]
 async fn approved_unified_diff_is_applied_and_a_new_file_created() {
     let h = Harness::new().await;

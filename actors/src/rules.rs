@@ -352,6 +352,11 @@ pub struct RequestFacts {
     /// The workspace's directory, when known: `auto-edits` reads its git
     /// configuration for where hooks run ([`gitconfig`]).
     pub root: Option<PathBuf>,
+    /// The paths as the agent named them (workspace-relative, tidied as
+    /// text), when they differ from where they lead (`paths`): a protected
+    /// name reached through a link (`.vscode` linked to `editor/vscode`)
+    /// counts under either name.
+    pub written: Vec<String>,
 }
 
 /// Per-session approval mode.
@@ -613,13 +618,46 @@ fn runs_code_when_touched(path: &str) -> bool {
 }
 
 /// True when a path lies where the workspace's git configuration runs
-/// hooks from, or is a config file it includes ([`gitconfig`]).
+/// hooks from, or is a config file it includes ([`gitconfig`]), or where a
+/// protected name at the workspace's top links to ([`linked_code`]).
 fn in_git_hooks(facts: &RequestFacts) -> bool {
     let Some(root) = &facts.root else {
         return false;
     };
-    let protected = gitconfig::protected(root);
-    !protected.is_empty() && facts.paths.iter().any(|p| gitconfig::covers(&protected, p))
+    let mut protected = gitconfig::protected(root);
+    protected.extend(linked_code(root));
+    !protected.is_empty()
+        && facts
+            .paths
+            .iter()
+            .chain(&facts.written)
+            .any(|p| gitconfig::covers(&protected, p))
+}
+
+/// The most entries of the workspace's top directory looked at for links.
+const TOP_ENTRIES: usize = 4096;
+
+/// Where the protected names at the workspace's top ([`RUNS_CODE`]) lead
+/// when they are links (`.vscode` -> `editor/vscode`): an edit of
+/// `editor/vscode/tasks.json` is one of `.vscode/tasks.json`.
+fn linked_code(root: &Path) -> Vec<PathBuf> {
+    let Ok(root) = root.canonicalize() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.take(TOP_ENTRIES).flatten() {
+        let name = entry.file_name();
+        let protected = name
+            .to_str()
+            .is_some_and(|n| RUNS_CODE.iter().any(|r| n.eq_ignore_ascii_case(r)));
+        if protected && entry.file_type().is_ok_and(|t| t.is_symlink()) {
+            gitconfig::inside(&root, &root.join(&name), &mut out);
+        }
+    }
+    out
 }
 
 /// What the session's mode says when no rule matched. Modes never leave
@@ -651,7 +689,12 @@ fn mode_verdict(mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
             why: "allowed by mode auto".into(),
         },
         ApprovalMode::AutoEdits
-            if kind == "edit" && facts.paths.iter().any(|p| runs_code_when_touched(p)) =>
+            if kind == "edit"
+                && facts
+                    .paths
+                    .iter()
+                    .chain(&facts.written)
+                    .any(|p| runs_code_when_touched(p)) =>
         {
             ask(
                 "it changes a file that runs code when git or an editor next touches the workspace (.git, .envrc, .vscode, ...)",

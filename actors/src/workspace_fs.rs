@@ -498,6 +498,18 @@ impl WorkspaceFs {
         limit: Option<u32>,
         max_bytes: usize,
     ) -> Result<String, FsError> {
+        let bytes = self.read_bytes(requested, line, limit, max_bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// [`Self::read`], as the bytes the file holds.
+    fn read_bytes(
+        &self,
+        requested: &str,
+        line: Option<u32>,
+        limit: Option<u32>,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, FsError> {
         let rel = self.relative(requested)?;
         let real = self
             .dir
@@ -559,12 +571,23 @@ impl WorkspaceFs {
 
     /// The current content of a write target (`None`: it does not exist yet),
     /// for the diff shown with the approval. Refuses what `write` would refuse.
+    ///
+    /// Only text: a file that is not UTF-8 is refused. Read lossily, its
+    /// other bytes showed as U+FFFD, unchanged in a diff, and a change
+    /// written from that text replaced them (a probe's Latin-1 line was
+    /// rewritten while the operator saw it as context).
     pub fn current(&self, requested: &str, max_bytes: usize) -> Result<Option<String>, FsError> {
         let target = self.write_target(requested)?;
         if !target.exists {
             return Ok(None);
         }
-        self.read(requested, None, None, max_bytes).map(Some)
+        let bytes = self.read_bytes(requested, None, None, max_bytes)?;
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| FsError::Invalid {
+                path: requested.to_owned(),
+                why: "the file is not UTF-8 text, which is all a change here is shown and made as",
+            })
     }
 
     /// What a write would replace, resolved once: the workspace-relative
@@ -823,7 +846,7 @@ fn read_range(
     line: Option<u32>,
     limit: Option<u32>,
     max_bytes: usize,
-) -> Result<String, RangeError> {
+) -> Result<Vec<u8>, RangeError> {
     read_range_within(file, line, limit, max_bytes, SKIP_SCAN_BYTES)
 }
 
@@ -834,7 +857,7 @@ fn read_range_within(
     limit: Option<u32>,
     max_bytes: usize,
     scan: u64,
-) -> Result<String, RangeError> {
+) -> Result<Vec<u8>, RangeError> {
     let mut reader = BufReader::with_capacity(64 * 1024, file);
     let mut skip = line.unwrap_or(1).saturating_sub(1);
     let mut scanned: u64 = 0;
@@ -844,7 +867,7 @@ fn read_range_within(
         }
         let buf = reader.fill_buf().map_err(RangeError::Io)?;
         if buf.is_empty() {
-            return Ok(String::new());
+            return Ok(Vec::new());
         }
         let n = match buf.iter().position(|b| *b == b'\n') {
             Some(i) => {
@@ -876,7 +899,7 @@ fn read_range_within(
             left -= 1;
         }
     }
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -772,6 +772,7 @@ fn auto_check_facts(
         workspace: t.workspace.clone(),
         session: t.id.clone(),
         root: t.cwd.clone(),
+        written: paths,
     })
 }
 

@@ -574,6 +574,7 @@ mod tests {
             workspace: "w".into(),
             session: SessionId::from("s-1"),
             root: None,
+            written: Vec::new(),
         }
     }
 

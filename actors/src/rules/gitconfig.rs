@@ -49,21 +49,41 @@ pub fn protected(root: &Path) -> Vec<PathBuf> {
         reader.read_file(&x.join("git/config"), 0);
     }
     let top = repository(&root);
-    if let Some((_, dirs)) = &top {
-        for config in dirs {
+    if let Some(repo) = &top {
+        for config in &repo.configs {
             reader.read_file(config, 0);
         }
     }
-    let work_tree = top.as_ref().map_or(root.as_path(), |(t, _)| t.as_path());
-    let mut out = Vec::new();
+    let work_tree = top.as_ref().map_or(root.as_path(), |r| r.top.as_path());
     let hooks = reader.found.hooks.iter().map(|h| work_tree.join(h));
-    for path in hooks.chain(reader.found.includes.iter().cloned()) {
-        let path = crate::fsjail::normalize(&path);
-        if let Ok(rel) = path.strip_prefix(&root) {
-            out.push(rel.to_path_buf());
-        }
+    // A git directory that lies in the workspace under another name than
+    // `.git` (`git init --separate-git-dir=gd`): all of it, as `.git/`.
+    let git_dirs = top.iter().flat_map(|r| r.dirs.iter().cloned());
+    let candidates = hooks
+        .chain(reader.found.includes.iter().cloned())
+        .chain(git_dirs)
+        .map(|p| crate::fsjail::normalize(&p));
+    let mut out = Vec::new();
+    for path in candidates {
+        inside(&root, &path, &mut out);
     }
     out
+}
+
+/// Adds `path` as `root`-relative, as written and where it leads (a hooks
+/// directory reached through a link is protected under both names: a
+/// write judged where it lands must still be seen to land there).
+pub(super) fn inside(root: &Path, path: &Path, out: &mut Vec<PathBuf>) {
+    if let Ok(rel) = path.strip_prefix(root) {
+        out.push(rel.to_path_buf());
+    }
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    if let Some(Some(real)) = crate::fsjail::landings(root, [rel]).pop()
+        && let Ok(rel) = real.strip_prefix(root)
+        && !out.iter().any(|p| p == rel)
+    {
+        out.push(rel.to_path_buf());
+    }
 }
 
 /// True when workspace-relative `path` is or lies under one of `protected`
@@ -74,9 +94,18 @@ pub fn covers(protected: &[PathBuf], path: &str) -> bool {
     protected.iter().any(|p| path.starts_with(lower(p)))
 }
 
-/// The working tree's top and the config files of the repository holding
-/// `dir` (its `config`, and a worktree's `config.worktree`), if any.
-fn repository(dir: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
+/// The repository holding a directory: where its working tree starts, its
+/// git directories and its config files.
+struct Repository {
+    top: PathBuf,
+    /// The git directory, and the common one of a worktree.
+    dirs: Vec<PathBuf>,
+    /// Its `config`, and a worktree's `config.worktree`.
+    configs: Vec<PathBuf>,
+}
+
+/// The repository holding `dir`, if any.
+fn repository(dir: &Path) -> Option<Repository> {
     let top = dir.ancestors().find(|d| d.join(".git").exists())?;
     let dot_git = top.join(".git");
     let git_dir = if dot_git.is_file() {
@@ -89,11 +118,17 @@ fn repository(dir: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
     let common = read_bounded(&git_dir.join("commondir"))
         .map_or_else(|| git_dir.clone(), |c| git_dir.join(c.trim()));
     let mut configs = vec![common.join("config")];
+    let mut dirs = vec![git_dir.clone()];
     if common != git_dir {
         configs.push(git_dir.join("config"));
+        dirs.push(common);
     }
     configs.push(git_dir.join("config.worktree"));
-    Some((top.to_path_buf(), configs))
+    Some(Repository {
+        top: top.to_path_buf(),
+        dirs,
+        configs,
+    })
 }
 
 /// A regular file's text, at most [`MAX_BYTES`]; `None` for anything else.
@@ -111,9 +146,11 @@ fn read_bounded(path: &Path) -> Option<String> {
     if !file.metadata().ok()?.is_file() {
         return None;
     }
-    let mut text = String::new();
-    file.take(MAX_BYTES).read_to_string(&mut text).ok()?;
-    Some(text)
+    // Bytes that are not UTF-8 (in a comment, or a file cut mid-character
+    // at the bound) must not make the whole file unread: git reads on.
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// What the config files said, as written (hooks paths unresolved).
@@ -176,7 +213,7 @@ enum Entry {
 fn entries(text: &str) -> Vec<Entry> {
     let mut section = String::new();
     let mut out = Vec::new();
-    for line in text.lines() {
+    for line in joined_lines(text) {
         let mut line = line.trim_start();
         if let Some(rest) = line.strip_prefix('[') {
             let Some(end) = rest.find(']') else {
@@ -197,6 +234,26 @@ fn entries(text: &str) -> Vec<Entry> {
             ("include" | "includeif", "path") => out.push(Entry::Include(value)),
             _ => {}
         }
+    }
+    out
+}
+
+/// The config's lines, a line ending in `\` joined with the next (git
+/// reads `hooksPath = h\` then `k` as `hk`).
+fn joined_lines(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut open = false;
+    for line in text.lines() {
+        let continued = open;
+        let (body, more) = match line.strip_suffix('\\') {
+            Some(body) if !body.ends_with('\\') => (body, true),
+            _ => (line, false),
+        };
+        match out.last_mut() {
+            Some(last) if continued => last.push_str(body),
+            _ => out.push(body.to_owned()),
+        }
+        open = more;
     }
     out
 }
@@ -241,6 +298,9 @@ mod tests {
             ]
         );
         assert_eq!(unquote(r#" "a\"b" ; c"#), "a\"b");
+        // A continued line, and bytes that are not UTF-8 in a comment.
+        let text = "# caf\u{fffd}\n[core]\n\thooksPath = h\\\nk\n";
+        assert_eq!(entries(text), vec![Entry::HooksPath("hk".into())]);
     }
 
     #[test]
@@ -267,6 +327,29 @@ mod tests {
         assert!(covers(&found, "team.gitconfig"));
         assert!(!covers(&found, "tools/hooksmith.rs"));
         assert!(!covers(&found, "src/main.rs"));
+    }
+
+    /// A hooks directory reached through a link is protected under both
+    /// names, and so is a git directory not named `.git`.
+    #[test]
+    fn links_and_separate_git_directories_are_followed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().join("repo");
+        std::fs::create_dir_all(root.join("gd/hooks")).expect("git dir");
+        std::fs::create_dir_all(root.join("scripts/hooks")).expect("hooks");
+        std::fs::create_dir_all(root.join("tools")).expect("tools");
+        std::os::unix::fs::symlink("../scripts/hooks", root.join("tools/hooks")).expect("link");
+        std::fs::write(root.join(".git"), "gitdir: gd\n").expect(".git file");
+        std::fs::write(
+            root.join("gd/config"),
+            "[core]\n\thooksPath = tools/hooks\n",
+        )
+        .expect("config");
+        let found = protected(&root);
+        assert!(covers(&found, "tools/hooks/pre-commit"), "{found:?}");
+        assert!(covers(&found, "scripts/hooks/pre-commit"), "{found:?}");
+        assert!(covers(&found, "gd/hooks/pre-commit"), "{found:?}");
+        assert!(!covers(&found, "scripts/build.sh"), "{found:?}");
     }
 
     /// A FIFO where a config file is looked for is skipped, not waited on.

@@ -22,6 +22,7 @@ fn facts(kind: &str, paths: &[&str], command: Option<&str>) -> RequestFacts {
         workspace: "api".into(),
         session: SessionId("s-1".into()),
         root: None,
+        written: Vec::new(),
     }
 }
 
@@ -611,4 +612,33 @@ fn a_request_that_announces_diffs_is_judged_as_the_edit_it_allows() {
         evaluate_changes(&[], ApprovalMode::AutoEdits, &edit),
         evaluate(&[], ApprovalMode::AutoEdits, &edit)
     );
+}
+
+/// A protected name reached through a link counts under either name: an
+/// edit of `editor/vscode/tasks.json` where `.vscode` links there, or one
+/// named `.vscode/tasks.json` that lands in `editor/vscode/`.
+#[test]
+fn auto_edits_asks_for_a_protected_name_reached_through_a_link() {
+    let dir = tempfile::tempdir().expect("dir");
+    let root = dir.path().canonicalize().expect("root");
+    std::fs::create_dir_all(root.join("editor/vscode")).expect("target");
+    std::os::unix::fs::symlink("editor/vscode", root.join(".vscode")).expect("link");
+    let landed = RequestFacts {
+        root: Some(root.clone()),
+        ..facts("edit", &["editor/vscode/tasks.json"], None)
+    };
+    let v = evaluate(&[], ApprovalMode::AutoEdits, &landed);
+    assert_eq!(v.action, RuleAction::Ask, "{}", v.why);
+    let named = RequestFacts {
+        written: vec![".vscode/tasks.json".into()],
+        ..facts("edit", &["elsewhere/tasks.json"], None)
+    };
+    let v = evaluate(&[], ApprovalMode::AutoEdits, &named);
+    assert_eq!(v.action, RuleAction::Ask, "{}", v.why);
+    let ordinary = RequestFacts {
+        root: Some(root),
+        ..facts("edit", &["editor/readme.md"], None)
+    };
+    let v = evaluate(&[], ApprovalMode::AutoEdits, &ordinary);
+    assert_eq!(v.action, RuleAction::Allow, "{}", v.why);
 }

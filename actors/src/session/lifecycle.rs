@@ -387,6 +387,8 @@ impl SessionState {
             .and_then(|c| c.owed().map(str::to_owned));
         let mid_turn =
             self.turn.is_some() || (dialect && self.dialect_prompt.is_some()) || owed.is_some();
+        // What the dead agent left unfinished will not finish.
+        self.cancel_turn_tools();
         let interrupted_prompt = match self.turn.take() {
             Some(t) => Some(t.prompt),
             None if dialect => self.dialect_prompt.clone(),

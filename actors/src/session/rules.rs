@@ -29,7 +29,13 @@ impl SessionState {
         command: Option<String>,
     ) -> RequestFacts {
         let guard = self.settings.server_files.checker();
-        let judged = fsjail::judge_paths(Path::new(&self.record.cwd), paths, |p| guard.covers(p));
+        let root = Path::new(&self.record.cwd);
+        let judged = fsjail::judge_paths(root, paths, |p| guard.covers(p));
+        let written = paths
+            .iter()
+            .map(|p| super::toolcalls::relative(root, Path::new(p)))
+            .filter(|w| !judged.relative.contains(w))
+            .collect();
         RequestFacts {
             kind,
             paths: judged.relative,
@@ -40,6 +46,7 @@ impl SessionState {
             workspace: self.record.workspace.clone(),
             session: self.record.id.clone(),
             root: Some(PathBuf::from(&self.record.cwd)),
+            written,
         }
     }
 

@@ -109,6 +109,14 @@ impl SessionState {
         if self.turn.as_ref().is_none_or(|t| t.rpc_id != rpc_id) {
             tracing::warn!(session = %self.record.id, rpc_id, "prompt response for a turn that is not running");
         }
+        // A cancelled turn's calls the agent left unfinished, announced
+        // after the cancel too, are cancelled with it (a probe's call
+        // started after the cancel stayed `in_progress` for good).
+        let cancelled = self.turn.as_ref().is_some_and(|t| t.cancelled_at.is_some())
+            || matches!(&outcome, Ok(r) if acp::stop_reason(r) == "cancelled");
+        if cancelled {
+            self.cancel_turn_tools();
+        }
         self.turn = None;
         self.record_turn(false);
         // An approval covers writes of its own turn only.

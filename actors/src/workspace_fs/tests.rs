@@ -256,7 +256,7 @@ fn a_few_lines_of_a_huge_file_read_only_what_is_needed() {
     )
     .ok()
     .expect("read");
-    assert_eq!(text.lines().count(), 5);
+    assert_eq!(String::from_utf8_lossy(&text).lines().count(), 5);
     assert!(pulled <= 128 * 1024, "pulled {pulled} bytes for 5 lines");
 }
 

@@ -289,9 +289,11 @@ pub(super) async fn record_targets(
 /// clearance is asked, when the change is applied, and at the write itself
 /// ([`write_all`]).
 async fn lands_as_named(ws: &Arc<WorkspaceFs>, rel: &str) -> Result<(), FsError> {
-    let named = as_named(rel);
     let r = rel.to_owned();
-    let lands = on_blocking_pool(ws.clone(), "write", rel, move |ws| ws.check_write(&r)).await?;
+    let (named, lands) = on_blocking_pool(ws.clone(), "write", rel, move |ws| {
+        Ok((ws.relative(&r)?, ws.check_write(&r)?))
+    })
+    .await?;
     if lands != named {
         return Err(FsError::Moved {
             path: rel.to_owned(),
@@ -300,11 +302,6 @@ async fn lands_as_named(ws: &Arc<WorkspaceFs>, rel: &str) -> Result<(), FsError>
         });
     }
     Ok(())
-}
-
-/// A workspace-relative path as named, `.` and `..` taken lexically.
-fn as_named(rel: &str) -> std::path::PathBuf {
-    intercom_actors::fsjail::normalize(std::path::Path::new(rel.trim_start_matches('/')))
 }
 
 /// Whole new content as the operator is shown it and `check_diff` applies
@@ -423,8 +420,8 @@ pub(super) async fn write_all(
     let mut written: Vec<String> = Vec::new();
     for (rel, content) in outputs {
         let r = rel.clone();
-        let named = as_named(&rel);
         let result = on_blocking_pool(ws.clone(), "write", &rel, move |ws| {
+            let named = ws.relative(&r)?;
             ws.write_at(&r, &content, &named)
         })
         .await;
