@@ -240,6 +240,30 @@ async fn a_crash_while_paused_leaves_the_cut_turn_owed_to_the_fresh_agent() {
     assert!(!text.contains("prompt: and then this"), "{text}");
 }
 
+/// A tool call the dead agent left unfinished will not finish: it is
+/// shown cancelled, not `in_progress` for good.
+#[tokio::test]
+async fn a_crash_cancels_the_tool_calls_its_turn_left_unfinished() {
+    let h = Harness::new(knobs_with_backoff(1)).await;
+    let m = marker(&h, "crashed");
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Run tests", "kind": "execute", "status": "in_progress"}},
+        {"tool_call": {"id": "t2", "title": "Read", "kind": "read", "status": "completed"}},
+        {"exit_once": {"code": 1, "marker": m}}
+    ]]});
+    h.start(scenario, "go").await;
+    h.until("t1 cancelled", |e| {
+        matches!(e, OperatorEvent::ToolCall { tool_call_id, status, .. }
+            if tool_call_id == "t1" && status == "cancelled")
+    })
+    .await;
+    let t2_cancelled = h.sink.events().iter().any(|e| {
+        matches!(e, OperatorEvent::ToolCall { tool_call_id, status, .. }
+            if tool_call_id == "t2" && status == "cancelled")
+    });
+    assert!(!t2_cancelled, "a finished call keeps its status");
+}
+
 #[tokio::test]
 async fn dialect_crash_delivers_every_queued_instruction_in_order() {
     crash_then_three_queued(json!({"protocol": "intercom"})).await;
