@@ -159,7 +159,11 @@ def on(m, method, mid):
         "did not end its turn within 1 s of being cancelled",
     )
     .await;
-    h.until_transcript(&rec.id, "got: second").await;
+    let text = h.until_transcript(&rec.id, "got: second").await;
+    // The interrupted turn was given up for the steering: a fresh agent is
+    // not given it again.
+    assert_eq!(text.matches("[user:text] first").count(), 1, "{text}");
+    assert!(!text.contains("lost the cut turn"), "{text}");
 }
 
 /// Text blocks count against the turn too: a probe's agent alternated

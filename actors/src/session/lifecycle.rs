@@ -390,6 +390,8 @@ impl SessionState {
         // What the dead agent left unfinished will not finish.
         self.cancel_turn_tools();
         let interrupted_prompt = match self.turn.take() {
+            // Given up for the steering that interrupted it: not owed.
+            Some(t) if t.superseded => None,
             Some(t) => Some(t.prompt),
             None if dialect => self.dialect_prompt.clone(),
             None => owed,

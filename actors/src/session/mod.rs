@@ -435,6 +435,9 @@ struct Turn {
     /// When the operator interrupted the turn to steer (`session/cancel`
     /// sent), if they did.
     cancelled_at: Option<Instant>,
+    /// The operator gave this turn up for their steering (an interrupt): a
+    /// fresh agent after a crash is not given it again.
+    superseded: bool,
     /// The tool calls this turn announced (their first transcript line was
     /// written during it), at most [`updates::TURN_TOOLS`]: a cancel marks
     /// the unfinished ones cancelled.

@@ -65,6 +65,7 @@ impl SessionState {
                             agent_since: Instant::now(),
                             timeout_noted: false,
                             cancelled_at: None,
+                            superseded: false,
                             tools: Vec::new(),
                         });
                         self.record_turn(true);
@@ -340,6 +341,7 @@ impl SessionState {
             // after a nudge's cancel.
             if let Some(turn) = &mut self.turn {
                 turn.cancelled_at.get_or_insert_with(Instant::now);
+                turn.superseded = true;
             }
         }
         Ok(SteerOutcome {
