@@ -162,7 +162,7 @@ def on(m, method, mid):
     let text = h.until_transcript(&rec.id, "got: second").await;
     // The interrupted turn was given up for the steering: a fresh agent is
     // not given it again.
-    assert_eq!(text.matches("[user:text] first").count(), 1, "{text}");
+    assert!(!text.contains("[system:text] first"), "{text}");
     assert!(!text.contains("lost the cut turn"), "{text}");
 }
 
