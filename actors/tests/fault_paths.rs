@@ -49,6 +49,16 @@ async fn steer(h: &Harness, id: &SessionId, text: &str) -> SteerOutcome {
         .expect("steer accepted")
 }
 
+/// Sends a control (pause, resume) in the owner's name; it must be taken.
+async fn as_owner(
+    actor: &ractor::ActorRef<SessionMsg>,
+    control: impl FnOnce(Caller, ractor::RpcReplyPort<Result<(), SessionError>>) -> SessionMsg,
+) {
+    ractor::call!(actor, |reply| control(owner(), reply))
+        .expect("control call")
+        .expect("control taken");
+}
+
 async fn pid(h: &Harness, id: &SessionId) -> i32 {
     let actor = h.actor(id).await;
     ractor::call!(actor, SessionMsg::Snapshot)
@@ -192,12 +202,7 @@ async fn a_crash_while_paused_leaves_the_cut_turn_owed_to_the_fresh_agent() {
     let rec = h.start(scenario, "the task").await;
     h.until_transcript(&rec.id, "working").await;
     let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Pause {
-        caller: owner(),
-        reply
-    })
-    .expect("pause call")
-    .expect("paused");
+    as_owner(&actor, |caller, reply| SessionMsg::Pause { caller, reply }).await;
     // The pause's cancel ends the turn; then the agent dies.
     let deadline = std::time::Instant::now() + support::WAIT;
     while ractor::call!(actor, SessionMsg::Snapshot)
@@ -215,12 +220,7 @@ async fn a_crash_while_paused_leaves_the_cut_turn_owed_to_the_fresh_agent() {
     assert!(held.queued && held.paused, "{held:?}");
     h.until_transcript(&rec.id, "Still paused").await;
     let actor = h.actor(&rec.id).await;
-    ractor::call!(actor, |reply| SessionMsg::Resume {
-        caller: owner(),
-        reply
-    })
-    .expect("resume call")
-    .expect("resumed");
+    as_owner(&actor, |caller, reply| SessionMsg::Resume { caller, reply }).await;
     // The fresh agent's first turn is the cut one again (it waits for a
     // cancel again, so the held steering stays queued behind it).
     h.until_transcript(&rec.id, "The agent lost the cut turn")
