@@ -727,6 +727,39 @@ fn deleting_every_rule_drops_the_allow_rules_and_keeps_the_deny_rules() {
     assert_eq!(health.body["config"], "stale", "{}", health.text);
 }
 
+/// A reload that removes the workspace a live session runs in tells that
+/// session: it runs on, but a server restart cannot resume it (a probe's
+/// reload said only "config reloaded").
+#[test]
+fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
+    let (layout, server, http) = first_server();
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let extra_dir = layout.root.join("extra");
+    std::fs::create_dir_all(&extra_dir).expect("extra");
+    let extra = format!(
+        "\n[[workspace]]\nid = \"extra\"\npath = {:?}\n",
+        extra_dir.display().to_string()
+    );
+    std::fs::write(&layout.config, format!("{text}{extra}")).expect("add extra");
+    let started = until("the extra workspace", || {
+        let r = http.post(
+            "/api/sessions",
+            &json!({"workspace": "extra", "prompt": "hi"}),
+        );
+        (r.status == 201).then_some(r)
+    });
+    let id = started.body["id"].as_str().expect("id").to_owned();
+    std::fs::write(&layout.config, &text).expect("remove extra");
+    until("the notice", || {
+        server
+            .log()
+            .contains("The config no longer has its workspace `extra`")
+            .then_some(())
+    });
+    let s = http.get(&format!("/api/sessions/{id}"));
+    assert_eq!(s.body["status"], "active", "it runs on: {}", s.text);
+}
+
 /// A valid config can still name an agent binary that is not there: the
 /// reload warns in the log, and `/healthz` counts it (a walk-through saw
 /// `"config": "ok"` and nothing else after such an edit). The texts, which

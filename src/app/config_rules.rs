@@ -139,6 +139,34 @@ impl App {
         Ok(rule)
     }
 
+    /// Tells each live session whose workspace or agent profile a reload
+    /// removed: it runs on, but a server restart cannot resume it, nor can
+    /// a revive bring it back (a probe's reload said only "config
+    /// reloaded").
+    pub async fn tell_removed(&self, workspaces: &[String], agents: &[String]) {
+        let live = match self.inner.store.list_sessions(true).await {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::warn!("cannot list the live sessions a reload affects: {e}");
+                return;
+            }
+        };
+        for s in live {
+            let what = if workspaces.contains(&s.workspace) {
+                format!("its workspace `{}`", s.workspace)
+            } else if agents.contains(&s.agent) {
+                format!("its agent profile `{}`", s.agent)
+            } else {
+                continue;
+            };
+            let text = format!(
+                "The config no longer has {what}: this session runs on, but after a server restart it cannot be resumed, and once it ends it cannot be revived. Put it back in the config to keep both."
+            );
+            tracing::warn!(session = %s.id, "{text}");
+            self.notice(&s.id, text);
+        }
+    }
+
     /// Removes an operator rule; config rules are removed by editing the file.
     pub async fn delete_rule(&self, id: &str, by: &str) -> Result<(), AppError> {
         if !self.inner.store.delete_rule(id).await? {

@@ -473,6 +473,25 @@ impl Config {
         Ok((self, Some(ConfigError::RulesKept { path, kept })))
     }
 
+    /// The workspace and agent ids `old` has and this config no longer
+    /// does (what a reload removes; live sessions using them are told).
+    pub fn removed_from(&self, old: &Config) -> (Vec<String>, Vec<String>) {
+        let workspaces = old
+            .workspaces
+            .iter()
+            .chain(&old.discovered)
+            .filter(|w| self.workspace(&w.id).is_none())
+            .map(|w| w.id.clone())
+            .collect();
+        let agents = old
+            .agents
+            .iter()
+            .filter(|a| self.agent(&a.id).is_none())
+            .map(|a| a.id.clone())
+            .collect();
+        (workspaces, agents)
+    }
+
     /// What this config has none of, among what a reload may not empty
     /// ([`Config::reload_over`]).
     pub fn declares_none(&self) -> Vec<&'static str> {

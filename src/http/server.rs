@@ -373,7 +373,11 @@ fn watch_config(
         });
         let stale = match checked {
             Ok((config, kept)) => {
+                let (workspaces, agents) = config.removed_from(&in_force);
                 handle.block_on(app.apply_config(&config));
+                if !workspaces.is_empty() || !agents.is_empty() {
+                    handle.block_on(app.tell_removed(&workspaces, &agents));
+                }
                 *in_force = config;
                 kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
             }
