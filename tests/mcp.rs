@@ -158,9 +158,22 @@ async fn approved_whole_file_change_is_applied() {
         std::fs::read_to_string(h.workspace.join("main.rs")).expect("read"),
         "new content\n"
     );
-    // Applying twice is refused.
-    let again = refused(&client, "check_diff", json!({"request_id": req.id})).await;
-    assert_eq!(again["code"], "already_applied");
+    // Applying twice is refused, `force` or not: the operator approved the
+    // change once (a probe re-applied one after the operator reverted it).
+    std::fs::write(h.workspace.join("main.rs"), "reverted\n").expect("revert");
+    for force in [false, true] {
+        let again = refused(
+            &client,
+            "check_diff",
+            json!({"request_id": req.id, "force": force}),
+        )
+        .await;
+        assert_eq!(again["code"], "already_applied", "force {force}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("main.rs")).expect("read"),
+        "reverted\n"
+    );
 }
 
 /// Whole new content is shown to the operator as the diff it makes: a

@@ -580,6 +580,12 @@ const RUNS_CODE: &[&str] = &[
     ".vimrc",
     ".gvimrc",
     ".lvimrc",
+    // Code an editor's extensions load from the workspace itself: the
+    // ESLint extension runs `node_modules/eslint`, the Python extension the
+    // `.venv` interpreter (which runs every `.pth` file in it).
+    "node_modules",
+    ".venv",
+    "venv",
 ];
 
 /// Name endings of files that run code when touched, wherever they lie:

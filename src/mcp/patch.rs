@@ -319,6 +319,22 @@ fn parse_hunk(lines: &[&str], number: usize) -> Result<(Hunk, usize), PatchError
             // Some tools strip the space of an empty context line.
             Some('\n') | Some('\r') => (' ', *line),
             Some('\\') => {
+                // The marker ends its side of the file: after a removed
+                // line only added lines may follow, after any other line
+                // nothing. Anywhere else it would join two lines the
+                // operator saw apart (a probe's `+echo cleaning; r` then
+                // `+m -rf ...` wrote `rm -rf`).
+                let ends = match body.last() {
+                    Some(HunkLine::Remove(_)) => old_seen == old_len,
+                    Some(_) => old_seen == old_len && new_seen == new_len,
+                    None => false,
+                };
+                if !ends {
+                    return Err(body_err(format!(
+                        "`{}` stands before the end of its side of the hunk: it may only follow the last old or new line",
+                        trim_eol(line)
+                    )));
+                }
                 no_newline(&mut body);
                 i += 1;
                 continue;
@@ -359,6 +375,16 @@ fn parse_hunk(lines: &[&str], number: usize) -> Result<(Hunk, usize), PatchError
         no_newline(&mut body);
         i += 1;
     }
+    // A line of the hunk's kind past its counts would be shown and not
+    // applied (a probe's added `require_admin(req)` was never written).
+    if let Some(line) = lines.get(i)
+        && past_the_counts(line)
+    {
+        return Err(body_err(format!(
+            "line {:?} follows the hunk after its header's {old_len} old and {new_len} new lines: fix the counts",
+            trim_eol(line)
+        )));
+    }
     Ok((
         Hunk {
             number,
@@ -369,6 +395,18 @@ fn parse_hunk(lines: &[&str], number: usize) -> Result<(Hunk, usize), PatchError
         },
         i,
     ))
+}
+
+/// A context, `+` or `-` line, not a file header (`--- `, `+++ `) nor a
+/// blank line: one that reads as part of the hunk before it.
+fn past_the_counts(line: &str) -> bool {
+    let text = trim_eol(line);
+    match text.chars().next() {
+        Some('+') => !text.starts_with("+++ "),
+        Some('-') => !text.starts_with("--- "),
+        Some(' ') => !text.trim().is_empty(),
+        _ => false,
+    }
 }
 
 fn no_newline(body: &mut [HunkLine]) {
@@ -655,6 +693,26 @@ mod tests {
         assert_eq!(apply("", &files[0].hunks).expect("create"), "hello\nworld");
         let files = diff("@@ -1 +1 @@\n-a\n\\ No newline at end of file\n+b\n");
         assert_eq!(apply("a", &files[0].hunks).expect("apply"), "b\n");
+    }
+
+    /// What the operator reads is what is applied: a newline marker in the
+    /// middle of a side would join two shown lines into one (`r` + `m -rf`
+    /// became `rm -rf`), and lines past the header's counts would be shown
+    /// and never written. Both are refused.
+    #[test]
+    fn a_diff_that_would_apply_other_than_it_reads_is_refused() {
+        let joined = "@@ -1,1 +1,3 @@\n #!/bin/sh\n+echo cleaning; r\n\\ No newline at end of file\n+m -rf \"$HOME\"/.ssh\n";
+        let err = Change::parse(joined).expect_err("refused").to_string();
+        assert!(err.contains("before the end of its side"), "{err}");
+        let beyond = "@@ -1,2 +1,2 @@\n def handler(req):\n-    return serve(req)\n+    return serve(req)  # TODO\n+    require_admin(req)\n";
+        let err = Change::parse(beyond).expect_err("refused").to_string();
+        assert!(err.contains("fix the counts"), "{err}");
+        let removed = "@@ -1,2 +1,1 @@\n a\n-b\n-backdoor stays\n";
+        assert!(Change::parse(removed).is_err());
+        // Two files, a blank line between them: still fine.
+        let two =
+            "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n\n--- a/y\n+++ b/y\n@@ -1 +1 @@\n-c\n+d\n";
+        assert_eq!(diff(two).len(), 2);
     }
 
     #[test]

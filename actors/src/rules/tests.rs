@@ -76,6 +76,8 @@ fn auto_edits_asks_before_changing_a_file_that_runs_code() {
         ".gitattributes",
         ".vimrc",
         "team.code-workspace",
+        "node_modules/eslint/lib/api.js",
+        ".venv/lib/python3.12/site-packages/x.pth",
         // What makes a directory a (bare) repository git obeys.
         "HEAD",
         "config",

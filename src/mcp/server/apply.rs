@@ -55,7 +55,11 @@ impl IntercomMcp {
                 "argument `request_id`: {raw} is not a check_clearance request; only a change asked with check_clearance can be applied"
             )));
         };
-        if !force && clearance.applied_at.is_some() {
+        // Once applied, never again, `force` or not: the client chooses
+        // `force`, and a probe's re-applied an approved change after the
+        // operator had reverted it (and after a restart, from another
+        // credential). The operator approves each change once.
+        if clearance.applied_at.is_some() {
             return Err(already_applied(&raw));
         }
         let change = Change::parse(text).map_err(|e| {
@@ -93,7 +97,7 @@ impl IntercomMcp {
             .claim_clearance(&global, &req.session_id, now_ms())
             .await
             .map_err(storage)?;
-        if !claimed && !force {
+        if !claimed {
             return Err(already_applied(&raw));
         }
         let written = match write_all(&ws, outputs).await {
@@ -382,7 +386,9 @@ pub(super) fn fs_fail(e: &FsError, which: &str) -> Fail {
 pub(super) fn already_applied(raw: &str) -> Fail {
     Fail::refused(
         "already_applied",
-        format!("request {raw} was already applied; pass force: true to apply it again"),
+        format!(
+            "request {raw} was already applied; an approval is applied once: ask check_clearance again to make the change again"
+        ),
     )
 }
 
