@@ -1109,6 +1109,27 @@ async fn a_workspace_token_is_confined_to_its_workspace() {
     ok(&client, "ping", json!({})).await;
     let s = h.mcp_session().await;
     assert_eq!(s.workspace, "ws");
+    // The operator's own MCP session in the same workspace is not this
+    // token's to read: a probe's workspace-token client read the steering
+    // queued for it.
+    let operator = h.ws_client().await;
+    ok(&operator, "ping", json!({})).await;
+    let theirs = h
+        .mcp_sessions()
+        .await
+        .into_iter()
+        .find(|r| r.id != s.id)
+        .expect("the operator's session");
+    assert_eq!(theirs.owner, "local");
+    assert_eq!(s.owner, "mcp-token:ws");
+    let err = call(&client, "reboot", json!({"session_id": theirs.id.0}))
+        .await
+        .expect_err("another credential's session");
+    assert!(
+        err.to_string()
+            .contains("was opened with another credential"),
+        "{err}"
+    );
 }
 
 /// Sends a raw `tools/call` of `tool` on MCP session `session` and returns

@@ -501,9 +501,10 @@ async fn check_diff_refuses_an_acp_agents_approved_permission() {
             json!({"request_id": req.id, "force": force}),
         )
         .await
-        .expect_err("not a check_clearance request");
+        .expect_err("an agent's request");
         assert!(
-            err.to_string().contains("is not a check_clearance request"),
+            err.to_string()
+                .contains("is from a session that is an agent's, not an MCP client's"),
             "force {force}: {err}"
         );
     }

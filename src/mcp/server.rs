@@ -556,10 +556,17 @@ impl IntercomMcp {
             .ok_or_else(|| {
                 Fail::Params(format!("argument `session_id`: there is no session {id}"))
             })?;
-        if id != t.id && !confine::same_workspace(&t.workspace, &record.workspace) {
-            return Err(Fail::Params(format!(
-                "argument `session_id`: session {id} belongs to another workspace than this connection's"
-            )));
+        if id != t.id {
+            let own = store.get_session(&t.id).await.map_err(storage)?;
+            let why = match &own {
+                Some(own) => confine::may_name(own, &record).err(),
+                None => Some("cannot be reached from this connection"),
+            };
+            if let Some(why) = why {
+                return Err(Fail::Params(format!(
+                    "argument `session_id`: session {id} {why}"
+                )));
+            }
         }
         let (pending, queued, reported) = match self.lookup(&id).await? {
             Some(actor) => {

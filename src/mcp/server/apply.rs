@@ -145,16 +145,17 @@ impl IntercomMcp {
             .await?;
         if req.session_id != t.id {
             // A client that reconnected (new session) may apply what its
-            // earlier session got approved, in the same workspace only.
-            let owner = store
-                .get_session(&req.session_id)
-                .await
-                .map_err(storage)?
-                .map(|r| r.workspace)
-                .unwrap_or_default();
-            if !super::confine::same_workspace(&t.workspace, &owner) {
+            // earlier session got approved: an MCP session of the same
+            // workspace and credential only.
+            let own = store.get_session(&t.id).await.map_err(storage)?;
+            let theirs = store.get_session(&req.session_id).await.map_err(storage)?;
+            let why = match (own, theirs) {
+                (Some(own), Some(theirs)) => super::confine::may_name(&own, &theirs).err(),
+                _ => Some("this connection cannot reach"),
+            };
+            if let Some(why) = why {
                 return Err(Fail::Params(format!(
-                    "argument `request_id`: request {raw} belongs to a session of another workspace"
+                    "argument `request_id`: request {raw} is from a session that {why}"
                 )));
             }
         }

@@ -8,7 +8,7 @@
 //! that one session: naming another session, or another session's request,
 //! is refused with [`OtherSession`] and audited as `action.denied`.
 
-use intercom_actors::model::SessionId;
+use intercom_actors::model::{SessionId, SessionRecord};
 use serde_json::json;
 
 use super::{Fail, IntercomMcp, Target};
@@ -64,6 +64,24 @@ impl Reach {
 /// own session.
 pub(super) fn same_workspace(own: &str, other: &str) -> bool {
     !own.is_empty() && own == other
+}
+
+/// Why an IDE client on session `own` may not name session `other`, if it
+/// may not: another workspace, an agent's session (not an MCP client's), or
+/// one another credential opened. A probe's client on a workspace's MCP
+/// token read the steering queued for the operator's own MCP session, and
+/// applied an ACP agent's approved clearance before the agent could.
+pub(super) fn may_name(own: &SessionRecord, other: &SessionRecord) -> Result<(), &'static str> {
+    if !same_workspace(&own.workspace, &other.workspace) {
+        return Err("lies in another workspace than this connection's");
+    }
+    if other.protocol != intercom_actors::model::Protocol::Mcp {
+        return Err("is an agent's, not an MCP client's");
+    }
+    if other.owner != own.owner {
+        return Err("was opened with another credential");
+    }
+    Ok(())
 }
 
 impl IntercomMcp {

@@ -148,7 +148,7 @@ impl IntercomMcp {
             cwd: place.cwd.clone().unwrap_or_default(),
             channel_id: place.channel.clone(),
             title: client_title(ctx),
-            owner: OWNER.into(),
+            owner: credential_owner(parts),
         };
         let record = ask(
             &self.deps().supervisor,
@@ -261,6 +261,17 @@ fn place_in(
             );
             Place::default()
         }
+    }
+}
+
+/// The owner an attached session is stored with: the credential that opened
+/// it. The operator's token is `local`, as before; a workspace's MCP token
+/// is `mcp-token:<workspace>`, so a client on that token cannot name the
+/// operator's own MCP sessions (`confine::may_name`).
+fn credential_owner(parts: Option<&axum::http::request::Parts>) -> String {
+    match parts.and_then(|p| p.extensions.get::<crate::mcp::auth::ScopedWorkspace>()) {
+        Some(crate::mcp::auth::ScopedWorkspace(ws)) => format!("mcp-token:{ws}"),
+        None => OWNER.into(),
     }
 }
 
