@@ -623,11 +623,8 @@ impl SupervisorState {
         caller: Caller,
         reply: RpcReplyPort<Result<bool, crate::session::SessionError>>,
     ) {
-        let Some(entry) = self.sessions.get(&id) else {
-            let _ = reply.send(Ok(false));
-            return;
-        };
-        if let Some(actor) = entry.actor.clone() {
+        let entry = self.sessions.get(&id);
+        if let Some(actor) = entry.and_then(|e| e.actor.clone()) {
             // The actor checks the caller and answers.
             let _ = actor.send_message(SessionMsg::Stop {
                 cause: StopCause::Operator,
@@ -637,16 +634,18 @@ impl SupervisorState {
             let _ = reply.send(Ok(true));
             return;
         }
-        // Waiting for a restart: no actor to ask, so check the owner here.
-        let owner = self
-            .args
-            .store
-            .get_session(&id)
-            .await
-            .ok()
-            .flatten()
-            .map(|r| r.owner)
-            .unwrap_or_default();
+        let record = self.args.store.get_session(&id).await.ok().flatten();
+        // Not ours and not live: nothing to stop. Stored live but unknown
+        // here, it has no agent and never will (a start whose storage failed
+        // half-way, on a full disk): a probe's stop answered "stopping" for
+        // ever. It is ended like one waiting for a restart.
+        let ghost = entry.is_none() && record.as_ref().is_some_and(|r| r.status.is_live());
+        if entry.is_none() && !ghost {
+            let _ = reply.send(Ok(false));
+            return;
+        }
+        // No actor to ask, so check the owner here.
+        let owner = record.map(|r| r.owner).unwrap_or_default();
         let allowed = caller.operator
             || caller.id == owner
             || self.args.settings.operators.contains(&caller.id);

@@ -264,6 +264,49 @@ async fn a_crash_cancels_the_tool_calls_its_turn_left_unfinished() {
     assert!(!t2_cancelled, "a finished call keeps its status");
 }
 
+/// A row stored live that the supervisor does not know (a start whose
+/// storage failed half-way, on a full disk) has no agent and never will: a
+/// stop ends it, where a probe's stop answered "stopping" for ever.
+#[tokio::test]
+async fn a_stop_ends_a_live_row_that_has_no_agent() {
+    let h = Harness::new(Knobs::default()).await;
+    let real = h.start(json!({"turns": [[{"chunk": "up"}]]}), "go").await;
+    let ghost = intercom_actors::model::SessionRecord {
+        id: SessionId::from("s-0000000000000ghost"),
+        status: SessionStatus::Starting,
+        ..real
+    };
+    h.store.create_session(&ghost).await.expect("stored");
+    let stranger = Caller {
+        id: "U_OTHER".into(),
+        operator: false,
+    };
+    let refused = ractor::call!(h.sup, |reply| SupervisorMsg::Stop {
+        id: ghost.id.clone(),
+        caller: stranger,
+        reply
+    })
+    .expect("stop call");
+    assert!(
+        matches!(refused, Err(SessionError::Unauthorized { .. })),
+        "{refused:?}"
+    );
+    let stopped = ractor::call!(h.sup, |reply| SupervisorMsg::Stop {
+        id: ghost.id.clone(),
+        caller: owner(),
+        reply
+    })
+    .expect("stop call")
+    .expect("stop accepted");
+    assert!(stopped);
+    let ended = h
+        .until_record(&ghost.id, "cancelled", |r| {
+            r.status == SessionStatus::Cancelled
+        })
+        .await;
+    assert_eq!(ended.status_reason.as_deref(), Some("stopped by operator"));
+}
+
 #[tokio::test]
 async fn dialect_crash_delivers_every_queued_instruction_in_order() {
     crash_then_three_queued(json!({"protocol": "intercom"})).await;
