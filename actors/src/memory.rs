@@ -30,6 +30,9 @@ struct Tables {
     in_turn: std::collections::HashSet<SessionId>,
     clearances: std::collections::HashMap<String, Clearance>,
     next_id: i64,
+    /// Tests: how many delivery marks fail before they succeed again (a
+    /// full disk, say).
+    failing_marks: usize,
 }
 
 /// A store that lives in memory.
@@ -66,6 +69,14 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Tests: the next `n` calls to mark steering delivered fail.
+    pub fn fail_delivery_marks(&self, n: usize) {
+        let _ = self.with(|t| {
+            t.failing_marks = n;
+            Ok(())
+        });
     }
 
     fn with<T>(
@@ -335,6 +346,13 @@ impl SessionStore for MemoryStore {
     }
     async fn mark_steering_delivered(&self, steering_id: i64) -> Result<(), StoreError> {
         self.with(|t| {
+            if t.failing_marks > 0 {
+                t.failing_marks -= 1;
+                return Err(StoreError::Backend {
+                    op: "mark steering delivered",
+                    message: "failing on purpose (a test)".into(),
+                });
+            }
             if let Some(s) = t.steering.iter_mut().find(|(s, _)| s.id == steering_id) {
                 s.1 = true;
             }

@@ -307,6 +307,40 @@ async fn a_stop_ends_a_live_row_that_has_no_agent() {
     assert_eq!(ended.status_reason.as_deref(), Some("stopped by operator"));
 }
 
+/// A delivered prompt whose delivered mark the store refused (a full disk)
+/// is marked once the store takes writes again: left unmarked, a revive
+/// after a restart delivered the first prompt a second time.
+#[tokio::test]
+async fn a_delivery_mark_the_store_refused_is_retried() {
+    let h = Harness::new(Knobs::default()).await;
+    h.store.fail_delivery_marks(2);
+    let rec = h
+        .start(
+            json!({"turns": [[{"chunk": "one"}], [{"chunk": "two"}]]}),
+            "first",
+        )
+        .await;
+    h.until_transcript(&rec.id, "one").await;
+    steer(&h, &rec.id, "second").await;
+    h.until_transcript(&rec.id, "prompt: second").await;
+    let deadline = std::time::Instant::now() + support::WAIT;
+    loop {
+        let left = h
+            .store
+            .undelivered_steering(&rec.id)
+            .await
+            .expect("steering");
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never marked delivered: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn dialect_crash_delivers_every_queued_instruction_in_order() {
     crash_then_three_queued(json!({"protocol": "intercom"})).await;

@@ -355,9 +355,11 @@ impl SessionState {
     /// commit takes it) and watchers are told, as for any steering.
     fn first_prompt_sent(&self, steering_id: i64) {
         let (store, id) = (Arc::clone(&self.store), self.id().clone());
+        let me = self.myself.clone();
         self.ledger.queue(async move {
             if let Err(e) = store.mark_steering_delivered(steering_id).await {
-                tracing::error!(session = %id, "marking the first prompt delivered: {e}");
+                tracing::warn!(session = %id, "marking the first prompt delivered: {e}; kept for a retry");
+                let _ = me.send_message(super::SessionMsg::DeliveryNotMarked { steering_id });
             }
         });
         self.emit(OperatorEvent::SteeringDelivered {

@@ -35,6 +35,9 @@ impl SessionState {
         if !self.unstored_text.is_empty() {
             self.retry_unstored_text().await;
         }
+        if !self.unmarked.is_empty() {
+            self.retry_delivery_marks().await;
+        }
         if !self.dirty_tools.is_empty() || self.pending_plan.is_some() || self.usage_unsent {
             self.flush_coalesced().await;
         }

@@ -233,6 +233,12 @@ pub enum SessionMsg {
     Child(ChildEvent),
     /// The clock ticked.
     Tick,
+    /// Marking a delivered steering message delivered failed: keep it for
+    /// the retry, or a revive would deliver it again.
+    DeliveryNotMarked {
+        /// The steering message.
+        steering_id: i64,
+    },
     /// A queued write of the agent's text failed: keep it for the retry.
     TextNotStored {
         /// The entry it was to extend, if any.
@@ -558,6 +564,9 @@ pub struct SessionState {
     setting_waiters: HashMap<i64, RpcReplyPort<Result<(), SessionError>>>,
     /// Agent text whose transcript write failed, retried every tick.
     unstored_text: Vec<(Option<i64>, String)>,
+    /// Steering delivered whose delivered mark did not store (a full disk):
+    /// retried every tick.
+    unmarked: Vec<i64>,
     /// Tool call lines: their transcript row and what they show.
     tools: HashMap<String, (ledger::RowId, Value)>,
     /// What the agent made the session write since the last prompt.
@@ -697,6 +706,7 @@ impl Actor for SessionActor {
             SessionMsg::TextNotStored { message_id, text } => {
                 state.unstored_text.push((message_id, text));
             }
+            SessionMsg::DeliveryNotMarked { steering_id } => state.unmarked.push(steering_id),
             SessionMsg::FileRead { id, path, result } => {
                 state.fs_read_done(id, path, result).await;
             }

@@ -71,6 +71,7 @@ impl SessionState {
             last_progress: None,
             setting_waiters: HashMap::new(),
             unstored_text: Vec::new(),
+            unmarked: Vec::new(),
             tools: HashMap::new(),
             budget: Default::default(),
             toolcalls: toolcalls::ToolCalls::default(),

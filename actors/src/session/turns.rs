@@ -248,7 +248,8 @@ impl SessionState {
         };
         self.note(Role::User, MessageKind::Text, &steering.text);
         if let Err(e) = self.store.mark_steering_delivered(steering.id).await {
-            tracing::error!(session = %self.record.id, "marking steering delivered: {e}");
+            tracing::warn!(session = %self.record.id, "marking steering delivered: {e}; kept for a retry");
+            self.unmarked.push(steering.id);
         }
         self.emit(OperatorEvent::SteeringDelivered {
             session_id: self.id().clone(),

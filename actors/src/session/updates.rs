@@ -396,6 +396,23 @@ impl SessionState {
 
     /// Retries transcript writes that failed (storage outage): nothing the
     /// agent said is lost once storage works again.
+    /// Marks delivered what was delivered while the store refused the
+    /// mark (a full disk): left unmarked, a revive after a restart
+    /// delivered the first prompt a second time.
+    pub(super) async fn retry_delivery_marks(&mut self) {
+        let pending = std::mem::take(&mut self.unmarked);
+        for steering_id in pending {
+            if self
+                .store
+                .mark_steering_delivered(steering_id)
+                .await
+                .is_err()
+            {
+                self.unmarked.push(steering_id);
+            }
+        }
+    }
+
     pub(super) async fn retry_unstored_text(&mut self) {
         let pending = std::mem::take(&mut self.unstored_text);
         for (message_id, text) in pending {
