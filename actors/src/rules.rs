@@ -623,15 +623,15 @@ fn runs_code_when_touched(path: &str) -> bool {
         })
 }
 
-/// True when a path lies where the workspace's git configuration runs
-/// hooks from, or is a config file it includes ([`gitconfig`]), or where a
-/// protected name at the workspace's top links to ([`linked_code`]).
-fn in_git_hooks(facts: &RequestFacts) -> bool {
+/// True when a path, where it leads or as written, lies under one of the
+/// places `protected` finds in the workspace: where its git configuration
+/// runs hooks from ([`gitconfig::protected`]), or where a protected name at
+/// its top links to ([`linked_code`]).
+fn touches(facts: &RequestFacts, protected: fn(&Path) -> Vec<PathBuf>) -> bool {
     let Some(root) = &facts.root else {
         return false;
     };
-    let mut protected = gitconfig::protected(root);
-    protected.extend(linked_code(root));
+    let protected = protected(root);
     !protected.is_empty()
         && facts
             .paths
@@ -653,17 +653,19 @@ fn linked_code(root: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for entry in entries.take(TOP_ENTRIES).flatten() {
-        let name = entry.file_name();
-        let protected = name
-            .to_str()
-            .is_some_and(|n| RUNS_CODE.iter().any(|r| n.eq_ignore_ascii_case(r)));
-        if protected && entry.file_type().is_ok_and(|t| t.is_symlink()) {
-            gitconfig::inside(&root, &root.join(&name), &mut out);
-        }
-    }
-    out
+    let links: Vec<PathBuf> = entries
+        .take(TOP_ENTRIES)
+        .flatten()
+        .filter(|entry| {
+            let protected = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| RUNS_CODE.iter().any(|r| n.eq_ignore_ascii_case(r)));
+            protected && entry.file_type().is_ok_and(|t| t.is_symlink())
+        })
+        .map(|entry| root.join(entry.file_name()))
+        .collect();
+    gitconfig::inside(&root, &links)
 }
 
 /// What the session's mode says when no rule matched. Modes never leave
@@ -696,17 +698,18 @@ fn mode_verdict(mode: ApprovalMode, facts: &RequestFacts) -> Verdict {
         },
         ApprovalMode::AutoEdits
             if kind == "edit"
-                && facts
+                && (facts
                     .paths
                     .iter()
                     .chain(&facts.written)
-                    .any(|p| runs_code_when_touched(p)) =>
+                    .any(|p| runs_code_when_touched(p))
+                    || touches(facts, linked_code)) =>
         {
             ask(
                 "it changes a file that runs code when git or an editor next touches the workspace (.git, .envrc, .vscode, ...)",
             )
         }
-        ApprovalMode::AutoEdits if kind == "edit" && in_git_hooks(facts) => ask(
+        ApprovalMode::AutoEdits if kind == "edit" && touches(facts, gitconfig::protected) => ask(
             "it changes a file under the repository's core.hooksPath, or a git config file it includes",
         ),
         ApprovalMode::AutoEdits if matches!(kind, "read" | "edit" | "search") => Verdict {

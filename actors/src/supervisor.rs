@@ -639,8 +639,7 @@ impl SupervisorState {
         // here, it has no agent and never will (a start whose storage failed
         // half-way, on a full disk): a probe's stop answered "stopping" for
         // ever. It is ended like one waiting for a restart.
-        let ghost = entry.is_none() && record.as_ref().is_some_and(|r| r.status.is_live());
-        if entry.is_none() && !ghost {
+        if entry.is_none() && !record.as_ref().is_some_and(|r| r.status.is_live()) {
             let _ = reply.send(Ok(false));
             return;
         }

@@ -26,6 +26,14 @@ fn owner() -> Caller {
 }
 
 /// Restarts wait `backoff` seconds, so instructions can arrive meanwhile.
+/// Someone who is neither the owner nor an operator.
+fn stranger() -> Caller {
+    Caller {
+        id: "U_OTHER".into(),
+        operator: false,
+    }
+}
+
 fn knobs_with_backoff(backoff: u64) -> Knobs {
     Knobs {
         policy: SupervisionPolicy {
@@ -277,13 +285,9 @@ async fn a_stop_ends_a_live_row_that_has_no_agent() {
         ..real
     };
     h.store.create_session(&ghost).await.expect("stored");
-    let stranger = Caller {
-        id: "U_OTHER".into(),
-        operator: false,
-    };
     let refused = ractor::call!(h.sup, |reply| SupervisorMsg::Stop {
         id: ghost.id.clone(),
-        caller: stranger,
+        caller: stranger(),
         reply
     })
     .expect("stop call");
@@ -490,13 +494,9 @@ async fn operator_restart_resumes_a_hung_agent_in_the_same_session() {
     h.until_transcript(&rec.id, "prompt: go").await;
     let old = pid(&h, &rec.id).await;
     // Only the owner and operators may restart.
-    let stranger = Caller {
-        id: "U_OTHER".into(),
-        operator: false,
-    };
     let refused = ractor::call!(h.sup, |reply| SupervisorMsg::Restart {
         id: rec.id.clone(),
-        caller: stranger,
+        caller: stranger(),
         reply
     })
     .expect("restart call");

@@ -493,18 +493,13 @@ impl Config {
     }
 
     /// What this config has none of, among what a reload may not empty
-    /// ([`Config::reload_over`]).
+    /// ([`Config::reload_over`]: agents, workspaces).
     pub fn declares_none(&self) -> Vec<&'static str> {
-        let mut none: Vec<&'static str> = self
-            .counts()
+        self.counts()
             .into_iter()
             .filter(|(_, n)| *n == 0)
             .map(|(what, _)| what)
-            .collect();
-        if self.rules.is_empty() {
-            none.push("[[rule]]");
-        }
-        none
+            .collect()
     }
 
     /// How many agents and workspaces (declared and discovered).
@@ -788,18 +783,16 @@ pub fn check_config(path: &Path) -> Result<String, ConfigError> {
             );
         } else {
             let none = c.declares_none();
-            let (rules, rest): (Vec<&str>, Vec<&str>) =
-                none.into_iter().partition(|w| *w == "[[rule]]");
-            if !rest.is_empty() {
+            if !none.is_empty() {
                 out.push_str(&format!(
                     "\nnote: the file declares no {}: `serve` starts on it, but a running server \
                      that has some refuses to reload it (a file cut while being written looks \
                      like that) and keeps its previous configuration; restart the server to run \
                      without them",
-                    rest.join(" and no ")
+                    none.join(" and no ")
                 ));
             }
-            if !rules.is_empty() {
+            if c.rules.is_empty() {
                 out.push_str(
                     "\nnote: the file declares no [[rule]]: `serve` starts on it; a running server \
                      that has rules reloads it and drops its allow rules, but keeps its deny and \

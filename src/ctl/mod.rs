@@ -420,13 +420,8 @@ fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             // session that has already ended (its answer comes at once).
             let live = || {
                 client
-                    .get_as::<Value>(&format!("/api/sessions/{}", segment(id)))
-                    .map_or(true, |(_, s)| {
-                        matches!(
-                            s["status"].as_str(),
-                            Some("starting" | "active" | "stalled")
-                        )
-                    })
+                    .get_as::<SessionView>(&format!("/api/sessions/{}", segment(id)))
+                    .map_or(true, |(_, s)| s.status.is_live())
             };
             if !json && live() {
                 eprintln!(

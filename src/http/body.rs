@@ -67,8 +67,8 @@ fn deadline_for(path: &str) -> Duration {
 }
 
 /// Whether reading a body failed because it did not arrive in time.
-pub fn too_slow(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+pub fn too_slow(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
     while let Some(s) = source {
         if s.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)

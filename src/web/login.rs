@@ -243,7 +243,7 @@ pub async fn login_form(
     let form = match form {
         Ok(Form(form)) => form,
         // The body did not come within its deadline (`body::LOGIN_BODY_DEADLINE`).
-        Err(e) if e.body_text().contains("did not arrive within") => {
+        Err(e) if crate::http::body::too_slow(&e) => {
             return form_page(
                 StatusCode::REQUEST_TIMEOUT,
                 &format!(

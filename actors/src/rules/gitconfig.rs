@@ -59,31 +59,36 @@ pub fn protected(root: &Path) -> Vec<PathBuf> {
     // A git directory that lies in the workspace under another name than
     // `.git` (`git init --separate-git-dir=gd`): all of it, as `.git/`.
     let git_dirs = top.iter().flat_map(|r| r.dirs.iter().cloned());
-    let candidates = hooks
+    let candidates: Vec<PathBuf> = hooks
         .chain(reader.found.includes.iter().cloned())
         .chain(git_dirs)
-        .map(|p| crate::fsjail::normalize(&p));
-    let mut out = Vec::new();
-    for path in candidates {
-        inside(&root, &path, &mut out);
-    }
-    out
+        .map(|p| crate::fsjail::normalize(&p))
+        .collect();
+    inside(&root, &candidates)
 }
 
-/// Adds `path` as `root`-relative, as written and where it leads (a hooks
-/// directory reached through a link is protected under both names: a
-/// write judged where it lands must still be seen to land there).
-pub(super) fn inside(root: &Path, path: &Path, out: &mut Vec<PathBuf>) {
-    if let Ok(rel) = path.strip_prefix(root) {
-        out.push(rel.to_path_buf());
+/// Each of `paths` (absolute) that lies in canonical `root`, made
+/// `root`-relative, as written and where it leads (a hooks directory
+/// reached through a link is protected under both names: a write judged
+/// where it lands must still be seen to land there). The root is resolved
+/// once for all of them.
+pub(super) fn inside(root: &Path, paths: &[PathBuf]) -> Vec<PathBuf> {
+    let asked: Vec<&Path> = paths
+        .iter()
+        .map(|p| p.strip_prefix(root).unwrap_or(p))
+        .collect();
+    let landed = crate::fsjail::landings(root, asked.iter().copied());
+    let mut out = Vec::new();
+    for (path, real) in paths.iter().zip(landed) {
+        let written = path.strip_prefix(root).ok();
+        let lands = real.as_deref().and_then(|r| r.strip_prefix(root).ok());
+        for rel in written.into_iter().chain(lands) {
+            if !out.iter().any(|p| p == rel) {
+                out.push(rel.to_path_buf());
+            }
+        }
     }
-    let rel = path.strip_prefix(root).unwrap_or(path);
-    if let Some(Some(real)) = crate::fsjail::landings(root, [rel]).pop()
-        && let Ok(rel) = real.strip_prefix(root)
-        && !out.iter().any(|p| p == rel)
-    {
-        out.push(rel.to_path_buf());
-    }
+    out
 }
 
 /// True when workspace-relative `path` is or lies under one of `protected`
@@ -283,6 +288,15 @@ fn unquote(raw: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A repository at `<tmp>/repo` whose `.git/config` is `config`.
+    fn repo_with_config(config: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().join("repo");
+        std::fs::create_dir_all(root.join(".git")).expect("git dir");
+        std::fs::write(root.join(".git/config"), config).expect("config");
+        (dir, root)
+    }
+
     #[test]
     fn reads_hooks_paths_and_includes_as_git_writes_them() {
         let text = "[user]\n\tname = x\n[core]\n\tbare = false\n\thooksPath = \"tools/git hooks\" # ours\n\
@@ -305,14 +319,9 @@ mod tests {
 
     #[test]
     fn protects_the_configured_hooks_and_an_included_file_inside_the_workspace() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().join("repo");
-        std::fs::create_dir_all(root.join(".git")).expect("git dir");
-        std::fs::write(
-            root.join(".git/config"),
+        let (_dir, root) = repo_with_config(
             "[core]\n\thooksPath = tools/hooks\n[include]\n\tpath = ../team.gitconfig\n",
-        )
-        .expect("config");
+        );
         std::fs::write(
             root.join("team.gitconfig"),
             "[core]\n\thooksPath = ci/hooks\n",
@@ -355,14 +364,9 @@ mod tests {
     /// A FIFO where a config file is looked for is skipped, not waited on.
     #[test]
     fn a_fifo_in_place_of_a_config_file_is_skipped() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().join("repo");
-        std::fs::create_dir_all(root.join(".git")).expect("git dir");
-        std::fs::write(
-            root.join(".git/config"),
+        let (_dir, root) = repo_with_config(
             "[include]\n\tpath = ../team.gitconfig\n[core]\n\thooksPath = hooks\n",
-        )
-        .expect("config");
+        );
         let fifo = std::ffi::CString::new(root.join("team.gitconfig").to_str().expect("utf-8"))
             .expect("c path");
         // SAFETY: mkfifo(3) on a NUL-terminated path this test owns.

@@ -631,6 +631,7 @@ fn auto_edits_asks_for_a_protected_name_reached_through_a_link() {
     };
     let v = evaluate(&[], ApprovalMode::AutoEdits, &landed);
     assert_eq!(v.action, RuleAction::Ask, "{}", v.why);
+    assert!(v.why.contains("runs code"), "{}", v.why);
     let named = RequestFacts {
         written: vec![".vscode/tasks.json".into()],
         ..facts("edit", &["elsewhere/tasks.json"], None)

@@ -438,8 +438,8 @@ struct Turn {
     /// only the agent's own time).
     agent_since: Instant,
     timeout_noted: bool,
-    /// When the operator interrupted the turn to steer (`session/cancel`
-    /// sent), if they did.
+    /// When a watched cancel was sent (an interrupt, a nudge, a pause), if
+    /// one was: the agent has the shutdown grace to end the turn.
     cancelled_at: Option<Instant>,
     /// The operator gave this turn up for their steering (an interrupt): a
     /// fresh agent after a crash is not given it again.

@@ -336,12 +336,10 @@ impl SessionState {
             steering,
         });
         if interrupt && self.turn.is_some() {
-            self.cancel_turn("interrupted to steer").await;
             // Steering waits for this turn to end: an agent that ignores
-            // the cancel is restarted ([`Self::check_cancel_ignored`]), as
-            // after a nudge's cancel.
+            // the cancel is restarted.
+            self.cancel_turn_watched("interrupted to steer").await;
             if let Some(turn) = &mut self.turn {
-                turn.cancelled_at.get_or_insert_with(Instant::now);
                 turn.superseded = true;
             }
         }
@@ -350,6 +348,17 @@ impl SessionState {
             paused: self.paused,
             steering_id: id,
         })
+    }
+
+    /// [`Self::cancel_turn`], watched: an agent that has not ended the turn
+    /// within the shutdown grace is restarted
+    /// ([`Self::check_cancel_ignored`]). An interrupt, a nudge and a pause
+    /// cancel this way; a stop has a grace of its own.
+    async fn cancel_turn_watched(&mut self, why: &str) {
+        self.cancel_turn(why).await;
+        if let Some(turn) = &mut self.turn {
+            turn.cancelled_at.get_or_insert_with(Instant::now);
+        }
     }
 
     /// Cancels the running turn (ACP `session/cancel`), answering every
@@ -400,13 +409,9 @@ impl SessionState {
             Protocol::Acp if cuts_turn => {
                 // A hung turn: cancel it and prompt again once it ends.
                 self.reprompt_after_cancel = Some(text);
-                self.cancel_turn("nudge").await;
-                // An agent that ignores the cancel is restarted after the
-                // grace, as for an interrupt: a probe's hung agent was
-                // nudged (and told "prompted again") with nothing changing.
-                if let Some(turn) = &mut self.turn {
-                    turn.cancelled_at.get_or_insert_with(Instant::now);
-                }
+                // A probe's hung agent ignored the cancel, and was nudged
+                // (and told "prompted again") with nothing changing.
+                self.cancel_turn_watched("nudge").await;
             }
             Protocol::Acp => {
                 if self.phase == Phase::Ready {
@@ -446,12 +451,8 @@ impl SessionState {
         // while paused).
         self.toolcalls.clear_grants();
         if self.turn.is_some() {
-            self.cancel_turn("paused by operator").await;
-            // An agent that keeps working anyway is restarted after the
-            // grace, as for an interrupt ([`Self::check_cancel_ignored`]).
-            if let Some(turn) = &mut self.turn {
-                turn.cancelled_at.get_or_insert_with(Instant::now);
-            }
+            // An agent that keeps working anyway is restarted.
+            self.cancel_turn_watched("paused by operator").await;
         }
         self.audit(&caller.id, "session.paused", json!({})).await;
         self.emit_notice(NoticeLevel::Info, &format!("Paused by {}.", caller.id))

@@ -138,13 +138,7 @@ impl SessionState {
                 if !self.agent_may_write(content.len()).await {
                     continue;
                 }
-                self.queue_update(&row, content);
-                self.emit(OperatorEvent::ToolCall {
-                    session_id: self.id().clone(),
-                    tool_call_id: id,
-                    title: doc["title"].as_str().unwrap_or_default().to_owned(),
-                    status: doc["status"].as_str().unwrap_or_default().to_owned(),
-                });
+                self.rewrite_tool_line(id, &row, &doc, content);
             }
         }
         if let Some(entries) = self.pending_plan.take() {
@@ -232,18 +226,17 @@ impl SessionState {
             .map(|t| std::mem::take(&mut t.tools))
             .unwrap_or_default();
         for id in ids {
-            let Some((row, doc)) = self.tools.get_mut(&id) else {
+            let unfinished = self.tools.get(&id).is_some_and(|(_, doc)| {
+                matches!(
+                    doc["status"].as_str(),
+                    None | Some("pending" | "in_progress")
+                )
+            });
+            // Taken out and put back, as in `on_tool`: not copied.
+            let Some((row, mut doc)) = unfinished.then(|| self.tools.remove(&id)).flatten() else {
                 continue;
             };
-            if !matches!(
-                doc["status"].as_str(),
-                None | Some("pending" | "in_progress")
-            ) {
-                continue;
-            }
             doc["status"] = json!(CANCELLED);
-            let (row, content) = (row.clone(), doc.to_string());
-            let title = doc["title"].as_str().unwrap_or_default().to_owned();
             let cancelled = acp::ToolCallView {
                 id: id.clone(),
                 status: Some(CANCELLED.into()),
@@ -251,15 +244,23 @@ impl SessionState {
             };
             self.toolcalls.update(&cancelled);
             self.dirty_tools.remove(&id);
-            self.queue_update(&row, content);
-            self.emit(OperatorEvent::ToolCall {
-                session_id: self.id().clone(),
-                tool_call_id: id,
-                title,
-                status: CANCELLED.into(),
-            });
+            let content = doc.to_string();
+            self.rewrite_tool_line(id.clone(), &row, &doc, content);
+            self.tools.insert(id, (row, doc));
         }
         self.forget_tool_lines();
+    }
+
+    /// Rewrites a tool call's one transcript line with `doc` (its `content`)
+    /// and shows its title and status.
+    fn rewrite_tool_line(&self, id: String, row: &RowId, doc: &Value, content: String) {
+        self.queue_update(row, content);
+        self.emit(OperatorEvent::ToolCall {
+            session_id: self.id().clone(),
+            tool_call_id: id,
+            title: doc["title"].as_str().unwrap_or_default().to_owned(),
+            status: doc["status"].as_str().unwrap_or_default().to_owned(),
+        });
     }
 
     pub(super) async fn on_plan(&mut self, entries: Vec<(String, String)>) {
@@ -394,8 +395,6 @@ impl SessionState {
         }
     }
 
-    /// Retries transcript writes that failed (storage outage): nothing the
-    /// agent said is lost once storage works again.
     /// Marks delivered what was delivered while the store refused the
     /// mark (a full disk): left unmarked, a revive after a restart
     /// delivered the first prompt a second time.
@@ -413,6 +412,8 @@ impl SessionState {
         }
     }
 
+    /// Retries transcript writes that failed (storage outage): nothing the
+    /// agent said is lost once storage works again.
     pub(super) async fn retry_unstored_text(&mut self) {
         let pending = std::mem::take(&mut self.unstored_text);
         for (message_id, text) in pending {
