@@ -49,14 +49,18 @@ use tokio::sync::oneshot;
 use super::patch::{self, Change};
 
 mod apply;
+mod clearance;
 mod confine;
+mod facts;
 mod placement;
 mod waits;
 
 use super::tools::{self, Args};
 use super::{ACTOR_TIMEOUT, ActorCallError, BridgedSession, McpDeps, ask};
 use apply::{record_targets, whole_as_diff};
+use clearance::{clearance_answer, clearance_change, clearance_outcome, clearance_paths};
 use confine::Reach;
+use facts::auto_check_facts;
 use placement::Connection;
 
 /// The longest text argument shown to the operator (a `broadcast`, a
@@ -251,31 +255,7 @@ impl IntercomMcp {
         let description = bounded(&args, "description")?.unwrap_or_default();
         let diff = args.str_or("diff", "").to_owned();
         let file_path = args.str_or("file_path", "").trim().to_owned();
-        // Counted before anything is built or read: a probe's diff naming
-        // 60,000 files cost 55 MB and 60,000 reads per call before the
-        // request was refused for its paths.
-        let named = diff.lines().filter(|l| l.starts_with("+++ ")).count();
-        if named > MAX_REQUEST_PATHS {
-            return Err(Fail::Params(format!(
-                "argument `diff` names {named} files; a request names at most {MAX_REQUEST_PATHS}: split the change"
-            )));
-        }
-        let change = Change::parse(&diff).map_err(|e| {
-            Fail::Params(format!(
-                "argument `diff` looks like a unified diff but is not a valid one: {e}"
-            ))
-        })?;
-        // Whole content that carries diff headers further down reads as a
-        // diff to the operator but would be written verbatim: a probe's
-        // leading blank line turned a harmless-looking diff of deploy.sh
-        // into deploy.sh's whole new content.
-        if let (Change::Whole(_), Some(line)) = (&change, patch::diff_headers_at(&diff))
-            && !(file_path.ends_with(".patch") || file_path.ends_with(".diff"))
-        {
-            return Err(Fail::Params(format!(
-                "argument `diff` is not a diff from its first line but has diff headers at line {line}: start it with its `---`/`+++` lines (or `diff --git`), or send the file's whole content without diff headers"
-            )));
-        }
+        let change = clearance_change(&diff, &file_path)?;
         let paths = clearance_paths(&change, &file_path, t.cwd.as_deref())?;
         let (recorded, diff) = match &t.cwd {
             Some(root) => {
@@ -321,21 +301,7 @@ impl IntercomMcp {
                 .map_err(storage)?;
         }
         let timeout = self.deps().approval_timeout;
-        let answer = match wait_for(&mut rx, timeout, &call_ended).await {
-            Waited::Answer(a) => Some(a),
-            Waited::Closed => None,
-            Waited::TimedOut => {
-                guard.close(RequestStatus::Expired);
-                // A decision may have won the race with the expiry.
-                match tokio::time::timeout(ACTOR_TIMEOUT, &mut rx).await {
-                    Ok(Ok(a @ McpAnswer::Decided(_))) => Some(a),
-                    _ => Some(McpAnswer::Closed(RequestStatus::Expired)),
-                }
-            }
-            Waited::Cancelled => {
-                return Err(Fail::Cancelled); // the guard closes it as cancelled
-            }
-        };
+        let answer = clearance_answer(&mut rx, &mut guard, timeout, &call_ended).await?;
         guard.disarm();
         clearance_outcome(request_id, answer, timeout)
     }
@@ -699,90 +665,6 @@ impl ServerHandler for IntercomMcp {
     }
 }
 
-/// What `auto_check` knows about the action, as rule facts. `kind` accepts
-/// ACP tool kinds and the older names (`terminal_command` = execute,
-/// `file_operation` = edit); `context` may carry `path`/`file_path`/`paths`
-/// and `command`.
-fn auto_check_facts(
-    args: &Args,
-    t: &Target,
-    server_files: &intercom_actors::workspace_fs::ServerFiles,
-) -> Result<intercom_actors::rules::RequestFacts, Fail> {
-    use intercom_actors::rules::RULE_KINDS;
-    let tool = args.str_or("tool_name", "").trim().to_owned();
-    // A kind no rule knows would skip every rule that names a kind (a deny
-    // on `execute` among them), which looks like "not denied".
-    let kind = match args.str("kind").map(str::trim) {
-        Some("terminal_command" | "command" | "shell") => Some("execute".to_owned()),
-        Some("file_operation" | "file_write" | "write") => Some("edit".to_owned()),
-        Some(k) if RULE_KINDS.contains(&k) => Some(k.to_owned()),
-        Some(k) if !k.is_empty() => {
-            return Err(Fail::Params(format!(
-                "argument `kind`: {k:?} is not a kind of action; use one of {}, or terminal_command / file_operation",
-                RULE_KINDS.join(", ")
-            )));
-        }
-        _ => None,
-    };
-    let context = match args.value("context") {
-        None | Some(serde_json::Value::Null) => serde_json::Value::Null,
-        Some(c @ serde_json::Value::Object(_)) => c.clone(),
-        Some(_) => {
-            return Err(Fail::Params(
-                "argument `context`: an object such as {\"path\": \"src/x.rs\"} or {\"command\": \"cargo test\"}"
-                    .to_owned(),
-            ));
-        }
-    };
-    let mut paths: Vec<String> = ["path", "file_path"]
-        .iter()
-        .filter_map(|k| {
-            context
-                .get(*k)
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned)
-        })
-        .collect();
-    if let Some(list) = context.get("paths").and_then(serde_json::Value::as_array) {
-        paths.extend(
-            list.iter()
-                .filter_map(serde_json::Value::as_str)
-                .map(str::to_owned),
-        );
-    }
-    let command = context
-        .get("command")
-        .and_then(serde_json::Value::as_str)
-        .map(str::to_owned)
-        .or_else(|| (kind.as_deref() == Some("execute")).then(|| tool.clone()));
-    // Each path is resolved on the filesystem: past a bound, the answer is
-    // "ask" (as for a path outside), without resolving any.
-    let too_many = paths.len() > intercom_actors::rules::MAX_REQUEST_PATHS;
-    let judged = match &t.cwd {
-        _ if too_many => intercom_actors::fsjail::Judged::default(),
-        Some(cwd) => {
-            let guard = server_files.checker();
-            intercom_actors::fsjail::judge_paths(cwd, &paths, |p| guard.covers(p))
-        }
-        None => intercom_actors::fsjail::Judged {
-            relative: paths.clone(),
-            ..Default::default()
-        },
-    };
-    Ok(intercom_actors::rules::RequestFacts {
-        kind,
-        paths: judged.relative,
-        paths_inside: judged.inside,
-        server_file: judged.server_file,
-        command,
-        agent: "mcp".to_owned(),
-        workspace: t.workspace.clone(),
-        session: t.id.clone(),
-        root: t.cwd.clone(),
-        written: paths,
-    })
-}
-
 /// A text argument the operator is shown (a broadcast, a status line, a
 /// standby message), trimmed, at most [`TEXT_MAX`] bytes. A probe stored
 /// ten pings and standbys of 3.9 MB each in the transcript.
@@ -797,102 +679,4 @@ fn bounded(args: &Args, name: &str) -> Result<Option<String>, Fail> {
         )));
     }
     Ok(Some(text.to_owned()))
-}
-
-/// Every file a clearance's change writes (a diff over several files names
-/// more than `file_path`): rules and the operator judge all of them.
-/// Where `a/../b` lands depends on whether `a` is a link: rules judge it as
-/// the kernel resolves it, so it must be written that way too, or not at
-/// all. Not at all is simpler to trust: a path with `..` is refused.
-fn clearance_paths(
-    change: &Change,
-    file_path: &str,
-    root: Option<&Path>,
-) -> Result<Vec<String>, Fail> {
-    // A one-file diff is written to `file_path`: its own `+++` name must
-    // agree, or the operator reads a diff of one file above another's name.
-    if let Change::Diff(files) = change
-        && let [only] = files.as_slice()
-        && let Some(named) = &only.path
-        && !Path::new(file_path).ends_with(named)
-    {
-        return Err(Fail::Params(format!(
-            "argument `diff` changes {named:?} (its `+++` line) but `file_path` is {file_path:?}; they must name the same file"
-        )));
-    }
-    let paths: Vec<String> = apply::targets(change, file_path)
-        .into_iter()
-        .map(|(rel, _)| rel)
-        .collect();
-    // Each section would be applied to the original file and the last
-    // would win, dropping what the others changed (a probe's approved
-    // removal was lost that way, also with `./x` beside `x`).
-    let mut seen = std::collections::HashSet::new();
-    if let Some(twice) = paths.iter().find(|p| !seen.insert(same_file(p, root))) {
-        return Err(Fail::Params(format!(
-            "argument `diff` changes {twice:?} in more than one section; give one section per file"
-        )));
-    }
-    if let Some(p) = paths.iter().find(|p| {
-        std::path::Path::new(p)
-            .components()
-            .any(|c| c == std::path::Component::ParentDir)
-    }) {
-        return Err(Fail::Params(format!(
-            "argument `file_path`: {p:?} climbs with `..`; give the file's path inside the workspace without `..`"
-        )));
-    }
-    Ok(paths)
-}
-
-/// A path as written, spelled one way: `./` and doubled or trailing
-/// slashes dropped, and the workspace's own directory in front of it.
-fn same_file(path: &str, root: Option<&Path>) -> PathBuf {
-    let p: PathBuf = Path::new(path)
-        .components()
-        .filter(|c| !matches!(c, std::path::Component::CurDir))
-        .collect();
-    match root.and_then(|r| p.strip_prefix(r).ok()) {
-        Some(inside) => inside.to_path_buf(),
-        None => p,
-    }
-}
-
-/// What `check_clearance` answers once the request is closed: the
-/// operator's decision, the expiry, or why it closed undecided.
-fn clearance_outcome(
-    request_id: String,
-    answer: Option<McpAnswer>,
-    timeout: Duration,
-) -> ToolResult {
-    let mut out = json!({"request_id": request_id});
-    match answer {
-        Some(McpAnswer::Decided(d)) => {
-            out["status"] = json!(if d.approved { "approved" } else { "rejected" });
-            if let Some(reason) = d.reason {
-                out["reason"] = json!(reason);
-            }
-        }
-        Some(McpAnswer::Closed(RequestStatus::Expired)) => {
-            out["status"] = json!("timeout");
-            out["reason"] = json!(format!(
-                "no decision within {} s; the request expired",
-                timeout.as_secs()
-            ));
-        }
-        Some(McpAnswer::Closed(status)) => {
-            out["status"] = json!("rejected");
-            out["reason"] = json!(format!(
-                "the request was {status} before the operator decided",
-                status = status.as_str()
-            ));
-        }
-        None => {
-            return Err(Fail::refused(
-                "session_ended",
-                "the session ended before the operator decided",
-            ));
-        }
-    }
-    Ok(out)
 }

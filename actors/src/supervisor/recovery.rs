@@ -93,27 +93,54 @@ impl SupervisorState {
         let profile = match resumable_with(&rec, map) {
             Ok(profile) => profile,
             Err(why) => {
-                let reason = format!("server restarted; the session could not be resumed: {why}");
-                tracing::warn!(session = %id, "{reason}");
-                self.sessions.insert(id.clone(), placeholder_entry(&rec));
-                let mut text =
-                    format!("The server restarted; this session could not be resumed: {why}.");
-                if !expired.is_empty() {
-                    text.push_str(&format!(
-                        " Its open request {} expired.",
-                        expired.join(", ")
-                    ));
-                }
-                self.notice_kept(&id, NoticeLevel::Warning, text).await;
-                self.end_session(&id, SessionStatus::Interrupted, &reason)
-                    .await;
+                self.end_unresumable(&rec, &why, &expired).await;
                 return false;
             }
         };
+        let plan = self.restart_plan(&rec, &expired).await;
+        let (given_again, mid_turn) = (plan.reprompt.is_some(), plan.mid_turn);
+        let entry = Entry::recovering(profile, rec.restart_count, plan);
+        self.sessions.insert(id.clone(), entry);
+        if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
+            threads::posted(&self.myself, &id, ch, ts);
+        }
+        let text = if given_again {
+            format!(
+                "The server restarted; resuming this session: the agent (intercom dialect, which has no session to resume) is given its last prompt again.{}",
+                expired_clause(&expired)
+            )
+        } else {
+            self.resume_notice(&id, mid_turn, &expired).await
+        };
+        self.notice_kept(&id, NoticeLevel::Info, text).await;
+        self.restart(id.clone()).await;
+        self.sessions.get(&id).is_some_and(|e| e.actor.is_some())
+    }
+
+    /// A live session whose workspace or agent is gone (or that cannot be
+    /// resumed for another reason): told why, and ended as interrupted.
+    async fn end_unresumable(&mut self, rec: &SessionRecord, why: &str, expired: &[String]) {
+        let id = &rec.id;
+        let reason = format!("server restarted; the session could not be resumed: {why}");
+        tracing::warn!(session = %id, "{reason}");
+        self.sessions.insert(id.clone(), placeholder_entry(rec));
+        let text = format!(
+            "The server restarted; this session could not be resumed: {why}.{}",
+            expired_clause(expired)
+        );
+        self.notice_kept(id, NoticeLevel::Warning, text).await;
+        self.end_session(id, SessionStatus::Interrupted, &reason)
+            .await;
+    }
+
+    /// How a recovered session is brought back: resumed where the agent was,
+    /// asked to continue a cut turn, or (intercom) given its last prompt.
+    async fn restart_plan(&mut self, rec: &SessionRecord, expired: &[String]) -> RestartPlan {
+        let id = &rec.id;
         // An agent that was in a turn (waiting on a request, or working
         // after one was answered) was cut: once resumed it is asked to
         // continue (as after a crash), not left idle.
-        let turn_cut = match self.args.store.turn_was_running(&id).await {
+        let turn_cut = match self.args.store.turn_was_running(id).await {
             Ok(running) => running,
             Err(e) => {
                 tracing::warn!(session = %id, "cannot tell whether a turn was running: {e}");
@@ -125,74 +152,64 @@ impl SupervisorState {
         // is given that prompt again, as after a crash. It was given
         // nothing, while the transcript said it was asked to continue.
         let reprompt = if rec.protocol == Protocol::Intercom {
-            self.last_prompt(&id).await
+            self.last_prompt(id).await
         } else {
             None
         };
-        let given_again = reprompt.is_some();
-        let mid_turn = turn_cut || !expired.is_empty() || given_again;
-        let plan = RestartPlan {
+        let mid_turn = turn_cut || !expired.is_empty() || reprompt.is_some();
+        RestartPlan {
             resume: rec.acp_session_id.clone(),
             reprompt,
             mid_turn,
             require_resume: rec.protocol == Protocol::Acp,
-        };
-        let entry = Entry::recovering(profile, rec.restart_count, plan);
-        self.sessions.insert(id.clone(), entry);
-        if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
-            threads::posted(&self.myself, &id, ch, ts);
         }
-        let text = if given_again {
-            let mut text = "The server restarted; resuming this session: the agent (intercom dialect, which has no session to resume) is given its last prompt again.".to_owned();
-            if !expired.is_empty() {
-                text.push_str(&format!(
-                    " Its open request {} expired.",
-                    expired.join(", ")
-                ));
-            }
-            text
-        } else {
-            // Queued steering goes first once resumed, instead of asking the
-            // agent to continue (the session's start delivers it).
-            let queued = match self.args.store.undelivered_steering(&id).await {
-                Ok(q) => q.len(),
-                Err(e) => {
-                    tracing::warn!(session = %id, "cannot read queued steering: {e}");
-                    0
-                }
-            };
-            // Said before the resume is tried: a resume that fails says so
-            // in a notice of its own ("Not delivered: ...").
-            let paused = self.args.store.is_paused(&id).await.unwrap_or(false);
-            let then = if paused && queued > 0 {
-                format!(
-                    "its {queued} queued instruction(s) stay held: it is paused, so they are delivered once someone resumes it"
-                )
-            } else if paused {
-                "it stays paused: its turn is continued once someone resumes it".to_owned()
-            } else if queued > 0 {
-                format!("its {queued} queued instruction(s) are delivered once it is back")
-            } else {
-                "once it is back, the agent is asked to continue its turn".to_owned()
-            };
-            if expired.is_empty() && mid_turn {
-                format!(
-                    "The server restarted during the agent's turn; resuming this session, and {then}."
-                )
-            } else if expired.is_empty() && queued > 0 {
-                format!("The server restarted; resuming this session, and {then}.")
-            } else if expired.is_empty() {
-                "The server restarted; resuming this session.".to_owned()
-            } else {
-                format!(
-                    "The server restarted; resuming this session. Its open request {} expired (the agent that asked is gone); {then}.",
-                    expired.join(", ")
-                )
+    }
+
+    /// What a resumed ACP session is told: what becomes of its cut turn, its
+    /// queued steering and its pause.
+    async fn resume_notice(
+        &mut self,
+        id: &SessionId,
+        mid_turn: bool,
+        expired: &[String],
+    ) -> String {
+        // Queued steering goes first once resumed, instead of asking the
+        // agent to continue (the session's start delivers it).
+        let queued = match self.args.store.undelivered_steering(id).await {
+            Ok(q) => q.len(),
+            Err(e) => {
+                tracing::warn!(session = %id, "cannot read queued steering: {e}");
+                0
             }
         };
-        self.notice_kept(&id, NoticeLevel::Info, text).await;
-        self.restart(id.clone()).await;
-        self.sessions.get(&id).is_some_and(|e| e.actor.is_some())
+        // Said before the resume is tried: a resume that fails says so
+        // in a notice of its own ("Not delivered: ...").
+        let paused = self.args.store.is_paused(id).await.unwrap_or(false);
+        let then = if paused && queued > 0 {
+            format!(
+                "its {queued} queued instruction(s) stay held: it is paused, so they are delivered once someone resumes it"
+            )
+        } else if paused {
+            "it stays paused: its turn is continued once someone resumes it".to_owned()
+        } else if queued > 0 {
+            format!("its {queued} queued instruction(s) are delivered once it is back")
+        } else {
+            "once it is back, the agent is asked to continue its turn".to_owned()
+        };
+        if expired.is_empty() && mid_turn {
+            format!(
+                "The server restarted during the agent's turn; resuming this session, and {then}."
+            )
+        } else if expired.is_empty() && queued > 0 {
+            format!("The server restarted; resuming this session, and {then}.")
+        } else if expired.is_empty() {
+            "The server restarted; resuming this session.".to_owned()
+        } else {
+            format!(
+                "The server restarted; resuming this session. Its open request {} expired (the agent that asked is gone); {then}.",
+                expired.join(", ")
+            )
+        }
     }
 
     /// The newest prompt the session's transcript holds (the operator's or
@@ -461,6 +478,15 @@ async fn revive_audit(store: &dyn SessionStore, id: &SessionId, by: &str, failed
     };
     if let Err(e) = store.audit(&entry).await {
         tracing::error!(session = %id, "audit write failed: {e}");
+    }
+}
+
+/// " Its open request req-1, req-2 expired." when any did, else nothing.
+fn expired_clause(expired: &[String]) -> String {
+    if expired.is_empty() {
+        String::new()
+    } else {
+        format!(" Its open request {} expired.", expired.join(", "))
     }
 }
 
