@@ -25,8 +25,9 @@ fn agent_texts(rig: &Rig, root: &str) -> Vec<String> {
     rig.emu
         .thread(CHANNEL, root)
         .into_iter()
-        .filter(|m| m.text.starts_with("prompt: "))
-        .flat_map(|m| m.text.split("\n\n").map(str::to_owned).collect::<Vec<_>>())
+        .map(|m| slack_common::unquoted(&m.text))
+        .filter(|t| t.starts_with("prompt: "))
+        .flat_map(|t| t.split("\n\n").map(str::to_owned).collect::<Vec<_>>())
         .collect()
 }
 

@@ -33,6 +33,9 @@ struct Tables {
     /// Tests: how many delivery marks fail before they succeed again (a
     /// full disk, say).
     failing_marks: usize,
+    /// Tests: how many session and request reads fail before they succeed
+    /// again (a locked or unreadable database, say).
+    failing_reads: usize,
 }
 
 /// A store that lives in memory.
@@ -46,6 +49,18 @@ fn poisoned() -> StoreError {
         op: "lock memory store",
         message: "a previous holder panicked".into(),
     }
+}
+
+/// Fails while the test asked reads to fail ([`MemoryStore::fail_reads`]).
+fn failing_read(t: &mut Tables, op: &'static str) -> Result<(), StoreError> {
+    if t.failing_reads == 0 {
+        return Ok(());
+    }
+    t.failing_reads -= 1;
+    Err(StoreError::Backend {
+        op,
+        message: "failing on purpose (a test)".into(),
+    })
 }
 
 /// Changes the content of transcript entry `message_id` in place.
@@ -75,6 +90,14 @@ impl MemoryStore {
     pub fn fail_delivery_marks(&self, n: usize) {
         let _ = self.with(|t| {
             t.failing_marks = n;
+            Ok(())
+        });
+    }
+
+    /// Tests: the next `n` reads of a session or a request fail.
+    pub fn fail_reads(&self, n: usize) {
+        let _ = self.with(|t| {
+            t.failing_reads = n;
             Ok(())
         });
     }
@@ -125,7 +148,10 @@ impl SessionStore for MemoryStore {
         })
     }
     async fn get_session(&self, id: &SessionId) -> Result<Option<SessionRecord>, StoreError> {
-        self.with(|t| Ok(t.sessions.iter().find(|s| &s.id == id).cloned()))
+        self.with(|t| {
+            failing_read(t, "read session")?;
+            Ok(t.sessions.iter().find(|s| &s.id == id).cloned())
+        })
     }
     async fn list_sessions(&self, live_only: bool) -> Result<Vec<SessionRecord>, StoreError> {
         self.with(|t| {
@@ -270,7 +296,10 @@ impl SessionStore for MemoryStore {
         &self,
         id: &str,
     ) -> Result<Option<(PendingRequest, Option<Decision>)>, StoreError> {
-        self.with(|t| Ok(t.requests.iter().find(|(r, _)| r.id == id).cloned()))
+        self.with(|t| {
+            failing_read(t, "read request")?;
+            Ok(t.requests.iter().find(|(r, _)| r.id == id).cloned())
+        })
     }
     async fn list_requests(
         &self,

@@ -92,24 +92,34 @@ pub async fn run(ctx: &Ctx, reply: Reply, cmd: AgentModeCommand) {
     reply.send(ctx, body);
 }
 
-/// What the agent offers, the current choices in bold.
+/// Most choices listed per mode, model or option (the current one first).
+const LISTED: usize = 10;
+/// Most options listed.
+const OPTIONS_LISTED: usize = 10;
+/// Longest id or name shown, in characters.
+const ID_SHOWN: usize = 40;
+
+/// What the agent offers, the current choices first and in bold. The agent
+/// names every mode, model and option, so each list is bounded: a probe's
+/// 64 mode ids of 200 characters put the current mode (`bypassPermissions`)
+/// past the 40,000 characters Slack shows.
 fn describe(id: &str, o: &AgentOptions) -> String {
     if o.is_empty() {
         return format!("The agent of `{id}` offers no modes, models or options.");
     }
+    let code = |text: &str| format!("`{}`", shown_id(text));
     let list = |items: &[Offered], current: Option<&str>| {
-        items
-            .iter()
-            .map(|c| {
-                let code = format!("`{}`", render::escape(&c.id));
-                if Some(c.id.as_str()) == current {
-                    format!("*{code}* (current)")
-                } else {
-                    code
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
+        let mut shown: Vec<String> = current
+            .map(|c| format!("*{}* (current)", code(c)))
+            .into_iter()
+            .collect();
+        let others = items.iter().filter(|c| Some(c.id.as_str()) != current);
+        let total = others.clone().count();
+        shown.extend(others.take(LISTED).map(|c| code(&c.id)));
+        if total > LISTED {
+            shown.push(format!("and {} more", total - LISTED));
+        }
+        shown.join(", ")
     };
     let mut lines = vec![format!("*What the agent of `{id}` offers*")];
     if !o.modes.is_empty() {
@@ -124,15 +134,27 @@ fn describe(id: &str, o: &AgentOptions) -> String {
             list(&o.models, o.current_model.as_deref())
         ));
     }
-    for c in &o.config {
+    for c in o.config.iter().take(OPTIONS_LISTED) {
         lines.push(format!(
             "• {}: {} — `/intercom agent-mode {} <value>`",
-            render::escape(&c.name),
+            shown_id(&c.name),
             list(&c.values, c.current.as_deref()),
-            render::escape(&c.id)
+            shown_id(&c.id)
+        ));
+    }
+    if o.config.len() > OPTIONS_LISTED {
+        lines.push(format!(
+            "• and {} more options (all of them: `live.agent_options` in `GET /api/sessions/{id}`)",
+            o.config.len() - OPTIONS_LISTED
         ));
     }
     lines.join("\n")
+}
+
+/// An id or a name the agent chose, for a code span: one line, no
+/// backticks (one would close the span), at most [`ID_SHOWN`] characters.
+fn shown_id(text: &str) -> String {
+    render::one_line(&text.replace('`', "ˋ"), ID_SHOWN)
 }
 
 #[cfg(test)]
@@ -179,7 +201,34 @@ mod tests {
             ..Default::default()
         };
         let text = describe("s-1", &o);
-        assert!(text.contains("`default`, *`plan`* (current)"), "{text}");
+        assert!(text.contains("*`plan`* (current), `default`"), "{text}");
         assert!(describe("s-1", &AgentOptions::default()).contains("offers no modes"));
+    }
+
+    /// The agent names its modes: 64 of 200 characters put the current one
+    /// (last) past what Slack shows. The current one now comes first and
+    /// the rest are counted past a bound.
+    #[test]
+    fn many_long_modes_keep_the_current_one_in_view() {
+        let mut modes: Vec<Offered> = (0..64)
+            .map(|i| Offered {
+                id: format!("{i}{}", "&`".repeat(100)),
+                name: String::new(),
+            })
+            .collect();
+        modes.push(Offered {
+            id: "bypassPermissions".into(),
+            name: String::new(),
+        });
+        let o = AgentOptions {
+            current_mode: Some("bypassPermissions".into()),
+            modes,
+            ..Default::default()
+        };
+        let text = describe("s-1", &o);
+        assert!(text.len() < 3000, "{}", text.len());
+        assert!(text.contains("*`bypassPermissions`* (current)"), "{text}");
+        assert!(text.contains("and 54 more"), "{text}");
+        assert_eq!(text.matches('`').count() % 2, 0, "{text}");
     }
 }

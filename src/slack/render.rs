@@ -27,9 +27,11 @@ use super::rules::{CONFIG_SOURCE, RememberScope};
 use serde_json::{Value, json};
 
 mod replies;
+mod shown;
 pub use replies::{
     describe_match, describe_scope, help, rule_list, rule_summary, session_list, session_status,
 };
+pub use shown::one_line;
 
 /// Diffs longer than this are uploaded as a snippet instead of shown inline.
 pub const INLINE_DIFF_LIMIT: usize = 2500;
@@ -229,7 +231,7 @@ fn request_head(r: &PendingRequest) -> Vec<Value> {
         "{} `{}`\n*{}*",
         kind_label(r.kind),
         r.request_id,
-        escape(&truncate(&r.title, TITLE_LIMIT))
+        shown::one_line(&r.title, TITLE_LIMIT)
     );
     let mut blocks = vec![section(&text)];
     if let Some(command) = r.command.as_deref() {
@@ -239,16 +241,7 @@ fn request_head(r: &PendingRequest) -> Vec<Value> {
         }
     }
     if !r.paths.is_empty() {
-        let files: Vec<String> = r
-            .paths
-            .iter()
-            .take(10)
-            .map(|p| format!("`{}`", escape(&truncate(p, PATH_LIMIT))))
-            .collect();
-        let mut line = format!("Files: {}", files.join(", "));
-        if r.paths.len() > 10 {
-            line.push_str(&format!(" and {} more", r.paths.len() - 10));
-        }
+        let line = shown::files_line(&r.paths, PATH_LIMIT, 10, SECTION_LIMIT);
         blocks.push(section(&line));
     }
     blocks
@@ -418,7 +411,7 @@ impl Render for BlockKit {
         if let Some(diff) = r.diff.as_deref().filter(|d| !d.trim().is_empty()) {
             // Inline only when all of it fits once escaped (`<` takes four
             // characters): a cut diff would hide its end, with no snippet.
-            let inline = format!("```{}```", escape(diff));
+            let inline = shown::code_block(diff);
             if diff.len() <= INLINE_DIFF_LIMIT && truncate(&inline, SECTION_LIMIT) == inline {
                 blocks.push(section(&inline));
             } else {
@@ -428,7 +421,7 @@ impl Render for BlockKit {
                 )));
                 snippet = Some(Snippet {
                     filename: format!("{}.diff", r.request_id),
-                    title: format!("Diff: {}", escape(&truncate(&r.title, 100))),
+                    title: format!("Diff: {}", shown::plain_line(&r.title, 100)),
                     content: diff.to_owned(),
                 });
             }
@@ -546,11 +539,15 @@ impl Render for BlockKit {
         }
     }
 
+    /// Agent text is quoted, every line of it: the agent escapes nothing
+    /// of ours (its `>` is an entity), so no line it writes can pass for
+    /// one of the server's own (a probe's chunk repeated a rule notice word
+    /// for word).
     fn agent_text(&self, text: &str) -> Vec<MessageBody> {
         split_escaped(text.trim_end(), MESSAGE_LIMIT)
             .into_iter()
             .filter(|p| !p.trim().is_empty())
-            .map(MessageBody::text)
+            .map(|p| MessageBody::text(shown::quoted(&p)))
             .collect()
     }
 
@@ -578,8 +575,8 @@ impl Render for BlockKit {
         let title = if title.is_empty() { "tool call" } else { title };
         let line = format!(
             "{emoji} :wrench: {} · _{}_",
-            escape(&truncate(title, 200)),
-            escape(status)
+            shown::one_line(title, 200),
+            shown::one_line(status, 40)
         );
         MessageBody {
             text: format!("{} ({})", escape(&truncate(title, 200)), escape(status)),
@@ -588,14 +585,14 @@ impl Render for BlockKit {
     }
 
     fn plan(&self, entries: &[(String, String)]) -> MessageBody {
-        let mut lines = vec!["*Plan*".to_owned()];
+        let mut lines = Vec::with_capacity(entries.len());
         for (content, status) in entries {
             let mark = match status.as_str() {
                 "completed" => ":ballot_box_with_check:",
                 "in_progress" => ":arrow_forward:",
                 _ => ":white_large_square:",
             };
-            let text = escape(&truncate(content, 200));
+            let text = shown::one_line(content, 200);
             if status == "completed" {
                 lines.push(format!("{mark} ~{text}~"));
             } else {
@@ -605,7 +602,10 @@ impl Render for BlockKit {
         let done = entries.iter().filter(|(_, s)| s == "completed").count();
         MessageBody {
             text: format!("Plan: {done}/{} done", entries.len()),
-            blocks: vec![section(&lines.join("\n"))],
+            blocks: vec![section(&format!(
+                "*Plan*\n{}",
+                shown::lines_within(&lines, SECTION_LIMIT - 10, "steps")
+            ))],
         }
     }
 
@@ -622,7 +622,7 @@ impl Render for BlockKit {
         let mut blocks = vec![section(&format!("{emoji} {}", escape(head)))];
         if let Some(tail) = tail {
             let tail = truncate(tail.trim(), 2000);
-            blocks.push(section(&format!("stderr:\n```{}```", escape(&tail))));
+            blocks.push(section(&format!("stderr:\n{}", shown::code_block(&tail))));
         }
         MessageBody {
             text: escape(&truncate(text, 300)),

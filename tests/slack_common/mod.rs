@@ -506,6 +506,19 @@ impl Rig {
     }
 }
 
+/// Agent text as the agent wrote it (escaped): the server posts it as a
+/// quote, every line starting with `> `.
+pub fn unquoted(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            l.strip_prefix("> ")
+                .or_else(|| l.strip_prefix('>'))
+                .unwrap_or(l)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A scenario whose first turn asks permission to write notes.txt.
 pub fn permission_scenario() -> Value {
     serde_json::json!({"turns": [[

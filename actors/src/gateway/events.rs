@@ -7,6 +7,9 @@
 //! line, plan, tool calls and a request's outcome, reactions for steering.
 
 use std::collections::HashMap;
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
 
 use super::bookkeeping::Write;
 use super::{
@@ -14,26 +17,26 @@ use super::{
     View, request_key,
 };
 use crate::model::{PendingRequest, SessionId, SessionRecord, SessionStatus};
-use crate::ports::OperatorEvent;
+use crate::ports::{OperatorEvent, StoreError};
 use crate::slack_port::{MessageBody, OutboundOp, Render, StatusLine};
 
 impl GatewayState {
     /// The view of a session, loading it from the store when unknown.
-    /// `None` when the session has no channel (or does not exist).
+    /// `None` when the session has no channel (or does not exist). A read
+    /// that keeps failing is not remembered: remembered as "no channel", one
+    /// failed read silenced the session's thread for the gateway's lifetime.
     pub(super) async fn view(&mut self, id: &SessionId) -> Option<&mut View> {
         if !self.views.contains_key(id) {
-            let record = match self.args.store.get_session(id).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(session = %id, "cannot read session for Slack: {e}");
-                    None
-                }
-            };
-            match record {
-                Some(rec) => self.adopt(rec).await,
-                None => {
+            let read = retried("read session for Slack", id, || {
+                self.args.store.get_session(id)
+            })
+            .await;
+            match read {
+                Ok(Some(rec)) => self.adopt(rec).await,
+                Ok(None) => {
                     self.views.insert(id.clone(), None);
                 }
+                Err(()) => return None,
             }
         }
         self.views.get_mut(id).and_then(Option::as_mut)
@@ -204,13 +207,13 @@ impl GatewayState {
         if cached.is_some() {
             return cached;
         }
-        match self.args.store.get_request(request_id).await {
-            Ok(found) => found.map(|(r, _)| r),
-            Err(e) => {
-                tracing::error!(request = %request_id, "cannot read request: {e}");
-                None
-            }
-        }
+        retried("read request for Slack", request_id, || {
+            self.args.store.get_request(request_id)
+        })
+        .await
+        .ok()
+        .flatten()
+        .map(|(r, _)| r)
     }
 
     /// A steering reply reached the agent: swap its hourglass for a check
@@ -371,4 +374,35 @@ fn request_opened(
     ops.push(to.post(body, Some(request_key(&request.id))));
     view.requests.insert(request.id.clone(), request);
     ops
+}
+
+/// Pauses between the tries of a store read the gateway depends on (a
+/// session's channel, a closed request's buttons): a busy or briefly
+/// unreadable database should not cost the operator what it shows.
+pub(super) const READ_RETRIES: [Duration; 3] = [
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+];
+
+/// Runs `read` until it succeeds or [`READ_RETRIES`] are spent; logs each
+/// failure with `what` and `id`. `Err(())` when every try failed.
+async fn retried<T, F, Fut>(what: &str, id: impl Display, mut read: F) -> Result<T, ()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    for pause in READ_RETRIES.iter().map(Some).chain([None]) {
+        match read().await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                tracing::error!(id = %id, "cannot {what}: {e}");
+                match pause {
+                    Some(p) => tokio::time::sleep(*p).await,
+                    None => return Err(()),
+                }
+            }
+        }
+    }
+    Err(())
 }

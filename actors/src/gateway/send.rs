@@ -361,6 +361,30 @@ impl GatewayState {
     }
 
     async fn fallback(&mut self, lane: &str, op: OutboundOp, error: &str) {
+        // A diff too long to show inline goes out as a snippet, and the
+        // request's message says it is "attached above": when Slack refuses
+        // the upload for good, the thread says where the diff is instead.
+        if let OutboundOp::Upload {
+            channel,
+            in_thread,
+            snippet,
+        } = &op
+        {
+            let text = format!(
+                ":warning: Slack refused the snippet `{}` (the diff of the request below, {} lines): {}. The whole diff is in the web console and at `GET /api/approvals/<request id>`.",
+                escape_mrkdwn(&snippet.filename),
+                snippet.content.lines().count(),
+                escape_mrkdwn(error)
+            );
+            let op = OutboundOp::Post {
+                channel: channel.clone(),
+                in_thread: *in_thread,
+                key: None,
+                body: MessageBody::text(text),
+            };
+            self.enqueue(lane, op).await;
+            return;
+        }
         // Only a refusal of the formatting is helped by plain text: a
         // refused token or a deleted channel refuses that too, and a probe
         // saw a third top-level message posted for one session.
@@ -384,13 +408,10 @@ impl GatewayState {
             return;
         }
         // `body.text` is escaped by the renderer; Slack's error is escaped here.
-        let error = error
-            .replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;");
         let text = format!(
-            "{}\n_(shown as plain text: Slack refused the formatted message: {error})_",
-            body.text
+            "{}\n_(shown as plain text: Slack refused the formatted message: {})_",
+            body.text,
+            escape_mrkdwn(error)
         );
         let op = OutboundOp::Post {
             channel,
@@ -441,6 +462,14 @@ impl GatewayState {
 }
 /// Whether Slack's (or the renderer's) refusal is of a message's
 /// formatting, which the same text without blocks may pass.
+/// Text the gateway writes itself (Slack's errors, a file name) escaped
+/// for mrkdwn, as the renderer escapes everything else.
+fn escape_mrkdwn(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
 fn refuses_formatting(error: &str) -> bool {
     error.contains("invalid_blocks")
         || error.contains("invalid Block Kit")

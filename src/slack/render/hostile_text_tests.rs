@@ -95,9 +95,11 @@ fn agent_text_is_inert_in_every_message_and_its_fallback() {
             diff: Some(format!("+{}\n", "x".repeat(10_000))),
             ..request(kind)
         };
-        if let (_, Some(snippet)) = r.request(&big) {
-            inert("snippet title", &MessageBody::text(snippet.title));
-        }
+        // Slack shows a snippet's title as plain text (it parses nothing
+        // in it): one line, not escaped.
+        let (_, snippet) = r.request(&big);
+        let title = snippet.map(|s| s.title).unwrap_or_default();
+        assert_eq!(title, format!("Diff: {}", super::truncate(HOSTILE, 100)));
         let closed = r.request_closed(&request(kind), RequestStatus::Cancelled, None);
         inert("request closed", &closed);
     }

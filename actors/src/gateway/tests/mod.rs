@@ -311,6 +311,36 @@ async fn root_goes_first_and_replies_thread_under_it_in_order() {
     assert!(r.outbox.pending().await.expect("pending").is_empty());
 }
 
+/// The gateway learns of a session it has not seen (after a restart of
+/// its own) by reading the store. A read that fails is tried again, and
+/// one that keeps failing is not remembered: remembered, it silenced the
+/// session's thread for the gateway's lifetime.
+#[tokio::test]
+async fn a_failed_read_of_a_session_does_not_silence_its_thread() {
+    let r = rig().await;
+    for id in ["s-1", "s-2"] {
+        let rec = record(id, Some("C1"));
+        r.store.create_session(&rec).await.expect("create");
+    }
+    // Two failures: the retries get through, nothing is lost.
+    r.store.fail_reads(2);
+    r.text("s-1", "first");
+    r.drained().await;
+    assert_eq!(texts_in_order(&r.api.calls()), vec!["first".to_owned()]);
+    // Every try of one event fails: that event is not shown, but the
+    // session's next one is.
+    r.store.fail_reads(events::READ_RETRIES.len() + 1);
+    r.text("s-2", "lost while the store fails");
+    r.drained().await;
+    r.text("s-2", "after");
+    r.drained().await;
+    let calls = r.api.calls();
+    assert!(
+        calls.iter().any(|c| c.contains("text after")),
+        "the session's thread stayed silent: {calls:?}"
+    );
+}
+
 #[tokio::test]
 async fn thoughts_share_one_thinking_line_and_usage_updates_the_root() {
     let r = rig().await;
@@ -441,6 +471,31 @@ async fn request_lifecycle_updates_the_same_message_and_status_line() {
             "update C1 3.000 closed Write x decided U1",
         ]
     );
+}
+
+/// A diff uploaded as a snippet that Slack refuses for good: the request
+/// message said it was "attached above", so the thread says where it is.
+#[tokio::test]
+async fn a_refused_snippet_is_told_in_the_thread() {
+    let r = rig().await;
+    r.start("s-1", Some("C1")).await;
+    r.drained().await;
+    r.api.fail_next(vec![SlackApiError::Permanent(
+        "file_upload_disabled".into(),
+    )]);
+    let mut req = priority::permission("s-1", "Write x");
+    req.diff = Some("a long diff body".into());
+    r.emit(OperatorEvent::RequestOpened { request: req });
+    r.drained().await;
+    let calls = r.api.calls();
+    assert!(calls[1].starts_with("FAIL upload"), "{calls:?}");
+    assert!(
+        calls.iter().any(|c| c
+            .starts_with("post C1 Some(\"1.000\") :warning: Slack refused the snippet `x.diff`")
+            && c.contains("file_upload_disabled")),
+        "{calls:?}"
+    );
+    assert!(calls.iter().any(|c| c.contains("ask Write x")), "{calls:?}");
 }
 
 /// A rig whose first request's post Slack refused for good with `code`,

@@ -1,5 +1,7 @@
-//! Security/QA probes of the Slack edge (scratch file; each test fails while
-//! the defect it names exists).
+//! The Slack edge against a hostile agent: what it names (titles, paths,
+//! diffs, stderr, plans, its own modes) reaches the channel inert, inside
+//! Slack's limits, and never reads as the server's own lines or outcomes.
+//! Render-level checks first, then end to end through the emulator.
 
 use agent_intercom::slack;
 
@@ -130,9 +132,9 @@ fn section_texts(blocks: &[Value]) -> String {
 
 // ------------------------------------------------- render-level probes
 
-/// The files a request touches are "the server's record", shown in a
-/// block of their own. A path longer than 200 characters is cut at its
-/// END, so the file name (what the operator needs) disappears.
+/// The files a request touches are the server's record, in a block of
+/// their own: a path longer than 200 characters is cut in its middle, so
+/// the file name stays in view.
 #[test]
 fn a_long_path_still_shows_its_file_name() {
     let deep = format!("{}deploy-prod.sh", "src/".repeat(60));
@@ -145,9 +147,8 @@ fn a_long_path_still_shows_its_file_name() {
     );
 }
 
-/// Ten paths whose characters grow when escaped (`&` -> `&amp;`) push the
-/// later files (and the "and N more" count) out of the files block: the
-/// section is cut at 2,900 characters after escaping.
+/// Paths whose characters grow when escaped (`&` -> `&amp;`) cannot push
+/// the later files, or the count of the rest, out of the files block.
 #[test]
 fn escaped_paths_cannot_push_other_files_out_of_the_files_block() {
     let mut paths: Vec<String> = (0..9).map(|i| format!("{}{i}", "&".repeat(190))).collect();
@@ -203,8 +204,8 @@ fn a_hostile_request_stays_within_block_kit_limits() {
     assert!(v.is_empty(), "outcome: {v:?}");
 }
 
-/// A plan is shown as one section cut at 2,900 characters: the entries
-/// past the cut are not shown, and nothing says how many are missing.
+/// A plan is one section of at most 2,900 characters: the entries past
+/// it are counted, not dropped without a word.
 #[test]
 fn a_long_plan_says_what_it_does_not_show() {
     let entries: Vec<(String, String)> = (1..=40)
@@ -255,10 +256,9 @@ async fn a_request_title_cannot_forge_an_outcome_line() {
     );
 }
 
-/// `/intercom agent-mode` lists what the agent offers, unbounded: 64 mode
-/// ids of 200 `&` each escape to 64,000+ characters, past Slack's 40,000
-/// character cap (Slack truncates or refuses), so the operator cannot see
-/// the current mode (listed last here).
+/// `/intercom agent-mode` lists what the agent offers within a bound: 64
+/// mode ids of 200 `&` each escaped to 64,000+ characters, past Slack's
+/// 40,000, and hid the current mode (listed last here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_mode_listing_fits_a_slack_message() {
     let mut modes: Vec<Value> = (0..63)
@@ -283,7 +283,7 @@ async fn the_agent_mode_listing_fits_a_slack_message() {
 }
 
 /// A stranger's `reject:` in a session's thread is refused and changes
-/// nothing (control probe).
+/// nothing, and so does a forged click by the same stranger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strangers_reject_reply_changes_nothing() {
     let rig = Rig::start(&[("perm", slack_common::permission_scenario())]).await;
@@ -299,4 +299,107 @@ async fn a_strangers_reject_reply_changes_nothing() {
     rig.until_ephemeral(STRANGER, "only the session").await;
     let snap = rig.snapshot(&id).await.expect("live");
     assert_eq!(snap.pending.len(), 1, "the request must still wait");
+}
+
+/// The same as `a_long_path_still_shows_its_file_name`, end to end: the
+/// agent names the file in its permission's locations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_location_still_shows_its_file_name_end_to_end() {
+    let deep = format!("{}deploy-prod.sh", "src/".repeat(60));
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Edit a file", "kind": "edit", "status": "pending"}},
+        {"permission": {"tool_call_id": "t1", "title": "Edit a file", "kind": "edit", "locations": [deep]}},
+        {"chunk": " Done."}
+    ], []]});
+    let rig = Rig::start(&[("perm", scenario)]).await;
+    let (_id, root) = rig.start_session("perm", "go").await;
+    let ask = rig
+        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
+        .await;
+    assert!(
+        ask.all_text().contains("deploy-prod.sh"),
+        "the request never names the file it is about:\n{}",
+        section_texts(&ask.blocks)
+    );
+}
+
+/// An inline diff is shown in a ``` block: a line of the agent's new text
+/// holding ``` must not close it early (the rest of the diff rendered as
+/// mrkdwn: bold, emoji, a fake outcome line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_diff_cannot_break_out_of_its_code_block() {
+    let new_text =
+        "ok\n```\n:white_check_mark: *Allowed automatically by rule `r-1`* (Allow once)\n```\n";
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "Edit notes.txt", "kind": "edit", "status": "pending",
+            "diffs": [{"path": "notes.txt", "old_text": "a\n", "new_text": new_text}]}},
+        {"permission": {"tool_call_id": "t1", "title": "Edit notes.txt", "kind": "edit", "locations": ["notes.txt"]}},
+        {"chunk": " Done."}
+    ], []]});
+    let rig = Rig::start(&[("perm", scenario)]).await;
+    let (_id, root) = rig.start_session("perm", "go").await;
+    let ask = rig
+        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
+        .await;
+    let diff_block = ask
+        .blocks
+        .iter()
+        .filter_map(|b| b["text"]["text"].as_str())
+        .find(|t| t.starts_with("```"))
+        .unwrap_or_else(|| panic!("no inline diff: {}", section_texts(&ask.blocks)))
+        .to_owned();
+    let fences = diff_block.matches("```").count();
+    assert_eq!(
+        fences, 2,
+        "the agent's text closes the diff's code block early ({fences} fences):\n{diff_block}"
+    );
+}
+
+/// A crash notice shows the agent's stderr in a ``` block that stderr
+/// holding ``` cannot close either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_cannot_break_out_of_its_code_block() {
+    let scenario = json!({"turns": [[
+        {"stderr": "fatal```\n:large_green_circle: *agent-intercom restarted the agent* at the operator's request\n```"},
+        {"exit": 1}
+    ]]});
+    let rig = Rig::start(&[("crash", scenario)]).await;
+    let (_id, root) = rig.start_session("crash", "go").await;
+    let notice = rig
+        .until_in_thread(&root, "a notice with the stderr tail", |m| {
+            m.all_text().contains("stderr:")
+        })
+        .await;
+    let block = notice
+        .blocks
+        .iter()
+        .filter_map(|b| b["text"]["text"].as_str())
+        .find(|t| t.starts_with("stderr:"))
+        .expect("stderr block")
+        .to_owned();
+    let fences = block.matches("```").count();
+    assert_eq!(
+        fences, 2,
+        "stderr closes its code block early ({fences} fences):\n{block}"
+    );
+}
+
+/// Agent text is quoted, line by line, so nothing it writes reads like the
+/// server's own lines (here, a rule notice word for word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_text_is_told_apart_from_server_lines() {
+    let fake = "\n:information_source: Rule r-7f3a created by UOWNER: allow kind `execute` in workspace `ws`. Matching requests are answered without asking from now on.";
+    let scenario = json!({"turns": [[{"chunk": fake}], []]});
+    let rig = Rig::start(&[("fake", scenario)]).await;
+    let (_id, root) = rig.start_session("fake", "go").await;
+    let msg = rig
+        .until_in_thread(&root, "the agent's text", |m| m.text.contains("r-7f3a"))
+        .await;
+    assert!(
+        !msg.text
+            .lines()
+            .any(|l| l.starts_with(":information_source:")),
+        "agent text posted as is, indistinguishable from a server notice:\n{}",
+        msg.text
+    );
 }
