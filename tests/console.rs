@@ -167,6 +167,32 @@ fn two_servers_on_one_host_keep_their_own_cookies() {
     );
 }
 
+/// A page on another port of this host can set a cookie of the console's
+/// name under a longer path, which the browser then sends first: the
+/// console tried only the first one, and the operator was locked out (a
+/// fresh login too). Every cookie of its name is tried now; the tossed one
+/// opens nothing on its own.
+#[test]
+fn a_cookie_tossed_under_a_longer_path_does_not_lock_the_operator_out() {
+    let server = Server::start();
+    let (cookie, key) = log_in_with_key(&server);
+    let tossed = format!("{}=x", cookie_name(&cookie));
+    let both = format!("{tossed}; {cookie}");
+    let k = [("X-CSRF-Token", key.as_str())];
+    let r = get(&server.base, "/api/sessions", Some(&both), &k);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(get(&server.base, "/", Some(&both), &[]).status, 200);
+    let alone = get(&server.base, "/api/sessions", Some(&tossed), &k);
+    assert_eq!(alone.status, 401, "{}", alone.body);
+    // Logging out ends the live login, not the tossed cookie's.
+    let out = post(&server.base, "/logout", Some(&both), &k, "");
+    assert_eq!(out.status, 204, "{}", out.body);
+    assert_eq!(
+        get(&server.base, "/api/sessions", Some(&cookie), &k).status,
+        401
+    );
+}
+
 /// Browsers send a host's cookies to every port of it, so a process
 /// listening on another loopback port gets the console's cookie as soon as
 /// the operator's browser loads anything from there. A probe approved

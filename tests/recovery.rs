@@ -813,6 +813,48 @@ fn a_config_naming_a_missing_agent_is_counted_on_healthz() {
     );
 }
 
+/// An ACP agent that fails to load its session (it lost it with its
+/// process, as Claude Code and Gemini CLI do), killed with the server in
+/// its first turn: the restarted server starts a fresh session and gives
+/// it the cut turn's prompt. It gave nothing, after saying the agent would
+/// be asked to continue, and the session's task was lost.
+#[test]
+fn a_fresh_acp_agent_after_a_server_kill_gets_the_cut_turns_prompt() {
+    let port = free_port();
+    let layout = Layout::new(&Setup {
+        scenario: json!({"load_error": "Invalid session identifier", "turns": [[
+            {"chunk": "working on it. "},
+            {"sleep_ms": 60000}
+        ]]}),
+        ..setup_on(port, Vec::new())
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    let mut first = ServerProcess::spawn(&layout, "first");
+    wait_healthy(&Http::new(&base, None), &mut first);
+    let http = Http::new(&base, Some(&read_token(&layout)));
+    let a = start(&http, "scripted", "write the report");
+    http.until_transcript(&a, "working on it.");
+    let pid = agent_pid(&http, &a);
+    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
+    until("the cut turn's prompt given to the fresh agent", || {
+        let page = http.get(&format!("/api/sessions/{a}/messages?limit=500"));
+        let t: Vec<&str> = page
+            .body
+            .as_array()?
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .collect();
+        let fresh = t
+            .iter()
+            .rposition(|c| c.contains("cannot resume, so it started a fresh session"))?;
+        let given = fresh + t[fresh..].iter().position(|c| *c == "write the report")?;
+        t[given..]
+            .iter()
+            .any(|c| c.contains("working on it."))
+            .then_some(())
+    });
+}
+
 /// An intercom-dialect session has no turns and no session to load: after
 /// the server is killed, its fresh agent is given its last prompt again (as
 /// after a crash). It was given nothing, while the transcript said it was

@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -65,6 +66,29 @@ pub struct ChildSpec {
 /// agent blocks on its own writes: nothing is dropped and memory stays
 /// bounded (at most this many frames of `max_line_bytes` each).
 pub const INBOUND_FRAMES_IN_FLIGHT: usize = 64;
+
+/// Most bytes queued for an agent's stdin and not yet written. An agent
+/// that stops reading while it keeps asking (a probe's 400 file reads a
+/// second) had every answer queued: the server grew by 40 MB a second.
+/// Past this, a send is refused with [`SendRefused::NotReading`].
+pub const STDIN_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
+
+/// Why a message could not be queued for the agent's stdin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendRefused {
+    /// The writer has stopped (the pipe broke, or stdin was closed).
+    #[error("write failed: stream closed")]
+    Closed,
+    /// The agent is not reading: too much already waits to be written.
+    #[error(
+        "the agent is not reading its input: {} MiB of messages wait to be written to it",
+        queued / (1024 * 1024)
+    )]
+    NotReading {
+        /// Bytes waiting.
+        queued: usize,
+    },
+}
 
 /// One unit of the reader's window: dropping it (when the frame has been
 /// handled) lets the reader take the next frame from the pipe.
@@ -189,6 +213,8 @@ pub struct AgentChild {
     /// Its start time, to tell it from a later process with the same pid.
     started: Option<u64>,
     writer: mpsc::UnboundedSender<WriterCmd>,
+    /// Bytes queued for the writer and not yet written.
+    backlog: Arc<AtomicUsize>,
     /// Its stderr tail.
     pub stderr: StderrTail,
 }
@@ -270,11 +296,13 @@ async fn write_frames(
     mut stdin: ChildStdin,
     mut codec: FrameCodec,
     mut rx: mpsc::UnboundedReceiver<WriterCmd>,
+    backlog: Arc<AtomicUsize>,
     events: Arc<dyn Fn(ChildEvent) + Send + Sync>,
 ) {
     while let Some(cmd) = rx.recv().await {
         match cmd {
             WriterCmd::Send(bytes, token) => {
+                backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
                 let mut out = BytesMut::new();
                 let written = match codec.encode(bytes, &mut out) {
                     Ok(()) => async {
@@ -344,7 +372,8 @@ impl AgentChild {
         let (tx, rx) = mpsc::unbounded_channel::<WriterCmd>();
         let codec = FrameCodec::new(spec.framing, spec.max_frame);
         let events = on_event.clone();
-        tokio::spawn(write_frames(stdin, codec, rx, events));
+        let backlog = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(write_frames(stdin, codec, rx, backlog.clone(), events));
 
         let tail = StderrTail::default();
         let sink = tail.clone();
@@ -357,11 +386,18 @@ impl AgentChild {
             // final message or stderr line is never lost to the race between
             // the reaper and the readers (grandchildren may hold the pipes
             // open, hence the bound).
-            let _ = tokio::time::timeout(PIPE_DRAIN_GRACE, async {
+            let readers = [reader.abort_handle(), drain.abort_handle()];
+            let drained = tokio::time::timeout(PIPE_DRAIN_GRACE, async {
                 let _ = reader.await;
                 let _ = drain.await;
             })
             .await;
+            // A descendant that left the group still holds the pipes: stop
+            // reading them, which closes our ends (the reader went on
+            // reading and discarding for the server's lifetime).
+            if drained.is_err() {
+                readers.iter().for_each(tokio::task::AbortHandle::abort);
+            }
             let (code, signal) = match status {
                 Ok(s) => {
                     use std::os::unix::process::ExitStatusExt;
@@ -378,6 +414,7 @@ impl AgentChild {
             pid,
             started,
             writer: tx,
+            backlog,
             stderr: tail,
         })
     }
@@ -387,22 +424,32 @@ impl AgentChild {
         self.pid
     }
 
-    /// Queues one message for stdin. Fails when the writer has stopped.
-    pub fn send(&self, bytes: Bytes) -> Result<(), String> {
-        self.send_cmd(WriterCmd::Send(bytes, None))
+    /// Queues one message for stdin. Fails when the writer has stopped, or
+    /// when [`STDIN_BACKLOG_BYTES`] already wait (the agent is not reading).
+    pub fn send(&self, bytes: Bytes) -> Result<(), SendRefused> {
+        self.send_message(bytes, None)
     }
 
     /// Queues one message for stdin; [`ChildEvent::Written`] with `token`
     /// follows once it was written and flushed, [`ChildEvent::WriteFailed`]
     /// if it could not be. What was never confirmed never reached the agent.
-    pub fn send_tracked(&self, bytes: Bytes, token: u64) -> Result<(), String> {
-        self.send_cmd(WriterCmd::Send(bytes, Some(token)))
+    pub fn send_tracked(&self, bytes: Bytes, token: u64) -> Result<(), SendRefused> {
+        self.send_message(bytes, Some(token))
     }
 
-    fn send_cmd(&self, cmd: WriterCmd) -> Result<(), String> {
+    fn send_message(&self, bytes: Bytes, token: Option<u64>) -> Result<(), SendRefused> {
+        let len = bytes.len();
+        let queued = self.backlog.fetch_add(len, Ordering::Relaxed);
+        if queued > 0 && queued + len > STDIN_BACKLOG_BYTES {
+            self.backlog.fetch_sub(len, Ordering::Relaxed);
+            return Err(SendRefused::NotReading { queued });
+        }
         self.writer
-            .send(cmd)
-            .map_err(|_| "write failed: stream closed".to_owned())
+            .send(WriterCmd::Send(bytes, token))
+            .map_err(|_| {
+                self.backlog.fetch_sub(len, Ordering::Relaxed);
+                SendRefused::Closed
+            })
     }
 
     /// Closes stdin after everything queued so far is written.
@@ -573,6 +620,34 @@ mod tests {
         assert!(is_live_agent_group(pid));
         drop(child);
         assert!(!is_live_agent_group(pid));
+    }
+
+    /// An agent that does not read its stdin: what is sent to it waits in
+    /// the server, so past [`STDIN_BACKLOG_BYTES`] a send is refused (the
+    /// session then ends the agent), and the wait shrinks once it reads.
+    #[tokio::test]
+    async fn an_agent_that_does_not_read_its_input_is_refused_more() {
+        let child = AgentChild::spawn(&spec("sleep", &["30"]), |_| {}).expect("spawn");
+        let mib = Bytes::from(vec![b'x'; 1024 * 1024]);
+        let mut sent = 0;
+        let refused = loop {
+            match child.send(mib.clone()) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            assert!(sent <= 200, "never refused after {sent} MiB");
+        };
+        assert!(
+            matches!(refused, SendRefused::NotReading { queued } if queued <= STDIN_BACKLOG_BYTES),
+            "{refused:?}"
+        );
+        assert!(sent >= STDIN_BACKLOG_BYTES / (1024 * 1024) - 1, "{sent}");
+        assert!(
+            refused.to_string().contains("not reading its input"),
+            "{refused}"
+        );
+        // A small message is refused too while the backlog is full.
+        assert!(child.send(Bytes::from_static(b"{}")).is_err());
     }
 
     #[tokio::test]

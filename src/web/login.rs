@@ -125,6 +125,12 @@ pub fn cookie_name(headers: &HeaderMap) -> String {
 
 /// The session cookie's value, when the request has one.
 pub fn cookie_value(headers: &HeaderMap) -> Option<&str> {
+    cookie_values(headers).next()
+}
+
+/// Every value sent under the console's cookie name, in the order the
+/// browser sent them.
+fn cookie_values(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     let wanted = cookie_name(headers);
     headers
         .get_all(header::COOKIE)
@@ -132,15 +138,34 @@ pub fn cookie_value(headers: &HeaderMap) -> Option<&str> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == wanted)
+        .filter(move |(name, _)| *name == wanted)
         .map(|(_, value)| value.trim())
+}
+
+/// Most cookies of the console's name looked up per request.
+const COOKIES_TRIED: usize = 4;
+
+/// The request's live login and its CSRF token. Every cookie of the
+/// console's name is tried, a few at most: a page on another port of this
+/// host can set one under a longer path, which the browser then sends
+/// first (a probe's `Path=/api` cookie locked the operator out, and logging
+/// in again did not help).
+pub async fn live_login(
+    console: &Console,
+    headers: &HeaderMap,
+) -> Option<(ConsoleLoginRef, String)> {
+    for cookie in cookie_values(headers).take(COOKIES_TRIED) {
+        let login = ConsoleLoginRef::of(cookie);
+        if let Some(csrf) = login.csrf(console.app().store()).await {
+            return Some((login, csrf));
+        }
+    }
+    None
 }
 
 /// The CSRF token of the request's login, when it has a live one.
 pub async fn login_csrf(console: &Console, headers: &HeaderMap) -> Option<String> {
-    ConsoleLoginRef::of(cookie_value(headers)?)
-        .csrf(console.app().store())
-        .await
+    live_login(console, headers).await.map(|(_, csrf)| csrf)
 }
 
 /// Creates a login and answers with its cookie and a redirect to `/` whose
@@ -269,19 +294,13 @@ pub async fn login_form(
 
 /// `POST /logout` (needs the CSRF header): ends the login.
 pub async fn logout(State(console): State<Console>, headers: HeaderMap) -> Response {
-    let Some(csrf) = login_csrf(&console, &headers).await else {
+    let Some((login, csrf)) = live_login(&console, &headers).await else {
         return Redirect::to("/login").into_response();
     };
     if !csrf_matches(&headers, &csrf) {
         return guard::refused("missing or wrong CSRF token");
     }
-    if let Some(cookie) = cookie_value(&headers)
-        && let Err(e) = console
-            .app()
-            .store()
-            .delete_console_login(&hash(cookie))
-            .await
-    {
+    if let Err(e) = console.app().store().delete_console_login(&login.0).await {
         tracing::error!("cannot end a console login: {e}");
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
@@ -336,10 +355,7 @@ pub async fn api_cookie_auth(
     if headers.contains_key(header::AUTHORIZATION) {
         return next.run(request).await;
     }
-    let Some(login) = cookie_value(headers).map(ConsoleLoginRef::of) else {
-        return next.run(request).await;
-    };
-    let Some(csrf) = login.csrf(console.app().store()).await else {
+    let Some((login, csrf)) = live_login(&console, headers).await else {
         return next.run(request).await;
     };
     if !guard::request_host_ok(headers) {

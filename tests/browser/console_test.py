@@ -522,6 +522,17 @@ def walk(server, page):
     def a_huge_diff_shows_its_start_and_the_rest_on_demand():
         side, card = side_session("big", "big")
         expect(card.locator(".d2h-file-wrapper")).to_contain_text("line 0", timeout=WAIT_MS)
+        # diff2html places its line numbers absolutely: outside a positioned
+        # box they spilled over the first decision button and covered its
+        # "Allow once: " (a probe's allow option named "Reject" read as one).
+        first = card.locator("button.opt").first
+        first.scroll_into_view_if_needed()
+        box = first.bounding_box()
+        hit = page.evaluate(
+            "([x, y]) => { const e = document.elementFromPoint(x, y);"
+            " return e && e.closest('button.opt') ? 'button' : (e ? e.className : 'none'); }",
+            [box["x"] + 4, box["y"] + box["height"] / 2])
+        assert hit == "button", f"the first decision button is covered by {hit!r}"
         more = card.locator("button.diff-more")
         expect(more).to_contain_text("Show all")
         expect(card.locator(".d2h-file-wrapper")).not_to_contain_text("line 19999")

@@ -443,6 +443,22 @@ pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
     Ok((n.session_id.to_string(), update))
 }
 
+/// A status outside the schema, kept when it is one short word
+/// (`blocked`), else `other`: viewers may style by status, and a probe's
+/// `x toast` drew a plan entry as the console's own decision toast.
+fn plan_status(status: &str) -> String {
+    let word = !status.is_empty()
+        && status.len() <= 32
+        && status
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if word {
+        status.to_owned()
+    } else {
+        "other".to_owned()
+    }
+}
+
 /// A plan whose entries stray from the schema (a status such as
 /// `blocked`, a missing or unknown priority): every entry with text is kept,
 /// its status as given, rather than the whole plan dropped unseen.
@@ -458,12 +474,8 @@ fn lenient_plan(params: &Value) -> Option<(String, Update)> {
         .iter()
         .filter_map(|e| {
             let content = e.get("content")?.as_str()?.to_owned();
-            let status = e
-                .get("status")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
-            Some((content, status))
+            let status = e.get("status").and_then(Value::as_str).unwrap_or("");
+            Some((content, plan_status(status)))
         })
         .collect();
     Some((session, Update::Plan(entries)))
@@ -721,6 +733,20 @@ mod tests {
                 ("a".into(), "blocked".into()),
                 ("b".into(), "pending".into()),
                 ("c".into(), "pending".into())
+            ])
+        );
+        // A status that is not one short word is `other`: viewers style by
+        // it (`x toast` was drawn as the console's decision toast).
+        let hostile = json!({"sessionId":"s","update":{"sessionUpdate":"plan","entries":[
+            {"content":"a","status":"x toast"},
+            {"content":"b","status":"done<b>"},
+            {"content":"c","status":"in_progress"}]}});
+        assert_eq!(
+            parse_update(&hostile).expect("plan").1,
+            Update::Plan(vec![
+                ("a".into(), "other".into()),
+                ("b".into(), "other".into()),
+                ("c".into(), "in_progress".into())
             ])
         );
         let plan = json!({"sessionId":"s","update":{"sessionUpdate":"plan","entries":[{"content":"x","status":"pending","priority":"low"}]}});

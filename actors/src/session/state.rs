@@ -298,10 +298,20 @@ impl SessionState {
             // An MCP client is the agent: there is never a process to write
             // to (a stop's cancel has nobody to reach), nothing to warn of.
             (None, _) if self.record.protocol == crate::model::Protocol::Mcp => return false,
-            (None, _) => Err("no agent process".to_owned()),
+            (None, _) => {
+                tracing::warn!(session = %self.record.id, "write to agent failed: no agent process");
+                return false;
+            }
         };
         match result {
             Ok(()) => true,
+            Err(e @ crate::child::SendRefused::NotReading { .. }) => {
+                // Its answers would pile up in the server for ever: end it
+                // like a broken pipe (supervision restarts it by policy).
+                tracing::warn!(session = %self.record.id, "{e}");
+                self.kill_for(e.to_string());
+                false
+            }
             Err(e) => {
                 tracing::warn!(session = %self.record.id, "write to agent failed: {e}");
                 false

@@ -528,7 +528,10 @@ pub fn show(root: &Path, call: &ToolCall, preview: Preview<'_>) -> Shown {
         })
         .collect();
     Shown {
-        title: call.title.as_deref().map(|t| relative_title(root, t)),
+        title: call
+            .title
+            .as_deref()
+            .map(|t| relative_title(root, t, call.kind.as_deref())),
         kind: call.kind.clone(),
         diffs,
         paths: paths(root, call),
@@ -700,10 +703,15 @@ fn climbs(path: &Path) -> bool {
         .any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
-/// A title with the workspace prefix removed from the paths it names.
-pub fn relative_title(root: &Path, title: &str) -> String {
+/// A title with the workspace prefix removed from the paths it names, for
+/// calls on files (`read`, `edit`, `delete`, `move`, `search`). Any other
+/// title is kept as the agent wrote it: Gemini CLI's shell title is the
+/// command itself, and `cd /tmp && rm -f /w/notes.txt` shown as
+/// `cd /tmp && rm -f notes.txt` named another file than the one it removes.
+pub fn relative_title(root: &Path, title: &str, kind: Option<&str>) -> String {
+    let on_files = matches!(kind, Some("read" | "edit" | "delete" | "move" | "search"));
     let prefix = format!("{}/", root.display().to_string().trim_end_matches('/'));
-    if prefix.len() <= 1 {
+    if !on_files || prefix.len() <= 1 {
         return title.to_owned();
     }
     title.replace(&prefix, "")

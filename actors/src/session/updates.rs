@@ -515,7 +515,7 @@ fn tool_doc(
     preview: toolcalls::Preview<'_>,
 ) {
     if let Some(t) = &merged.title {
-        doc["title"] = json!(toolcalls::relative_title(root, t));
+        doc["title"] = json!(toolcalls::relative_title(root, t, merged.kind.as_deref()));
     }
     if let Some(k) = &merged.kind {
         doc["kind"] = json!(k);

@@ -98,7 +98,8 @@ impl SupervisorState {
             }
         };
         let plan = self.restart_plan(&rec, &expired).await;
-        let (given_again, mid_turn) = (plan.reprompt.is_some(), plan.mid_turn);
+        let given_again = rec.protocol == Protocol::Intercom && plan.reprompt.is_some();
+        let mid_turn = plan.mid_turn;
         let entry = Entry::recovering(profile, rec.restart_count, plan);
         self.sessions.insert(id.clone(), entry);
         if let (Some(ch), Some(ts)) = (&rec.channel_id, &rec.thread_ts) {
@@ -147,16 +148,20 @@ impl SupervisorState {
                 false
             }
         };
+        let cut = turn_cut || !expired.is_empty();
         // The intercom dialect has no turns and no session to load: its
         // agent works on its last prompt until stopped, so the fresh agent
         // is given that prompt again, as after a crash. It was given
         // nothing, while the transcript said it was asked to continue.
-        let reprompt = if rec.protocol == Protocol::Intercom {
+        // An ACP agent in a turn gets the turn's prompt too, used only when
+        // it cannot load its session and starts a fresh one (a resumed one
+        // is told to continue): its first task was lost that way.
+        let reprompt = if rec.protocol == Protocol::Intercom || cut {
             self.last_prompt(id).await
         } else {
             None
         };
-        let mid_turn = turn_cut || !expired.is_empty() || reprompt.is_some();
+        let mid_turn = cut || reprompt.is_some();
         RestartPlan {
             resume: rec.acp_session_id.clone(),
             reprompt,

@@ -63,14 +63,16 @@
   // the fillers that draw nothing: `deploy\u200d.sh` must not read as
   // `deploy.sh`. Prose keeps its joiners (emoji and several scripts need
   // them).
-  const EMPTY_IN_NAMES = /[\u{34f}\u{115f}\u{1160}\u{200c}\u{200d}\u{2800}\u{3164}\u{ffa0}]/gu;
+  // Blanks other than the plain space too: a tab or a no-break space in
+  // `README.md\tdeploy.sh` read as one name with a space.
+  const EMPTY_IN_NAMES = /[\u{9}\u{a0}\u{34f}\u{115f}\u{1160}\u{2000}-\u{200a}\u{200c}\u{200d}\u{202f}\u{205f}\u{2800}\u{3000}\u{3164}\u{ffa0}]/gu;
   function visibleName(text) {
     return String(text).replace(EMPTY_IN_NAMES, mark);
   }
 
   // Control characters but tab and newline (ANSI escapes: invisible, and
   // OSC 8 leftovers read as links), marked like disguises.
-  const CONTROLS = /[\u0000-\u0008\u000b-\u001f\u007f]/g;
+  const CONTROLS = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g;
   function visibleControls(text) {
     return text.replace(CONTROLS, mark);
   }
@@ -92,7 +94,9 @@
     }
     for (const kid of kids.flat(Infinity)) {
       if (kid === null || kid === undefined || kid === false) continue;
-      el.append(kid instanceof Node ? kid : visible(String(kid)));
+      // Control characters are marked in every text, not only in diffs:
+      // ESC and BEL reached the transcript and the plan as they were.
+      el.append(kid instanceof Node ? kid : visible(visibleControls(String(kid))));
     }
     return el;
   }
@@ -512,11 +516,15 @@
     return h('details', { class: 'entry other' }, h('summary', {}, time, m.role + ' · ' + m.kind), h('div', { class: 'text' }, m.content));
   }
 
+  const PLAN_STATUSES = new Set(['pending', 'in_progress', 'completed']);
+
   function planView(messages) {
     const plans = messages.filter((m) => m.kind === 'plan');
     if (plans.length === 0) return null;
     const entries = parse(plans[plans.length - 1].content) || [];
-    return h('ul', { class: 'plan' }, entries.map((e) => h('li', { class: 'plan-' + e.status },
+    // The agent names each status: only the schema's own become a class
+    // (a probe's `x toast` drew an entry as the console's decision toast).
+    return h('ul', { class: 'plan' }, entries.map((e) => h('li', { class: 'plan-' + (PLAN_STATUSES.has(e.status) ? e.status : 'other') },
       h('input', { type: 'checkbox', disabled: true, checked: e.status === 'completed' }), ' ', cut(e.content, 500),
       h('span', { class: 'muted' }, ' ' + e.status))));
   }

@@ -18,6 +18,7 @@ const AUTH_REQUIRED: i64 = -32000;
 const BUSY: i64 = -32000;
 const INVALID_PARAMS: i64 = -32602;
 const METHOD_NOT_FOUND: i64 = -32601;
+const INTERNAL_ERROR: i64 = -32603;
 
 /// Serves requests until stdin closes.
 pub fn run(agent: &mut Agent) -> ! {
@@ -226,6 +227,9 @@ fn load_session(agent: &mut Agent, id: Value, params: &Value) {
     }
     if auth_missing(agent, &id) {
         return;
+    }
+    if let Some(error) = agent.scenario.load_error.clone() {
+        return respond_error(agent, id, INTERNAL_ERROR, &error);
     }
     let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
         return respond_error(agent, id, INVALID_PARAMS, "session/load: missing sessionId");

@@ -63,6 +63,11 @@ pub struct Scenario {
     pub turns: Vec<Vec<Step>>,
     #[serde(default)]
     pub on_load: Vec<Step>,
+    /// Advertise `loadSession` but answer every `session/load` with this
+    /// error, as real agents do for a session they lost with their process
+    /// (Gemini CLI: "Invalid session identifier").
+    #[serde(default)]
+    pub load_error: Option<String>,
     /// Benchmarks: append each permission round trip (microseconds, from
     /// writing the request to reading the answer) to this file.
     #[serde(default)]
@@ -306,6 +311,7 @@ impl Scenario {
             on_start: Vec::new(),
             turns: vec![turn],
             on_load: Vec::new(),
+            load_error: None,
             rtt_log: None,
         }
     }

@@ -172,9 +172,15 @@ fn paths_outside_the_workspace_stay_absolute() {
     assert_eq!(relative(Path::new("/w"), Path::new("L/../x")), "/w/L/../x");
     assert_eq!(relative(Path::new("/w"), Path::new("/wx/a")), "/wx/a");
     assert_eq!(
-        relative_title(Path::new("/w"), "Edit `/w/a.rs` and /wx/b"),
+        relative_title(Path::new("/w"), "Edit `/w/a.rs` and /wx/b", Some("edit")),
         "Edit `a.rs` and /wx/b"
     );
+    // A command's paths are relative to where it runs, which `cd` changes:
+    // its title is kept whole.
+    let command = "cd /tmp && rm -f /w/notes.txt";
+    for kind in [Some("execute"), Some("other"), None] {
+        assert_eq!(relative_title(Path::new("/w"), command, kind), command);
+    }
 }
 
 #[test]
