@@ -232,6 +232,51 @@ async fn waits_for_a_human_in_mode_auto_after(h: &Harness, steps: serde_json::Va
     assert_eq!(pending(h, &rec.id).await, 1, "{title}: {text}");
 }
 
+/// A command that names a server file is asked even in mode auto: the
+/// docs promise a request naming one is never decided by a rule or a mode,
+/// and `cat <data>/api-token` was allowed, the token sent to the model. A
+/// command that names none is still allowed.
+#[tokio::test]
+async fn a_command_naming_a_server_file_is_asked_even_in_mode_auto() {
+    let mut knobs = guarded();
+    knobs.limits.max_sessions = 8;
+    let h = Harness::new(knobs).await;
+    std::fs::create_dir_all(h.workspace.join("data")).expect("data");
+    std::fs::write(h.workspace.join("data/api-token"), "s3cret\n").expect("token");
+    let token = h
+        .workspace
+        .join("data/api-token")
+        .canonicalize()
+        .expect("token");
+    for command in [
+        "cat data/api-token".to_owned(),
+        format!("cat {}", token.display()),
+        "cd data && cat api-token".to_owned(),
+        "sh -c \"base64 < ./data/api-token\"".to_owned(),
+        "cp config.toml /tmp/x".to_owned(),
+    ] {
+        // The title is the command; the request shows it as code.
+        let title = command.clone();
+        let steps = json!([
+            {"tool_call": {"id": "t1", "title": title, "kind": "execute", "raw_input": {"command": command}}},
+            {"permission": {"tool_call_id": "t1", "title": title, "kind": "execute"}},
+            {"chunk": "\ndone"}
+        ]);
+        let shown = format!("`{command}`");
+        waits_for_a_human_in_mode_auto_after(&h, steps, &shown).await;
+    }
+    let scenario = json!({"turns": [[
+        {"tool_call": {"id": "t1", "title": "ls -la src | wc -l", "kind": "execute", "raw_input": {"command": "ls -la src | wc -l"}}},
+        {"permission": {"tool_call_id": "t1", "title": "ls -la src | wc -l", "kind": "execute"}},
+        {"chunk": "\ndone"}
+    ]]});
+    let mut req = h.request(h.profile(scenario), "go");
+    req.mode = Some(ApprovalMode::Auto);
+    let rec = h.start_req(req).await.expect("start");
+    let text = h.until_transcript(&rec.id, "\ndone").await;
+    assert!(text.contains("permission t1: selected"), "{text}");
+}
+
 /// A permission naming another name of a server file (a hard link, or a
 /// file a server path now points at) is asked too: the rule check follows
 /// the inode, as the file layer does. A probe got `Edit tok` (a hard link

@@ -36,11 +36,14 @@ impl SessionState {
             .map(|p| super::toolcalls::relative(root, Path::new(p)))
             .filter(|w| !judged.relative.contains(w))
             .collect();
+        let named = command
+            .as_deref()
+            .is_some_and(|c| guard.named_in_command(c, root));
         RequestFacts {
             kind,
             paths: judged.relative,
             paths_inside: judged.inside,
-            server_file: judged.server_file,
+            server_file: judged.server_file || named,
             command,
             agent: self.record.agent.clone(),
             workspace: self.record.workspace.clone(),

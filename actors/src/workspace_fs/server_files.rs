@@ -124,6 +124,43 @@ impl Checker<'_> {
     }
 }
 
+/// Most words of a command looked at as paths.
+const COMMAND_WORDS: usize = 256;
+
+impl Checker<'_> {
+    /// True when `command` names a server file: its text holds one of their
+    /// paths, or one of its words, read as a path from `cwd` (`~/` from the
+    /// home directory), leads to one. A best effort, not a sandbox: a
+    /// command can build a path it never spells out (`da""ta`, base64), and
+    /// `auto` mode runs what it is given. What it catches is the plain case:
+    /// in `auto`, `cat /srv/intercom/data/api-token` was allowed without
+    /// asking and the token reached the model.
+    pub fn named_in_command(&self, command: &str, cwd: &Path) -> bool {
+        if self.files.is_empty() {
+            return false;
+        }
+        if self
+            .files
+            .paths()
+            .any(|p| command.contains(p.to_string_lossy().as_ref()))
+        {
+            return true;
+        }
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        command
+            .split(|c: char| c.is_whitespace() || "'\"`;|&()<>=$,{}".contains(c))
+            .filter(|w| !w.is_empty() && !w.starts_with('-'))
+            .take(COMMAND_WORDS)
+            .any(|word| {
+                let path = match (word.strip_prefix("~/"), &home) {
+                    (Some(rest), Some(home)) => home.join(rest),
+                    _ => cwd.join(word),
+                };
+                self.covers(&path)
+            })
+    }
+}
+
 /// Canonical when it exists; else its canonical parent joined with the name;
 /// else lexically normalised.
 fn canonical_or_lexical(path: &Path) -> PathBuf {

@@ -73,11 +73,15 @@ pub(super) fn auto_check_facts(
             ..Default::default()
         },
     };
+    let named = match (&command, &t.cwd) {
+        (Some(c), Some(cwd)) => server_files.checker().named_in_command(c, cwd),
+        _ => false,
+    };
     Ok(intercom_actors::rules::RequestFacts {
         kind,
         paths: judged.relative,
         paths_inside: judged.inside,
-        server_file: judged.server_file,
+        server_file: judged.server_file || named,
         command,
         agent: "mcp".to_owned(),
         workspace: t.workspace.clone(),
