@@ -812,6 +812,50 @@ async fn lsp_framing_acp_permission_round_trip() {
     shutdown(&h).await;
 }
 
+/// An intercom request the server cannot read but can answer (it has an
+/// id) is refused with the reason: the agent waited for ever for an answer
+/// that never came, and the operator saw nothing.
+#[tokio::test]
+async fn a_malformed_intercom_request_is_answered_with_the_reason() {
+    const AGENT: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("method") == "prompt/send":
+        send({"method": "clearance/request", "id": "bf1", "params": {"title": "no path"}})
+        send({"method": "prompt/forward", "id": "pf1", "params": {"type": "continuation"}})
+    elif m.get("method", "").endswith("/response"):
+        p = m.get("params", {})
+        said = p.get("status") or p.get("decision")
+        why = p.get("reason") or p.get("instruction") or ""
+        send({"method": "status/update", "params": {"message": "got %s: %s (%s)" % (m["id"], said, why)}})
+"#;
+    let h = Harness::new(Knobs::default()).await;
+    let mut profile = h.profile(json!({"protocol": "intercom"}));
+    profile.command = "python3".into();
+    profile.args = vec!["-c".into(), AGENT.into()];
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    let text = h.until_transcript(&rec.id, "got pf1").await;
+    let text = if text.contains("got bf1") {
+        text
+    } else {
+        h.until_transcript(&rec.id, "got bf1").await
+    };
+    assert!(text.contains("got bf1: rejected ("), "{text}");
+    assert!(
+        text.contains("file_path"),
+        "the reason names the field: {text}"
+    );
+    assert!(text.contains("got pf1: stop ("), "{text}");
+    h.until("a notice for the operator", |e| {
+        matches!(e, OperatorEvent::Notice { level: NoticeLevel::Warning, text, .. } if text.contains("could not read"))
+    })
+    .await;
+    shutdown(&h).await;
+}
+
 #[tokio::test]
 async fn a_live_session_survives_garbage_from_its_agent() {
     let h = Harness::new(Knobs::default()).await;

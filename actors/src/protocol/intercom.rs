@@ -63,29 +63,18 @@ pub struct ClearanceRequest {
 
 impl ClearanceRequest {
     /// Every file the request changes: `file_path`, then each file its diff
-    /// names in a `---` or `+++` header (`a/` and `b/` prefixes dropped,
-    /// `/dev/null` skipped). Rules and modes judge them all: a diff can
-    /// change other files than the one the agent names.
+    /// names ([`super::diff_paths::named_in`]: git's and patch's headers).
+    /// Rules and modes judge them all: a diff can change other files than
+    /// the one the agent names.
     pub fn paths(&self) -> Vec<String> {
         let mut paths = vec![self.file_path.clone()];
-        let lines: Vec<&str> = self.diff.iter().flat_map(|d| d.lines()).collect();
-        // A header is a `---` line followed by a `+++` line: a removed line
-        // that began with `-- ` (an SQL comment) is not one.
-        for pair in lines.windows(2) {
-            let (Some(old), Some(new)) =
-                (pair[0].strip_prefix("--- "), pair[1].strip_prefix("+++ "))
-            else {
-                continue;
-            };
-            for named in [old, new] {
-                let path = named.split('\t').next().unwrap_or(named).trim();
-                let path = path
-                    .strip_prefix("a/")
-                    .or_else(|| path.strip_prefix("b/"))
-                    .unwrap_or(path);
-                if !path.is_empty() && path != "/dev/null" && !paths.iter().any(|p| p == path) {
-                    paths.push(path.to_owned());
-                }
+        for named in self
+            .diff
+            .iter()
+            .flat_map(|d| super::diff_paths::named_in(d))
+        {
+            if !paths.contains(&named) {
+                paths.push(named);
             }
         }
         paths

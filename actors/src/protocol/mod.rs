@@ -7,6 +7,7 @@
 
 pub mod acp;
 pub mod agent_options;
+pub mod diff_paths;
 pub mod framing;
 pub mod intercom;
 pub mod jsonrpc;

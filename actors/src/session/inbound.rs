@@ -20,7 +20,7 @@ use crate::model::{
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::protocol::acp::{self, methods};
 use crate::protocol::framing::Frame;
-use crate::protocol::intercom::DialectIn;
+use crate::protocol::intercom::{DialectError, DialectIn};
 use crate::protocol::jsonrpc::{ParseError, RpcError, RpcId, RpcMessage, codes, truncate_for_log};
 
 /// How much of a malformed line goes into the log.
@@ -476,6 +476,26 @@ impl SessionState {
         self.tell_refusal_once(&note).await;
     }
 
+    /// A clearance or a forwarded prompt the dialect could not read, but
+    /// with an id to answer: refused, with the reason, so the agent does not
+    /// wait for ever (it was only logged), and the operator is told once.
+    async fn answer_malformed(&mut self, msg: &RpcMessage, e: &DialectError) {
+        let RpcMessage::Request { id, method, .. } = msg else {
+            return;
+        };
+        let kind = match method.as_str() {
+            "clearance/request" => RequestKind::Permission,
+            "prompt/forward" => RequestKind::ForwardedPrompt,
+            _ => return,
+        };
+        let why = format!("{e}; nothing was asked: send it again with every field");
+        let note = format!(
+            "The agent sent a {method} the server could not read ({e}); it was refused and told why."
+        );
+        self.refuse_request(id.clone(), false, kind, &why, note)
+            .await;
+    }
+
     /// Shows the operator why the agent's requests are refused, once per
     /// session: an agent that keeps asking cannot fill the transcript.
     pub(super) async fn tell_refusal_once(&mut self, note: &str) {
@@ -511,6 +531,7 @@ impl SessionState {
             Ok(m) => m,
             Err(e) => {
                 self.warn_agent(|| format!("skipping intercom message: {e}"));
+                self.answer_malformed(&msg, &e).await;
                 return;
             }
         };
