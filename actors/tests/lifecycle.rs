@@ -21,6 +21,79 @@ fn owner() -> Caller {
     }
 }
 
+/// A rejection's reason reaches an ACP agent: its permission answer holds
+/// only the option chosen, so the reason follows as steering once the turn
+/// ends, and the transcript says who rejected what and why. "Reject with
+/// feedback" asked the operator for words the agent never heard.
+#[tokio::test]
+async fn a_rejections_reason_reaches_an_acp_agent() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [
+        [
+            {"tool_call": {"id": "t1", "title": "Write big.bin", "kind": "edit", "status": "pending"}},
+            {"permission": {"tool_call_id": "t1", "title": "Write big.bin", "kind": "edit"}},
+            {"chunk": "first turn over."}
+        ],
+        [{"chunk": "heard it."}]
+    ]});
+    let rec = h.start(scenario, "go").await;
+    h.until("permission request", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    let caller = intercom_actors::session::Caller {
+        id: "U_OWNER".into(),
+        operator: false,
+    };
+    support::decide_as(
+        &h,
+        &rec.id,
+        "req-1",
+        Choice::Reject,
+        Some("use a smaller file"),
+        caller,
+    )
+    .await
+    .expect("decided");
+    let text = h.until_transcript(&rec.id, "heard it.").await;
+    assert!(
+        text.contains("Rejected by U_OWNER: Write big.bin — use a smaller file"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "prompt: The operator rejected your request \"Write big.bin\": use a smaller file"
+        ),
+        "{text}"
+    );
+}
+
+/// A plan is bounded: past 500 entries the rest are counted in one more
+/// entry. A probe's plans of 20,000 entries each held its session (and the
+/// operator's cancel) for tens of seconds.
+#[tokio::test]
+async fn a_huge_plan_keeps_its_first_entries_and_counts_the_rest() {
+    let h = Harness::new(Knobs::default()).await;
+    let entries: Vec<_> = (0..2000)
+        .map(|i| json!({"content": format!("step {i}"), "status": "pending", "priority": "low"}))
+        .collect();
+    let scenario = json!({"turns": [[{"plan": entries}, {"chunk": "planned."}]]});
+    let rec = h.start(scenario, "plan").await;
+    let shown = h
+        .until("the plan", |e| matches!(e, OperatorEvent::Plan { .. }))
+        .await;
+    let OperatorEvent::Plan { entries, .. } = shown else {
+        unreachable!()
+    };
+    assert_eq!(entries.len(), 501);
+    assert_eq!(entries[499].0, "step 499");
+    assert_eq!(
+        entries[500].0,
+        "(1500 more entries of this plan were not kept)"
+    );
+    h.until_transcript(&rec.id, "planned.").await;
+}
+
 #[tokio::test]
 async fn happy_path_with_a_permission_round_trip() {
     let h = Harness::new(Knobs::default()).await;

@@ -15,7 +15,7 @@ use crate::model::{
     AuditEntry, Decided, Decision, MessageKind, OptionKind, PendingRequest, PermissionOption,
     RequestKind, RequestStatus, Role, now_ms,
 };
-use crate::ports::OperatorEvent;
+use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::protocol::acp;
 use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
 
@@ -51,12 +51,49 @@ impl SessionState {
             };
         };
         let decided = self.resolve(n, &choice, reason, &caller.id).await;
-        if decided.is_ok() {
+        if let Ok(d) = &decided {
             // A person acted: the agent is being watched, so what it may
             // write starts again (an IDE agent's turns are its requests).
             self.budget.renew();
+            self.pass_on_reason(d, caller).await;
         }
         decided
+    }
+
+    /// A person's reason for a rejection reaches the agent and the
+    /// transcript. ACP's answer to a permission request carries only the
+    /// option chosen, so the reason goes as steering (after the turn, or at
+    /// once when idle); the dialect and a refused write carry it in the
+    /// answer itself. It was kept in the approval record alone: "Reject with
+    /// feedback" asked for words the agent never heard.
+    async fn pass_on_reason(&mut self, d: &Decided, caller: &Caller) {
+        let owed = self.reason_owed.take();
+        let Some(reason) = d
+            .decision
+            .reason
+            .as_deref()
+            .filter(|r| !r.trim().is_empty())
+        else {
+            return;
+        };
+        let verdict = if d.decision.approved {
+            "Approved"
+        } else {
+            "Rejected"
+        };
+        let title = crate::text::one_line(&d.request.title, 200);
+        self.emit_notice(
+            NoticeLevel::Info,
+            &format!("{verdict} by {}: {title} — {reason}", d.decision.decided_by),
+        )
+        .await;
+        if owed.is_none() {
+            return;
+        }
+        let text = format!("The operator rejected your request \"{title}\": {reason}");
+        if let Err(e) = self.steer(text, false, caller).await {
+            tracing::warn!(session = %self.id(), "the rejection's reason was not queued for the agent: {e}");
+        }
     }
 
     /// Records and answers a decision on pending request `n` (no auth check).
@@ -107,7 +144,11 @@ impl SessionState {
         {
             self.toolcalls.grant(&pending.record.id, announced);
         }
-        self.answer(&pending, &decision).await;
+        let carried = self.answer(&pending, &decision).await;
+        self.reason_owed = decision
+            .reason
+            .clone()
+            .filter(|_| !carried && !decision.approved);
         self.emit(OperatorEvent::RequestClosed {
             session_id: self.id().clone(),
             id: pending.record.id.clone(),
@@ -125,11 +166,13 @@ impl SessionState {
         Ok(Decided { request, decision })
     }
 
-    /// Writes the decision to the agent in its protocol.
-    async fn answer(&mut self, pending: &Pending, decision: &Decision) {
+    /// Writes the decision to the agent in its protocol. False when the
+    /// answer cannot carry the decision's reason (ACP's permission answer
+    /// holds only the option chosen).
+    async fn answer(&mut self, pending: &Pending, decision: &Decision) -> bool {
         if let Some(waiter) = self.mcp_waiters.remove(&pending.number) {
             let _ = waiter.send(super::McpAnswer::Decided(decision.clone()));
-            return;
+            return true;
         }
         let wire = pending.wire.clone();
         match (self.is_acp(), pending.record.kind) {
@@ -149,9 +192,13 @@ impl SessionState {
                 self.respond(wire, result);
             }
             (true, _) if pending.cancel_option.as_ref() == Some(&decision.option_id) => {
-                self.respond(wire, Ok(acp::permission_cancelled()))
+                self.respond(wire, Ok(acp::permission_cancelled()));
+                return false;
             }
-            (true, _) => self.respond(wire, Ok(acp::permission_selected(&decision.option_id))),
+            (true, _) => {
+                self.respond(wire, Ok(acp::permission_selected(&decision.option_id)));
+                return false;
+            }
             (false, RequestKind::ForwardedPrompt) => {
                 let id = wire_str(&wire);
                 let bytes = self.dialect.prompt_response(
@@ -171,6 +218,7 @@ impl SessionState {
                 self.send_bytes(bytes);
             }
         }
+        true
     }
 
     /// Performs a write an earlier decision already covers (one human

@@ -16,6 +16,9 @@ use crate::model::{MessageKind, Role};
 use crate::ports::OperatorEvent;
 use crate::protocol::acp::{self, Update};
 
+/// Most entries of a plan kept; the rest are counted in one more entry.
+const MAX_PLAN_ENTRIES: usize = 500;
+
 impl SessionState {
     pub(super) async fn on_update(&mut self, params: &Value) {
         let (_, update) = match acp::parse_update(params) {
@@ -272,7 +275,22 @@ impl SessionState {
         self.write_plan(entries).await;
     }
 
-    async fn write_plan(&mut self, entries: Vec<(String, String)>) {
+    async fn write_plan(&mut self, mut entries: Vec<(String, String)>) {
+        // Bounded and charged before anything is built: a probe's 200
+        // heartbeats of 20,000 entries each held the session (and its
+        // operator's cancel) for tens of seconds after its budget was spent.
+        if entries.len() > MAX_PLAN_ENTRIES {
+            let left = entries.len() - MAX_PLAN_ENTRIES;
+            entries.truncate(MAX_PLAN_ENTRIES);
+            entries.push((
+                format!("({left} more entries of this plan were not kept)"),
+                "other".to_owned(),
+            ));
+        }
+        let size: usize = entries.iter().map(|(c, s)| c.len() + s.len() + 32).sum();
+        if !self.agent_may_write(size).await {
+            return;
+        }
         let content = json!(
             entries
                 .iter()
@@ -280,9 +298,6 @@ impl SessionState {
                 .collect::<Vec<_>>()
         )
         .to_string();
-        if !self.agent_may_write(content.len()).await {
-            return;
-        }
         self.plan_message.refresh();
         if self.plan_message.is_none() {
             self.plan_message = self.queue_append(Role::System, MessageKind::Plan, content);
