@@ -160,10 +160,23 @@ fn a_session_with_a_permission_round_trip() {
     assert_eq!(rejected.body["decision"]["option_id"], "reject-once");
     assert_eq!(rejected.body["decision"]["reason"], "not now");
     http.until_transcript(&id, "permission t1: selected reject-once");
+    // ACP's answer carries only the option: the reason follows as steering,
+    // which starts the agent's next turn (here, asking once more).
+    http.until_transcript(
+        &id,
+        "prompt: The operator rejected your request \"Write notes.txt\": not now",
+    );
+    http.until_pending(&id, "req-3");
 
     let all = http.get("/api/approvals");
-    assert_eq!(all.body.as_array().map(Vec::len), Some(2), "{}", all.text);
-    assert_eq!(http.get("/api/approvals?status=pending").body, json!([]));
+    assert_eq!(all.body.as_array().map(Vec::len), Some(3), "{}", all.text);
+    let pending = http.get("/api/approvals?status=pending");
+    assert_eq!(
+        pending.body.as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        pending.text
+    );
     assert_eq!(
         http.get("/api/approvals?status=decided")
             .body

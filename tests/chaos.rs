@@ -667,8 +667,9 @@ fn long_killed_agents() {
 fn prompt_texts(thread: &[emulator::Msg]) -> Vec<String> {
     thread
         .iter()
-        .filter(|m| m.text.starts_with("prompt: "))
-        .flat_map(|m| m.text.split("\n\n").map(str::to_owned).collect::<Vec<_>>())
+        .map(|m| slack_common::unquoted(&m.text))
+        .filter(|t| t.starts_with("prompt: "))
+        .flat_map(|t| t.split("\n\n").map(str::to_owned).collect::<Vec<_>>())
         .collect()
 }
 

@@ -43,6 +43,8 @@ struct Answer {
     set_cookie: Option<String>,
     csp: Option<String>,
     content_type: Option<String>,
+    nosniff: Option<String>,
+    cache: Option<String>,
     body: String,
 }
 
@@ -69,12 +71,15 @@ fn answer(result: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answ
         header("content-security-policy"),
         header("content-type"),
     );
+    let (nosniff, cache) = (header("x-content-type-options"), header("cache-control"));
     Answer {
         status: r.status().as_u16(),
         location,
         set_cookie,
         csp,
         content_type,
+        nosniff,
+        cache,
         body: r.body_mut().read_to_string().unwrap_or_default(),
     }
 }
@@ -191,6 +196,20 @@ fn a_cookie_tossed_under_a_longer_path_does_not_lock_the_operator_out() {
         get(&server.base, "/api/sessions", Some(&cookie), &k).status,
         401
     );
+}
+
+/// The API's answers (sessions, transcripts, approvals: agent text) are
+/// never sniffed into another type nor kept in a cache, with the console's
+/// cookie or a token alike.
+#[test]
+fn api_answers_are_not_sniffed_or_cached() {
+    let server = Server::start();
+    let (cookie, key) = log_in_with_key(&server);
+    for path in ["/api/sessions", "/api/approvals", "/api/nope"] {
+        let r = get(&server.base, path, Some(&cookie), &[("X-CSRF-Token", &key)]);
+        assert_eq!(r.nosniff.as_deref(), Some("nosniff"), "{path}");
+        assert_eq!(r.cache.as_deref(), Some("no-store"), "{path}");
+    }
 }
 
 /// Browsers send a host's cookies to every port of it, so a process

@@ -115,4 +115,10 @@ async fn an_agent_switching_its_own_mode_is_told() {
         text.contains("switched its own mode to `bypassPermissions` (not a mode it offered)"),
         "{text}"
     );
+    // A mode in which the agent asks nothing is said to bypass the server.
+    assert!(
+        text.contains("In mode `bypassPermissions` the agent runs its tools without asking"),
+        "{text}"
+    );
+    assert_eq!(text.matches("runs its tools without asking").count(), 1, "{text}");
 }

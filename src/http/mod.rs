@@ -81,7 +81,8 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
         .layer(middleware::from_fn_with_state(
             console.clone(),
             crate::web::login::api_cookie_auth,
-        ));
+        ))
+        .layer(middleware::from_fn(api_headers));
     Router::new()
         .route(
             "/healthz",
@@ -112,6 +113,22 @@ where
     axum::serve(bounded, router.with_state(()).into_make_service())
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Every `/api` answer carries agent text: never sniffed into another
+/// type, never kept in a cache (the console's pages were; its API was not).
+/// An answer that chose its own caching (the event stream) keeps it.
+async fn api_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    headers
+        .entry(axum::http::header::CACHE_CONTROL)
+        .or_insert(axum::http::HeaderValue::from_static("no-store"));
+    response
 }
 
 /// Logs each request at debug level (method, path, status, duration). The

@@ -169,6 +169,25 @@ pub enum AgentSetting {
     },
 }
 
+/// True for an agent mode in which the agent acts without asking the
+/// client (Claude Code's `bypassPermissions`, Gemini CLI's `yolo`): the
+/// server's approval mode then sees none of its actions.
+pub fn asks_nothing(mode: &str) -> bool {
+    let m = mode.to_ascii_lowercase();
+    m.contains("bypass") || m == "yolo"
+}
+
+/// What the operator is told when the agent's mode becomes `mode`, on top
+/// of the switch itself, when the agent stops asking in it.
+pub fn no_asking_warning(mode: &str) -> Option<String> {
+    asks_nothing(mode).then(|| {
+        format!(
+            "In mode `{}` the agent runs its tools without asking: no permission request reaches the server, so its approval mode and rules no longer apply to this session. Switch the agent back to a mode that asks (`agent-mode`) to be asked again.",
+            crate::text::log_safe(mode)
+        )
+    })
+}
+
 impl AgentSetting {
     /// Refuses values the agent did not offer; the error lists what it did.
     pub fn validate(&self, offered: &AgentOptions) -> Result<(), String> {
@@ -248,6 +267,17 @@ impl AgentSetting {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn modes_that_ask_nothing_are_told() {
+        for m in ["bypassPermissions", "yolo", "YOLO"] {
+            assert!(no_asking_warning(m).is_some(), "{m}");
+        }
+        for m in ["default", "acceptEdits", "plan", "auto_edit"] {
+            assert!(no_asking_warning(m).is_none(), "{m}");
+        }
+    }
+
     use super::*;
 
     fn claude_new_session() -> Value {

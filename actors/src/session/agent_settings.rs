@@ -75,6 +75,11 @@ impl SessionState {
                     &format!("The agent's {} is now set.", setting.describe()),
                 )
                 .await;
+                if let AgentSetting::Mode(mode) = &setting
+                    && let Some(warning) = crate::protocol::agent_options::no_asking_warning(mode)
+                {
+                    self.emit_notice(NoticeLevel::Warning, &warning).await;
+                }
                 Ok(())
             }
             Err(e) => {

@@ -107,6 +107,10 @@ impl SessionState {
         );
         self.emit_notice(crate::ports::NoticeLevel::Info, &text)
             .await;
+        if let Some(warning) = crate::protocol::agent_options::no_asking_warning(&mode) {
+            self.emit_notice(crate::ports::NoticeLevel::Warning, &warning)
+                .await;
+        }
     }
 
     /// Lets go of the transcript lines of tool calls the session no
