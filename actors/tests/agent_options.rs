@@ -120,5 +120,9 @@ async fn an_agent_switching_its_own_mode_is_told() {
         text.contains("In mode `bypassPermissions` the agent runs its tools without asking"),
         "{text}"
     );
-    assert_eq!(text.matches("runs its tools without asking").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("runs its tools without asking").count(),
+        1,
+        "{text}"
+    );
 }

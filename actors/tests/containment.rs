@@ -92,6 +92,31 @@ async fn a_permission_naming_a_server_file_is_always_asked() {
     let h = Harness::new(guarded()).await;
     // Mode auto would allow anything else; this one waits for a human.
     waits_for_a_human_in_mode_auto(&h, "config.toml", "Edit config").await;
+    h.until("a warning naming the server's files", |e| {
+        matches!(e, OperatorEvent::Notice { level: NoticeLevel::Warning, text, .. }
+            if text.starts_with("req-1 names one of agent-intercom's own files"))
+    })
+    .await;
+}
+
+/// A request that reaches outside the workspace says so: it showed such a
+/// path like any other, and a write there was refused only after the
+/// operator approved it.
+#[tokio::test]
+async fn a_permission_reaching_outside_the_workspace_says_so() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"permission": {"tool_call_id": "t1", "title": "Edit notes", "kind": "edit",
+            "locations": ["notes.txt", "/tmp/elsewhere/notes.txt"]}},
+        {"chunk": "\ndone"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until("a warning naming the path outside", |e| {
+        matches!(e, OperatorEvent::Notice { level: NoticeLevel::Warning, text, .. }
+            if text == "req-1 reaches outside the workspace (/tmp/elsewhere/notes.txt): the agent's own writes there are refused, but a command it runs is not.")
+    })
+    .await;
+    assert_eq!(pending(&h, &rec.id).await, 1);
 }
 
 /// An edit permission naming `location`, asked in mode auto: the operator

@@ -34,6 +34,9 @@ pub enum FramingError {
     /// An LSP header block was unparseable, so frame boundaries are lost.
     #[error("bad LSP frame header: {0}")]
     BadHeader(String),
+    /// The stream ended inside an LSP frame.
+    #[error("the agent's output ended inside a frame: only {0} arrived")]
+    Truncated(String),
 }
 
 /// Newline-delimited JSON with a maximum line length.
@@ -255,6 +258,32 @@ impl Decoder for LspCodec {
         self.body_len = None;
         Ok(Some(Frame::Message(buf.split_to(body_len).freeze())))
     }
+
+    /// At the end of the stream a frame cut short is said to be, with how
+    /// much of it came: it was "bytes remaining on stream", and the operator
+    /// saw only an exit.
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FramingError> {
+        if let Some(frame) = self.decode(buf)? {
+            return Ok(Some(frame));
+        }
+        let cut = match (self.body_len, self.skipping) {
+            (Some(want), _) => Some(format!("{} of its {want}-byte body", buf.len())),
+            (None, left) if left > 0 => Some(format!(
+                "{} of its {}-byte body",
+                self.skipped_total - left,
+                self.skipped_total
+            )),
+            (None, _) if !buf.iter().all(u8::is_ascii_whitespace) => {
+                Some(format!("{} bytes of its headers", buf.len()))
+            }
+            _ => None,
+        };
+        buf.clear();
+        match cut {
+            Some(what) => Err(FramingError::Truncated(what)),
+            None => Ok(None),
+        }
+    }
 }
 
 impl Encoder<Bytes> for LspCodec {
@@ -431,6 +460,25 @@ mod tests {
         wire.extend_from_slice(b"Content-Length: 2\r\n\r\n{}");
         let got = decode_all(&mut LspCodec::new(10), &[&wire[..30], &wire[30..]]);
         assert_eq!(got, vec![Frame::Oversized { len: 20 }, msg("{}")]);
+    }
+
+    #[test]
+    fn an_lsp_frame_cut_by_the_end_of_the_stream_says_how_much_came() {
+        let mut c = LspCodec::new(100);
+        let mut buf = BytesMut::from(&b"Content-Length: 20\r\n\r\n{\"a\":"[..]);
+        assert_eq!(c.decode(&mut buf).expect("decode"), None);
+        let err = c.decode_eof(&mut buf).expect_err("cut short");
+        assert_eq!(
+            err.to_string(),
+            "the agent's output ended inside a frame: only 5 of its 20-byte body arrived"
+        );
+        let mut c = LspCodec::new(100);
+        let mut buf = BytesMut::from(&b"Content-Len"[..]);
+        let err = c.decode_eof(&mut buf).expect_err("headers cut");
+        assert!(err.to_string().contains("11 bytes of its headers"), "{err}");
+        // A whole frame, then the end: nothing is wrong.
+        let got = decode_all(&mut LspCodec::new(100), &[b"Content-Length: 2\r\n\r\n{}"]);
+        assert_eq!(got, vec![msg("{}")]);
     }
 
     #[test]

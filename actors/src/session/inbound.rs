@@ -84,7 +84,11 @@ impl SessionState {
                             self.profile.id, self.settings.limits.max_line_bytes
                         );
                         self.warn_agent(|| text.clone());
-                        self.note(Role::System, MessageKind::Error, &text);
+                        // Charged like the agent's own entries: 3,000 such
+                        // lines kept 3,000 notes past the turn's budget.
+                        if self.agent_may_write(text.len()).await {
+                            self.note(Role::System, MessageKind::Error, &text);
+                        }
                         self.answer_unreadable(RpcError::new(
                             codes::INVALID_REQUEST,
                             format!(
@@ -103,6 +107,10 @@ impl SessionState {
             ChildEvent::ReadFailed(e) => {
                 tracing::warn!(session = %self.record.id, "reading from agent failed: {e}");
                 self.stream_closed_at = Some(Instant::now());
+                // Said now: an agent that already exited is reported only as
+                // an exit, and the reason was lost.
+                let text = format!("The agent's output could not be read: {e}.");
+                self.emit_notice(NoticeLevel::Warning, &text).await;
                 self.kill_for(format!("reading its output failed: {e}"));
             }
             ChildEvent::WriteFailed(e) => {

@@ -63,8 +63,54 @@ impl SessionState {
         let Some(pending) = self.pending.get_mut(&n) else {
             return;
         };
-        pending.governed = Some((kind, command));
+        pending.governed = Some((kind.clone(), command.clone()));
+        let (request, paths) = (
+            pending.record.request_id.clone(),
+            pending.record.paths.clone(),
+        );
+        self.tell_where_it_reaches(&request, &paths, kind, command)
+            .await;
         self.evaluate_pending(n).await;
+    }
+
+    /// Says so when a request reaches past the workspace, or one of the
+    /// server's own files: the request alone showed such a path like any
+    /// other (a write to `/tmp/x` read as a workspace file until it was
+    /// refused, after its approval).
+    async fn tell_where_it_reaches(
+        &mut self,
+        request: &str,
+        paths: &[String],
+        kind: Option<String>,
+        command: Option<String>,
+    ) {
+        let facts = self.facts(paths, kind, command);
+        let text = if facts.server_file {
+            format!(
+                "{request} names one of agent-intercom's own files (its database, data directory, API token or config): no rule or mode decides it, and the server refuses the agent's own file access to it."
+            )
+        } else if !facts.paths_inside {
+            let outside: Vec<String> = facts
+                .paths
+                .iter()
+                .filter(|p| std::path::Path::new(p).is_absolute() || p.starts_with(".."))
+                .take(3)
+                .map(|p| crate::text::one_line(p, 200))
+                .collect();
+            format!(
+                "{request} reaches outside the workspace{}: the agent's own writes there are refused, but a command it runs is not.",
+                if outside.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", outside.join(", "))
+                }
+            )
+        } else {
+            return;
+        };
+        if self.agent_may_write(text.len()).await {
+            self.emit_notice(NoticeLevel::Warning, &text).await;
+        }
     }
 
     async fn evaluate_pending(&mut self, n: u64) {
