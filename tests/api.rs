@@ -901,6 +901,34 @@ fn a_session_a_server_shutdown_stopped_is_revived_with_its_queued_steering() {
     assert_eq!(t.matches("prompt: after the restart").count(), 1, "{t}");
 }
 
+/// A turn a graceful shutdown cut is continued by the revive: the
+/// operator's task, given just before a SIGTERM, was never finished (the
+/// revived session sat idle).
+#[test]
+fn a_turn_a_server_shutdown_cut_is_continued_by_the_revive() {
+    let layout = Layout::new(&Setup {
+        scenario: json!({"turns": [[{"chunk": "working"}, {"sleep_ms": 60000}]]}),
+        ..Setup::default()
+    });
+    let id = {
+        let served = Served::on(&layout);
+        let http = &served.http;
+        let id = sid(&http.start("the task"));
+        http.until_transcript(&id, "working");
+        id
+        // Dropped: a graceful shutdown cancels the turn and stops the session.
+    };
+    let served = Served::on(&layout);
+    let http = &served.http;
+    let ended = http.get(&format!("/api/sessions/{id}")).body;
+    assert_eq!(ended["status_reason"], "server_shutdown", "{ended}");
+    let r = http.post(&format!("/api/sessions/{id}/revive"), &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    let t = http.until_transcript(&id, "prompt: Continue working on the current task");
+    let after = t.rsplit("Session revived").next().unwrap_or_default();
+    assert!(after.contains("prompt: Continue working"), "{t}");
+}
+
 /// A start cut by a graceful shutdown during its agent's handshake ends
 /// `cancelled` (`server_shutdown`), and its revive delivers the first
 /// prompt: it is kept as the session's first steering. A probe's revived

@@ -769,6 +769,7 @@ fn read_range_within(
     Ok(out)
 }
 
+mod command_words;
 mod server_files;
 #[cfg(test)]
 mod tests;

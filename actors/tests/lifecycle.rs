@@ -1200,6 +1200,50 @@ async fn a_revive_of_a_paused_session_says_it_lifted_the_pause() {
     assert!(!steer(&h, &rec.id, "after revive", false).await.paused);
 }
 
+/// A session that crashed in a turn comes back from a revive with that turn
+/// continued (a resumed agent) or its prompt given again (a fresh one). It
+/// sat idle with its task unfinished, and the "in a turn" kept in the store
+/// made a later server restart resume it unasked.
+#[tokio::test]
+async fn a_revive_continues_the_turn_the_crash_cut() {
+    let h = Harness::new(Knobs {
+        policy: SupervisionPolicy {
+            max_restarts: 0,
+            restart_window_secs: 600,
+            backoff_initial_secs: 0,
+            backoff_max_secs: 0,
+        },
+        ..Knobs::default()
+    })
+    .await;
+    for (load_session, expected) in [
+        (true, "prompt: Continue working on the current task"),
+        (false, "prompt: write the report"),
+    ] {
+        let broken = json!({"turns": [[{"chunk": "starting. "}, {"exit": 1}]]});
+        let rec = h.start(broken, "write the report").await;
+        h.until_record(&rec.id, "crashed", |r| r.status == SessionStatus::Crashed)
+            .await;
+        let fixed = h.profile(json!({"load_session": load_session,
+            "turns": [[{"chunk": "working again"}]]}));
+        revive(&h, rec.id.clone(), fixed, owner())
+            .await
+            .expect("revived");
+        let text = h.until_transcript(&rec.id, "working again").await;
+        let after = text.rsplit("Session revived").next().unwrap_or_default();
+        assert!(after.contains(expected), "{load_session}: {after}");
+        h.until("the continued turn's end", |e| {
+            matches!(e, OperatorEvent::StatusChanged { session_id, activity, .. }
+                if *session_id == rec.id && activity == "idle")
+        })
+        .await;
+        assert!(
+            !h.store.turn_was_running(&rec.id).await.expect("flag"),
+            "the finished turn is no longer stored as running"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_crashed_session_comes_back_once_its_agent_is_fixed() {
     let h = Harness::new(Knobs {

@@ -14,7 +14,9 @@
 /// `b/` prefixes are dropped, git's quoted paths unquoted, `/dev/null`
 /// skipped.
 pub fn named_in(diff: &str) -> Vec<String> {
-    let lines: Vec<&str> = diff.lines().collect();
+    // GNU patch reads an indented patch (it strips the indent), so every
+    // header is looked for after leading blanks too.
+    let lines: Vec<&str> = diff.lines().map(str::trim_start).collect();
     let mut out: Vec<String> = Vec::new();
     let mut add = |raw: &str| {
         let path = strip_side(&unquote(raw.trim()));
@@ -44,6 +46,12 @@ pub fn named_in(diff: &str) -> Vec<String> {
         } else if let (Some(old), Some(next)) = (header(line, "---"), lines.get(i + 1))
             && let Some(new) = header(next, "+++")
         {
+            add(old);
+            add(new);
+        } else if let (Some(new), Some(next)) = (header(line, "+++"), lines.get(i + 1))
+            && let Some(old) = header(next, "---")
+        {
+            // GNU patch takes the pair in either order.
             add(old);
             add(new);
         } else if let (Some(old), Some(next)) = (header(line, "***"), lines.get(i + 1))
@@ -171,6 +179,19 @@ mod tests {
                 ".git/hooks/post\tmerge",
                 ".git/hooks/post-merge"
             ]
+        );
+    }
+
+    /// GNU patch applies these; a probe had each write `.envrc` past
+    /// auto-edits (git apply refuses them).
+    #[test]
+    fn indented_headers_and_a_pair_in_reverse_order_count() {
+        let diff = " --- a/.envrc\n +++ b/.envrc\n @@ -0,0 +1 @@\n +x\n\
+                    \t+++ b/.git/config\n\t--- a/.git/config\n\
+                    \t diff --git a/x b/.vscode/tasks.json\n";
+        assert_eq!(
+            named_in(diff),
+            vec![".envrc", ".git/config", "x", ".vscode/tasks.json"]
         );
     }
 

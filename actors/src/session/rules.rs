@@ -68,23 +68,16 @@ impl SessionState {
             pending.record.request_id.clone(),
             pending.record.paths.clone(),
         );
-        self.tell_where_it_reaches(&request, &paths, kind, command)
-            .await;
-        self.evaluate_pending(n).await;
+        let facts = self.facts(&paths, kind, command);
+        self.tell_where_it_reaches(&request, &facts).await;
+        self.evaluate_with(n, facts).await;
     }
 
     /// Says so when a request reaches past the workspace, or one of the
     /// server's own files: the request alone showed such a path like any
     /// other (a write to `/tmp/x` read as a workspace file until it was
     /// refused, after its approval).
-    async fn tell_where_it_reaches(
-        &mut self,
-        request: &str,
-        paths: &[String],
-        kind: Option<String>,
-        command: Option<String>,
-    ) {
-        let facts = self.facts(paths, kind, command);
+    async fn tell_where_it_reaches(&mut self, request: &str, facts: &RequestFacts) {
         let text = if facts.server_file {
             format!(
                 "{request} names one of agent-intercom's own files (its database, data directory, API token or config): no rule or mode decides it, and the server refuses the agent's own file access to it."
@@ -121,6 +114,14 @@ impl SessionState {
             return;
         };
         let facts = self.facts(&pending.record.paths, kind, command);
+        self.evaluate_with(n, facts).await;
+    }
+
+    /// Evaluates pending request `n` on `facts` (its paths as resolved now).
+    async fn evaluate_with(&mut self, n: u64, facts: RequestFacts) {
+        let Some(pending) = self.pending.get(&n) else {
+            return;
+        };
         // A permission that announced diffs is also judged as the edit it
         // lets the agent make: its grant covers those writes.
         let changes = pending

@@ -119,7 +119,12 @@ impl SessionState {
             self.cancel_turn_tools();
         }
         self.turn = None;
-        self.record_turn(false);
+        // A turn cut by the session's stop (a server shutdown, say) stays
+        // stored as running: a revive continues it (the operator's prompt,
+        // sent just before a SIGTERM, was never finished).
+        if !(cancelled && self.stopping.is_some()) {
+            self.record_turn(false);
+        }
         // An approval covers writes of its own turn only.
         self.toolcalls.clear_grants();
         self.flush_text(true).await;

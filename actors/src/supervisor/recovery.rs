@@ -148,20 +148,21 @@ impl SupervisorState {
                 false
             }
         };
-        let cut = turn_cut || !expired.is_empty();
         // The intercom dialect has no turns and no session to load: its
         // agent works on its last prompt until stopped, so the fresh agent
         // is given that prompt again, as after a crash. It was given
         // nothing, while the transcript said it was asked to continue.
         // An ACP agent in a turn gets the turn's prompt too, used only when
         // it cannot load its session and starts a fresh one (a resumed one
-        // is told to continue): its first task was lost that way.
-        let reprompt = if rec.protocol == Protocol::Intercom || cut {
+        // is told to continue): its first task was lost that way. Only a
+        // turn stored as running counts: a request the agent made after its
+        // turn ended, expired now, gave a finished task again.
+        let reprompt = if rec.protocol == Protocol::Intercom || turn_cut {
             self.last_prompt(id).await
         } else {
             None
         };
-        let mid_turn = cut || reprompt.is_some();
+        let mid_turn = turn_cut || !expired.is_empty() || reprompt.is_some();
         RestartPlan {
             resume: rec.acp_session_id.clone(),
             reprompt,
@@ -321,10 +322,20 @@ impl SupervisorState {
                 }
             }
         }
+        // A turn the end cut short (a crash, a shutdown) is continued, or its
+        // prompt given again to a fresh agent: it was neither, and the stored
+        // "in a turn" made a later recovery resume work nobody had asked for
+        // any more.
+        let turn_cut = store.turn_was_running(&id).await.unwrap_or(false);
+        let reprompt = if turn_cut {
+            self.last_prompt(&id).await
+        } else {
+            None
+        };
         let start = StartMode::Restart {
             resume: record.acp_session_id.clone(),
-            reprompt: None,
-            was_mid_turn: false,
+            reprompt,
+            was_mid_turn: turn_cut,
             require_resume: false,
             revived: true,
         };

@@ -124,41 +124,60 @@ impl Checker<'_> {
     }
 }
 
-/// Most words of a command looked at as paths.
-const COMMAND_WORDS: usize = 256;
-
 impl Checker<'_> {
     /// True when `command` names a server file: its text holds one of their
-    /// paths, or one of its words, read as a path from `cwd` (`~/` from the
-    /// home directory), leads to one. A best effort, not a sandbox: a
-    /// command can build a path it never spells out (`da""ta`, base64), and
-    /// `auto` mode runs what it is given. What it catches is the plain case:
-    /// in `auto`, `cat /srv/intercom/data/api-token` was allowed without
-    /// asking and the token reached the model.
+    /// paths (as a whole name), or a path it names ([`command_words`]: from
+    /// `cwd` and every directory it `cd`s to, `~`/`$HOME`/`$PWD` expanded,
+    /// `@file` and `--opt=file` taken apart) leads to one, or a glob in it
+    /// matches one. A best effort, not a sandbox: a command can build a
+    /// path it never spells out (`da""ta`, base64), or read a directory
+    /// above the server's (`find ..`), and `auto` mode runs what it is
+    /// given. What it catches is the plain case: in `auto`, `cat
+    /// /srv/intercom/data/api-token` was allowed and the token reached the
+    /// model.
     pub fn named_in_command(&self, command: &str, cwd: &Path) -> bool {
         if self.files.is_empty() {
             return false;
         }
-        if self
-            .files
-            .paths()
-            .any(|p| command.contains(p.to_string_lossy().as_ref()))
-        {
+        if self.files.paths().any(|p| holds_path(command, p)) {
             return true;
         }
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        command
-            .split(|c: char| c.is_whitespace() || "'\"`;|&()<>=$,{}".contains(c))
-            .filter(|w| !w.is_empty() && !w.starts_with('-'))
-            .take(COMMAND_WORDS)
-            .any(|word| {
-                let path = match (word.strip_prefix("~/"), &home) {
-                    (Some(rest), Some(home)) => home.join(rest),
-                    _ => cwd.join(word),
-                };
-                self.covers(&path)
+        command_words::named_paths(command, cwd, home.as_deref())
+            .into_iter()
+            .any(|named| match named {
+                command_words::Named::Path(path) => self.covers(&path),
+                command_words::Named::Glob(glob) => self.matches_glob(&glob),
             })
     }
+
+    /// True when `glob` matches a protected path, or a directory holding
+    /// one (`../d*/api-token`, `../d*`).
+    fn matches_glob(&self, glob: &str) -> bool {
+        let Ok(matcher) = globset::GlobBuilder::new(glob)
+            .literal_separator(true)
+            .build()
+            .map(|g| g.compile_matcher())
+        else {
+            return false;
+        };
+        self.files
+            .paths()
+            .any(|p| p.ancestors().any(|a| matcher.is_match(a)))
+    }
+}
+
+/// True when `command` holds `path` as a whole name: followed by nothing, a
+/// separator or a character no file name part has (`…/data` is not held by
+/// `…/database_backup`).
+fn holds_path(command: &str, path: &Path) -> bool {
+    let path = path.to_string_lossy();
+    command.match_indices(path.as_ref()).any(|(at, found)| {
+        command[at + found.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_alphanumeric() || "._-~+".contains(c)))
+    })
 }
 
 /// Canonical when it exists; else its canonical parent joined with the name;
