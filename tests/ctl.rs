@@ -63,6 +63,10 @@ fn pause_resume_mode_nudge_and_stop_from_the_terminal() {
     assert_eq!(ctl(&server, &["stop", &id]), 0);
     assert_eq!(show("status"), "cancelled");
     assert_ne!(ctl(&server, &["pause", "s-no-such-session"]), 0);
+    // An ended session's agent modes are a conflict (exit 4), as every
+    // other control on it; it said "offers no modes" and exit 0.
+    assert_eq!(ctl(&server, &["agent-mode", &id]), 4);
+    assert_eq!(ctl(&server, &["cancel", "s-no-such-session"]), 3);
 
     // Watching a session that ended says so and returns (it waited in
     // silence for ever).

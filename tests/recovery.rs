@@ -758,6 +758,8 @@ fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
     });
     let s = http.get(&format!("/api/sessions/{id}"));
     assert_eq!(s.body["status"], "active", "it runs on: {}", s.text);
+    // Kept in the transcript too, for an operator who was not watching.
+    http.until_transcript(&id, "The config no longer has its workspace `extra`");
 }
 
 /// A valid config can still name an agent binary that is not there: the

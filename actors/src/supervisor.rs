@@ -701,7 +701,7 @@ impl SupervisorState {
 
 /// A notice told to the operator and kept in the session's transcript, for
 /// whoever holds the store and the sink (the supervisor, or a start's task).
-async fn keep_notice(
+pub async fn keep_notice(
     store: &dyn SessionStore,
     sink: &dyn OperatorSink,
     id: &SessionId,

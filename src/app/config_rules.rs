@@ -163,7 +163,16 @@ impl App {
                 "The config no longer has {what}: this session runs on, but after a server restart it cannot be resumed, and once it ends it cannot be revived. Put it back in the config to keep both."
             );
             tracing::warn!(session = %s.id, "{text}");
-            self.notice(&s.id, text);
+            // Kept in the transcript: an operator who was not watching
+            // learnt of it only once the session could not be resumed.
+            intercom_actors::supervisor::keep_notice(
+                &*self.inner.store,
+                &*self.inner.sink,
+                &s.id,
+                intercom_actors::ports::NoticeLevel::Warning,
+                text,
+            )
+            .await;
         }
     }
 

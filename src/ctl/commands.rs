@@ -109,10 +109,12 @@ fn cancel(client: &Client, json: bool, id: &str) -> Result<(), CtlError> {
     // The answer waits for the agent (up to the shutdown grace, then
     // a kill): say so, rather than seconds of silence; not for a
     // session that has already ended (its answer comes at once).
+    // A session that is not found (or not live) gets its error at once,
+    // without "stopping" printed first.
     let live = || {
         client
             .get_as::<SessionView>(&format!("/api/sessions/{}", segment(id)))
-            .map_or(true, |(_, s)| s.status.is_live())
+            .is_ok_and(|(_, s)| s.status.is_live())
     };
     if !json && live() {
         eprintln!(
@@ -194,8 +196,12 @@ fn agent_mode(
         _ => {
             let url = format!("/api/sessions/{}", segment(id));
             let (raw, detail) = client.get_as::<SessionDetailView>(&url)?;
-            let options = detail.live.map(|l| l.agent_options).unwrap_or_default();
-            emit(json, &raw, || render::agent_options(&options));
+            // An ended session has no agent to offer anything: a conflict,
+            // as every other control on it (it read "offers no modes").
+            let Some(live) = detail.live else {
+                return Err(ended_conflict(id, &detail.session));
+            };
+            emit(json, &raw, || render::agent_options(&live.agent_options));
             return Ok(());
         }
     };
@@ -204,6 +210,23 @@ fn agent_mode(
     let options = serde_json::from_value(answer["agent_options"].clone()).unwrap_or_default();
     emit(json, &raw, || render::agent_options(&options));
     Ok(())
+}
+
+/// The error every control on an ended session gets (409, exit 4).
+fn ended_conflict(id: &str, session: &SessionView) -> CtlError {
+    CtlError::Api {
+        status: 409,
+        body: crate::http::views::ErrorBody {
+            error: format!(
+                "session {} is {}{}: it has no running agent",
+                render::one_line(id),
+                session.status,
+                reason_suffix(session)
+            ),
+            code: "conflict".into(),
+            status: Some(session.status),
+        },
+    }
 }
 
 fn start(

@@ -221,14 +221,20 @@ fn options(request: &Value) -> String {
     render::bounded(&ids.join(", "), LIST_MAX)
 }
 
-/// The plan's steps, `[x]` for the completed ones, on one line.
+/// The plan's steps on one line: `[x]` completed, `[>]` in progress,
+/// `[ ]` pending (`ctl log` spells the status out; `watch` showed the step
+/// in progress as pending).
 fn plan(e: &Value) -> String {
     let entries = e["entries"].as_array().map_or(&[][..], Vec::as_slice);
     let steps: Vec<String> = entries
         .iter()
         .map(|pair| {
             let content = pair[0].as_str().unwrap_or_default();
-            let mark = if pair[1] == "completed" { "x" } else { " " };
+            let mark = match pair[1].as_str() {
+                Some("completed") => "x",
+                Some("in_progress") => ">",
+                _ => " ",
+            };
             format!("[{mark}] {content}")
         })
         .collect();
@@ -373,8 +379,8 @@ mod tests {
             "{line}"
         );
         let plan = serde_json::json!({"event": "plan", "emitted_at": 0,
-            "entries": [["read", "completed"], ["write", "pending"]]});
-        assert!(event_line(&plan, false).contains("[x] read  [ ] write"));
+            "entries": [["read", "completed"], ["edit", "in_progress"], ["write", "pending"]]});
+        assert!(event_line(&plan, false).contains("[x] read  [>] edit  [ ] write"));
         let lost = serde_json::json!({"event": "events_lost", "first_lost": 3, "last_lost": 9});
         assert!(event_line(&lost, false).contains("LOST      events 3–9 were pruned"));
     }
