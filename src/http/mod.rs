@@ -82,7 +82,7 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
             console.clone(),
             crate::web::login::api_cookie_auth,
         ))
-        .layer(middleware::from_fn(api_headers));
+        .layer(middleware::map_response(api_headers));
     Router::new()
         .route(
             "/healthz",
@@ -118,8 +118,7 @@ where
 /// Every `/api` answer carries agent text: never sniffed into another
 /// type, never kept in a cache (the console's pages were; its API was not).
 /// An answer that chose its own caching (the event stream) keeps it.
-async fn api_headers(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
+async fn api_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(
         axum::http::header::X_CONTENT_TYPE_OPTIONS,
