@@ -815,6 +815,33 @@ fn a_config_naming_a_missing_agent_is_counted_on_healthz() {
     );
 }
 
+/// Starts "write the report" on a first server, waits for `seen` in its
+/// transcript, then kills that server and starts a second on the same
+/// database (kept alive by the caller).
+fn killed_in_a_turn(layout: &Layout, port: u16, seen: &str) -> (Http, String, ServerProcess) {
+    let base = format!("http://127.0.0.1:{port}");
+    let mut first = ServerProcess::spawn(layout, "first");
+    wait_healthy(&Http::new(&base, None), &mut first);
+    let http = Http::new(&base, Some(&read_token(layout)));
+    let a = start(&http, "scripted", "write the report");
+    http.until_transcript(&a, seen);
+    let pid = agent_pid(&http, &a);
+    let second = kill_and_start_again(layout, &mut first, &http, pid);
+    (http, a, second)
+}
+
+/// The contents of a session's newest `limit` transcript entries.
+fn contents(http: &Http, id: &str, limit: usize) -> Option<Vec<String>> {
+    let page = http.get(&format!("/api/sessions/{id}/messages?limit={limit}"));
+    Some(
+        page.body
+            .as_array()?
+            .iter()
+            .filter_map(|m| m["content"].as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
 /// An ACP agent that fails to load its session (it lost it with its
 /// process, as Claude Code and Gemini CLI do), killed with the server in
 /// its first turn: the restarted server starts a fresh session and gives
@@ -830,22 +857,9 @@ fn a_fresh_acp_agent_after_a_server_kill_gets_the_cut_turns_prompt() {
         ]]}),
         ..setup_on(port, Vec::new())
     });
-    let base = format!("http://127.0.0.1:{port}");
-    let mut first = ServerProcess::spawn(&layout, "first");
-    wait_healthy(&Http::new(&base, None), &mut first);
-    let http = Http::new(&base, Some(&read_token(&layout)));
-    let a = start(&http, "scripted", "write the report");
-    http.until_transcript(&a, "working on it.");
-    let pid = agent_pid(&http, &a);
-    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
+    let (http, a, _second) = killed_in_a_turn(&layout, port, "working on it.");
     until("the cut turn's prompt given to the fresh agent", || {
-        let page = http.get(&format!("/api/sessions/{a}/messages?limit=500"));
-        let t: Vec<&str> = page
-            .body
-            .as_array()?
-            .iter()
-            .filter_map(|m| m["content"].as_str())
-            .collect();
+        let t = contents(&http, &a, 500)?;
         let fresh = t
             .iter()
             .rposition(|c| c.contains("cannot resume, so it started a fresh session"))?;
@@ -883,24 +897,11 @@ fn an_intercom_session_gets_its_last_prompt_again_after_a_server_kill() {
         1,
     );
     std::fs::write(&layout.config, text).expect("config");
-    let base = format!("http://127.0.0.1:{port}");
-    let mut first = ServerProcess::spawn(&layout, "first");
-    wait_healthy(&Http::new(&base, None), &mut first);
-    let http = Http::new(&base, Some(&read_token(&layout)));
-    let a = start(&http, "scripted", "write the report");
-    http.until_transcript(&a, "at the end.");
-    let pid = agent_pid(&http, &a);
-    let _second = kill_and_start_again(&layout, &mut first, &http, pid);
+    let (http, a, _second) = killed_in_a_turn(&layout, port, "at the end.");
     // The whole transcript: the fresh agent's own 1,100 lines soon push the
     // notice out of the newest page.
     until("the last prompt given again", || {
-        let page = http.get(&format!("/api/sessions/{a}/messages?limit=5000"));
-        let t: Vec<&str> = page
-            .body
-            .as_array()?
-            .iter()
-            .filter_map(|m| m["content"].as_str())
-            .collect();
+        let t = contents(&http, &a, 5000)?;
         let at = t
             .iter()
             .rposition(|c| c.contains("is given its last prompt again"))?;

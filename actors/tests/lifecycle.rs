@@ -1200,13 +1200,9 @@ async fn a_revive_of_a_paused_session_says_it_lifted_the_pause() {
     assert!(!steer(&h, &rec.id, "after revive", false).await.paused);
 }
 
-/// A session that crashed in a turn comes back from a revive with that turn
-/// continued (a resumed agent) or its prompt given again (a fresh one). It
-/// sat idle with its task unfinished, and the "in a turn" kept in the store
-/// made a later server restart resume it unasked.
-#[tokio::test]
-async fn a_revive_continues_the_turn_the_crash_cut() {
-    let h = Harness::new(Knobs {
+/// A harness whose supervisor restarts nothing: a crash ends the session.
+async fn no_restarts() -> Harness {
+    Harness::new(Knobs {
         policy: SupervisionPolicy {
             max_restarts: 0,
             restart_window_secs: 600,
@@ -1215,7 +1211,16 @@ async fn a_revive_continues_the_turn_the_crash_cut() {
         },
         ..Knobs::default()
     })
-    .await;
+    .await
+}
+
+/// A session that crashed in a turn comes back from a revive with that turn
+/// continued (a resumed agent) or its prompt given again (a fresh one). It
+/// sat idle with its task unfinished, and the "in a turn" kept in the store
+/// made a later server restart resume it unasked.
+#[tokio::test]
+async fn a_revive_continues_the_turn_the_crash_cut() {
+    let h = no_restarts().await;
     for (load_session, expected) in [
         (true, "prompt: Continue working on the current task"),
         (false, "prompt: write the report"),
@@ -1246,16 +1251,7 @@ async fn a_revive_continues_the_turn_the_crash_cut() {
 
 #[tokio::test]
 async fn a_crashed_session_comes_back_once_its_agent_is_fixed() {
-    let h = Harness::new(Knobs {
-        policy: SupervisionPolicy {
-            max_restarts: 0,
-            restart_window_secs: 600,
-            backoff_initial_secs: 0,
-            backoff_max_secs: 0,
-        },
-        ..Knobs::default()
-    })
-    .await;
+    let h = no_restarts().await;
     let broken = json!({"turns": [[{"stderr": "fatal: bad flag"}, {"exit": 1}]]});
     let rec = h.start(broken, "go").await;
     let crashed = h
