@@ -71,6 +71,11 @@ SCENARIO = {
             {"chunk": " Fine."},
             {"stop_reason": "end_turn"},
         ],
+        # The rejection's reason, passed on as steering, starts this turn.
+        [
+            {"chunk": "Understood, no tests on CI."},
+            {"stop_reason": "end_turn"},
+        ],
     ]
 }
 
@@ -434,6 +439,11 @@ def walk(server, page):
         card.locator("button.reject-with-feedback").click()
         expect(card).to_have_count(0, timeout=WAIT_MS)
         expect(page.locator(".transcript")).to_contain_text("selected reject-once", timeout=WAIT_MS)
+        # The agent hears the reason (its answer carries only the option).
+        expect(page.locator(".transcript")).to_contain_text(
+            "The operator rejected your request", timeout=WAIT_MS)
+        expect(page.locator(".transcript")).to_contain_text(
+            "Understood, no tests on CI.", timeout=WAIT_MS)
         decided = [a for a in server.api("GET", "/api/approvals?status=decided")
                    if a["session_id"] == state["id"] and "Run cargo test" in a["title"]]
         assert decided, "the rejected request is recorded"
