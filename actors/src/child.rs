@@ -59,6 +59,9 @@ pub struct ChildSpec {
     pub framing: Framing,
     /// Largest accepted frame.
     pub max_frame: usize,
+    /// Most bytes waiting to be written to its stdin
+    /// ([`stdin_backlog_for`]).
+    pub max_backlog: usize,
 }
 
 /// Frames read from the agent but not yet handled by the session. When the
@@ -67,11 +70,26 @@ pub struct ChildSpec {
 /// bounded (at most this many frames of `max_line_bytes` each).
 pub const INBOUND_FRAMES_IN_FLIGHT: usize = 64;
 
-/// Most bytes queued for an agent's stdin and not yet written. An agent
-/// that stops reading while it keeps asking (a probe's 400 file reads a
-/// second) had every answer queued: the server grew by 40 MB a second.
-/// Past this, a send is refused with [`SendRefused::NotReading`].
-pub const STDIN_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
+/// Most bytes queued for an agent's stdin and not yet written, each
+/// message counted with [`QUEUED_MESSAGE_COST`]. An agent that stops
+/// reading while it keeps asking (a probe's 400 file reads a second) had
+/// every answer queued: the server grew by 40 MB a second. Past this, a
+/// send is refused with [`SendRefused::NotReading`]. An agent that reads
+/// has at most 8 file reads of `limits.max_read_bytes` in flight; 16 MiB
+/// waiting is one that does not.
+pub const STDIN_BACKLOG_BYTES: usize = 16 * 1024 * 1024;
+
+/// The stdin backlog for an agent whose file reads answer up to
+/// `max_read_bytes` each: [`STDIN_BACKLOG_BYTES`], or twice its eight reads
+/// in flight when the operator allows bigger reads.
+pub fn stdin_backlog_for(max_read_bytes: usize) -> usize {
+    STDIN_BACKLOG_BYTES.max(max_read_bytes.saturating_mul(16))
+}
+
+/// What one queued message costs besides its bytes (its queue node, its
+/// buffer's header): a probe's 356,000 small refusals held 130 MB while
+/// their payloads counted 61 MiB.
+pub const QUEUED_MESSAGE_COST: usize = 128;
 
 /// Why a message could not be queued for the agent's stdin.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -215,6 +233,8 @@ pub struct AgentChild {
     writer: mpsc::UnboundedSender<WriterCmd>,
     /// Bytes queued for the writer and not yet written.
     backlog: Arc<AtomicUsize>,
+    /// Past this, sends are refused ([`ChildSpec::max_backlog`]).
+    max_backlog: usize,
     /// Its stderr tail.
     pub stderr: StderrTail,
 }
@@ -302,7 +322,7 @@ async fn write_frames(
     while let Some(cmd) = rx.recv().await {
         match cmd {
             WriterCmd::Send(bytes, token) => {
-                backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
+                backlog.fetch_sub(bytes.len() + QUEUED_MESSAGE_COST, Ordering::Relaxed);
                 let mut out = BytesMut::new();
                 let written = match codec.encode(bytes, &mut out) {
                     Ok(()) => async {
@@ -415,6 +435,7 @@ impl AgentChild {
             started,
             writer: tx,
             backlog,
+            max_backlog: spec.max_backlog,
             stderr: tail,
         })
     }
@@ -425,7 +446,7 @@ impl AgentChild {
     }
 
     /// Queues one message for stdin. Fails when the writer has stopped, or
-    /// when [`STDIN_BACKLOG_BYTES`] already wait (the agent is not reading).
+    /// when its backlog is full (the agent is not reading).
     pub fn send(&self, bytes: Bytes) -> Result<(), SendRefused> {
         self.send_message(bytes, None)
     }
@@ -438,9 +459,9 @@ impl AgentChild {
     }
 
     fn send_message(&self, bytes: Bytes, token: Option<u64>) -> Result<(), SendRefused> {
-        let len = bytes.len();
+        let len = bytes.len() + QUEUED_MESSAGE_COST;
         let queued = self.backlog.fetch_add(len, Ordering::Relaxed);
-        if queued > 0 && queued + len > STDIN_BACKLOG_BYTES {
+        if queued > 0 && queued + len > self.max_backlog {
             self.backlog.fetch_sub(len, Ordering::Relaxed);
             return Err(SendRefused::NotReading { queued });
         }
@@ -602,6 +623,7 @@ mod tests {
             env_passthrough: vec![],
             framing: Framing::Ndjson,
             max_frame: 1024,
+            max_backlog: STDIN_BACKLOG_BYTES,
         }
     }
 
@@ -646,8 +668,21 @@ mod tests {
             refused.to_string().contains("not reading its input"),
             "{refused}"
         );
-        // A small message is refused too while the backlog is full.
-        assert!(child.send(Bytes::from_static(b"{}")).is_err());
+    }
+
+    /// Small messages count what they hold besides their bytes: 356,000
+    /// small refusals held 130 MB while their payloads counted 61 MiB.
+    #[tokio::test]
+    async fn small_messages_count_their_overhead() {
+        let child = AgentChild::spawn(&spec("sleep", &["30"]), |_| {}).expect("spawn");
+        let small = Bytes::from_static(b"{\"id\":1,\"error\":{}}");
+        let mut sent = 0usize;
+        while child.send(small.clone()).is_ok() {
+            sent += 1;
+            assert!(sent <= STDIN_BACKLOG_BYTES / 64, "never refused");
+        }
+        let per = small.len() + QUEUED_MESSAGE_COST;
+        assert!(sent <= STDIN_BACKLOG_BYTES / per + 2, "{sent}");
     }
 
     #[tokio::test]

@@ -650,6 +650,7 @@ impl Actor for SessionActor {
             env_passthrough: state.profile.env.clone(),
             framing: state.profile.framing,
             max_frame: state.settings.limits.max_line_bytes,
+            max_backlog: crate::child::stdin_backlog_for(state.settings.limits.max_read_bytes),
         };
         let me = myself.clone();
         match AgentChild::spawn(&spec, move |ev| {
