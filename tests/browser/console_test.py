@@ -586,6 +586,14 @@ def walk(server, page):
         expect(page.locator(".session-head")).to_contain_text("active", timeout=WAIT_MS)
         expect(page.locator('button[data-control="revive"]')).to_be_hidden(timeout=WAIT_MS)
         expect(page.locator('button[data-control="cancel"]')).to_be_visible()
+        expect(page.locator(".steer-box")).to_be_visible()
+        # Stopped by the operator: it ended for good, so no mode and no
+        # steering are offered (both were, and answered "start a new one").
+        page.locator('button[data-control="cancel"]').click()
+        expect(page.locator(".session-head")).to_contain_text("cancelled", timeout=WAIT_MS)
+        expect(page.locator(".steer-box")).to_be_hidden(timeout=WAIT_MS)
+        expect(page.locator(".mode-control")).to_be_hidden()
+        expect(page.locator('button[data-control="revive"]')).to_be_hidden()
 
     for name, fn in [
         ("log in with the printed one-time link", login),

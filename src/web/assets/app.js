@@ -549,17 +549,19 @@
       h('div', { class: 'controls' },
         control('Stop', 'cancel'), control('Pause', 'pause'), control('Resume', 'resume'), control('Nudge', 'nudge'),
         control('Restart', 'restart'), control('Revive', 'revive'),
-        h('label', {}, ' approval mode ', mode),
-        h('button', { type: 'button', id: 'mode-set', onclick: act('Mode', 'POST', '/api/sessions/' + enc + '/mode', () => ({ mode: mode.value })) }, 'Set')),
+        h('span', { class: 'mode-control' },
+          h('label', {}, ' approval mode ', mode),
+          h('button', { type: 'button', id: 'mode-set', onclick: act('Mode', 'POST', '/api/sessions/' + enc + '/mode', () => ({ mode: mode.value })) }, 'Set'))),
       rememberBox,
       h('h3', {}, 'Waiting for you'), pendingBox,
       h('h3', {}, 'Plan'), planBox,
       h('h3', {}, 'Transcript'), transcript,
-      h('h3', {}, 'Steer'),
-      h('div', { class: 'steer' }, steerText,
-        h('div', {}, h('label', {}, interrupt, ' interrupt the running turn'), ' ',
-          h('button', { type: 'button', id: 'steer-send', onclick: steer }, 'Send'), ' ', steerResult),
-        steerList));
+      h('div', { class: 'steer-box' },
+        h('h3', {}, 'Steer'),
+        h('div', { class: 'steer' }, steerText,
+          h('div', {}, h('label', {}, interrupt, ' interrupt the running turn'), ' ',
+            h('button', { type: 'button', id: 'steer-send', onclick: steer }, 'Send'), ' ', steerResult),
+          steerList)));
     const cards = new Map();
 
     // After an "always" decision: keep it as a rule, as Slack offers.
@@ -624,6 +626,11 @@
         const c = b.dataset.control;
         b.hidden = !(c in shown ? shown[c] : live);
       }
+      // A session that ended for good takes no mode and no steering (both
+      // were offered, and answered "start a new one").
+      const over = !live && !revivable;
+      root.querySelector('.mode-control').hidden = over;
+      root.querySelector('.steer-box').hidden = over;
     }
 
     function drawPending(pending) {
