@@ -164,7 +164,7 @@ fn a_session_with_a_permission_round_trip() {
     // which starts the agent's next turn (here, asking once more).
     http.until_transcript(
         &id,
-        "prompt: The operator rejected your request \"Write notes.txt\": not now",
+        "prompt: The operator rejected your permission request (req-2) and says: not now",
     );
     http.until_pending(&id, "req-3");
 

@@ -62,7 +62,7 @@ async fn a_rejections_reason_reaches_an_acp_agent() {
     );
     assert!(
         text.contains(
-            "prompt: The operator rejected your request \"Write big.bin\": use a smaller file"
+            "prompt: The operator rejected your permission request (req-1) and says: use a smaller file"
         ),
         "{text}"
     );

@@ -441,7 +441,7 @@ def walk(server, page):
         expect(page.locator(".transcript")).to_contain_text("selected reject-once", timeout=WAIT_MS)
         # The agent hears the reason (its answer carries only the option).
         expect(page.locator(".transcript")).to_contain_text(
-            "The operator rejected your request", timeout=WAIT_MS)
+            "The operator rejected your permission request", timeout=WAIT_MS)
         expect(page.locator(".transcript")).to_contain_text(
             "Understood, no tests on CI.", timeout=WAIT_MS)
         decided = [a for a in server.api("GET", "/api/approvals?status=decided")

@@ -90,7 +90,12 @@ impl SessionState {
         if owed.is_none() {
             return;
         }
-        let text = format!("The operator rejected your request \"{title}\": {reason}");
+        // Not the agent's own title: text injected into it would come back
+        // to the model in the operator's words.
+        let text = format!(
+            "The operator rejected your permission request ({}) and says: {reason}",
+            d.request.request_id
+        );
         if let Err(e) = self.steer(text, false, caller).await {
             tracing::warn!(session = %self.id(), "the rejection's reason was not queued for the agent: {e}");
         }
