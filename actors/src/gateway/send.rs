@@ -370,18 +370,7 @@ impl GatewayState {
             snippet,
         } = &op
         {
-            let text = format!(
-                ":warning: Slack refused the snippet `{}` (the diff of the request below, {} lines): {}. The whole diff is in the web console and at `GET /api/approvals/<request id>`.",
-                escape_mrkdwn(&snippet.filename),
-                snippet.content.lines().count(),
-                escape_mrkdwn(error)
-            );
-            let op = OutboundOp::Post {
-                channel: channel.clone(),
-                in_thread: *in_thread,
-                key: None,
-                body: MessageBody::text(text),
-            };
+            let op = snippet_refused(channel, *in_thread, snippet, error);
             self.enqueue(lane, op).await;
             return;
         }
@@ -462,6 +451,22 @@ impl GatewayState {
 }
 /// Whether Slack's (or the renderer's) refusal is of a message's
 /// formatting, which the same text without blocks may pass.
+/// What the thread is told when Slack refused a request's snippet for good.
+fn snippet_refused(channel: &str, in_thread: bool, snippet: &Snippet, error: &str) -> OutboundOp {
+    let text = format!(
+        ":warning: Slack refused the snippet `{}` (the diff of the request below, {} lines): {}. The whole diff is in the web console and at `GET /api/approvals/<request id>`.",
+        escape_mrkdwn(&snippet.filename),
+        snippet.content.lines().count(),
+        escape_mrkdwn(error)
+    );
+    OutboundOp::Post {
+        channel: channel.to_owned(),
+        in_thread,
+        key: None,
+        body: MessageBody::text(text),
+    }
+}
+
 /// Text the gateway writes itself (Slack's errors, a file name) escaped
 /// for mrkdwn, as the renderer escapes everything else.
 fn escape_mrkdwn(text: &str) -> String {

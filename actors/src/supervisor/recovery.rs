@@ -141,13 +141,7 @@ impl SupervisorState {
         // An agent that was in a turn (waiting on a request, or working
         // after one was answered) was cut: once resumed it is asked to
         // continue (as after a crash), not left idle.
-        let turn_cut = match self.args.store.turn_was_running(id).await {
-            Ok(running) => running,
-            Err(e) => {
-                tracing::warn!(session = %id, "cannot tell whether a turn was running: {e}");
-                false
-            }
-        };
+        let turn_cut = self.turn_was_cut(id).await;
         // The intercom dialect has no turns and no session to load: its
         // agent works on its last prompt until stopped, so the fresh agent
         // is given that prompt again, as after a crash. It was given
@@ -309,24 +303,12 @@ impl SupervisorState {
         let _ = store
             .set_status(&id, SessionStatus::Starting, Some("revived"))
             .await;
-        // Brought back on purpose: it comes back working, not paused, and
-        // whoever paused it reads that the pause was lifted.
-        if store.is_paused(&id).await.unwrap_or(false) {
-            match store.set_paused(&id, false).await {
-                Ok(()) => {
-                    let text = format!("{REVIVE_LIFTS_PAUSE} (by {}).", caller.id);
-                    self.notice_kept(&id, NoticeLevel::Info, text).await;
-                }
-                Err(e) => {
-                    tracing::warn!(session = %id, "clearing the pause of a revived session: {e}");
-                }
-            }
-        }
+        self.lift_pause(&id, &caller).await;
         // A turn the end cut short (a crash, a shutdown) is continued, or its
         // prompt given again to a fresh agent: it was neither, and the stored
         // "in a turn" made a later recovery resume work nobody had asked for
         // any more.
-        let turn_cut = store.turn_was_running(&id).await.unwrap_or(false);
+        let turn_cut = self.turn_was_cut(&id).await;
         let reprompt = if turn_cut {
             self.last_prompt(&id).await
         } else {
@@ -364,6 +346,36 @@ impl SupervisorState {
                     .await;
                 revive_audit(&*store, &id, &caller.id, Some(&err.to_string())).await;
                 let _ = reply.send(Err(SupervisorError::StartFailed(err)));
+            }
+        }
+    }
+
+    /// A session brought back on purpose comes back working, not paused,
+    /// and whoever paused it reads that the pause was lifted.
+    async fn lift_pause(&self, id: &SessionId, caller: &Caller) {
+        let store = &self.args.store;
+        if !store.is_paused(id).await.unwrap_or(false) {
+            return;
+        }
+        match store.set_paused(id, false).await {
+            Ok(()) => {
+                let text = format!("{REVIVE_LIFTS_PAUSE} (by {}).", caller.id);
+                self.notice_kept(id, NoticeLevel::Info, text).await;
+            }
+            Err(e) => {
+                tracing::warn!(session = %id, "clearing the pause of a revived session: {e}");
+            }
+        }
+    }
+
+    /// Whether the session's agent was in a turn when it went (stored as
+    /// each turn starts and ends); false when the store cannot say.
+    async fn turn_was_cut(&self, id: &SessionId) -> bool {
+        match self.args.store.turn_was_running(id).await {
+            Ok(running) => running,
+            Err(e) => {
+                tracing::warn!(session = %id, "cannot tell whether a turn was running: {e}");
+                false
             }
         }
     }
