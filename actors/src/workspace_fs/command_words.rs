@@ -16,6 +16,13 @@ use crate::fsjail::normalize;
 
 /// Most words of a command looked at.
 const MOST_WORDS: usize = 4096;
+/// Most directories a command's words are read from (where it runs and
+/// where it `cd`s to). Each `cd` adds one per directory already known, so
+/// unbounded, `cd a && cd b && …` doubled them with every `cd`.
+const MOST_BASES: usize = 8;
+/// Most paths one command is taken to name, all words and directories
+/// together (each one is resolved on the filesystem).
+const MOST_NAMED: usize = 8192;
 
 /// A path a command names, or a glob that may match several.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +47,11 @@ pub(super) fn named_paths(command: &str, cwd: &Path, home: Option<&Path>) -> Vec
         for part in path_parts(word) {
             let part = expand(part, cwd, home);
             for base in bases.clone() {
+                if out.len() == MOST_NAMED {
+                    return out;
+                }
                 let path = normalize(&base.join(&part));
-                if after_cd && !bases.contains(&path) {
+                if after_cd && bases.len() < MOST_BASES && !bases.contains(&path) {
                     bases.push(path.clone());
                 }
                 out.push(if is_glob(&part) {
@@ -131,6 +141,18 @@ mod tests {
         assert!(paths("cd .. && cat data/t").contains(&path("/w/data/t")));
         assert!(paths("cd /srv; cat data/t").contains(&path("/srv/data/t")));
         assert!(paths("cat data/t").contains(&path("/w/ws/data/t")));
+    }
+
+    /// Each `cd` adds a directory per directory known: a chain of them
+    /// doubled the work per word, so they are bounded.
+    #[test]
+    fn a_chain_of_cds_stays_bounded() {
+        let command = format!("{}cat data/t", "cd x && ".repeat(64));
+        let named = paths(&command);
+        assert!(named.len() <= MOST_NAMED, "{}", named.len());
+        assert!(named.contains(&path("/w/ws/x/data/t")));
+        let words = "cat a ".repeat(MOST_WORDS);
+        assert!(paths(&format!("cd .. && cd /srv && {words}")).len() <= MOST_NAMED);
     }
 
     #[test]
