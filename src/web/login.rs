@@ -123,11 +123,6 @@ pub fn cookie_name(headers: &HeaderMap) -> String {
     }
 }
 
-/// The session cookie's value, when the request has one.
-pub fn cookie_value(headers: &HeaderMap) -> Option<&str> {
-    cookie_values(headers).next()
-}
-
 /// Every value sent under the console's cookie name, in the order the
 /// browser sent them.
 fn cookie_values(headers: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -412,8 +407,8 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("a=1; intercom_console_3000=abc ; b=2"),
         );
-        assert_eq!(cookie_value(&h), Some("abc"));
-        assert_eq!(cookie_value(&HeaderMap::new()), None);
+        assert_eq!(cookie_values(&h).next(), Some("abc"));
+        assert_eq!(cookie_values(&HeaderMap::new()).next(), None);
     }
 
     #[test]
@@ -425,12 +420,12 @@ mod tests {
             HeaderValue::from_static("intercom_console_3000=other; intercom_console_3001=mine"),
         );
         assert_eq!(cookie_name(&h), "intercom_console_3001");
-        assert_eq!(cookie_value(&h), Some("mine"));
+        assert_eq!(cookie_values(&h).next(), Some("mine"));
         h.insert(header::HOST, HeaderValue::from_static("[::1]:3000"));
-        assert_eq!(cookie_value(&h), Some("other"));
+        assert_eq!(cookie_values(&h).next(), Some("other"));
         h.insert(header::HOST, HeaderValue::from_static("localhost:3002"));
         assert_eq!(
-            cookie_value(&h),
+            cookie_values(&h).next(),
             None,
             "another server's cookie is not ours"
         );

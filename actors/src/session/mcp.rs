@@ -310,10 +310,7 @@ impl SessionState {
 
     /// Marks steering delivered to an MCP client (standby / ping).
     async fn hand_over(&mut self, steering: &Steering) {
-        if let Err(e) = self.store.mark_steering_delivered(steering.id).await {
-            tracing::warn!(session = %self.record.id, "marking steering delivered: {e}; kept for a retry");
-            self.unmarked.push(steering.id);
-        }
+        self.mark_delivered(steering.id).await;
         self.note(Role::User, MessageKind::Text, &steering.text);
         self.audit(
             "system",

@@ -549,9 +549,6 @@ pub struct SessionState {
     /// Who asked for the restart the agent is being killed for.
     restart_by: Option<String>,
     mcp_waiters: HashMap<u64, oneshot::Sender<McpAnswer>>,
-    /// The reason of a rejection just answered whose answer could not
-    /// carry it (ACP permissions): `decide` queues it for the agent.
-    reason_owed: Option<String>,
     standby: Option<oneshot::Sender<Option<String>>>,
     text: TextBuffer,
     /// The agent's reasoning since its last text, stored and shown whole

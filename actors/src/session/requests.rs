@@ -19,6 +19,13 @@ use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::protocol::acp;
 use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
 
+/// A decision recorded and answered, and whether the answer itself told
+/// the agent the decision's reason (an ACP permission answer does not).
+pub(super) struct Resolved {
+    pub(super) decided: Decided,
+    pub(super) reason_told: bool,
+}
+
 impl SessionState {
     pub(super) fn find_pending(&self, request_id: &str) -> Option<u64> {
         self.pending
@@ -50,14 +57,15 @@ impl SessionState {
                 _ => Err(SessionError::NotFound(request_id.to_owned())),
             };
         };
-        let decided = self.resolve(n, &choice, reason, &caller.id).await;
-        if let Ok(d) = &decided {
-            // A person acted: the agent is being watched, so what it may
-            // write starts again (an IDE agent's turns are its requests).
-            self.budget.renew();
-            self.pass_on_reason(d, caller).await;
-        }
-        decided
+        let Resolved {
+            decided,
+            reason_told,
+        } = self.resolve(n, &choice, reason, &caller.id).await?;
+        // A person acted: the agent is being watched, so what it may write
+        // starts again (an IDE agent's turns are its requests).
+        self.budget.renew();
+        self.pass_on_reason(&decided, reason_told, caller).await;
+        Ok(decided)
     }
 
     /// A person's reason for a rejection reaches the agent and the
@@ -66,8 +74,7 @@ impl SessionState {
     /// once when idle); the dialect and a refused write carry it in the
     /// answer itself. It was kept in the approval record alone: "Reject with
     /// feedback" asked for words the agent never heard.
-    async fn pass_on_reason(&mut self, d: &Decided, caller: &Caller) {
-        let owed = self.reason_owed.take();
+    async fn pass_on_reason(&mut self, d: &Decided, reason_told: bool, caller: &Caller) {
         let Some(reason) = d
             .decision
             .reason
@@ -87,7 +94,7 @@ impl SessionState {
             &format!("{verdict} by {}: {title} — {reason}", d.decision.decided_by),
         )
         .await;
-        if owed.is_none() {
+        if reason_told || d.decision.approved {
             return;
         }
         // Not the agent's own title: text injected into it would come back
@@ -108,7 +115,7 @@ impl SessionState {
         choice: &Choice,
         reason: Option<String>,
         decided_by: &str,
-    ) -> Result<Decided, SessionError> {
+    ) -> Result<Resolved, SessionError> {
         // Looked at in place: a request can carry a whole file's content,
         // and it stays in `pending` until its decision is committed.
         let Some(pending) = self.pending.get(&n) else {
@@ -149,11 +156,7 @@ impl SessionState {
         {
             self.toolcalls.grant(&pending.record.id, announced);
         }
-        let carried = self.answer(&pending, &decision).await;
-        self.reason_owed = decision
-            .reason
-            .clone()
-            .filter(|_| !carried && !decision.approved);
+        let reason_told = self.answer(&pending, &decision).await;
         self.emit(OperatorEvent::RequestClosed {
             session_id: self.id().clone(),
             id: pending.record.id.clone(),
@@ -168,7 +171,10 @@ impl SessionState {
             status: RequestStatus::Decided,
             ..pending.record
         };
-        Ok(Decided { request, decision })
+        Ok(Resolved {
+            decided: Decided { request, decision },
+            reason_told,
+        })
     }
 
     /// Writes the decision to the agent in its protocol. False when the

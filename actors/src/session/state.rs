@@ -63,7 +63,6 @@ impl SessionState {
             kill_reason: None,
             restart_by: None,
             mcp_waiters: HashMap::new(),
-            reason_owed: None,
             standby: None,
             text: TextBuffer::default(),
             thought: String::new(),

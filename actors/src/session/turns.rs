@@ -246,16 +246,22 @@ impl SessionState {
         }
     }
 
+    /// Marks steering delivered; a mark the store refuses (a full disk) is
+    /// kept and retried every tick ([`Self::retry_delivery_marks`]).
+    pub(super) async fn mark_delivered(&mut self, steering_id: i64) {
+        if let Err(e) = self.store.mark_steering_delivered(steering_id).await {
+            tracing::warn!(session = %self.record.id, "marking steering delivered: {e}; kept for a retry");
+            self.unmarked.push(steering_id);
+        }
+    }
+
     /// The agent's stdin took a steering message: now it is delivered.
     pub(super) async fn on_written(&mut self, token: u64) {
         let Some(steering) = self.in_flight.remove(&token) else {
             return;
         };
         self.note(Role::User, MessageKind::Text, &steering.text);
-        if let Err(e) = self.store.mark_steering_delivered(steering.id).await {
-            tracing::warn!(session = %self.record.id, "marking steering delivered: {e}; kept for a retry");
-            self.unmarked.push(steering.id);
-        }
+        self.mark_delivered(steering.id).await;
         self.emit(OperatorEvent::SteeringDelivered {
             session_id: self.id().clone(),
             steering_id: steering.id,

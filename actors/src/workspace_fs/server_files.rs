@@ -122,9 +122,7 @@ impl Checker<'_> {
                     .contains(&(m.dev(), m.ino()))
         })
     }
-}
 
-impl Checker<'_> {
     /// True when `command` names a server file: its text holds one of their
     /// paths (as a whole name), or a path it names ([`command_words`]: from
     /// `cwd` and every directory it `cd`s to, `~`/`$HOME`/`$PWD` expanded,
