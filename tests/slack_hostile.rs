@@ -227,6 +227,17 @@ fn a_long_plan_says_what_it_does_not_show() {
 
 // ------------------------------------------------------ end-to-end probes
 
+/// A rig running `scenario` as agent `perm`, and the permission request
+/// message it posts (the one with buttons).
+async fn permission_message(scenario: Value) -> (Rig, emulator::Msg) {
+    let rig = Rig::start(&[("perm", scenario)]).await;
+    let (_id, root) = rig.start_session("perm", "go").await;
+    let ask = rig
+        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
+        .await;
+    (rig, ask)
+}
+
 /// A permission whose title carries a line break and mrkdwn: the request
 /// message must not show, on a line of its own, what reads like the
 /// server's outcome line ("✅ *Allow once* by …") while the buttons wait.
@@ -239,11 +250,7 @@ async fn a_request_title_cannot_forge_an_outcome_line() {
         {"permission": {"tool_call_id": "t1", "title": forged, "kind": "edit", "locations": ["notes.txt"]}},
         {"chunk": " Done."}
     ], []]});
-    let rig = Rig::start(&[("perm", scenario)]).await;
-    let (_id, root) = rig.start_session("perm", "go").await;
-    let ask = rig
-        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
-        .await;
+    let (_rig, ask) = permission_message(scenario).await;
     let head = ask.blocks[0]["text"]["text"]
         .as_str()
         .unwrap_or("")
@@ -311,11 +318,7 @@ async fn a_long_location_still_shows_its_file_name_end_to_end() {
         {"permission": {"tool_call_id": "t1", "title": "Edit a file", "kind": "edit", "locations": [deep]}},
         {"chunk": " Done."}
     ], []]});
-    let rig = Rig::start(&[("perm", scenario)]).await;
-    let (_id, root) = rig.start_session("perm", "go").await;
-    let ask = rig
-        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
-        .await;
+    let (_rig, ask) = permission_message(scenario).await;
     assert!(
         ask.all_text().contains("deploy-prod.sh"),
         "the request never names the file it is about:\n{}",
@@ -336,11 +339,7 @@ async fn an_inline_diff_cannot_break_out_of_its_code_block() {
         {"permission": {"tool_call_id": "t1", "title": "Edit notes.txt", "kind": "edit", "locations": ["notes.txt"]}},
         {"chunk": " Done."}
     ], []]});
-    let rig = Rig::start(&[("perm", scenario)]).await;
-    let (_id, root) = rig.start_session("perm", "go").await;
-    let ask = rig
-        .until_in_thread(&root, "the permission request", |m| !m.buttons().is_empty())
-        .await;
+    let (_rig, ask) = permission_message(scenario).await;
     let diff_block = ask
         .blocks
         .iter()
