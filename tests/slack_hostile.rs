@@ -308,6 +308,56 @@ async fn a_strangers_reject_reply_changes_nothing() {
     assert_eq!(snap.pending.len(), 1, "the request must still wait");
 }
 
+/// `reject:` decides only when one request waits: with two, the oldest
+/// may not be the one the operator was reading, so nothing is decided and
+/// the reply says so; once one is left, `reject:` rejects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_reply_with_two_requests_waiting_decides_nothing() {
+    use intercom_actors::ports::SessionStore;
+    let ask = |id: u32, title: &str| {
+        json!({"raw": json!({"jsonrpc": "2.0", "id": id, "method": "session/request_permission",
+            "params": {"sessionId": "$SESSION_ID", "toolCall": {"toolCallId": format!("c{id}"), "title": title},
+                "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                            {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}}).to_string()})
+    };
+    let scenario =
+        json!({"turns": [[ask(901, "First"), ask(902, "Second"), {"sleep_ms": 60_000}]]});
+    let rig = Rig::start(&[("two", scenario)]).await;
+    let (id, root) = rig.start_session("two", "go").await;
+    let second = rig
+        .until_in_thread(&root, "the second request", |m| {
+            !m.buttons().is_empty() && m.all_text().contains("Second")
+        })
+        .await;
+    rig.until_in_thread(&root, "the first request", |m| {
+        !m.buttons().is_empty() && m.all_text().contains("First")
+    })
+    .await;
+    rig.emu.reply(OWNER, CHANNEL, &root, "reject: not that one");
+    rig.until_ephemeral(OWNER, "2 requests are waiting").await;
+    let snap = rig.snapshot(&id).await.expect("live");
+    assert_eq!(snap.pending.len(), 2, "nothing may be decided");
+
+    rig.emu
+        .click(OWNER, &second, &second.button("reject").expect("reject"));
+    rig.until_message(&second.ts, "the second's outcome", |m| {
+        m.buttons().is_empty()
+    })
+    .await;
+    rig.emu.reply(OWNER, CHANNEL, &root, "reject: now this one");
+    rig.until_transcript(&id, "now this one").await;
+    let (_, decision) = rig
+        .store
+        .get_request(&format!("{}:req-1", id.0))
+        .await
+        .expect("get")
+        .expect("the first request");
+    assert_eq!(
+        decision.expect("decision").reason.as_deref(),
+        Some("now this one")
+    );
+}
+
 /// The same as `a_long_path_still_shows_its_file_name`, end to end: the
 /// agent names the file in its permission's locations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -192,7 +192,7 @@ async fn contract_02_batched_messages_are_separate_events() {
     assert_eq!(next(&mut frames).await, status("one"));
     assert!(matches!(
         next(&mut frames).await,
-        Event::In(DialectIn::Clearance { ref id, .. }) if id == "req-001"
+        Event::In(DialectIn::Clearance { ref id, .. }) if *id == "req-001"
     ));
     assert_nothing_yet(&mut frames);
 
@@ -234,7 +234,7 @@ async fn contract_03_partial_delivery_is_reassembled() {
     tx.write_all(b).await.expect("second half");
     assert!(matches!(
         next(&mut frames).await,
-        Event::In(DialectIn::Clearance { ref id, .. }) if id == "req-001"
+        Event::In(DialectIn::Clearance { ref id, .. }) if *id == "req-001"
     ));
     assert_nothing_yet(&mut frames);
 
@@ -637,7 +637,10 @@ fn contract_07_clearance_response_is_one_ndjson_line() {
     let mut w = DialectWriter::default();
     let mut codec = NdjsonCodec::new(MAX);
 
-    let dst = encode(&mut codec, w.clearance_response("req-001", true, None));
+    let dst = encode(
+        &mut codec,
+        w.clearance_response(&"req-001".into(), true, None),
+    );
     let v = one_line(&dst);
     assert_eq!(v["method"], "clearance/response");
     assert_eq!(v["id"], "req-001");
@@ -652,7 +655,7 @@ fn contract_07_clearance_response_is_one_ndjson_line() {
     // A reason with a newline and quotes stays on one line.
     let dst = encode(
         &mut codec,
-        w.clearance_response("req-002", false, Some("no:\n\"not now\"")),
+        w.clearance_response(&"req-002".into(), false, Some("no:\n\"not now\"")),
     );
     let v = one_line(&dst);
     assert_eq!(v["id"], "req-002");
@@ -661,7 +664,7 @@ fn contract_07_clearance_response_is_one_ndjson_line() {
     assert_eq!(v["seq"], 2);
 
     // What we write is what an NDJSON reader reads back.
-    let body = w.clearance_response("req-003", true, None);
+    let body = w.clearance_response(&"req-003".into(), true, None);
     let mut wire = encode(&mut FrameCodec::new(Framing::Ndjson, MAX), body.clone());
     let frame = NdjsonCodec::new(MAX)
         .decode(&mut wire)
@@ -676,9 +679,9 @@ fn contract_07_every_outbound_message_is_one_line_with_increasing_seq() {
     let mut w = DialectWriter::default();
     let mut codec = NdjsonCodec::new(MAX);
     let bodies = [
-        w.clearance_response("req-001", true, None),
+        w.clearance_response(&"req-001".into(), true, None),
         w.prompt_send("Focus on the error handling module next."),
-        w.prompt_response("prompt-001", "refine", Some("only the parser")),
+        w.prompt_response(&"prompt-001".into(), "refine", Some("only the parser")),
         w.interrupt("Operator requested termination"),
         w.nudge("Continue working on the current task."),
     ];
@@ -826,29 +829,32 @@ for line in sys.stdin:
     if m.get("method") == "prompt/send":
         send({"method": "clearance/request", "id": "bf1", "params": {"title": "no path"}})
         send({"method": "prompt/forward", "id": "pf1", "params": {"type": "continuation"}})
+        send({"method": "clearance/request", "id": 42, "params": {"title": "numbered"}})
     elif m.get("method", "").endswith("/response"):
         p = m.get("params", {})
         said = p.get("status") or p.get("decision")
         why = p.get("reason") or p.get("instruction") or ""
-        send({"method": "status/update", "params": {"message": "got %s: %s (%s)" % (m["id"], said, why)}})
+        send({"method": "status/update", "params": {"message": "got %r: %s (%s)" % (m["id"], said, why)}})
 "#;
     let h = Harness::new(Knobs::default()).await;
     let mut profile = h.profile(json!({"protocol": "intercom"}));
     profile.command = "python3".into();
     profile.args = vec!["-c".into(), AGENT.into()];
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
-    let text = h.until_transcript(&rec.id, "got pf1").await;
-    let text = if text.contains("got bf1") {
-        text
-    } else {
-        h.until_transcript(&rec.id, "got bf1").await
-    };
-    assert!(text.contains("got bf1: rejected ("), "{text}");
+    let mut text = String::new();
+    for answer in ["got 'pf1'", "got 'bf1'", "got 42:"] {
+        if !text.contains(answer) {
+            text = h.until_transcript(&rec.id, answer).await;
+        }
+    }
+    assert!(text.contains("got 'bf1': rejected ("), "{text}");
     assert!(
         text.contains("file_path"),
         "the reason names the field: {text}"
     );
-    assert!(text.contains("got pf1: stop ("), "{text}");
+    assert!(text.contains("got 'pf1': stop ("), "{text}");
+    // A numeric id comes back a number (Python shows a string quoted).
+    assert!(text.contains("got 42: rejected ("), "{text}");
     h.until("a notice for the operator", |e| {
         matches!(e, OperatorEvent::Notice { level: NoticeLevel::Warning, text, .. } if text.contains("could not read"))
     })

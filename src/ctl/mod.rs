@@ -105,7 +105,7 @@ pub enum CtlCommand {
         interrupt: bool,
     },
     /// Stop a session
-    #[command(alias = "stop")]
+    #[command(visible_alias = "stop")]
     Cancel {
         /// Session id
         id: String,

@@ -310,7 +310,10 @@ impl Ctx {
         user: &str,
     ) -> Result<(), String> {
         let Some((session, request_id)) = render::split_global(global) else {
-            return Err(format!("`{global}` is not a request id."));
+            return Err(format!(
+                "{} is not a request id.",
+                render::code_span(global, 80)
+            ));
         };
         let Some(actor) = self.actor(&session).await else {
             return Err(format!(
@@ -343,8 +346,18 @@ impl Ctx {
         }
         let owner = match self.store.get_session(session).await {
             Ok(Some(rec)) => rec.owner,
-            Ok(None) => return Err(format!("Session `{session}` does not exist.")),
-            Err(e) => return Err(format!("Cannot read session `{session}`: {e}")),
+            Ok(None) => {
+                return Err(format!(
+                    "Session {} does not exist.",
+                    render::code_span(&session.0, 80)
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "Cannot read session {}: {e}",
+                    render::code_span(&session.0, 80)
+                ));
+            }
         };
         if owner == user {
             return Ok(());
@@ -500,8 +513,13 @@ async fn open_feedback(
                 r.status.as_str()
             ));
         }
-        Ok(None) => return Err(format!("No request `{global}`.")),
-        Err(e) => return Err(format!("Cannot read request `{global}`: {e}")),
+        Ok(None) => return Err(format!("No request {}.", render::code_span(&global, 80))),
+        Err(e) => {
+            return Err(format!(
+                "Cannot read request {}: {e}",
+                render::code_span(&global, 80)
+            ));
+        }
     };
     let meta = FeedbackMeta {
         request: global,

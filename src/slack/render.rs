@@ -31,7 +31,7 @@ mod shown;
 pub use replies::{
     describe_match, describe_scope, help, rule_list, rule_summary, session_list, session_status,
 };
-pub use shown::one_line;
+pub use shown::{code_span, one_line};
 
 /// Diffs longer than this are uploaded as a snippet instead of shown inline.
 pub const INLINE_DIFF_LIMIT: usize = 2500;

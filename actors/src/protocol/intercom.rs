@@ -10,15 +10,15 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::jsonrpc::RpcMessage;
+use super::jsonrpc::{RpcId, RpcMessage};
 
 /// One inbound dialect message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DialectIn {
     /// The agent asks to change a file.
     Clearance {
-        /// Correlation id.
-        id: String,
+        /// Correlation id, kept as the agent sent it (number or string).
+        id: RpcId,
         /// Payload.
         req: ClearanceRequest,
     },
@@ -29,8 +29,8 @@ pub enum DialectIn {
     },
     /// A continuation prompt for the operator.
     PromptForward {
-        /// Correlation id.
-        id: String,
+        /// Correlation id, kept as the agent sent it (number or string).
+        id: RpcId,
         /// Prompt text.
         text: String,
         /// Prompt type (continuation, clarification, ...).
@@ -115,12 +115,10 @@ fn bad(method: &str, problem: impl ToString) -> DialectError {
     }
 }
 
-fn id_string(id: Option<&super::jsonrpc::RpcId>, method: &str) -> Result<String, DialectError> {
-    match id {
-        Some(super::jsonrpc::RpcId::Str(s)) => Ok(s.clone()),
-        Some(super::jsonrpc::RpcId::Num(n)) => Ok(n.to_string()),
-        None => Err(bad(method, "missing field `id`")),
-    }
+/// The request's id, which its answer must carry back unchanged (a number
+/// stays a number: an agent matching answers by `===` would wait for ever).
+fn required_id(id: Option<&RpcId>, method: &str) -> Result<RpcId, DialectError> {
+    id.cloned().ok_or_else(|| bad(method, "missing field `id`"))
 }
 
 impl DialectIn {
@@ -135,7 +133,7 @@ impl DialectIn {
         };
         match method.as_str() {
             "clearance/request" => Ok(DialectIn::Clearance {
-                id: id_string(id, method)?,
+                id: required_id(id, method)?,
                 req: Deserialize::deserialize(params).map_err(|e| bad(method, e))?,
             }),
             "status/update" => Ok(DialectIn::Status {
@@ -146,7 +144,7 @@ impl DialectIn {
                     .to_owned(),
             }),
             "prompt/forward" => Ok(DialectIn::PromptForward {
-                id: id_string(id, method)?,
+                id: required_id(id, method)?,
                 text: params
                     .get("text")
                     .and_then(Value::as_str)
@@ -179,17 +177,22 @@ pub struct DialectWriter {
 }
 
 impl DialectWriter {
-    fn envelope(&mut self, method: &str, id: Option<&str>, params: Value) -> Bytes {
+    fn envelope(&mut self, method: &str, id: Option<&RpcId>, params: Value) -> Bytes {
         self.seq += 1;
         let mut v = json!({"method": method, "params": params, "seq": self.seq});
         if let Some(id) = id {
-            v["id"] = Value::String(id.to_owned());
+            v["id"] = json!(id);
         }
         Bytes::from(v.to_string())
     }
 
     /// `clearance/response`.
-    pub fn clearance_response(&mut self, id: &str, approved: bool, reason: Option<&str>) -> Bytes {
+    pub fn clearance_response(
+        &mut self,
+        id: &RpcId,
+        approved: bool,
+        reason: Option<&str>,
+    ) -> Bytes {
         let status = if approved { "approved" } else { "rejected" };
         self.envelope(
             "clearance/response",
@@ -206,7 +209,7 @@ impl DialectWriter {
     /// `prompt/response`.
     pub fn prompt_response(
         &mut self,
-        id: &str,
+        id: &RpcId,
         decision: &str,
         instruction: Option<&str>,
     ) -> Bytes {
@@ -241,7 +244,7 @@ mod tests {
         let c = parse(
             r#"{"method":"clearance/request","id":"req-001","params":{"title":"Create","description":"d","diff":"--- a","file_path":"src/a.rs","risk_level":"low"}}"#,
         );
-        assert!(matches!(c, Ok(DialectIn::Clearance { ref id, .. }) if id == "req-001"));
+        assert!(matches!(c, Ok(DialectIn::Clearance { ref id, .. }) if *id == "req-001"));
         assert_eq!(
             parse(r#"{"method":"status/update","params":{"message":"Running"}}"#),
             Ok(DialectIn::Status {
@@ -280,14 +283,14 @@ mod tests {
     #[test]
     fn outbound_messages_carry_ids_and_increasing_seq() {
         let mut w = DialectWriter::default();
-        let a: Value =
-            serde_json::from_slice(&w.clearance_response("req-001", true, None)).expect("json");
+        let a: Value = serde_json::from_slice(&w.clearance_response(&"req-001".into(), true, None))
+            .expect("json");
         assert_eq!(a["method"], "clearance/response");
         assert_eq!(a["id"], "req-001");
         assert_eq!(a["params"]["status"], "approved");
         assert_eq!(a["seq"], 1);
         let b: Value =
-            serde_json::from_slice(&w.prompt_response("prompt-001", "refine", Some("x")))
+            serde_json::from_slice(&w.prompt_response(&"prompt-001".into(), "refine", Some("x")))
                 .expect("json");
         assert_eq!(
             (
@@ -305,6 +308,24 @@ mod tests {
             let v: Value = serde_json::from_slice(&bytes).expect("json");
             assert!(v.get("id").is_none());
         }
+    }
+
+    /// An answer carries its request's id as the agent sent it: a number
+    /// came back as a string, which an agent comparing ids strictly never
+    /// matches.
+    #[test]
+    fn a_numeric_id_is_answered_as_a_number() {
+        let Ok(DialectIn::Clearance { id, .. }) = parse(
+            r#"{"method":"clearance/request","id":7,"params":{"title":"t","file_path":"a.rs"}}"#,
+        ) else {
+            panic!("a clearance with a numeric id parses");
+        };
+        let mut w = DialectWriter::default();
+        let a: Value =
+            serde_json::from_slice(&w.clearance_response(&id, false, Some("no"))).expect("json");
+        assert_eq!(a["id"], json!(7));
+        let b: Value = serde_json::from_slice(&w.prompt_response(&id, "stop", None)).expect("json");
+        assert_eq!(b["id"], json!(7));
     }
 
     /// A clearance is judged by every file its diff changes, not only the

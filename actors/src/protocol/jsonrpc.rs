@@ -41,6 +41,24 @@ pub enum RpcId {
     Str(String),
 }
 
+impl From<&str> for RpcId {
+    fn from(s: &str) -> RpcId {
+        RpcId::Str(s.to_owned())
+    }
+}
+
+impl PartialEq<str> for RpcId {
+    fn eq(&self, other: &str) -> bool {
+        matches!(self, RpcId::Str(s) if s == other)
+    }
+}
+
+impl PartialEq<&str> for RpcId {
+    fn eq(&self, other: &&str) -> bool {
+        self == *other
+    }
+}
+
 impl fmt::Display for RpcId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -468,14 +468,10 @@ impl SessionState {
                 Err(RpcError::new(codes::INVALID_REQUEST, why.clone())),
             ),
             crate::model::Protocol::Intercom => {
-                let id = match &wire {
-                    RpcId::Str(s) => s.clone(),
-                    RpcId::Num(n) => n.to_string(),
-                };
                 let bytes = if kind == RequestKind::ForwardedPrompt {
-                    self.dialect.prompt_response(&id, "stop", Some(&why))
+                    self.dialect.prompt_response(&wire, "stop", Some(&why))
                 } else {
-                    self.dialect.clearance_response(&id, false, Some(&why))
+                    self.dialect.clearance_response(&wire, false, Some(&why))
                 };
                 self.send_bytes(bytes);
             }
@@ -564,7 +560,7 @@ impl SessionState {
                 let paths = req.paths();
                 let opened = self
                     .open_request(Opening {
-                        wire: RpcId::Str(id),
+                        wire: id,
                         from_mcp: false,
                         command: None,
                         kind: RequestKind::Permission,
@@ -603,7 +599,7 @@ impl SessionState {
                 // A refusal was already answered to the agent.
                 let _ = self
                     .open_request(Opening {
-                        wire: RpcId::Str(id),
+                        wire: id,
                         from_mcp: false,
                         command: None,
                         kind: RequestKind::ForwardedPrompt,

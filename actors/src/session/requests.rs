@@ -211,18 +211,16 @@ impl SessionState {
                 return false;
             }
             (false, RequestKind::ForwardedPrompt) => {
-                let id = wire_str(&wire);
                 let bytes = self.dialect.prompt_response(
-                    &id,
+                    &wire,
                     &decision.option_id,
                     decision.reason.as_deref(),
                 );
                 self.send_bytes(bytes);
             }
             (false, _) => {
-                let id = wire_str(&wire);
                 let bytes = self.dialect.clearance_response(
-                    &id,
+                    &wire,
                     decision.approved,
                     decision.reason.as_deref(),
                 );
@@ -294,15 +292,15 @@ impl SessionState {
             ),
             (true, _) => self.respond(wire, Ok(acp::permission_cancelled())),
             (false, RequestKind::ForwardedPrompt) => {
-                let bytes =
-                    self.dialect
-                        .prompt_response(&wire_str(&wire), "stop", Some("cancelled"));
+                let bytes = self
+                    .dialect
+                    .prompt_response(&wire, "stop", Some("cancelled"));
                 self.send_bytes(bytes);
             }
             (false, _) => {
-                let bytes =
-                    self.dialect
-                        .clearance_response(&wire_str(&wire), false, Some("cancelled"));
+                let bytes = self
+                    .dialect
+                    .clearance_response(&wire, false, Some("cancelled"));
                 self.send_bytes(bytes);
             }
         }
@@ -334,13 +332,6 @@ impl SessionState {
             status,
             decision: None,
         });
-    }
-}
-
-fn wire_str(id: &RpcId) -> String {
-    match id {
-        RpcId::Str(s) => s.clone(),
-        RpcId::Num(n) => n.to_string(),
     }
 }
 

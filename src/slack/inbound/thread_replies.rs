@@ -102,7 +102,8 @@ pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
     }
 }
 
-/// `reject: <why>` (any case) in a thread rejects the waiting request.
+/// `reject: <why>` (any case) in a thread rejects the waiting request (when
+/// exactly one waits).
 pub fn reject_reason(text: &str) -> Option<&str> {
     let t = text.trim_start();
     let head = t.get(..7)?;
@@ -120,16 +121,31 @@ async fn reject_pending(ctx: &Ctx, actor: &ActorRef<SessionMsg>, reply: &Reply, 
             return;
         }
     };
-    let Some(oldest) = snapshot.pending.iter().min_by_key(|p| p.created_at) else {
-        reply.send(
-            ctx,
-            render::problem("No request is waiting for a decision. To give the agent an instruction, reply without `reject:`."),
-        );
-        return;
+    // Only an unambiguous reply decides: with two requests waiting, the
+    // oldest may not be the one the operator was reading.
+    let waiting = match snapshot.pending.as_slice() {
+        [] => {
+            reply.send(
+                ctx,
+                render::problem("No request is waiting for a decision. To give the agent an instruction, reply without `reject:`."),
+            );
+            return;
+        }
+        [one] => one,
+        many => {
+            reply.send(
+                ctx,
+                render::problem(&format!(
+                    "{} requests are waiting, so `reject:` did not pick one. Use the *Reject* button on the one you mean; nothing was decided.",
+                    many.len()
+                )),
+            );
+            return;
+        }
     };
     let reason = Some(reason.to_owned()).filter(|r| !r.is_empty());
     if let Err(text) = ctx
-        .decide(&oldest.id, Choice::Reject, reason, &reply.user)
+        .decide(&waiting.id, Choice::Reject, reason, &reply.user)
         .await
     {
         reply.send(ctx, render::problem(&text));

@@ -22,7 +22,7 @@ pub fn help() -> MessageBody {
          • `cleanup`: mark sessions that are stored as live but have no agent running as interrupted (operators only)\n\
          `start` also takes `--mode <ask|auto-edits|auto>`. \
          Without an id, commands act on the most recently active session in this channel. \
-         In a session's thread, a reply steers the agent (and revives a session that ended by idle timeout), and `reject: <why>` rejects the waiting request.",
+         In a session's thread, a reply steers the agent (and revives a session that ended by idle timeout), and `reject: <why>` rejects the waiting request (when only one waits).",
     )
 }
 

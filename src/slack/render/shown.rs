@@ -31,6 +31,13 @@ pub fn one_line(text: &str, max: usize) -> String {
     escape(&truncate(&out, max))
 }
 
+/// A value someone else chose (a button's value, a modal's metadata, an id
+/// typed in a command) shown in an inline code span: on one line and cut as
+/// [`one_line`], with backticks as `ˋ` so the span cannot be closed early.
+pub fn code_span(text: &str, max: usize) -> String {
+    format!("`{}`", one_line(&text.replace('`', "ˋ"), max))
+}
+
 /// A title for a field Slack shows as plain text (a snippet's title): on
 /// one line and cut like [`one_line`], but not escaped for mrkdwn (Slack
 /// would show `&amp;` as it is).
@@ -209,6 +216,16 @@ mod tests {
         let q = quoted("hi\n&gt; not a quote of ours\n\n:information_source: Rule r-1 created");
         assert!(q.lines().all(|l| l.starts_with("> ")), "{q}");
         assert_eq!(q.lines().count(), 4, "{q}");
+    }
+
+    /// A forged button value is quoted back to whoever sent it: a backtick
+    /// in it cannot end the code span and format the rest.
+    #[test]
+    fn a_code_span_cannot_be_closed_from_inside() {
+        let shown = code_span("s-1:x` <!channel> *bold*\nline", 80);
+        assert_eq!(shown.matches('`').count(), 2, "{shown}");
+        assert!(shown.starts_with('`') && shown.ends_with('`'), "{shown}");
+        assert!(!shown.contains('<') && !shown.contains('\n'), "{shown}");
     }
 
     #[test]

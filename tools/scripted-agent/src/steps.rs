@@ -64,7 +64,9 @@ fn run_step(agent: &mut Agent, step: &Step) -> Flow {
         Step::Chunk(text) => emit(agent, TextKind::Agent, text),
         Step::UserChunk(text) => emit(agent, TextKind::User, text),
         Step::Thought(text) => emit(agent, TextKind::Thought, text),
-        Step::Raw(text) => agent.out.frame(text.as_bytes()),
+        Step::Raw(text) => agent
+            .out
+            .frame(text.replace("$SESSION_ID", &agent.session_id).as_bytes()),
         Step::Unframed(text) => agent.out.unframed(text.as_bytes()),
         Step::BigLine(len) => big_line(agent, *len),
         Step::Flood(n) => {
