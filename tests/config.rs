@@ -236,13 +236,37 @@ fn commented_out_example_agents_are_valid_too() {
         (action, rule)
     };
     let rule = |id: &str| Some(id.to_owned());
-    assert_eq!(
-        decide(
-            &facts("execute", &[], Some("rm -rf /"), "claude"),
-            ApprovalMode::Auto
-        ),
-        (RuleAction::Deny, rule("no-rm-rf"))
-    );
+    // Every spelling of a recursive delete, not only `-rf` (a probe had
+    // `rm -fr build` allowed by mode auto with this rule loaded).
+    for command in [
+        "rm -rf /",
+        "rm -fr build",
+        "rm -Rf x",
+        "rm -r -f x",
+        "rm --recursive --force x",
+        "rm -v -r x",
+        "ls && rm -fr /",
+    ] {
+        assert_eq!(
+            decide(
+                &facts("execute", &[], Some(command), "claude"),
+                ApprovalMode::Auto
+            ),
+            (RuleAction::Deny, rule("no-rm-rf")),
+            "{command}"
+        );
+    }
+    for command in ["rm -f notes.txt", "rm file-r", "rm --force x"] {
+        assert_ne!(
+            decide(
+                &facts("execute", &[], Some(command), "claude"),
+                ApprovalMode::Auto
+            )
+            .1,
+            rule("no-rm-rf"),
+            "{command}"
+        );
+    }
     assert_eq!(
         decide(
             &facts("read", &["src/main.rs"], None, "claude"),
@@ -1177,6 +1201,33 @@ fn a_configured_workspace_wins_over_a_discovered_one() {
     let map = cfg.workspace_map();
     let ids: Vec<&str> = map.workspaces.iter().map(|w| w.id.as_str()).collect();
     assert_eq!(ids, ["api", "frontend"]);
+}
+
+/// A repository inside a configured workspace is that workspace's, not one
+/// of its own: a probe started a session in `team/api` and the `team`
+/// workspace's deny rule no longer held there. A repository holding a
+/// configured workspace is left out for the same reason.
+#[test]
+fn a_repository_inside_or_around_a_configured_workspace_is_not_discovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = canon(dir.path());
+    git_repo(&root, "team/api");
+    git_repo(&root, "mono");
+    fs::create_dir_all(root.join("mono/services/svc")).unwrap();
+    git_repo(&root, "other");
+    let cfg = Config::from_toml_str(
+        &format!(
+            "{AGENT}[[workspace]]\nid = \"team\"\npath = \"team\"\n\
+             [[workspace]]\nid = \"svc\"\npath = \"mono/services/svc\"\n\
+             [discovery]\nenabled = true\ndepth = 3\n"
+        ),
+        &root,
+    )
+    .unwrap();
+    let ids: Vec<&str> = cfg.discovered.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(ids, ["other"]);
+    assert!(cfg.workspace("team/api").is_none());
+    assert!(cfg.workspace("mono").is_none());
 }
 
 #[test]

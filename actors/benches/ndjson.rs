@@ -191,7 +191,7 @@ async fn run_reader(buf: &[u8]) -> usize {
                 black_box(&msg);
                 n += 1;
             }
-            Frame::Oversized { len } => panic!("unexpected oversized frame of {len} bytes"),
+            Frame::Oversized { len, .. } => panic!("unexpected oversized frame of {len} bytes"),
         }
     }
     n

@@ -80,7 +80,7 @@ pub enum ResolveError {
     PathNotFound(String),
     /// A configured workspace's directory does not exist.
     #[error(
-        "workspace `{workspace}`: its directory {path} does not exist or is not a directory; create it, or fix the workspace's `path` in config.toml"
+        "workspace `{workspace}`: its directory {path} does not exist or is not a directory; create it, or fix the workspace's `path` in the config file"
     )]
     WorkspaceDirMissing {
         /// The workspace id.

@@ -4,7 +4,7 @@
 //! simple reference model of what the frames should be.
 
 use bytes::{Bytes, BytesMut};
-use intercom_actors::protocol::framing::{Frame, FramingError, LspCodec, NdjsonCodec};
+use intercom_actors::protocol::framing::{self, Frame, FramingError, LspCodec, NdjsonCodec};
 use intercom_actors::protocol::intercom::DialectIn;
 use intercom_actors::protocol::jsonrpc::RpcMessage;
 use proptest::prelude::*;
@@ -22,7 +22,10 @@ fn reference_ndjson(input: &[u8], max: usize) -> Vec<Frame> {
             line
         };
         if line.len() > max {
-            out.push(Frame::Oversized { len: line.len() });
+            out.push(Frame::Oversized {
+                len: line.len(),
+                head: Bytes::new(),
+            });
         } else if !line.iter().all(u8::is_ascii_whitespace) {
             out.push(Frame::Message(Bytes::copy_from_slice(line)));
         }
@@ -64,7 +67,7 @@ fn lengths(frames: &[Frame]) -> Vec<(bool, usize)> {
         .iter()
         .map(|f| match f {
             Frame::Message(b) => (true, b.len()),
-            Frame::Oversized { len } => (false, *len),
+            Frame::Oversized { len, .. } => (false, *len),
         })
         .collect()
 }
@@ -193,7 +196,8 @@ fn a_ten_mib_line_is_skipped_with_bounded_memory() {
     assert_eq!(
         codec.decode(&mut buf).expect("decode"),
         Some(Frame::Oversized {
-            len: 160 * 64 * 1024
+            len: 160 * 64 * 1024,
+            head: Bytes::from(vec![b'x'; framing::HEAD_BYTES]),
         })
     );
     assert_eq!(

@@ -47,7 +47,7 @@ enum Event {
 
 fn interpret(frame: Frame) -> Event {
     match frame {
-        Frame::Oversized { len } => Event::Oversized(len),
+        Frame::Oversized { len, .. } => Event::Oversized(len),
         Frame::Message(body) => match RpcMessage::parse(&body) {
             Err(e) => Event::Malformed(e),
             Ok(msg) => match DialectIn::from_message(&msg) {
@@ -859,6 +859,57 @@ for line in sys.stdin:
         matches!(e, OperatorEvent::Notice { level: NoticeLevel::Warning, text, .. } if text.contains("could not read"))
     })
     .await;
+    shutdown(&h).await;
+}
+
+/// Every request the agent makes gets an answer it can match, even one the
+/// server cannot read: a null id (taken for a notification, never
+/// answered), a method that is not a string (answered on id null though its
+/// id was readable), and a line over `max_line_bytes` (a real agent writing
+/// a file over the limit waited for ever on its id).
+#[tokio::test]
+async fn an_unreadable_request_is_answered_on_the_id_it_can_match() {
+    const AGENT: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def say(text):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text + "\n"}}}})
+for line in sys.stdin:
+    m = json.loads(line)
+    method = m.get("method")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
+    elif method == "session/prompt":
+        turn = m["id"]
+        send({"jsonrpc": "2.0", "id": None, "method": "fs/read_text_file", "params": {"sessionId": "s1", "path": "/etc/hostname"}})
+        send({"jsonrpc": "2.0", "id": 6, "method": 42})
+        send({"jsonrpc": "2.0", "id": "big1", "method": "fs/write_text_file",
+              "params": {"sessionId": "s1", "path": "big.txt", "content": "x" * 8000}})
+    elif "method" not in m:
+        err = m.get("error") or {}
+        say("answer %r: %s %s" % (m.get("id"), err.get("code"), err.get("message", "")[:60]))
+        if m.get("id") == "big1":
+            send({"jsonrpc": "2.0", "id": turn, "result": {"stopReason": "end_turn"}})
+"#;
+    let mut knobs = Knobs::default();
+    knobs.limits.max_line_bytes = 4096;
+    let h = Harness::new(knobs).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "python3".into();
+    profile.args = vec!["-c".into(), AGENT.into()];
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    let text = h.until_transcript(&rec.id, "answer 'big1'").await;
+    for answer in [
+        "answer None: -32600 invalid request: the id is null",
+        "answer 6: -32600 invalid request: method is not a string",
+        "answer 'big1': -32600 a ",
+    ] {
+        assert!(text.contains(answer), "no {answer:?} in:\n{text}");
+    }
     shutdown(&h).await;
 }
 

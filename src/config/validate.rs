@@ -434,14 +434,26 @@ fn discovery_section(d: &RawDiscovery) -> Result<DiscoverySection> {
 }
 
 /// Repositories under `root` as workspaces, minus those a configured entry
-/// already covers (same id or same directory): configured entries win.
+/// already covers: configured entries win. A repository covers or is
+/// covered when it has the same id, or when its directory is, holds or lies
+/// inside a configured workspace's: a repository below a workspace was a
+/// workspace of its own without the enclosing one's rules (a probe's `cat`
+/// deny rule did not hold in `team/api`), and one above it reached the
+/// workspace's files the same way.
 fn discovered(root: &Path, depth: usize, configured: &[WorkspaceEntry]) -> Vec<WorkspaceEntry> {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let dirs: Vec<PathBuf> = configured.iter().map(|w| real(&w.path)).collect();
     discover::discover(root, depth, MAX_DISCOVERED)
         .into_iter()
         .filter(|found| {
-            !configured
+            let path = real(&found.path);
+            let overlaps = dirs
                 .iter()
-                .any(|w| w.id == found.id || w.path == found.path)
+                .any(|d| path.starts_with(d) || d.starts_with(&path));
+            if overlaps {
+                tracing::debug!(repository = %found.id, "discovery leaves out a repository that overlaps a configured workspace");
+            }
+            !overlaps && !configured.iter().any(|w| w.id == found.id)
         })
         .map(|found| WorkspaceEntry {
             id: found.id,

@@ -223,7 +223,7 @@ async fn ensure_configured(shared: &server::Shared, ws: &str) -> Result<(), Resp
 /// A workspace token whose workspace a config reload removed.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "this token is for workspace `{0}`, which is no longer configured; add the workspace back to config.toml or use the token of a configured workspace"
+    "this token is for workspace `{0}`, which is no longer configured; add the workspace back to the config file or use the token of a configured workspace"
 )]
 pub(crate) struct WorkspaceGone(pub(crate) String);
 

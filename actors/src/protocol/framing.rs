@@ -22,7 +22,19 @@ pub enum Frame {
     Oversized {
         /// Bytes skipped.
         len: usize,
+        /// Its first [`HEAD_BYTES`] bytes (or fewer, when they did not
+        /// arrive before the limit was passed): enough to find the id of a
+        /// request, whose answer the agent would otherwise wait for.
+        head: Bytes,
     },
+}
+
+/// How much of an oversized frame is kept in [`Frame::Oversized`].
+pub const HEAD_BYTES: usize = 512;
+
+/// The first [`HEAD_BYTES`] of `bytes`.
+fn head_of(bytes: &[u8]) -> Bytes {
+    Bytes::copy_from_slice(&bytes[..bytes.len().min(HEAD_BYTES)])
 }
 
 /// A framing failure the stream cannot recover from.
@@ -47,6 +59,8 @@ pub struct NdjsonCodec {
     scanned: usize,
     /// Bytes of an over-long line dropped so far; `Some` while discarding.
     discarding: Option<usize>,
+    /// The start of the line being discarded.
+    discarded_head: Bytes,
     /// Whether the last dropped byte was `\r` (not part of the line's length).
     dropped_cr: bool,
 }
@@ -58,6 +72,7 @@ impl NdjsonCodec {
             max,
             scanned: 0,
             discarding: None,
+            discarded_head: Bytes::new(),
             dropped_cr: false,
         }
     }
@@ -74,7 +89,11 @@ impl Decoder for NdjsonCodec {
                 self.scanned = buf.len();
                 // +1: a line of exactly `max` bytes may still get its `\r`.
                 if buf.len() > self.max + 1 {
-                    // Drop what we have; remember how much for the report.
+                    // Drop what we have; remember how much for the report,
+                    // and how the line began.
+                    if self.discarding.is_none() {
+                        self.discarded_head = head_of(buf);
+                    }
                     *self.discarding.get_or_insert(0) += buf.len();
                     self.dropped_cr = buf.last() == Some(&b'\r');
                     buf.clear();
@@ -93,6 +112,7 @@ impl Decoder for NdjsonCodec {
                 buf.advance(end + 1);
                 return Ok(Some(Frame::Oversized {
                     len: dropped + end - usize::from(cr),
+                    head: std::mem::take(&mut self.discarded_head),
                 }));
             }
             let mut line = buf.split_to(end + 1);
@@ -101,7 +121,10 @@ impl Decoder for NdjsonCodec {
                 line.truncate(end - 1);
             }
             if line.len() > self.max {
-                return Ok(Some(Frame::Oversized { len: line.len() }));
+                return Ok(Some(Frame::Oversized {
+                    len: line.len(),
+                    head: head_of(&line),
+                }));
             }
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue; // blank lines carry nothing
@@ -118,7 +141,10 @@ impl Decoder for NdjsonCodec {
         if let Some(dropped) = self.discarding.take() {
             let len = dropped + buf.len();
             buf.clear();
-            return Ok(Some(Frame::Oversized { len }));
+            return Ok(Some(Frame::Oversized {
+                len,
+                head: std::mem::take(&mut self.discarded_head),
+            }));
         }
         if buf.is_empty() {
             return Ok(None);
@@ -126,7 +152,10 @@ impl Decoder for NdjsonCodec {
         // A final line without a trailing newline is still a message.
         let line = buf.split();
         if line.len() > self.max {
-            return Ok(Some(Frame::Oversized { len: line.len() }));
+            return Ok(Some(Frame::Oversized {
+                len: line.len(),
+                head: head_of(&line),
+            }));
         }
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
@@ -159,6 +188,8 @@ pub struct LspCodec {
     skipping: usize,
     /// Total size of the body being skipped (for the report).
     skipped_total: usize,
+    /// The start of the body being skipped.
+    skipped_head: Bytes,
 }
 
 impl LspCodec {
@@ -169,6 +200,7 @@ impl LspCodec {
             body_len: None,
             skipping: 0,
             skipped_total: 0,
+            skipped_head: Bytes::new(),
         }
     }
 
@@ -216,6 +248,7 @@ impl Decoder for LspCodec {
             }
             return Ok(Some(Frame::Oversized {
                 len: std::mem::take(&mut self.skipped_total),
+                head: std::mem::take(&mut self.skipped_head),
             }));
         }
         let body_len = match self.body_len {
@@ -245,6 +278,7 @@ impl Decoder for LspCodec {
                 if n > self.max {
                     self.skipping = n;
                     self.skipped_total = n;
+                    self.skipped_head = head_of(&buf[..buf.len().min(n)]);
                     return self.decode(buf);
                 }
                 self.body_len = Some(n);
@@ -408,7 +442,10 @@ mod tests {
             &mut NdjsonCodec::new(10),
             &[&long[..20], &long[20..], b"\nok\n"],
         );
-        assert_eq!(got, vec![Frame::Oversized { len: 50 }, msg("ok")]);
+        // The report keeps how the line began (what had arrived when the
+        // limit was passed).
+        let head = Bytes::from_static(&[b'x'; 20]);
+        assert_eq!(got, vec![Frame::Oversized { len: 50, head }, msg("ok")]);
     }
 
     /// An oversized LSP frame is skipped; a length no message could have
@@ -424,14 +461,18 @@ mod tests {
         let mut buf = BytesMut::from(&b"Content-Length: 20\r\n\r\n01234567890123456789"[..]);
         assert_eq!(
             codec.decode(&mut buf).expect("skip"),
-            Some(Frame::Oversized { len: 20 })
+            Some(Frame::Oversized {
+                len: 20,
+                head: Bytes::from_static(b"01234567890123456789")
+            })
         );
     }
 
     #[test]
     fn an_over_long_line_in_one_read_is_skipped() {
         let got = decode_all(&mut NdjsonCodec::new(4), &[b"123456789\nab\n"]);
-        assert_eq!(got, vec![Frame::Oversized { len: 9 }, msg("ab")]);
+        let head = Bytes::from_static(b"123456789");
+        assert_eq!(got, vec![Frame::Oversized { len: 9, head }, msg("ab")]);
     }
 
     #[test]
@@ -459,7 +500,8 @@ mod tests {
         wire.extend_from_slice(&[b'y'; 20]);
         wire.extend_from_slice(b"Content-Length: 2\r\n\r\n{}");
         let got = decode_all(&mut LspCodec::new(10), &[&wire[..30], &wire[30..]]);
-        assert_eq!(got, vec![Frame::Oversized { len: 20 }, msg("{}")]);
+        let head = Bytes::from_static(&[b'y'; 8]);
+        assert_eq!(got, vec![Frame::Oversized { len: 20, head }, msg("{}")]);
     }
 
     #[test]

@@ -143,6 +143,15 @@ pub enum ParseError {
     /// -32600 and a null id.
     #[error("not a valid JSON-RPC request: {0}")]
     Invalid(&'static str),
+    /// Not a valid request, but its id could be read: answered with -32600
+    /// on that id (JSON-RPC keeps the null id for an id it cannot detect).
+    #[error("not a valid JSON-RPC request {id}: {why}")]
+    InvalidWithId {
+        /// The request's id.
+        id: RpcId,
+        /// What is wrong.
+        why: &'static str,
+    },
     /// A JSON-RPC batch (a top-level array), which this side does not take;
     /// the ids of the requests in it, which each deserve an error answer.
     #[error("a JSON-RPC batch of {len} messages; batches are not supported")]
@@ -164,11 +173,19 @@ impl ParseError {
                 codes::PARSE_ERROR,
                 format!("parse error: {e}; send one JSON object per line"),
             )),
-            ParseError::Invalid(why) => Some(RpcError::new(
-                codes::INVALID_REQUEST,
-                format!("invalid request: {why}; the id must be an integer or a string"),
-            )),
+            ParseError::Invalid(why) | ParseError::InvalidWithId { why, .. } => Some(
+                RpcError::new(codes::INVALID_REQUEST, format!("invalid request: {why}")),
+            ),
             ParseError::Shape(_) | ParseError::Batch { .. } => None,
+        }
+    }
+
+    /// The id the answer goes to: the request's when it could be read,
+    /// else none (a null id).
+    pub fn answer_id(&self) -> Option<RpcId> {
+        match self {
+            ParseError::InvalidWithId { id, .. } => Some(id.clone()),
+            _ => None,
         }
     }
 }
@@ -218,6 +235,14 @@ impl RpcMessage {
         let asks = obj.contains_key("method");
         let id = match obj.remove("id") {
             None => None,
+            // A request must be answered, and a notification has no id
+            // member at all: a null id was taken for a notification, and
+            // the agent waited for ever for its answer.
+            Some(Value::Null) if asks => {
+                return Err(ParseError::Invalid(
+                    "the id is null: a request's id is an integer or a string, and a notification has no id",
+                ));
+            }
             Some(Value::Null) => Some(None),
             Some(v) => Some(Some(parse_id(v).map_err(|e| match e {
                 ParseError::Shape(why) if asks => ParseError::Invalid(why),
@@ -227,7 +252,11 @@ impl RpcMessage {
         let params = obj.remove("params").unwrap_or(Value::Null);
         if let Some(method) = obj.remove("method") {
             let Value::String(method) = method else {
-                return Err(ParseError::Invalid("method is not a string"));
+                const WHY: &str = "method is not a string";
+                return Err(match id {
+                    Some(Some(id)) => ParseError::InvalidWithId { id, why: WHY },
+                    _ => ParseError::Invalid(WHY),
+                });
             };
             return Ok(match id {
                 Some(Some(id)) => RpcMessage::Request { id, method, params },
@@ -298,11 +327,58 @@ impl RpcMessage {
 fn parse_id(v: Value) -> Result<RpcId, ParseError> {
     match v {
         Value::String(s) => Ok(RpcId::Str(s)),
-        Value::Number(n) => n
-            .as_i64()
-            .map(RpcId::Num)
-            .ok_or(ParseError::Shape("id is not an integer")),
-        _ => Err(ParseError::Shape("id is neither a number nor a string")),
+        Value::Number(n) => n.as_i64().map(RpcId::Num).ok_or(ParseError::Shape(
+            "the id is not an integer (use an integer or a string)",
+        )),
+        _ => Err(ParseError::Shape(
+            "the id is neither an integer nor a string",
+        )),
+    }
+}
+
+/// The id of a request from the start of a message too long to read, so the
+/// error can be answered on it: an agent writing a file over the line limit
+/// otherwise waited for ever for an answer that went to id null.
+///
+/// Only a `"method"` and an `"id"` member that both come before any
+/// `"params"` count (the order agents write; an `"id"` after it could be a
+/// member of the params), and only an integer id or a string id without
+/// escapes. Anything else is `None`: answered with a null id, as before.
+pub fn request_id_in_head(head: &[u8]) -> Option<RpcId> {
+    let before_params = memchr::memmem::find(head, b"\"params\"").map_or(head, |at| &head[..at]);
+    memchr::memmem::find(before_params, b"\"method\"")?;
+    let at = memchr::memmem::find(before_params, b"\"id\"")?;
+    let rest = before_params[at + 4..].trim_ascii_start();
+    let value = rest.strip_prefix(b":")?.trim_ascii_start();
+    match value.first()? {
+        b'"' => {
+            let body = &value[1..];
+            let end = memchr::memchr2(b'"', b'\\', body)?;
+            (body[end] == b'"')
+                .then(|| {
+                    std::str::from_utf8(&body[..end])
+                        .ok()
+                        .map(|s| RpcId::Str(s.to_owned()))
+                })
+                .flatten()
+        }
+        _ => {
+            let digits = value
+                .iter()
+                .position(|b| !(b.is_ascii_digit() || *b == b'-'))
+                .unwrap_or(value.len());
+            let tail = value
+                .get(digits..)
+                .and_then(|t| t.trim_ascii_start().first().copied());
+            if !matches!(tail, Some(b',' | b'}')) {
+                return None;
+            }
+            std::str::from_utf8(&value[..digits])
+                .ok()?
+                .parse()
+                .ok()
+                .map(RpcId::Num)
+        }
     }
 }
 
@@ -320,6 +396,27 @@ pub fn truncate_for_log(raw: &[u8], max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_id_is_found_at_the_start_of_a_message_too_long_to_read() {
+        let find = |s: &str| request_id_in_head(s.as_bytes());
+        assert_eq!(
+            find(
+                r#"{"jsonrpc":"2.0","id":"big1","method":"fs/write_text_file","params":{"content":"xx"#
+            ),
+            Some(RpcId::Str("big1".into()))
+        );
+        assert_eq!(
+            find(r#"{"method": "session/request_permission", "id" : -7 , "params": {"#),
+            Some(RpcId::Num(-7))
+        );
+        // An id inside the params, or no method (a response), or an id cut
+        // off by the head: none, and the answer goes to id null.
+        assert_eq!(find(r#"{"method":"m","params":{"id":5,"x":"#), None);
+        assert_eq!(find(r#"{"jsonrpc":"2.0","id":3,"result":{"a":"#), None);
+        assert_eq!(find(r#"{"method":"m","id":12"#), None);
+        assert_eq!(find(r#"{"method":"m","id":"a\"b","params":"#), None);
+    }
 
     #[test]
     fn classifies_requests_notifications_and_responses() {

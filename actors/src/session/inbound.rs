@@ -78,7 +78,7 @@ impl SessionState {
                 self.on_activity().await;
                 match frame {
                     Frame::Message(body) => self.on_frame(&body).await,
-                    Frame::Oversized { len } => {
+                    Frame::Oversized { len, head } => {
                         let text = format!(
                             "agent `{}` sent a {len}-byte message, over max_line_bytes ({}); it was skipped",
                             self.profile.id, self.settings.limits.max_line_bytes
@@ -89,7 +89,10 @@ impl SessionState {
                         if self.agent_may_write(text.len()).await {
                             self.note(Role::System, MessageKind::Error, &text);
                         }
-                        self.answer_unreadable(RpcError::new(
+                        // Answered on the request's id when its start
+                        // names one: the agent may be waiting on it.
+                        let id = crate::protocol::jsonrpc::request_id_in_head(&head);
+                        self.answer_unreadable(id, RpcError::new(
                             codes::INVALID_REQUEST,
                             format!(
                                 "a {len}-byte line is over the server's limit of {} bytes (limits.max_line_bytes); it was not read",
@@ -148,7 +151,7 @@ impl SessionState {
                     format!("skipping malformed line from agent: {e}; raw={raw}")
                 });
                 if let Some(error) = e.answer() {
-                    self.answer_unreadable(error);
+                    self.answer_unreadable(e.answer_id(), error);
                 }
                 return;
             }
@@ -160,16 +163,17 @@ impl SessionState {
         }
     }
 
-    /// Answers a line that could not be read as a request with `error` and
-    /// a null id (JSON-RPC 2.0), so an agent that sent a request is not left
-    /// waiting. Not while the agent floods: answers to an agent that sends
-    /// faster than it reads would pile up in its pipe.
-    fn answer_unreadable(&mut self, error: RpcError) {
+    /// Answers a line that could not be read as a request with `error`, on
+    /// its id when that could be read, else a null id (JSON-RPC 2.0), so an
+    /// agent that sent a request is not left waiting. Not while the agent
+    /// floods: answers to an agent that sends faster than it reads would
+    /// pile up in its pipe.
+    fn answer_unreadable(&mut self, id: Option<RpcId>, error: RpcError) {
         if self.flooded() {
             return;
         }
         let msg = RpcMessage::Response {
-            id: None,
+            id,
             outcome: Err(error),
         };
         self.send_bytes(msg.to_bytes());
