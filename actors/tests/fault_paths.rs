@@ -791,27 +791,27 @@ def on(m, method, mid):
         sys.stdout.write("this is not json\n")
         sys.stdout.write('{"jsonrpc": "2.0", "id": 9, "method": "x", "params": "' + "a" * 5000 + '"}\n')
         sys.stdout.flush()
-    elif method is None and mid is None and "error" in m:
-        answers.append(str(m["error"]["code"]))
+    elif method is None and mid != prompt and "error" in m:
+        answers.append("%s@%s" % (m["error"]["code"], mid))
         if len(answers) == 3:
-            chunk("null-id answers: %s\n" % ",".join(answers))
+            chunk("answers: %s\n" % ",".join(answers))
             send({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "end_turn"}})
 "#;
 
-/// A request the server cannot read is answered with an error and a null id
-/// (JSON-RPC 2.0), so the agent is not left waiting for an answer that never
-/// comes: a float id, a line that is not JSON, a line over the limit. A
-/// probe's agent waited for ever on each.
+/// A request the server cannot read is answered with an error, so the agent
+/// is not left waiting for an answer that never comes: a float id, a line
+/// that is not JSON (a null id, JSON-RPC 2.0), a line over the limit (on the
+/// id its start names). A probe's agent waited for ever on each.
 #[tokio::test]
-async fn lines_that_cannot_be_read_are_answered_with_a_null_id() {
+async fn lines_that_cannot_be_read_are_answered() {
     let mut knobs = Knobs::default();
     knobs.limits.max_line_bytes = 4096;
     let h = Harness::new(knobs).await;
     let profile = h.python_agent(SENDS_UNREADABLE_LINES);
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
-    let text = h.until_transcript(&rec.id, "null-id answers").await;
+    let text = h.until_transcript(&rec.id, "answers: ").await;
     assert!(
-        text.contains("null-id answers: -32600,-32700,-32600"),
+        text.contains("answers: -32600@None,-32700@None,-32600@9"),
         "{text}"
     );
 }

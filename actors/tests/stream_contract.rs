@@ -913,6 +913,145 @@ for line in sys.stdin:
     shutdown(&h).await;
 }
 
+/// An agent that keeps asking after a pause cancelled its turn is told so
+/// as ACP says a cancelled turn's requests end (a permission: outcome
+/// `cancelled`; anything else: -32800), not "invalid request", which an SDK
+/// reads as its own bug.
+#[tokio::test]
+async fn requests_after_a_pause_are_answered_as_cancelled() {
+    const AGENT: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def say(text):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text + "\n"}}}})
+def ask(i):
+    send({"jsonrpc": "2.0", "id": i, "method": "session/request_permission", "params": {"sessionId": "s1",
+          "toolCall": {"toolCallId": i, "title": "gate " + i},
+          "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"}]}})
+for line in sys.stdin:
+    m = json.loads(line)
+    method = m.get("method")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
+    elif method == "session/prompt":
+        turn = m["id"]
+        ask("p1")
+    elif "method" not in m:
+        got = m.get("result") or m.get("error")
+        say("answer %s: %s" % (m.get("id"), json.dumps(got, sort_keys=True)))
+        if m.get("id") == "p1":
+            # Asks again, as if it had not seen the cancel.
+            ask("p2")
+            send({"jsonrpc": "2.0", "id": "r1", "method": "fs/read_text_file", "params": {"sessionId": "s1", "path": "a.txt"}})
+"#;
+    let h = Harness::new(Knobs::default()).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "python3".into();
+    profile.args = vec!["-c".into(), AGENT.into()];
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    h.until("the first request", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    let actor = h.actor(&rec.id).await;
+    ractor::call!(actor, |reply| SessionMsg::Pause {
+        caller: Caller::local(),
+        reply
+    })
+    .expect("call")
+    .expect("paused");
+    let text = h.until_transcript(&rec.id, "answer r1").await;
+    let text = if text.contains("answer p2") {
+        text
+    } else {
+        h.until_transcript(&rec.id, "answer p2").await
+    };
+    let cancelled = r#"{"outcome": {"outcome": "cancelled"}}"#;
+    assert!(text.contains(&format!("answer p1: {cancelled}")), "{text}");
+    assert!(text.contains(&format!("answer p2: {cancelled}")), "{text}");
+    assert!(text.contains(r#"answer r1: {"code": -32800"#), "{text}");
+    shutdown(&h).await;
+}
+
+/// `$/cancel_request` withdraws a waiting request: the operator is no
+/// longer asked, the agent is answered -32800, and a later request with the
+/// same id is a new one, answered by its own decision (the stale approval
+/// used to answer it).
+#[tokio::test]
+async fn an_agent_may_withdraw_a_waiting_request() {
+    const AGENT: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def say(text):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text + "\n"}}}})
+def ask(title):
+    send({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission", "params": {"sessionId": "s1",
+          "toolCall": {"toolCallId": "t1", "title": title},
+          "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"},
+                      {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}})
+for line in sys.stdin:
+    m = json.loads(line)
+    method = m.get("method")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
+    elif method == "session/prompt":
+        turn = m["id"]
+        ask("first thought")
+        send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": "p1"}})
+    elif "method" not in m:
+        got = m.get("result") or m.get("error")
+        say("answer %s: %s" % (m.get("id"), json.dumps(got, sort_keys=True)))
+        if "error" in m:
+            ask("second thought")
+"#;
+    let h = Harness::new(Knobs::default()).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "python3".into();
+    profile.args = vec!["-c".into(), AGENT.into()];
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    let text = h
+        .until_transcript(&rec.id, "answer p1: {\"code\": -32800")
+        .await;
+    assert!(text.contains("withdrew"), "{text}");
+    let second = h
+        .until("the second request", |e| {
+            matches!(e, OperatorEvent::RequestOpened { request } if request.title.contains("second"))
+        })
+        .await;
+    let OperatorEvent::RequestOpened { request } = second else {
+        unreachable!()
+    };
+    assert_eq!(request.request_id, "req-2");
+    let (first, _) = h
+        .store
+        .get_request(&format!("{}:req-1", rec.id.0))
+        .await
+        .expect("read")
+        .expect("the first request");
+    assert_eq!(first.status, RequestStatus::Cancelled);
+    decide_as(
+        &h,
+        &rec.id,
+        "req-2",
+        Choice::Option("no".into()),
+        None,
+        Caller::local(),
+    )
+    .await
+    .expect("decided");
+    h.until_transcript(&rec.id, r#"answer p1: {"outcome": {"optionId": "no""#)
+        .await;
+    shutdown(&h).await;
+}
+
 #[tokio::test]
 async fn a_live_session_survives_garbage_from_its_agent() {
     let h = Harness::new(Knobs::default()).await;

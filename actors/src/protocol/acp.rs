@@ -50,6 +50,8 @@ pub mod methods {
     pub const FS_READ: &str = "fs/read_text_file";
     /// The agent writes a file through us.
     pub const FS_WRITE: &str = "fs/write_text_file";
+    /// The agent withdraws a request it made (a notification).
+    pub const CANCEL_REQUEST: &str = "$/cancel_request";
 }
 
 /// What the agent told us about itself in `initialize`.
@@ -72,6 +74,15 @@ impl AgentInfo {
     pub fn from_initialize(result: &Value) -> Result<AgentInfo, String> {
         let resp = acp::InitializeResponse::deserialize(result)
             .map_err(|e| format!("initialize result does not match the ACP schema: {e}"))?;
+        // The agent answers with the version it will speak; one this server
+        // does not speak is a conversation neither side can follow (ACP:
+        // the client closes the connection and tells the user).
+        if resp.protocol_version != agent_client_protocol_schema::ProtocolVersion::V1 {
+            return Err(format!(
+                "the agent speaks ACP protocol version {}, and this server speaks version 1; use an agent release that speaks version 1",
+                serde_json::to_value(resp.protocol_version).unwrap_or(Value::Null)
+            ));
+        }
         let caps = &resp.agent_capabilities;
         let resume_session = result
             .pointer("/agentCapabilities/sessionCapabilities/resume")
@@ -688,6 +699,17 @@ mod tests {
             info.describe_auth_methods(),
             "oauth-personal (Log in with Google), gemini-api-key (Use Gemini API key)"
         );
+    }
+
+    /// A version the server does not speak fails the start, saying so: a
+    /// probe's agents answering version 0 and 2 ran as if they spoke 1.
+    #[test]
+    fn an_agent_speaking_another_protocol_version_is_refused() {
+        for version in [0, 2] {
+            let r = json!({"protocolVersion": version, "agentCapabilities": {}, "authMethods": []});
+            let e = AgentInfo::from_initialize(&r).expect_err("refused");
+            assert!(e.contains(&format!("version {version}")), "{e}");
+        }
     }
 
     #[test]

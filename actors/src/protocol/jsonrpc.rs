@@ -27,6 +27,9 @@ pub mod codes {
     pub const AUTH_REQUIRED: i64 = -32000;
     /// ACP: the request was cancelled (a cancelled write, for instance).
     pub const REQUEST_CANCELLED: i64 = -32800;
+    /// A valid request this server will not take now (a limit, a bound):
+    /// in JSON-RPC's range for servers, one ACP does not use.
+    pub const REFUSED: i64 = -32001;
     /// ACP: a resource (a file to read) does not exist.
     pub const RESOURCE_NOT_FOUND: i64 = -32002;
 }

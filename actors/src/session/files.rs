@@ -74,7 +74,7 @@ impl SessionState {
             // A paused agent is not working for anyone: what it asks is
             // refused, reads too (a probe's agent read on while paused).
             self.warn_agent(|| format!("refused a read while paused: {path}"));
-            let refusal = RpcError::new(codes::INVALID_REQUEST, super::inbound::PAUSED_REFUSAL);
+            let refusal = RpcError::new(codes::REQUEST_CANCELLED, super::inbound::PAUSED_REFUSAL);
             self.respond(id, Err(refusal));
             self.tell_refusal_once(super::inbound::PAUSED_NOTE).await;
             return;
@@ -195,7 +195,9 @@ impl SessionState {
             std::path::PathBuf::from(shown),
         );
         match on_blocking_pool(ws, "write", path, move |ws| ws.write_at(&p, &c, &at)).await {
-            Ok(()) => Ok(Value::Null),
+            // ACP's `WriteTextFileResponse` is an object (`{}`); a strict
+            // agent's decoder refuses `null`.
+            Ok(()) => Ok(Value::Object(serde_json::Map::new())),
             Err(e) => {
                 self.refused("fs/write_text_file", path, &e).await;
                 Err(rpc_error(&e))

@@ -213,6 +213,8 @@ impl SessionState {
             RpcMessage::Notification { method, params } => {
                 if method == methods::SESSION_UPDATE {
                     self.on_update(&params).await;
+                } else if method == methods::CANCEL_REQUEST {
+                    self.agent_withdrew(&params).await;
                 } else {
                     tracing::debug!(session = %self.record.id, %method, "ignoring unknown notification");
                 }
@@ -467,10 +469,10 @@ impl SessionState {
             self.record.protocol
         };
         match protocol {
-            crate::model::Protocol::Acp => self.respond(
-                wire,
-                Err(RpcError::new(codes::INVALID_REQUEST, why.clone())),
-            ),
+            crate::model::Protocol::Acp => {
+                let answer = self.acp_refusal(kind, why.clone());
+                self.respond(wire, answer);
+            }
             crate::model::Protocol::Intercom => {
                 let bytes = if kind == RequestKind::ForwardedPrompt {
                     self.dialect.prompt_response(&wire, "stop", Some(&why))
@@ -482,6 +484,20 @@ impl SessionState {
             crate::model::Protocol::Mcp => {}
         }
         self.tell_refusal_once(&note).await;
+    }
+
+    /// How an ACP agent is told its valid request was not taken. While the
+    /// turn is cancelled (paused, stopping), as ACP says a cancelled turn's
+    /// requests end: a permission with the `cancelled` outcome, anything
+    /// else with "request cancelled". Otherwise a server refusal with the
+    /// reason. (It was "invalid request", which SDKs read as their own bug.)
+    fn acp_refusal(&self, kind: RequestKind, why: String) -> Result<serde_json::Value, RpcError> {
+        let turn_cancelled = self.paused || matches!(self.phase, Phase::Stopping | Phase::Ended);
+        match (turn_cancelled, kind) {
+            (true, RequestKind::Permission) => Ok(crate::protocol::acp::permission_cancelled()),
+            (true, _) => Err(RpcError::new(codes::REQUEST_CANCELLED, why)),
+            (false, _) => Err(RpcError::new(codes::REFUSED, why)),
+        }
     }
 
     /// A clearance or a forwarded prompt the dialect could not read, but

@@ -273,6 +273,45 @@ impl SessionState {
         }
     }
 
+    /// `$/cancel_request`: the agent withdraws a request it made. One
+    /// still waiting is closed as cancelled, so the operator is no longer
+    /// asked about something the agent gave up on, and answered -32800, as
+    /// ACP asks of a peer that honours the notification. Without this, the
+    /// operator's later answer reached the agent as the answer to a new
+    /// request it made with the same id. Anything else is ignored.
+    pub(super) async fn agent_withdrew(&mut self, params: &serde_json::Value) {
+        let Some(wire) = params
+            .get("requestId")
+            .and_then(|v| serde_json::from_value::<RpcId>(v.clone()).ok())
+        else {
+            self.warn_agent(|| "skipping $/cancel_request without a requestId".to_owned());
+            return;
+        };
+        let Some(number) = self
+            .pending
+            .values()
+            .find(|p| p.wire == wire && !self.mcp_waiters.contains_key(&p.number))
+            .map(|p| p.number)
+        else {
+            return;
+        };
+        let Some(pending) = self.pending.remove(&number) else {
+            return;
+        };
+        self.respond(
+            wire,
+            Err(RpcError::new(
+                codes::REQUEST_CANCELLED,
+                "request cancelled: the agent withdrew it",
+            )),
+        );
+        self.close_request(&pending, RequestStatus::Cancelled, "withdrawn by the agent")
+            .await;
+        if self.pending.is_empty() {
+            self.show_activity("working", None);
+        }
+    }
+
     fn answer_cancelled(&mut self, pending: &Pending) {
         if let Some(waiter) = self.mcp_waiters.remove(&pending.number) {
             let _ = waiter.send(super::McpAnswer::Closed(RequestStatus::Cancelled));

@@ -163,6 +163,7 @@ impl SessionState {
                         crate::text::one_line(&e.to_string(), 1000)
                     )
                 };
+                tracing::warn!(session = %self.record.id, "{text}");
                 self.emit_notice(NoticeLevel::Error, &text).await;
             }
         }
