@@ -469,3 +469,47 @@ async fn auto_edits_asks_before_writing_where_the_repository_runs_hooks_from() {
     assert!(!h.workspace.join("tools/hooks/pre-commit").exists());
     assert!(!h.workspace.join("team.gitconfig").exists());
 }
+
+/// An approval is not carried out once the operator stopped the session: a
+/// probe's real agent wrote an approved file 3 s after Stop was pressed
+/// (its write arrived while the session stopped, and the approval still
+/// covered it). The write is refused, the agent told its turn was
+/// cancelled, and the operator told which file was not written.
+#[tokio::test]
+async fn a_write_an_approval_covered_is_refused_once_the_session_stops() {
+    let h = Harness::new(Knobs::default()).await;
+    let path = h.workspace.join("late.txt");
+    let body = format!(
+        r#"
+path = {path:?}
+def on(m, method, mid):
+    if method == "session/prompt":
+        send({{"jsonrpc": "2.0", "method": "session/update", "params": {{"sessionId": "s1",
+              "update": {{"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Write", "kind": "edit",
+                         "status": "pending", "content": [{{"type": "diff", "path": path, "oldText": None, "newText": "late\n"}}]}}}}}})
+        ask_for("p1", "t1")
+    elif method == "session/cancel":
+        # The write the approval covered, sent only once the stop began.
+        send({{"jsonrpc": "2.0", "id": "w1", "method": "fs/write_text_file",
+              "params": {{"sessionId": "s1", "path": path, "content": "late\n"}}}})
+"#,
+        path = path.display().to_string()
+    );
+    let profile = h.python_agent(&body);
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    let req = request_opened(&h, 1).await;
+    decide(&h, &rec.id, &req.request_id, Choice::Approve).await;
+    support::stop_as_operator(&h, &rec.id).await;
+    h.until("the refusal's notice", |e| {
+        matches!(e, intercom_actors::ports::OperatorEvent::Notice { text, .. } if text.contains("late.txt") && text.contains("not written"))
+    })
+    .await;
+    assert!(!path.exists(), "the write landed after the stop");
+    let refused = h
+        .store
+        .audit_entries()
+        .into_iter()
+        .find(|a| a.action == "fs.refused")
+        .expect("the refusal is audited");
+    assert_eq!(refused.detail["reason"], "the session is stopping");
+}

@@ -415,6 +415,49 @@ pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
                 .ok_or_else(|| format!("session/update does not match the ACP schema: {e}"));
         }
     };
+    Ok(digest(&n, params))
+}
+
+/// A whole frame that is a `session/update` notification, read straight
+/// into the schema's types: most of what an agent sends is streamed text
+/// and tool calls, and building a JSON tree first, then reading the types
+/// from it, was about a seventh of the server's time under load (see
+/// BENCHMARKS.md, "Issue 13, session 22").
+///
+/// `None` for anything else, or anything it cannot read as it stands (a
+/// request, another member, a plan, which is read leniently, a mode or
+/// config change, a string cut mid-emoji, a mismatch): the caller then
+/// takes the general path, which
+/// reads, mends or refuses it as before. So this can only be faster, never
+/// more lenient.
+pub fn parse_update_frame(body: &[u8]) -> Option<(String, Update)> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct UpdateFrame<'a> {
+        #[serde(default, borrow)]
+        #[allow(dead_code)]
+        jsonrpc: Option<&'a str>,
+        #[serde(borrow)]
+        method: &'a str,
+        #[serde(borrow)]
+        params: &'a serde_json::value::RawValue,
+    }
+    let frame: UpdateFrame = serde_json::from_slice(body).ok()?;
+    if frame.method != methods::SESSION_UPDATE {
+        return None;
+    }
+    let n: acp::SessionNotification = serde_json::from_str(frame.params.get()).ok()?;
+    if matches!(n.update, acp::SessionUpdate::Plan(_)) {
+        return None;
+    }
+    let digested = digest(&n, &Value::Null);
+    // Modes and config options are read from the raw update.
+    (!matches!(digested.1, Update::Other(_))).then_some(digested)
+}
+
+/// What the session actor needs of one update (`params`: the raw update,
+/// for a plan read leniently).
+fn digest(n: &acp::SessionNotification, params: &Value) -> (String, Update) {
     let update = match &n.update {
         acp::SessionUpdate::AgentMessageChunk(c) => Update::AgentText(text_of(&c.content)),
         acp::SessionUpdate::UserMessageChunk(c) => Update::UserText(text_of(&c.content)),
@@ -451,7 +494,7 @@ pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
                 .unwrap_or_else(|| "unknown".to_owned()),
         ),
     };
-    Ok((n.session_id.to_string(), update))
+    (n.session_id.to_string(), update)
 }
 
 /// A status outside the schema, kept when it is one short word
@@ -650,6 +693,70 @@ pub fn unified_diff_within(
 
 #[cfg(test)]
 mod tests {
+    /// The frame-level reading of an update gives exactly what the general
+    /// path gives, and leaves to it everything else.
+    #[test]
+    fn an_update_read_from_its_frame_is_the_same_as_read_from_json() {
+        let updates = [
+            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "héllo\n"}}),
+            json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "hm"}}),
+            json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Edit a.rs", "kind": "edit", "status": "pending",
+                   "content": [{"type": "diff", "path": "/w/a.rs", "oldText": "a", "newText": "b"}], "locations": [{"path": "/w/a.rs"}]}),
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed", "_meta": {"x": 1}}),
+            json!({"sessionUpdate": "usage_update", "used": 10, "size": 100}),
+        ];
+        for update in updates {
+            let params = json!({"sessionId": "s1", "update": update});
+            let line =
+                json!({"jsonrpc": "2.0", "method": "session/update", "params": params}).to_string();
+            let fast = parse_update_frame(line.as_bytes());
+            assert!(fast.is_some(), "{line}");
+            assert_eq!(fast, parse_update(&params).ok(), "{line}");
+        }
+        let plan = json!({"sessionId": "s1", "update": {"sessionUpdate": "plan", "entries": []}});
+        for line in [
+            // A request, a plan (read leniently), another member, a lone
+            // surrogate (mended), a mismatch: the general path's.
+            json!({"jsonrpc": "2.0", "id": 1, "method": "session/update", "params": plan}).to_string(),
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": plan}).to_string(),
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"x"}}},"extra":1}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"\ud83d"}}}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"nonsense"}}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"current_mode_update","currentModeId":"plan"}}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"fs/read_text_file","params":{}}"#.to_owned(),
+        ] {
+            assert_eq!(parse_update_frame(line.as_bytes()), None, "{line}");
+        }
+    }
+
+    /// How much the frame-level reading saves (run by hand:
+    /// `cargo test --release -p intercom-actors --lib update_reading_cost -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn update_reading_cost() {
+        let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess-1-1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"streaming some agent text for the operator to read. "}}}}"#;
+        let call = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess-1-1","update":{"sessionUpdate":"tool_call","toolCallId":"t1","title":"Edit file","kind":"edit","status":"pending"}}}"#;
+        for (what, line) in [("chunk", chunk), ("tool_call", call)] {
+            let n = 200_000;
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                let msg =
+                    crate::protocol::jsonrpc::RpcMessage::parse(line.as_bytes()).expect("parse");
+                let crate::protocol::jsonrpc::RpcMessage::Notification { params, .. } = msg else {
+                    panic!("a notification")
+                };
+                std::hint::black_box(parse_update(&params).expect("update"));
+            }
+            let general = t.elapsed().as_nanos() / n;
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                std::hint::black_box(parse_update_frame(line.as_bytes()).expect("update"));
+            }
+            let frame = t.elapsed().as_nanos() / n;
+            println!("{what}: general path {general} ns, from the frame {frame} ns");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -128,6 +128,9 @@ impl SessionState {
             Err(e) => return self.respond(id, Err(RpcError::new(codes::INVALID_PARAMS, e))),
         };
         let path = path.display().to_string();
+        if let Some(why) = self.not_working_for_anyone() {
+            return self.write_refused(id, &path, why).await;
+        }
         let checked = match self.workspace() {
             Ok(ws) => {
                 let p = path.clone();
@@ -212,6 +215,51 @@ impl SessionState {
     /// is: the operator sees the first [`noise`](super::noise) allows per
     /// window (the next one says how many were left out), each with its
     /// path and reason cut to [`SHOWN_PATH_BYTES`].
+    /// Why the agent is not working for anyone now (paused, stopping), so
+    /// a write it asks for is not done even when an approval covered it:
+    /// a probe's write, approved just before Stop, landed 3 s after it.
+    fn not_working_for_anyone(&self) -> Option<NotWorking> {
+        if matches!(self.phase, super::Phase::Stopping | super::Phase::Ended) {
+            Some(NotWorking {
+                why: "the session is stopping",
+                after: "the session began to stop",
+            })
+        } else if self.paused {
+            Some(NotWorking {
+                why: "the session is paused",
+                after: "the session was paused",
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Answers a write refused because of `why` (ACP: its turn was
+    /// cancelled) and tells the operator which file was not written, in the
+    /// audit log and a notice (bounded like other refusals): an approved
+    /// request read "decided" while its file never changed.
+    async fn write_refused(&mut self, id: RpcId, path: &str, not: NotWorking) {
+        let why = not.why;
+        self.warn_agent(|| format!("fs/write_text_file refused: {why}"));
+        self.respond(
+            id,
+            Err(RpcError::new(
+                codes::REQUEST_CANCELLED,
+                format!("write cancelled: {why}"),
+            )),
+        );
+        if let Verdict::Log { left_out } = self.refusals.admit(Instant::now()) {
+            let shown = crate::text::shorten(path, SHOWN_PATH_BYTES);
+            let detail = json!({"method": "fs/write_text_file", "path": shown, "reason": why, "refusals_left_out": left_out});
+            self.audit("system", "fs.refused", detail).await;
+            let text = format!(
+                "The agent asked to write {shown} after {}; it was not written (no earlier approval covers it now).",
+                not.after
+            );
+            self.emit_notice(NoticeLevel::Warning, &text).await;
+        }
+    }
+
     async fn refused(&mut self, method: &str, path: &str, e: &FsError) {
         let reason = crate::text::shorten(&e.to_string(), SHOWN_PATH_BYTES);
         self.warn_agent(|| format!("{method} refused: {reason}"));
@@ -236,6 +284,14 @@ impl SessionState {
         self.audit("system", "fs.refused", detail).await;
         self.emit_notice(NoticeLevel::Warning, &text).await;
     }
+}
+
+/// Why a session's agent is not working for anyone: what the agent is
+/// told, and what the operator reads.
+#[derive(Debug, Clone, Copy)]
+struct NotWorking {
+    why: &'static str,
+    after: &'static str,
 }
 
 /// At most this many of one session's file reads run at once. Agents wait

@@ -126,6 +126,12 @@ impl SessionState {
     }
 
     async fn on_frame(&mut self, body: &[u8]) {
+        if self.is_acp()
+            && let Some((_, update)) = crate::protocol::acp::parse_update_frame(body)
+        {
+            self.apply_update(update, &Value::Null).await;
+            return;
+        }
         let msg = match RpcMessage::parse(body) {
             Ok(m) => m,
             Err(ParseError::Batch { len, requests }) => {

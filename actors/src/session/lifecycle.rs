@@ -224,6 +224,9 @@ impl SessionState {
         let was_ready = self.phase == Phase::Ready;
         self.phase = Phase::Stopping;
         self.stopping = Some(cause);
+        // What was approved is not carried out once the operator stopped
+        // the session (writes are refused while stopping, covered or not).
+        self.toolcalls.clear_grants();
         if was_ready && (self.turn.is_some() || !self.is_acp()) {
             self.cancel_turn("session stopping").await;
         }

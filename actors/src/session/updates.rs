@@ -21,13 +21,15 @@ const MAX_PLAN_ENTRIES: usize = 500;
 
 impl SessionState {
     pub(super) async fn on_update(&mut self, params: &Value) {
-        let (_, update) = match acp::parse_update(params) {
-            Ok(u) => u,
-            Err(e) => {
-                self.warn_agent(|| format!("skipping session/update: {e}"));
-                return;
-            }
-        };
+        match acp::parse_update(params) {
+            Ok((_, update)) => self.apply_update(update, params).await,
+            Err(e) => self.warn_agent(|| format!("skipping session/update: {e}")),
+        }
+    }
+
+    /// Takes in one update the agent sent (`params`: the raw update, read
+    /// for what only it holds: modes and config options).
+    pub(super) async fn apply_update(&mut self, update: acp::Update, params: &Value) {
         if self.replaying {
             // History replayed by session/load is already in our transcript.
             self.replayed += 1;

@@ -198,7 +198,7 @@ impl SupervisorState {
         };
         if expired.is_empty() && mid_turn {
             format!(
-                "The server restarted during the agent's turn; resuming this session, and {then}."
+                "The server restarted during the agent's turn; resuming this session, and {then}. What the agent wrote in its last moment before the restart may be missing above (text is stored within a second)."
             )
         } else if expired.is_empty() && queued > 0 {
             format!("The server restarted; resuming this session, and {then}.")
