@@ -1044,3 +1044,42 @@ async fn a_failed_start_with_only_its_first_prompt_leaves_no_row() {
 fn exits_at_initialize() -> String {
     format!("{HOLD_INITIALIZE_UNTIL_GO}\nEXIT_AT_GO = True\ndef on(m, method, mid):\n    pass\n")
 }
+
+/// History an agent replays after answering `session/load` (Gemini CLI
+/// does; the spec has it before the answer) is not new activity: it read as
+/// the agent redoing earlier writes, old replies glued to new ones. While
+/// no turn runs after a load, transcript updates are history; state the
+/// agent reports (usage, modes) still counts.
+#[tokio::test]
+async fn history_replayed_after_a_load_answer_is_not_new_activity() {
+    let h = Harness::new(Knobs::default()).await;
+    let usage = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "$SESSION_ID",
+        "update": {"sessionUpdate": "usage_update", "used": 42, "size": 100}}});
+    let scenario = json!({"load_session": true,
+        "after_load": [
+            {"user_chunk": "the first prompt, again"},
+            {"chunk": "OLD REPLY"},
+            {"tool_call": {"id": "old1", "title": "Write old.txt", "kind": "edit", "status": "completed"}},
+            {"raw": usage.to_string()}
+        ],
+        "turns": [[{"chunk": "first turn done"}]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "first turn done").await;
+    restart_as_owner(&h, &rec.id).await;
+    until_resumed(&h, &rec.id).await;
+    // The usage the agent sent last is seen: what came before it was read.
+    h.until("the usage sent after the replay", |e| {
+        matches!(e, OperatorEvent::Usage { session_id, usage } if session_id == &rec.id && usage.used == 42)
+    })
+    .await;
+    let text = h.transcript_text(&rec.id).await;
+    assert!(!text.contains("OLD REPLY"), "{text}");
+    assert!(!text.contains("Write old.txt"), "{text}");
+    // The next turn is the agent's own again (the new process plays its
+    // first turn).
+    steer(&h, &rec.id, "next").await;
+    let text = h
+        .until_transcript(&rec.id, "prompt: nextfirst turn done")
+        .await;
+    assert!(!text.contains("OLD REPLY"), "{text}");
+}

@@ -139,8 +139,9 @@ impl SessionState {
                         .await;
                 }
             }
-            (Outgoing::LoadSession { .. }, Ok(result)) => {
+            (Outgoing::LoadSession { method }, Ok(result)) => {
                 self.replaying = false;
+                self.replay_tail = method == methods::SESSION_LOAD;
                 self.learn_agent_options(&result);
                 tracing::info!(session = %self.record.id, replayed = self.replayed, "agent session resumed");
                 self.on_ready(true).await;

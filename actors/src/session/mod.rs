@@ -517,6 +517,10 @@ pub struct SessionState {
     auth_tried: bool,
     pending_failure: Option<StartError>,
     replaying: bool,
+    /// After a `session/load` answer, until the next prompt: what the agent
+    /// streams while no turn runs is history it replays late (Gemini CLI
+    /// sends it after its answer), never new work.
+    replay_tail: bool,
     replayed: usize,
     dialect: DialectWriter,
 

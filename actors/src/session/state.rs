@@ -45,6 +45,7 @@ impl SessionState {
             auth_tried: false,
             pending_failure: None,
             replaying: false,
+            replay_tail: false,
             replayed: 0,
             dialect: DialectWriter::default(),
             next_rpc_id: 0,

@@ -45,6 +45,8 @@ impl SessionState {
 
     /// [`Self::send_prompt`], with the write confirmed under `token`.
     async fn prompt_agent(&mut self, text: String, role: Role, token: Option<u64>) -> bool {
+        // From here on, what the agent streams is this turn's.
+        self.replay_tail = false;
         let sent = match self.record.protocol {
             Protocol::Acp => {
                 let Some(sid) = self.acp_session.clone() else {

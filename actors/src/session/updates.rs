@@ -30,8 +30,19 @@ impl SessionState {
     /// Takes in one update the agent sent (`params`: the raw update, read
     /// for what only it holds: modes and config options).
     pub(super) async fn apply_update(&mut self, update: acp::Update, params: &Value) {
-        if self.replaying {
-            // History replayed by session/load is already in our transcript.
+        let history = matches!(
+            update,
+            Update::AgentText(_)
+                | Update::UserText(_)
+                | Update::Thought(_)
+                | Update::ToolCall(_)
+                | Update::ToolCallUpdate(_)
+                | Update::Plan(_)
+        );
+        if self.replaying || (self.replay_tail && self.turn.is_none() && history) {
+            // History replayed by session/load is already in our transcript
+            // (Gemini CLI replays it after answering: it read as the agent
+            // redoing earlier writes).
             self.replayed += 1;
             return;
         }

@@ -243,6 +243,8 @@ fn load_session(agent: &mut Agent, id: Value, params: &Value) {
     steps::run(agent, &steps);
     agent.phase = Phase::Idle;
     respond(agent, id, Value::Null);
+    let late = agent.scenario.after_load.clone();
+    steps::run(agent, &late);
 }
 
 fn prompt(agent: &mut Agent, id: Value, params: &Value) {

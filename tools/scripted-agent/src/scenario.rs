@@ -63,6 +63,10 @@ pub struct Scenario {
     pub turns: Vec<Vec<Step>>,
     #[serde(default)]
     pub on_load: Vec<Step>,
+    /// Steps run right after answering `session/load`: history replayed
+    /// late, as Gemini CLI does (the spec has it before the answer).
+    #[serde(default)]
+    pub after_load: Vec<Step>,
     /// Advertise `loadSession` but answer every `session/load` with this
     /// error, as real agents do for a session they lost with their process
     /// (Gemini CLI: "Invalid session identifier").
@@ -311,6 +315,7 @@ impl Scenario {
             on_start: Vec::new(),
             turns: vec![turn],
             on_load: Vec::new(),
+            after_load: Vec::new(),
             load_error: None,
             rtt_log: None,
         }
