@@ -85,8 +85,10 @@ impl SessionState {
                         );
                         self.warn_agent(|| text.clone());
                         // Charged like the agent's own entries: 3,000 such
-                        // lines kept 3,000 notes past the turn's budget.
-                        if self.agent_may_write(text.len()).await {
+                        // lines kept 3,000 notes past the turn's budget. Not
+                        // for history a resumed agent replays: its note is
+                        // in the transcript already, once.
+                        if !self.hearing_history() && self.agent_may_write(text.len()).await {
                             self.note(Role::System, MessageKind::Error, &text);
                         }
                         // Answered on the request's id when its start

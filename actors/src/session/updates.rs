@@ -27,6 +27,12 @@ impl SessionState {
         }
     }
 
+    /// Whether what the agent streams now is history a `session/load`
+    /// replays: during the load, or after its answer while no turn runs.
+    pub(super) fn hearing_history(&self) -> bool {
+        self.replaying || (self.replay_tail && self.turn.is_none())
+    }
+
     /// Takes in one update the agent sent (`params`: the raw update, read
     /// for what only it holds: modes and config options).
     pub(super) async fn apply_update(&mut self, update: acp::Update, params: &Value) {
@@ -39,7 +45,7 @@ impl SessionState {
                 | Update::ToolCallUpdate(_)
                 | Update::Plan(_)
         );
-        if self.replaying || (self.replay_tail && self.turn.is_none() && history) {
+        if self.replaying || (history && self.hearing_history()) {
             // History replayed by session/load is already in our transcript
             // (Gemini CLI replays it after answering: it read as the agent
             // redoing earlier writes).
