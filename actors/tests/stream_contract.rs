@@ -1052,6 +1052,54 @@ for line in sys.stdin:
     shutdown(&h).await;
 }
 
+/// A permission for a tool call whose announcement (with its diff) was
+/// over `max_line_bytes` says its change is not shown: a probe's operator
+/// approved a real agent's 40 KB write blind, then was asked again.
+#[tokio::test]
+async fn a_permission_whose_announcement_was_too_long_says_its_change_is_not_shown() {
+    const AGENT: &str = r#"
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    method = m.get("method")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
+    elif method == "session/prompt":
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1", "update": {
+              "sessionUpdate": "tool_call", "toolCallId": "t9", "title": "Write big.txt", "kind": "edit",
+              "content": [{"type": "diff", "path": "big.txt", "oldText": None, "newText": "x" * 8000}]}}})
+        send({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission", "params": {"sessionId": "s1",
+              "toolCall": {"toolCallId": "t9", "title": "Write big.txt"},
+              "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"}]}})
+"#;
+    let mut knobs = Knobs::default();
+    knobs.limits.max_line_bytes = 4096;
+    let h = Harness::new(knobs).await;
+    let mut profile = h.profile(json!({}));
+    profile.command = "python3".into();
+    profile.args = vec!["-c".into(), AGENT.into()];
+    h.start_req(h.request(profile, "go")).await.expect("start");
+    let opened = h
+        .until("the permission", |e| {
+            matches!(e, OperatorEvent::RequestOpened { .. })
+        })
+        .await;
+    let OperatorEvent::RequestOpened { request } = opened else {
+        unreachable!()
+    };
+    assert!(request.diff.is_none(), "{request:?}");
+    assert!(
+        request.title.contains("its change is not shown")
+            && request.title.contains("max_line_bytes"),
+        "{}",
+        request.title
+    );
+}
+
 #[tokio::test]
 async fn a_live_session_survives_garbage_from_its_agent() {
     let h = Harness::new(Knobs::default()).await;

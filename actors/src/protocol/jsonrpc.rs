@@ -385,6 +385,22 @@ pub fn request_id_in_head(head: &[u8]) -> Option<RpcId> {
     }
 }
 
+/// The string value of the first `"key":` member in `head` (the start of a
+/// message too long to read), when it has no escapes; at most 256 bytes.
+pub fn string_member_in_head(head: &[u8], key: &str) -> Option<String> {
+    let quoted = format!("\"{key}\"");
+    let at = memchr::memmem::find(head, quoted.as_bytes())?;
+    let value = head[at + quoted.len()..]
+        .trim_ascii_start()
+        .strip_prefix(b":")?
+        .trim_ascii_start()
+        .strip_prefix(b"\"")?;
+    let end = memchr::memchr2(b'"', b'\\', value)?;
+    (value[end] == b'"' && end <= 256)
+        .then(|| std::str::from_utf8(&value[..end]).ok().map(str::to_owned))
+        .flatten()
+}
+
 /// Truncates raw input for a log line: at most `max` bytes, valid UTF-8.
 pub fn truncate_for_log(raw: &[u8], max: usize) -> String {
     let cut = &raw[..raw.len().min(max)];
@@ -418,6 +434,14 @@ mod tests {
         assert_eq!(find(r#"{"method":"m","params":{"id":5,"x":"#), None);
         assert_eq!(find(r#"{"jsonrpc":"2.0","id":3,"result":{"a":"#), None);
         assert_eq!(find(r#"{"method":"m","id":12"#), None);
+        assert_eq!(
+            string_member_in_head(br#"{"params":{"update":{"sessionUpdate":"tool_call","toolCallId" : "toolu_1","content":"#, "toolCallId"),
+            Some("toolu_1".into())
+        );
+        assert_eq!(
+            string_member_in_head(br#"{"toolCallId":"a\"b"}"#, "toolCallId"),
+            None
+        );
         assert_eq!(find(r#"{"method":"m","id":"a\"b","params":"#), None);
     }
 

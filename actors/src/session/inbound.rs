@@ -91,6 +91,7 @@ impl SessionState {
                         if !self.hearing_history() && self.agent_may_write(text.len()).await {
                             self.note(Role::System, MessageKind::Error, &text);
                         }
+                        self.note_oversized_tool(&head);
                         // Answered on the request's id when its start
                         // names one: the agent may be waiting on it.
                         let id = crate::protocol::jsonrpc::request_id_in_head(&head);
@@ -276,6 +277,15 @@ impl SessionState {
             .unwrap_or_else(|| format!("{} {}", shown.kind.as_deref().unwrap_or("tool"), tool_id));
         let title = toolcalls::title_with_command(title, shown.command.as_deref());
         let diff = (!shown.diffs.is_empty()).then(|| shown.diffs.join("\n"));
+        // Its announcement (with the diff) could not be read: said, so the
+        // operator does not approve a change they were never shown.
+        let title = if diff.is_none() && self.oversized_tools.contains(&tool_id) {
+            format!(
+                "{title} (its change is not shown: the agent's announcement of it was over limits.max_line_bytes)"
+            )
+        } else {
+            title
+        };
         let mut options = ask.options;
         let cancel_option = super::requests::add_reject_if_missing(&mut options);
         let opened = self
@@ -299,6 +309,23 @@ impl SessionState {
                 p.cancel_option = cancel_option;
             }
             self.apply_rules(n, shown.kind, shown.command).await;
+        }
+    }
+
+    /// Remembers the tool call an over-long `session/update` announced,
+    /// when its start names one.
+    fn note_oversized_tool(&mut self, head: &[u8]) {
+        use crate::protocol::jsonrpc::string_member_in_head;
+        if !self.is_acp()
+            || string_member_in_head(head, "method").as_deref() != Some(methods::SESSION_UPDATE)
+        {
+            return;
+        }
+        if let Some(tool) = string_member_in_head(head, "toolCallId") {
+            if self.oversized_tools.len() >= super::OVERSIZED_TOOLS_KEPT {
+                self.oversized_tools.pop_front();
+            }
+            self.oversized_tools.push_back(tool);
         }
     }
 

@@ -386,6 +386,9 @@ pub struct SessionArgs {
     pub supervisor: Option<ActorRef<SupervisorMsg>>,
 }
 
+/// How many oversized tool call announcements a session remembers.
+const OVERSIZED_TOOLS_KEPT: usize = 64;
+
 /// Where the handshake is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -521,6 +524,10 @@ pub struct SessionState {
     /// streams while no turn runs is history it replays late (Gemini CLI
     /// sends it after its answer), never new work.
     replay_tail: bool,
+    /// Tool calls whose announcement was over `max_line_bytes` (newest
+    /// last, at most [`OVERSIZED_TOOLS_KEPT`]): a permission for one says
+    /// its change could not be shown, instead of showing no diff silently.
+    oversized_tools: std::collections::VecDeque<String>,
     replayed: usize,
     dialect: DialectWriter,
 

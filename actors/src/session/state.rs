@@ -46,6 +46,7 @@ impl SessionState {
             pending_failure: None,
             replaying: false,
             replay_tail: false,
+            oversized_tools: std::collections::VecDeque::new(),
             replayed: 0,
             dialect: DialectWriter::default(),
             next_rpc_id: 0,
