@@ -870,37 +870,24 @@ for line in sys.stdin:
 #[tokio::test]
 async fn an_unreadable_request_is_answered_on_the_id_it_can_match() {
     const AGENT: &str = r#"
-import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-def say(text):
-    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
-          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text + "\n"}}}})
-for line in sys.stdin:
-    m = json.loads(line)
-    method = m.get("method")
-    if method == "initialize":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
-    elif method == "session/new":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
-    elif method == "session/prompt":
-        turn = m["id"]
+def on(m, method, mid):
+    global turn
+    if method == "session/prompt":
+        turn = mid
         send({"jsonrpc": "2.0", "id": None, "method": "fs/read_text_file", "params": {"sessionId": "s1", "path": "/etc/hostname"}})
         send({"jsonrpc": "2.0", "id": 6, "method": 42})
         send({"jsonrpc": "2.0", "id": "big1", "method": "fs/write_text_file",
               "params": {"sessionId": "s1", "path": "big.txt", "content": "x" * 8000}})
-    elif "method" not in m:
+    elif method is None:
         err = m.get("error") or {}
-        say("answer %r: %s %s" % (m.get("id"), err.get("code"), err.get("message", "")[:60]))
-        if m.get("id") == "big1":
+        chunk("answer %r: %s %s\n" % (mid, err.get("code"), err.get("message", "")[:60]))
+        if mid == "big1":
             send({"jsonrpc": "2.0", "id": turn, "result": {"stopReason": "end_turn"}})
 "#;
     let mut knobs = Knobs::default();
     knobs.limits.max_line_bytes = 4096;
     let h = Harness::new(knobs).await;
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec!["-c".into(), AGENT.into()];
+    let profile = h.python_agent(AGENT);
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
     let text = h.until_transcript(&rec.id, "answer 'big1'").await;
     for answer in [
@@ -920,38 +907,23 @@ for line in sys.stdin:
 #[tokio::test]
 async fn requests_after_a_pause_are_answered_as_cancelled() {
     const AGENT: &str = r#"
-import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-def say(text):
-    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
-          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text + "\n"}}}})
-def ask(i):
+def gate(i):
     send({"jsonrpc": "2.0", "id": i, "method": "session/request_permission", "params": {"sessionId": "s1",
           "toolCall": {"toolCallId": i, "title": "gate " + i},
           "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"}]}})
-for line in sys.stdin:
-    m = json.loads(line)
-    method = m.get("method")
-    if method == "initialize":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
-    elif method == "session/new":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
-    elif method == "session/prompt":
-        turn = m["id"]
-        ask("p1")
-    elif "method" not in m:
+def on(m, method, mid):
+    if method == "session/prompt":
+        gate("p1")
+    elif method is None:
         got = m.get("result") or m.get("error")
-        say("answer %s: %s" % (m.get("id"), json.dumps(got, sort_keys=True)))
-        if m.get("id") == "p1":
+        chunk("answer %s: %s\n" % (mid, json.dumps(got, sort_keys=True)))
+        if mid == "p1":
             # Asks again, as if it had not seen the cancel.
-            ask("p2")
+            gate("p2")
             send({"jsonrpc": "2.0", "id": "r1", "method": "fs/read_text_file", "params": {"sessionId": "s1", "path": "a.txt"}})
 "#;
     let h = Harness::new(Knobs::default()).await;
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec!["-c".into(), AGENT.into()];
+    let profile = h.python_agent(AGENT);
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
     h.until("the first request", |e| {
         matches!(e, OperatorEvent::RequestOpened { .. })
@@ -984,38 +956,23 @@ for line in sys.stdin:
 #[tokio::test]
 async fn an_agent_may_withdraw_a_waiting_request() {
     const AGENT: &str = r#"
-import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-def say(text):
-    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
-          "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text + "\n"}}}})
-def ask(title):
+def gate(title):
     send({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission", "params": {"sessionId": "s1",
           "toolCall": {"toolCallId": "t1", "title": title},
           "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"},
                       {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}})
-for line in sys.stdin:
-    m = json.loads(line)
-    method = m.get("method")
-    if method == "initialize":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
-    elif method == "session/new":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
-    elif method == "session/prompt":
-        turn = m["id"]
-        ask("first thought")
+def on(m, method, mid):
+    if method == "session/prompt":
+        gate("first thought")
         send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": "p1"}})
-    elif "method" not in m:
+    elif method is None:
         got = m.get("result") or m.get("error")
-        say("answer %s: %s" % (m.get("id"), json.dumps(got, sort_keys=True)))
+        chunk("answer %s: %s\n" % (mid, json.dumps(got, sort_keys=True)))
         if "error" in m:
-            ask("second thought")
+            gate("second thought")
 "#;
     let h = Harness::new(Knobs::default()).await;
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec!["-c".into(), AGENT.into()];
+    let profile = h.python_agent(AGENT);
     let rec = h.start_req(h.request(profile, "go")).await.expect("start");
     let text = h
         .until_transcript(&rec.id, "answer p1: {\"code\": -32800")
@@ -1058,30 +1015,17 @@ for line in sys.stdin:
 #[tokio::test]
 async fn a_permission_whose_announcement_was_too_long_says_its_change_is_not_shown() {
     const AGENT: &str = r#"
-import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
-for line in sys.stdin:
-    m = json.loads(line)
-    method = m.get("method")
-    if method == "initialize":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
-    elif method == "session/new":
-        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
-    elif method == "session/prompt":
+def on(m, method, mid):
+    if method == "session/prompt":
         send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1", "update": {
               "sessionUpdate": "tool_call", "toolCallId": "t9", "title": "Write big.txt", "kind": "edit",
               "content": [{"type": "diff", "path": "big.txt", "oldText": None, "newText": "x" * 8000}]}}})
-        send({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission", "params": {"sessionId": "s1",
-              "toolCall": {"toolCallId": "t9", "title": "Write big.txt"},
-              "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"}]}})
+        ask_for("p1", "t9")
 "#;
     let mut knobs = Knobs::default();
     knobs.limits.max_line_bytes = 4096;
     let h = Harness::new(knobs).await;
-    let mut profile = h.profile(json!({}));
-    profile.command = "python3".into();
-    profile.args = vec!["-c".into(), AGENT.into()];
+    let profile = h.python_agent(AGENT);
     h.start_req(h.request(profile, "go")).await.expect("start");
     let opened = h
         .until("the permission", |e| {
