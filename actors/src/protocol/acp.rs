@@ -412,10 +412,31 @@ pub fn parse_update(params: &Value) -> Result<(String, Update), String> {
         Ok(n) => n,
         Err(e) => {
             return lenient_plan(params)
+                .or_else(|| lenient_chunk(params))
                 .ok_or_else(|| format!("session/update does not match the ACP schema: {e}"));
         }
     };
     Ok(digest(&n, params))
+}
+
+/// A message chunk whose content block is of a type this schema does not
+/// know (a newer agent's): shown as non-text content, as a known non-text
+/// block is, rather than the whole chunk dropped unseen.
+fn lenient_chunk(params: &Value) -> Option<(String, Update)> {
+    let update = params.get("update")?;
+    let kind = update.get("content")?.get("type")?.as_str()?;
+    if kind == "text" {
+        return None; // a text block that did not match: a real mismatch
+    }
+    let session = params.get("sessionId")?.as_str()?.to_owned();
+    let text = "[non-text content]".to_owned();
+    let update = match update.get("sessionUpdate")?.as_str()? {
+        "agent_message_chunk" => Update::AgentText(text),
+        "agent_thought_chunk" => Update::Thought(text),
+        "user_message_chunk" => Update::UserText(text),
+        _ => return None,
+    };
+    Some((session, update))
 }
 
 /// A whole frame that is a `session/update` notification, read straight
@@ -727,6 +748,25 @@ mod tests {
         ] {
             assert_eq!(parse_update_frame(line.as_bytes()), None, "{line}");
         }
+    }
+
+    /// A chunk of a content type the schema does not know is shown as
+    /// non-text content, not dropped; a text block that does not match
+    /// stays an error.
+    #[test]
+    fn a_chunk_of_an_unknown_content_type_is_shown_as_non_text() {
+        let params = json!({"sessionId": "s1", "update": {"sessionUpdate": "agent_message_chunk",
+            "content": {"type": "hologram", "data": "..."}}});
+        assert_eq!(
+            parse_update(&params),
+            Ok((
+                "s1".to_owned(),
+                Update::AgentText("[non-text content]".into())
+            ))
+        );
+        let bad = json!({"sessionId": "s1", "update": {"sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text"}}});
+        assert!(parse_update(&bad).is_err());
     }
 
     /// How much the frame-level reading saves (run by hand:
