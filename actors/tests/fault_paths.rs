@@ -1083,3 +1083,35 @@ async fn history_replayed_after_a_load_answer_is_not_new_activity() {
         .await;
     assert!(!text.contains("OLD REPLY"), "{text}");
 }
+
+/// A tool call streamed right after a load is not shown (it may be replayed
+/// history), but it still counts for the permission that names it: a
+/// probe's agent announced `rm -rf` there and asked by id alone, and the
+/// request reached rules and the operator without its command.
+#[tokio::test]
+async fn a_tool_call_in_the_replay_tail_still_counts_for_its_permission() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"load_session": true,
+        "after_load": [
+            {"tool_call": {"id": "rm1", "title": "Run", "kind": "execute", "status": "pending",
+                           "raw_input": {"command": "rm -rf victim"}}},
+            {"permission": {"tool_call_id": "rm1"}}
+        ],
+        "turns": [[{"chunk": "first turn done"}]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "first turn done").await;
+    restart_as_owner(&h, &rec.id).await;
+    let opened = h
+        .until("the permission after the load", |e| {
+            matches!(e, OperatorEvent::RequestOpened { request } if request.session_id == rec.id)
+        })
+        .await;
+    let OperatorEvent::RequestOpened { request } = opened else {
+        unreachable!()
+    };
+    assert_eq!(
+        request.command.as_deref(),
+        Some("rm -rf victim"),
+        "{request:?}"
+    );
+}

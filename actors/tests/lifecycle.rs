@@ -1628,8 +1628,10 @@ async fn a_pause_ends_what_the_cut_turn_was_allowed_to_write() {
     decide(&h, &rec.id, "req-1", Choice::Approve).await;
     let actor = h.actor(&rec.id).await;
     pause(&actor).await;
+    // The notice names the file that was not written.
     h.until("the refusal while paused", |e| {
-        matches!(e, OperatorEvent::Notice { text, .. } if text.contains("while the session was paused"))
+        matches!(e, OperatorEvent::Notice { text, .. }
+            if text.contains("notes.txt") && text.contains("after the session was paused") && text.contains("not written"))
     })
     .await;
     assert!(!target.exists(), "written while paused");

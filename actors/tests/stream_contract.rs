@@ -1044,6 +1044,45 @@ def on(m, method, mid):
     );
 }
 
+/// An unreadable request reusing the id of one still waiting is not
+/// answered on that id: the agent would take the error for the waiting
+/// request's answer, while the operator's decision came later as a second.
+#[tokio::test]
+async fn an_unreadable_request_is_not_answered_on_a_waiting_id() {
+    const AGENT: &str = r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        ask_for("p9", "t9")
+        send({"jsonrpc": "2.0", "id": "p9", "method": "fs/write_text_file",
+              "params": {"sessionId": "s1", "path": "big.txt", "content": "x" * 8000}})
+        send({"jsonrpc": "2.0", "id": "p9", "method": 5})
+    elif method is None:
+        got = m.get("result") or m.get("error")
+        chunk("answer %s: %s\n" % (mid, json.dumps(got, sort_keys=True)))
+"#;
+    let mut knobs = Knobs::default();
+    knobs.limits.max_line_bytes = 4096;
+    let h = Harness::new(knobs).await;
+    let profile = h.python_agent(AGENT);
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    h.until("the permission", |e| {
+        matches!(e, OperatorEvent::RequestOpened { .. })
+    })
+    .await;
+    let text = h.until_transcript(&rec.id, "method is not a string").await;
+    decide_as(&h, &rec.id, "req-1", Choice::Reject, None, Caller::local())
+        .await
+        .expect("decided");
+    let text = if text.contains("answer p9") {
+        text
+    } else {
+        h.until_transcript(&rec.id, "answer p9").await
+    };
+    assert_eq!(text.matches("answer p9").count(), 1, "{text}");
+    assert!(text.contains("answer None: {\"code\": -32600"), "{text}");
+    assert!(text.contains(r#"answer p9: {"outcome""#), "{text}");
+}
+
 #[tokio::test]
 async fn a_live_session_survives_garbage_from_its_agent() {
     let h = Harness::new(Knobs::default()).await;

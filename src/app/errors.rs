@@ -116,7 +116,9 @@ pub(crate) fn already(id: &str, status: &str) -> String {
         "expired" => {
             "; the server restarted after it was asked, so its agent can no longer receive an answer (a resumed agent asks again under a new id: GET /api/approvals?status=pending)"
         }
-        "cancelled" => "; its turn or session ended before anyone decided",
+        "cancelled" => {
+            "; its turn or session ended, or its agent withdrew it, before anyone decided"
+        }
         _ => "",
     };
     format!("request {id} is already {status}{hint}")

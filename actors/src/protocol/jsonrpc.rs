@@ -343,16 +343,23 @@ fn parse_id(v: Value) -> Result<RpcId, ParseError> {
 /// error can be answered on it: an agent writing a file over the line limit
 /// otherwise waited for ever for an answer that went to id null.
 ///
-/// Only a `"method"` and an `"id"` member that both come before any
-/// `"params"` count (the order agents write; an `"id"` after it could be a
-/// member of the params), and only an integer id or a string id without
-/// escapes. Anything else is `None`: answered with a null id, as before.
+/// Only members of the top-level object count, and only a `"method"` and an
+/// `"id"` that both come before any `"params"` (the order agents write; a
+/// nested `"id"`, as in `_meta`, is not the request's), and only an integer
+/// id or a string id without escapes. Anything else is `None`: answered
+/// with a null id, as before.
 pub fn request_id_in_head(head: &[u8]) -> Option<RpcId> {
-    let before_params = memchr::memmem::find(head, b"\"params\"").map_or(head, |at| &head[..at]);
-    memchr::memmem::find(before_params, b"\"method\"")?;
-    let at = memchr::memmem::find(before_params, b"\"id\"")?;
-    let rest = before_params[at + 4..].trim_ascii_start();
-    let value = rest.strip_prefix(b":")?.trim_ascii_start();
+    let mut method = false;
+    let mut id_at = None;
+    for (key, value_at) in top_level_members(head) {
+        match key {
+            b"params" => break,
+            b"method" => method = true,
+            b"id" => id_at = Some(value_at),
+            _ => {}
+        }
+    }
+    let value = &head[id_at.filter(|_| method)?..];
     match value.first()? {
         b'"' => {
             let body = &value[1..];
@@ -383,6 +390,51 @@ pub fn request_id_in_head(head: &[u8]) -> Option<RpcId> {
                 .map(RpcId::Num)
         }
     }
+}
+
+/// The members of the object `head` starts with, as far as `head` goes:
+/// each key (as written, escapes and all) and where its value starts.
+/// Strings are skipped whole and nesting is counted, so a key inside a
+/// nested object or a string is never taken for one of the top level.
+fn top_level_members(head: &[u8]) -> Vec<(&[u8], usize)> {
+    let mut members = Vec::new();
+    if head.trim_ascii_start().first() != Some(&b'{') {
+        return members;
+    }
+    let (mut depth, mut i, mut expect_key) = (0usize, 0usize, false);
+    while i < head.len() {
+        match head[i] {
+            b'"' => {
+                let start = i + 1;
+                let mut j = start;
+                while j < head.len() && head[j] != b'"' {
+                    j += if head[j] == b'\\' { 2 } else { 1 };
+                }
+                if j >= head.len() {
+                    break;
+                }
+                if depth == 1 && expect_key {
+                    let after = head[j + 1..].trim_ascii_start();
+                    if let Some(value) = after.strip_prefix(b":") {
+                        members
+                            .push((&head[start..j], head.len() - value.trim_ascii_start().len()));
+                    }
+                    expect_key = false;
+                }
+                i = j + 1;
+                continue;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                expect_key = depth == 1;
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' if depth == 1 => expect_key = true,
+            _ => {}
+        }
+        i += 1;
+    }
+    members
 }
 
 /// The string value of the first `"key":` member in `head` (the start of a
@@ -443,6 +495,21 @@ mod tests {
             None
         );
         assert_eq!(find(r#"{"method":"m","id":"a\"b","params":"#), None);
+        // A nested id (a probe's `_meta`), a method or id inside a string
+        // or a nested object: not the request's.
+        assert_eq!(
+            find(r#"{"method":"session/update","_meta":{"id":4242},"params":{"#),
+            None
+        );
+        assert_eq!(
+            find(r#"{"x":"\"id\":5,","method":"m","y":{"id":66},"params":"#),
+            None
+        );
+        assert_eq!(find(r#"{"id":1,"result":{"method":"m","x":"#), None);
+        assert_eq!(
+            find(r#"{"x":{"id":3},"id":4,"method":"m","params":"#),
+            Some(RpcId::Num(4))
+        );
     }
 
     #[test]

@@ -31,6 +31,13 @@ pub(super) const BYTES_PER_TURN: usize = 8 * crate::transcript::MAX_PAGE_BYTES;
 /// transcript still reaches the operator with its next request.
 pub(super) const REQUESTS_PER_TURN: usize = 1_000;
 
+/// Requests the agent may withdraw (`$/cancel_request`) between two
+/// prompts. Each withdrawal frees a place among the waiting requests, so
+/// without a bound an agent opening and withdrawing in a loop put a
+/// probe's 1,000 requests before the operator instead of the 32 that may
+/// wait at once. Past it, a withdrawal is ignored: the request waits.
+pub(super) const WITHDRAWALS_PER_TURN: usize = 32;
+
 /// What the agent made the session write since the last prompt.
 #[derive(Debug, Default)]
 pub(super) struct TurnBudget {
@@ -38,6 +45,7 @@ pub(super) struct TurnBudget {
     bytes: usize,
     spent: bool,
     requests: usize,
+    withdrawals: usize,
 }
 
 /// What [`TurnBudget::spend`] decided.
@@ -72,6 +80,15 @@ impl TurnBudget {
             return false;
         }
         self.requests += 1;
+        true
+    }
+
+    /// Counts one withdrawal; false past [`WITHDRAWALS_PER_TURN`].
+    pub(super) fn take_withdrawal(&mut self) -> bool {
+        if self.withdrawals >= WITHDRAWALS_PER_TURN {
+            return false;
+        }
+        self.withdrawals += 1;
         true
     }
 
@@ -140,5 +157,16 @@ mod tests {
         assert!(!b.take_request());
         b.renew();
         assert!(b.take_request());
+    }
+
+    #[test]
+    fn withdrawals_are_bounded_until_the_next_prompt() {
+        let mut b = TurnBudget::default();
+        for _ in 0..WITHDRAWALS_PER_TURN {
+            assert!(b.take_withdrawal());
+        }
+        assert!(!b.take_withdrawal());
+        b.renew();
+        assert!(b.take_withdrawal());
     }
 }

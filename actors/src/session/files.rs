@@ -253,7 +253,7 @@ impl SessionState {
             let detail = json!({"method": "fs/write_text_file", "path": shown, "reason": why, "refusals_left_out": left_out});
             self.audit("system", "fs.refused", detail).await;
             let text = format!(
-                "The agent asked to write {shown} after {}; it was not written (no earlier approval covers it now).",
+                "The agent asked to write {shown} after {}; it was not written (nothing is written while a session is paused or stopping, approved or not).",
                 not.after
             );
             self.emit_notice(NoticeLevel::Warning, &text).await;

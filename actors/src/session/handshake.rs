@@ -141,7 +141,8 @@ impl SessionState {
             }
             (Outgoing::LoadSession { method }, Ok(result)) => {
                 self.replaying = false;
-                self.replay_tail = method == methods::SESSION_LOAD;
+                self.replay_tail_until = (method == methods::SESSION_LOAD)
+                    .then(|| std::time::Instant::now() + super::REPLAY_TAIL);
                 self.learn_agent_options(&result);
                 tracing::info!(session = %self.record.id, replayed = self.replayed, "agent session resumed");
                 self.on_ready(true).await;

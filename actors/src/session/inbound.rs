@@ -181,6 +181,9 @@ impl SessionState {
         if self.flooded() {
             return;
         }
+        // Never on the id of a request still waiting for the operator: the
+        // agent would take the error for that request's answer.
+        let id = id.filter(|id| !self.pending.values().any(|p| &p.wire == id));
         let msg = RpcMessage::Response {
             id,
             outcome: Err(error),
@@ -232,6 +235,8 @@ impl SessionState {
     }
 
     async fn on_agent_request(&mut self, id: RpcId, method: &str, params: Value) {
+        // An agent that asks is working, not replaying history.
+        self.replay_tail_until = None;
         match method {
             methods::REQUEST_PERMISSION => match acp::parse_permission(&params) {
                 Ok(ask) => self.permission_requested(id, ask).await,

@@ -386,6 +386,10 @@ pub struct SessionArgs {
     pub supervisor: Option<ActorRef<SupervisorMsg>>,
 }
 
+/// How long after a `session/load` answer updates streamed outside a turn
+/// are taken for replayed history (Gemini CLI replays at once).
+const REPLAY_TAIL: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// How many oversized tool call announcements a session remembers.
 const OVERSIZED_TOOLS_KEPT: usize = 64;
 
@@ -520,10 +524,11 @@ pub struct SessionState {
     auth_tried: bool,
     pending_failure: Option<StartError>,
     replaying: bool,
-    /// After a `session/load` answer, until the next prompt: what the agent
-    /// streams while no turn runs is history it replays late (Gemini CLI
-    /// sends it after its answer), never new work.
-    replay_tail: bool,
+    /// After a `session/load` answer, until the next prompt, the agent's
+    /// first request or [`REPLAY_TAIL`] has passed: what the agent streams
+    /// while no turn runs is history it replays late (Gemini CLI sends it
+    /// after its answer), never new work.
+    replay_tail_until: Option<std::time::Instant>,
     /// Tool calls whose announcement was over `max_line_bytes` (newest
     /// last, at most [`OVERSIZED_TOOLS_KEPT`]): a permission for one says
     /// its change could not be shown, instead of showing no diff silently.

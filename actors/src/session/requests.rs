@@ -295,6 +295,15 @@ impl SessionState {
         else {
             return;
         };
+        if !self.budget.take_withdrawal() {
+            self.warn_agent(|| {
+                format!(
+                    "ignored $/cancel_request: the agent withdrew {} requests since the last prompt; the request waits for the operator",
+                    super::budget::WITHDRAWALS_PER_TURN
+                )
+            });
+            return;
+        }
         let Some(pending) = self.pending.remove(&number) else {
             return;
         };

@@ -45,7 +45,7 @@ impl SessionState {
             auth_tried: false,
             pending_failure: None,
             replaying: false,
-            replay_tail: false,
+            replay_tail_until: None,
             oversized_tools: std::collections::VecDeque::new(),
             replayed: 0,
             dialect: DialectWriter::default(),

@@ -46,7 +46,7 @@ impl SessionState {
     /// [`Self::send_prompt`], with the write confirmed under `token`.
     async fn prompt_agent(&mut self, text: String, role: Role, token: Option<u64>) -> bool {
         // From here on, what the agent streams is this turn's.
-        self.replay_tail = false;
+        self.replay_tail_until = None;
         let sent = match self.record.protocol {
             Protocol::Acp => {
                 let Some(sid) = self.acp_session.clone() else {

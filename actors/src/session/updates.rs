@@ -30,7 +30,11 @@ impl SessionState {
     /// Whether what the agent streams now is history a `session/load`
     /// replays: during the load, or after its answer while no turn runs.
     pub(super) fn hearing_history(&self) -> bool {
-        self.replaying || (self.replay_tail && self.turn.is_none())
+        self.replaying
+            || (self.turn.is_none()
+                && self
+                    .replay_tail_until
+                    .is_some_and(|until| Instant::now() < until))
     }
 
     /// Takes in one update the agent sent (`params`: the raw update, read
@@ -48,7 +52,14 @@ impl SessionState {
         if self.replaying || (history && self.hearing_history()) {
             // History replayed by session/load is already in our transcript
             // (Gemini CLI replays it after answering: it read as the agent
-            // redoing earlier writes).
+            // redoing earlier writes). A tool call still enters the table
+            // permissions are judged by: a permission naming only its id
+            // must see its command and paths (a probe's `rm -rf`, announced
+            // in the tail, was otherwise allowed past a deny rule).
+            if let Update::ToolCall(view) | Update::ToolCallUpdate(view) = &update {
+                self.toolcalls.update(view);
+                self.forget_tool_lines();
+            }
             self.replayed += 1;
             return;
         }

@@ -243,8 +243,12 @@ fn load_session(agent: &mut Agent, id: Value, params: &Value) {
     steps::run(agent, &steps);
     agent.phase = Phase::Idle;
     respond(agent, id, Value::Null);
+    // Only when there are steps: running none still polls stdin, and a
+    // prompt sent right after the answer was then refused as busy.
     let late = agent.scenario.after_load.clone();
-    steps::run(agent, &late);
+    if !late.is_empty() {
+        steps::run(agent, &late);
+    }
 }
 
 fn prompt(agent: &mut Agent, id: Value, params: &Value) {
