@@ -448,39 +448,65 @@ async fn run_until_signal(
 }
 
 /// First SIGINT/SIGTERM: graceful stop. Second: exit immediately.
+///
+/// The signal streams are made once, before the first wait: a stream made
+/// after the first signal missed a second one sent in between (it was
+/// ignored, and a test's second SIGTERM waited out the graceful stop).
 async fn watch_signals(stop: watch::Sender<bool>) {
-    let name = match next_signal().await {
-        Ok(name) => name,
+    let mut signals = match Signals::new() {
+        Ok(signals) => signals,
         Err(e) => {
             tracing::error!("cannot listen for signals: {e}; use SIGKILL to stop");
             return;
         }
     };
+    let name = signals.next().await;
     tracing::info!("{name} received; shutting down gracefully (send it again to exit at once)");
     let _ = stop.send(true);
-    if let Ok(name) = next_signal().await {
-        // No session is stopped on this path, but no agent is left running.
-        let killed = intercom_actors::child::kill_every_agent_group();
-        eprintln!(
-            "second signal ({name}): exiting immediately (killed {killed} agent process groups)"
-        );
-        std::process::exit(130);
+    let name = signals.next().await;
+    // No session is stopped on this path, but no agent is left running.
+    let killed = intercom_actors::child::kill_every_agent_group();
+    eprintln!("second signal ({name}): exiting immediately (killed {killed} agent process groups)");
+    std::process::exit(130);
+}
+
+/// SIGINT and SIGTERM, listened to from the moment this is made.
+#[cfg(unix)]
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Waits for the next SIGINT or SIGTERM; returns which.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
     }
 }
 
-/// Waits for SIGINT or SIGTERM; returns which.
-#[cfg(unix)]
-async fn next_signal() -> std::io::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(tokio::select! {
-        _ = interrupt.recv() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    })
-}
+#[cfg(not(unix))]
+struct Signals;
 
 #[cfg(not(unix))]
-async fn next_signal() -> std::io::Result<&'static str> {
-    tokio::signal::ctrl_c().await.map(|()| "Ctrl-C")
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        Ok(Signals)
+    }
+
+    async fn next(&mut self) -> &'static str {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
 }
