@@ -448,16 +448,14 @@ fn lenient_chunk(params: &Value) -> Option<(String, Update)> {
 /// `None` for anything else, or anything it cannot read as it stands (a
 /// request, another member, a plan, which is read leniently, a mode or
 /// config change, a string cut mid-emoji, a mismatch): the caller then
-/// takes the general path, which
-/// reads, mends or refuses it as before. So this can only be faster, never
-/// more lenient.
+/// takes the general path, which reads, mends or refuses it as before. So
+/// this can only be faster, never more lenient.
 pub fn parse_update_frame(body: &[u8]) -> Option<(String, Update)> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct UpdateFrame<'a> {
-        #[serde(default, borrow)]
-        #[allow(dead_code)]
-        jsonrpc: Option<&'a str>,
+        #[serde(default, rename = "jsonrpc")]
+        _jsonrpc: Option<serde::de::IgnoredAny>,
         #[serde(borrow)]
         method: &'a str,
         #[serde(borrow)]
@@ -714,6 +712,8 @@ pub fn unified_diff_within(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The frame-level reading of an update gives exactly what the general
     /// path gives, and leaves to it everything else.
     #[test]
@@ -796,8 +796,6 @@ mod tests {
             println!("{what}: general path {general} ns, from the frame {frame} ns");
         }
     }
-
-    use super::*;
 
     #[test]
     fn a_control_character_in_a_path_cannot_forge_diff_headers() {
