@@ -174,30 +174,41 @@ pub fn rule_list(rules: &[(Rule, String)]) -> MessageBody {
             "No approval rules: every request is asked (or decided by the session's mode). Choose an \"always\" option on a request to create one.",
         );
     }
-    let mut lines = vec![
-        "*Approval rules* (a matching deny wins; otherwise the most specific scope: session, then workspace, then every session)"
-            .to_owned(),
-    ];
-    for (rule, source) in rules.iter().take(50) {
-        let source = if source == CONFIG_SOURCE {
-            "config file".to_owned()
-        } else {
-            format!("by {}", who(source))
-        };
-        lines.push(format!(
-            "• `{}` · {} · {} · *{}* · {}",
-            escape(&rule.id),
-            describe_scope(&rule.scope),
-            describe_match(&rule.matcher),
-            action_word(rule.action),
-            source
-        ));
-    }
-    if rules.len() > 50 {
-        lines.push(format!(
-            "…and {} more (`GET /api/rules`).",
-            rules.len() - 50
-        ));
-    }
-    MessageBody::text(truncate(&lines.join("\n"), MESSAGE_LIMIT))
+    let header = "*Approval rules* (a matching deny wins; otherwise the most specific scope: session, then workspace, then every session)";
+    // Deny and ask rules first: what stops an agent must never be the part
+    // a long list leaves out (it was cut at 3,000 characters mid-line).
+    let mut ordered: Vec<&(Rule, String)> = rules.iter().collect();
+    ordered.sort_by_key(|(rule, _)| match rule.action {
+        RuleAction::Deny => 0,
+        RuleAction::Ask => 1,
+        RuleAction::Allow => 2,
+    });
+    let lines: Vec<String> = ordered
+        .iter()
+        .map(|(rule, source)| {
+            let source = if source == CONFIG_SOURCE {
+                "config file".to_owned()
+            } else {
+                format!("by {}", who(source))
+            };
+            let line = format!(
+                "• `{}` · {} · {} · *{}* · {}",
+                escape(&rule.id),
+                describe_scope(&rule.scope),
+                describe_match(&rule.matcher),
+                action_word(rule.action),
+                source
+            );
+            truncate(&line, RULE_LINE_LIMIT)
+        })
+        .collect();
+    let body = shown::lines_within(
+        &lines,
+        MESSAGE_LIMIT - header.len() - 1,
+        "rules (`GET /api/rules` and the web console list them all)",
+    );
+    MessageBody::text(format!("{header}\n{body}"))
 }
+
+/// Longest line of one rule in `/intercom rules` (a long regex is cut).
+const RULE_LINE_LIMIT: usize = 500;

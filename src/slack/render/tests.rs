@@ -442,6 +442,41 @@ fn rules_are_listed_with_scope_match_action_and_source() {
     assert!(rule_list(&[]).text.contains("No approval rules"));
 }
 
+/// A long list stays within Slack's message, says how many rules it leaves
+/// out, and never leaves out a deny rule for allow rules (it was cut at
+/// 3,000 characters, mid-line, in the order stored).
+#[test]
+fn a_long_rule_list_keeps_its_deny_rules_and_counts_the_rest() {
+    let rule = |id: String, action| {
+        (
+            Rule {
+                id,
+                scope: Scope::Global,
+                matcher: RuleMatch {
+                    kind: Some("execute".into()),
+                    command_prefix: Some(format!("tool-{}", "x".repeat(60))),
+                    ..RuleMatch::default()
+                },
+                action,
+            },
+            CONFIG_SOURCE.to_owned(),
+        )
+    };
+    let mut rules: Vec<_> = (0..80)
+        .map(|i| rule(format!("allow-{i}"), RuleAction::Allow))
+        .collect();
+    rules.push(rule("no-rm-rf".into(), RuleAction::Deny));
+    let text = rule_list(&rules).text;
+    assert!(text.len() <= MESSAGE_LIMIT, "{}", text.len());
+    assert!(text.contains("`no-rm-rf`"), "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("…and ") && l.contains("more rules")),
+        "{text}"
+    );
+}
+
 #[test]
 fn forwarded_prompts_offer_continue_refine_stop() {
     let mut r = request(None, RequestKind::ForwardedPrompt);
