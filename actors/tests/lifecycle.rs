@@ -1041,9 +1041,15 @@ async fn pause_holds_steering_and_resume_delivers_it() {
         .await;
     let actor = h.actor(&rec.id).await;
     pause(&actor).await;
-    // The running turn was cancelled, its permission answered cancelled.
+    // The running turn was cancelled, its permission answered cancelled,
+    // and the transcript says the waiting request went with it.
     h.until_transcript(&rec.id, "permission t1: cancelled")
         .await;
+    h.until_transcript(
+        &rec.id,
+        "The pause cancelled what was waiting for a decision: req-1 (gate)",
+    )
+    .await;
     assert!(steer(&h, &rec.id, "while paused", false).await.queued);
     let snap = snapshot(&h, &rec.id).await;
     assert!(

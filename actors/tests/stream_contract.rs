@@ -978,6 +978,11 @@ def on(m, method, mid):
         .until_transcript(&rec.id, "answer p1: {\"code\": -32800")
         .await;
     assert!(text.contains("withdrew"), "{text}");
+    h.until_transcript(
+        &rec.id,
+        "The agent withdrew its request req-1 (first thought); nothing was decided.",
+    )
+    .await;
     let second = h
         .until("the second request", |e| {
             matches!(e, OperatorEvent::RequestOpened { request } if request.title.contains("second"))
@@ -1081,6 +1086,39 @@ def on(m, method, mid):
     assert_eq!(text.matches("answer p9").count(), 1, "{text}");
     assert!(text.contains("answer None: {\"code\": -32600"), "{text}");
     assert!(text.contains(r#"answer p9: {"outcome""#), "{text}");
+}
+
+/// The transcript keeps the order things happened: agent text after a tool
+/// call (or a notice) is an entry below it, not appended to the text block
+/// above it (a probe's 40 tool calls all came after one block holding the
+/// whole turn's narrative).
+#[tokio::test]
+async fn agent_text_after_a_tool_call_is_its_own_entry_below_it() {
+    let h = Harness::new(Knobs::default()).await;
+    let scenario = json!({"turns": [[
+        {"chunk": "before the tool"},
+        {"tool_call": {"id": "t1", "title": "Read notes", "kind": "read", "status": "completed"}},
+        {"chunk": "after the tool"}
+    ]]});
+    let rec = h.start(scenario, "go").await;
+    h.until_transcript(&rec.id, "after the tool").await;
+    let entries = h.transcript(&rec.id).await;
+    let at = |needle: &str| {
+        entries
+            .iter()
+            .position(|m| m.content.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {entries:?}"))
+    };
+    let (before, tool, after) = (
+        at("before the tool"),
+        at("Read notes"),
+        at("after the tool"),
+    );
+    assert!(before < tool && tool < after, "{entries:?}");
+    assert!(
+        !entries[before].content.contains("after the tool"),
+        "{entries:?}"
+    );
 }
 
 #[tokio::test]

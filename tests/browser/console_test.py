@@ -587,6 +587,19 @@ def walk(server, page):
         expect(page.locator('button[data-control="revive"]')).to_be_hidden(timeout=WAIT_MS)
         expect(page.locator('button[data-control="cancel"]')).to_be_visible()
         expect(page.locator(".steer-box")).to_be_visible()
+        # Paused, it reads paused after a reload too, here and in the list
+        # (both read "active" once the page had forgotten the stream's word).
+        page.locator('button[data-control="pause"]').click()
+        expect(page.locator("#session-state")).to_have_text("paused", timeout=WAIT_MS)
+        page.reload()
+        expect(page.locator("#session-state")).to_have_text("paused", timeout=WAIT_MS)
+        session_page = page.url
+        page.goto(session_page.split("#")[0] + "#/")
+        row = page.locator(f'tr[data-session="{state["id"]}"] .badge')
+        expect(row).to_have_text("paused", timeout=WAIT_MS)
+        page.goto(session_page)
+        page.locator('button[data-control="resume"]').click()
+        expect(page.locator('button[data-control="pause"]')).to_be_visible(timeout=WAIT_MS)
         # Stopped by the operator: it ended for good, so no mode and no
         # steering are offered (both were, and answered "start a new one").
         page.locator('button[data-control="cancel"]').click()

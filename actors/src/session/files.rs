@@ -249,7 +249,11 @@ impl SessionState {
             )),
         );
         if let Verdict::Log { left_out } = self.refusals.admit(Instant::now()) {
-            let shown = crate::text::shorten(path, SHOWN_PATH_BYTES);
+            // As requests show paths: from the workspace's top.
+            let relative = std::path::Path::new(path)
+                .strip_prefix(&self.record.cwd)
+                .map_or_else(|_| path.to_owned(), |p| p.display().to_string());
+            let shown = crate::text::shorten(&relative, SHOWN_PATH_BYTES);
             let detail = json!({"method": "fs/write_text_file", "path": shown, "reason": why, "refusals_left_out": left_out});
             self.audit("system", "fs.refused", detail).await;
             let text = format!(

@@ -473,6 +473,10 @@ struct TextBuffer {
     truncated: bool,
     dirty: bool,
     flushed_at: Instant,
+    /// [`SessionState::entries_written`] when this block began: an entry
+    /// written since (a notice, a tool call) ends the block, so the agent's
+    /// later text is not appended above it.
+    began_at_entry: u64,
 }
 
 impl Default for TextBuffer {
@@ -485,6 +489,7 @@ impl Default for TextBuffer {
             tool_bytes: 0,
             truncated: false,
             dirty: false,
+            began_at_entry: 0,
             flushed_at: Instant::now(),
         }
     }
@@ -585,6 +590,9 @@ pub struct SessionState {
     unmarked: Vec<i64>,
     /// Tool call lines: their transcript row and what they show.
     tools: HashMap<String, (ledger::RowId, Value)>,
+    /// Transcript entries written besides the agent's text (notices, tool
+    /// calls), counted to keep the transcript in the order things happened.
+    entries_written: std::sync::atomic::AtomicU64,
     /// What the agent made the session write since the last prompt.
     budget: budget::TurnBudget,
     /// Merged tool-call state and allowed edits (one decision per change).

@@ -316,6 +316,13 @@ impl SessionState {
         );
         self.close_request(&pending, RequestStatus::Cancelled, "withdrawn by the agent")
             .await;
+        // Said in the transcript: a card that vanished read as decided.
+        let text = format!(
+            "The agent withdrew its request {} ({}); nothing was decided.",
+            pending.record.request_id,
+            crate::text::one_line(&pending.record.title, 80)
+        );
+        self.emit_notice(NoticeLevel::Info, &text).await;
         if self.pending.is_empty() {
             self.show_activity("working", None);
         }

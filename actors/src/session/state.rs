@@ -75,6 +75,7 @@ impl SessionState {
             unstored_text: Vec::new(),
             unmarked: Vec::new(),
             tools: HashMap::new(),
+            entries_written: std::sync::atomic::AtomicU64::new(0),
             budget: Default::default(),
             toolcalls: toolcalls::ToolCalls::default(),
             plan_message: ledger::RowId::None,
@@ -150,6 +151,8 @@ impl SessionState {
         kind: crate::model::MessageKind,
         text: &str,
     ) {
+        self.entries_written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (store, id, text) = (Arc::clone(&self.store), self.id().clone(), text.to_owned());
         self.ledger.queue(async move {
             if let Err(e) = store.append_message(&id, role, kind, &text).await {

@@ -455,6 +455,9 @@ impl SessionState {
             return Ok(());
         }
         self.store_pause(true).await?;
+        // What the agent said before the pause stays above its note.
+        self.flush_text(true).await;
+        let waiting = self.waiting_titles();
         self.paused = true;
         self.resume_turn = self
             .turn
@@ -471,8 +474,37 @@ impl SessionState {
         self.audit(&caller.id, "session.paused", json!({})).await;
         self.emit_notice(NoticeLevel::Info, &format!("Paused by {}.", caller.id))
             .await;
+        if !waiting.is_empty() {
+            // Said: a card that vanished on Pause read as decided.
+            let text = format!(
+                "The pause cancelled what was waiting for a decision: {}. The agent can ask again once the session is resumed.",
+                waiting.join(", ")
+            );
+            self.emit_notice(NoticeLevel::Info, &text).await;
+        }
         self.show_activity("paused", None);
         Ok(())
+    }
+
+    /// The requests waiting for a decision, as `req-1 (title)`, at most
+    /// ten of them.
+    fn waiting_titles(&self) -> Vec<String> {
+        let mut titles: Vec<String> = self
+            .pending
+            .values()
+            .take(10)
+            .map(|p| {
+                format!(
+                    "{} ({})",
+                    p.record.request_id,
+                    crate::text::one_line(&p.record.title, 80)
+                )
+            })
+            .collect();
+        if self.pending.len() > 10 {
+            titles.push(format!("and {} more", self.pending.len() - 10));
+        }
+        titles
     }
 
     /// Stores whether the session is paused, so that a restart keeps it;

@@ -68,6 +68,22 @@ impl SessionState {
                 if !self.thought.is_empty() {
                     self.flush_thought().await;
                 }
+                // An entry written since this block began (a notice, a tool
+                // call) ends it: text after it goes below it, not into the
+                // block above (a refusal read as said before the pause).
+                if !self.text.text.is_empty()
+                    && self.text.began_at_entry
+                        != self
+                            .entries_written
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    self.flush_text(true).await;
+                }
+                if self.text.text.is_empty() {
+                    self.text.began_at_entry = self
+                        .entries_written
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                }
                 self.push_agent_text(&t);
             }
             Update::Thought(t) => {
@@ -223,7 +239,13 @@ impl SessionState {
             return;
         }
         let new = row.is_none();
+        if new && !self.text.text.is_empty() {
+            // What the agent said before this call stays above it.
+            self.flush_text(true).await;
+        }
         if new {
+            self.entries_written
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             row = self.queue_append(Role::System, MessageKind::Tool, content);
             if let Some(turn) = self.turn.as_mut()
                 && turn.tools.len() < TURN_TOOLS

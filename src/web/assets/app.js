@@ -38,7 +38,8 @@
   }
   const view = document.getElementById('view');
   const state = {
-    activity: {}, // session id -> last activity word from the stream
+    activity: {}, // session id -> last activity word (the stream's, else the session's live view)
+    asked: new Set(), // live sessions whose state was read from their live view
     notified: new Set(), // request ids already notified
     lastId: null,
     current: null, // the view object in the page
@@ -291,13 +292,37 @@
     stalled: 4, crashed: 5, error: 5, interrupted: 5, completed: 6, cancelled: 6,
   };
 
+  // A session's live view says what the stream has not said since the page
+  // loaded: after a reload a paused session read "active".
+  function liveActivity(live) {
+    if (live.paused) return 'paused';
+    return live.turn_running ? 'working' : 'idle';
+  }
+
   function stateOf(s, waiting) {
     if (waiting) return 'needs input';
     const live = ['starting', 'active', 'stalled', 'paused'].includes(s.status);
     if (!live) return s.status;
     if (s.status !== 'active') return s.status;
+    if (s.live && s.live.paused) return 'paused';
     const a = state.activity[s.id];
-    return a && a !== 'needs input' ? a : 'active';
+    if (a && a !== 'needs input') return a;
+    return s.live ? liveActivity(s.live) : 'active';
+  }
+
+  // Reads, once per page load, the live view of active sessions the stream
+  // has said nothing about (at most 50 at a time), then draws again.
+  const MAX_ASKED = 50;
+  function learnActivity(sessions, redraw) {
+    const unknown = sessions.filter((s) => s.status === 'active'
+      && state.activity[s.id] === undefined && !state.asked.has(s.id)).slice(0, MAX_ASKED);
+    if (unknown.length === 0) return;
+    for (const s of unknown) state.asked.add(s.id);
+    Promise.all(unknown.map((s) => api('GET', '/api/sessions/' + encodeURIComponent(s.id))
+      .then((d) => {
+        if (d.live && state.activity[s.id] === undefined) state.activity[s.id] = liveActivity(d.live);
+      })
+      .catch(() => {}))).then(redraw);
   }
 
   function sessionsView() {
@@ -318,10 +343,14 @@
       for (const p of pending) {
         if (!waiting[p.session_id] || p.created_at < waiting[p.session_id]) waiting[p.session_id] = p.created_at;
       }
-      rows = sessions.map((s) => ({ s, since: waiting[s.id], st: stateOf(s, waiting[s.id]) }));
-      rows.sort((a, b) => (RANK[a.st] ?? 9) - (RANK[b.st] ?? 9)
-        || (a.since ?? 0) - (b.since ?? 0) || b.s.last_activity_at - a.s.last_activity_at);
-      draw();
+      const order = () => {
+        rows = sessions.map((s) => ({ s, since: waiting[s.id], st: stateOf(s, waiting[s.id]) }));
+        rows.sort((a, b) => (RANK[a.st] ?? 9) - (RANK[b.st] ?? 9)
+          || (a.since ?? 0) - (b.since ?? 0) || b.s.last_activity_at - a.s.last_activity_at);
+        draw();
+      };
+      order();
+      learnActivity(sessions, order);
     }
     function draw() {
       clear(body);
@@ -679,6 +708,12 @@
       await refresh();
     }
 
+    // The server tells watchers of agent text when a block ends; while a
+    // turn runs, the page reads the transcript again every 2 s so a long
+    // answer grows on screen (it read "tick 0" while `ctl log` had ten).
+    let working = false;
+    const poll = setInterval(() => { if (working && !document.hidden) refreshSoon(); }, 2000);
+
     async function refresh() {
       const [d, latest, steering, plans] = await Promise.all([
         api('GET', '/api/sessions/' + enc),
@@ -686,6 +721,7 @@
         api('GET', '/api/sessions/' + enc + '/steering'),
         api('GET', '/api/sessions/' + enc + '/messages?kind=plan&limit=1'),
       ]);
+      working = stateOf(d, d.pending.length ? d.pending[0].created_at : null) === 'working';
       drawHead(d);
       drawMode(d.approval_mode);
       drawPending(d.pending);
@@ -704,7 +740,7 @@
       if (atBottom) transcript.scrollTop = transcript.scrollHeight;
       drawSteering(steering);
     }
-    return { root, refresh, wants: (e) => e.session_id === id, stop: () => {} };
+    return { root, refresh, wants: (e) => e.session_id === id, stop: () => clearInterval(poll) };
   }
 
   // ---- rules ----
