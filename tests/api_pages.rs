@@ -91,9 +91,10 @@ fn a_huge_transcript_is_read_in_bounded_pages_that_lose_nothing() {
         pages += 1;
     }
     assert!(pages >= 3, "{pages} pages");
-    // The prompt, the agent's text (the scripted agent echoes the prompt
-    // first), every tool call.
-    assert_eq!(all.len(), 1 + 1 + SMALL + BIG, "every entry, once");
+    // The prompt, the agent's text before the tool calls (the scripted
+    // agent echoes the prompt first), every tool call, its text after them
+    // (a tool call ends a text block: the transcript keeps the order).
+    assert_eq!(all.len(), 1 + 1 + SMALL + BIG + 1, "every entry, once");
     assert!(all.windows(2).all(|w| w[0] < w[1]));
 
     // Catching up from the first entry walks the same entries forward.
