@@ -417,7 +417,7 @@ pub fn approvals(list: &[ApprovalView]) -> String {
                 a.status.as_str().to_owned(),
                 a.kind.as_str().to_owned(),
                 ago(a.created_at, now),
-                clip(&a.title, 40),
+                clip(&a.title, TITLE_COLUMN),
                 options.join(","),
             ]
         })
@@ -436,7 +436,10 @@ pub fn approvals(list: &[ApprovalView]) -> String {
 /// operator is deciding on.
 fn approval_detail(a: &ApprovalView) -> String {
     let diff = a.diff.as_deref().filter(|d| !d.trim().is_empty());
-    if a.paths.is_empty() && diff.is_none() && a.command.is_none() {
+    // A title the table cut is printed whole here: its end may be what
+    // matters ("… (its change is not shown: …)").
+    let cut = clip(&a.title, TITLE_COLUMN) != clip(&a.title, FIELD_MAX);
+    if a.paths.is_empty() && diff.is_none() && a.command.is_none() && !cut {
         return String::new();
     }
     let mut out = format!("\n{}", bounded(&a.id, FIELD_MAX));
@@ -444,6 +447,9 @@ fn approval_detail(a: &ApprovalView) -> String {
         out.push_str(&format!(" — {}", one_line(&a.paths.join(", "))));
     }
     out.push('\n');
+    if cut {
+        out.push_str(&format!("title: {}\n", clip(&a.title, FIELD_MAX)));
+    }
     if let Some(command) = &a.command {
         // Whole (the table's title column is cut at 40), padding counted,
         // its further lines indented under the first.
@@ -472,6 +478,10 @@ fn approval_detail(a: &ApprovalView) -> String {
     }
     out
 }
+
+/// Characters of a title in the `ctl pending` table (the whole title
+/// follows below it).
+const TITLE_COLUMN: usize = 40;
 
 /// Lines of one approval's diff `ctl pending` prints at most (an MCP client
 /// sent three 3.5 MB diffs, and the list was 7 MB of them).

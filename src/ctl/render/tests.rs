@@ -109,7 +109,9 @@ fn pending_titles_options_and_paths_are_escaped() {
         "{out}"
     );
     assert_shown_on_one_line(out.lines().nth(1).unwrap_or_default());
-    assert_eq!(out.lines().filter(|l| l.contains("FORGED")).count(), 3);
+    // The row, the files line, the diff, and the whole title below the
+    // table (the column cut it), each escaped on its own line.
+    assert_eq!(out.lines().filter(|l| l.contains("FORGED")).count(), 4);
     // The table is still two lines: headers and the one row.
     assert!(out.starts_with("ID "), "{out}");
     assert!(out.lines().nth(2).is_some_and(str::is_empty), "{out}");
@@ -470,4 +472,27 @@ fn show_says_a_revivable_session_can_be_revived() {
         "{}",
         session_detail(&d)
     );
+}
+
+/// A title the table cuts is printed whole below it: the end of "Write
+/// big.txt (its change is not shown: …)" was cut off at 40 characters.
+#[test]
+fn a_title_cut_in_the_table_is_printed_whole_below_it() {
+    let mut a = hostile_approval(
+        "Write big.txt (its change is not shown: the agent's announcement of it was over limits.max_line_bytes)",
+    );
+    a.paths.clear();
+    a.diff = None;
+    let out = approvals(&[a]);
+    assert!(
+        out.contains("title: Write big.txt (its change is not shown: the agent's announcement of it was over limits.max_line_bytes)"),
+        "{out}"
+    );
+    let short = approvals(&[{
+        let mut b = hostile_approval("Edit a.rs");
+        b.paths.clear();
+        b.diff = None;
+        b
+    }]);
+    assert!(!short.contains("title:"), "{short}");
 }

@@ -625,7 +625,8 @@
         const r = await api('POST', '/api/sessions/' + enc + '/prompt', { text, interrupt: interrupt.checked });
         steerText.value = '';
         steerResult.textContent = r.paused ? 'held: the session is paused; delivered after Resume'
-          : r.queued ? 'queued: delivered when the running turn ends' : 'delivered';
+          : r.queued && interrupt.checked ? 'queued: the running turn is being cancelled; delivered as soon as it ends'
+            : r.queued ? 'queued: delivered when the running turn ends' : 'delivered';
       } catch (e) {
         steerResult.textContent = e.message;
       }
