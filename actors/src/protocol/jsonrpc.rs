@@ -361,17 +361,7 @@ pub fn request_id_in_head(head: &[u8]) -> Option<RpcId> {
     }
     let value = &head[id_at.filter(|_| method)?..];
     match value.first()? {
-        b'"' => {
-            let body = &value[1..];
-            let end = memchr::memchr2(b'"', b'\\', body)?;
-            (body[end] == b'"')
-                .then(|| {
-                    std::str::from_utf8(&body[..end])
-                        .ok()
-                        .map(|s| RpcId::Str(s.to_owned()))
-                })
-                .flatten()
-        }
+        b'"' => plain_string(value).map(|s| RpcId::Str(s.to_owned())),
         _ => {
             let digits = value
                 .iter()
@@ -437,19 +427,36 @@ fn top_level_members(head: &[u8]) -> Vec<(&[u8], usize)> {
     members
 }
 
-/// The string value of the first `"key":` member in `head` (the start of a
-/// message too long to read), when it has no escapes; at most 256 bytes.
+/// The string value of the first `"key":` member anywhere in `head` (the
+/// start of a message too long to read), when it has no escapes; at most
+/// 256 bytes.
 pub fn string_member_in_head(head: &[u8], key: &str) -> Option<String> {
     let quoted = format!("\"{key}\"");
     let at = memchr::memmem::find(head, quoted.as_bytes())?;
     let value = head[at + quoted.len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?
-        .trim_ascii_start()
-        .strip_prefix(b"\"")?;
-    let end = memchr::memchr2(b'"', b'\\', value)?;
-    (value[end] == b'"' && end <= 256)
-        .then(|| std::str::from_utf8(&value[..end]).ok().map(str::to_owned))
+        .trim_ascii_start();
+    plain_string(value)
+        .filter(|s| s.len() <= 256)
+        .map(str::to_owned)
+}
+
+/// The string value of the top-level `"key":` member of `head`, when it has
+/// no escapes (see [`top_level_members`]).
+pub fn top_level_string_in_head(head: &[u8], key: &str) -> Option<String> {
+    let (_, at) = top_level_members(head)
+        .into_iter()
+        .find(|(k, _)| *k == key.as_bytes())?;
+    plain_string(&head[at..]).map(str::to_owned)
+}
+
+/// The JSON string `value` starts with, when it has no escapes.
+fn plain_string(value: &[u8]) -> Option<&str> {
+    let body = value.strip_prefix(b"\"")?;
+    let end = memchr::memchr2(b'"', b'\\', body)?;
+    (body[end] == b'"')
+        .then(|| std::str::from_utf8(&body[..end]).ok())
         .flatten()
 }
 

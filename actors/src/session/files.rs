@@ -218,7 +218,7 @@ impl SessionState {
     /// Why the agent is not working for anyone now (paused, stopping), so
     /// a write it asks for is not done even when an approval covered it:
     /// a probe's write, approved just before Stop, landed 3 s after it.
-    fn not_working_for_anyone(&self) -> Option<NotWorking> {
+    pub(super) fn not_working_for_anyone(&self) -> Option<NotWorking> {
         if matches!(self.phase, super::Phase::Stopping | super::Phase::Ended) {
             Some(NotWorking {
                 why: "the session is stopping",
@@ -243,10 +243,10 @@ impl SessionState {
         self.warn_agent(|| format!("fs/write_text_file refused: {why}"));
         self.respond(
             id,
-            Err(RpcError::new(
-                codes::REQUEST_CANCELLED,
+            super::requests::acp_cancelled(
+                RequestKind::FileWrite,
                 format!("write cancelled: {why}"),
-            )),
+            ),
         );
         if let Verdict::Log { left_out } = self.refusals.admit(Instant::now()) {
             // As requests show paths: from the workspace's top.
@@ -293,7 +293,7 @@ impl SessionState {
 /// Why a session's agent is not working for anyone: what the agent is
 /// told, and what the operator reads.
 #[derive(Debug, Clone, Copy)]
-struct NotWorking {
+pub(super) struct NotWorking {
     why: &'static str,
     after: &'static str,
 }

@@ -320,9 +320,9 @@ impl SessionState {
     /// Remembers the tool call an over-long `session/update` announced,
     /// when its start names one.
     fn note_oversized_tool(&mut self, head: &[u8]) {
-        use crate::protocol::jsonrpc::string_member_in_head;
+        use crate::protocol::jsonrpc::{string_member_in_head, top_level_string_in_head};
         if !self.is_acp()
-            || string_member_in_head(head, "method").as_deref() != Some(methods::SESSION_UPDATE)
+            || top_level_string_in_head(head, "method").as_deref() != Some(methods::SESSION_UPDATE)
         {
             return;
         }
@@ -528,15 +528,14 @@ impl SessionState {
 
     /// How an ACP agent is told its valid request was not taken. While the
     /// turn is cancelled (paused, stopping), as ACP says a cancelled turn's
-    /// requests end: a permission with the `cancelled` outcome, anything
-    /// else with "request cancelled". Otherwise a server refusal with the
-    /// reason. (It was "invalid request", which SDKs read as their own bug.)
+    /// requests end ([`super::requests::acp_cancelled`]). Otherwise a
+    /// server refusal with the reason. (It was "invalid request", which
+    /// SDKs read as their own bug.)
     fn acp_refusal(&self, kind: RequestKind, why: String) -> Result<serde_json::Value, RpcError> {
-        let turn_cancelled = self.paused || matches!(self.phase, Phase::Stopping | Phase::Ended);
-        match (turn_cancelled, kind) {
-            (true, RequestKind::Permission) => Ok(crate::protocol::acp::permission_cancelled()),
-            (true, _) => Err(RpcError::new(codes::REQUEST_CANCELLED, why)),
-            (false, _) => Err(RpcError::new(codes::REFUSED, why)),
+        if self.not_working_for_anyone().is_some() {
+            super::requests::acp_cancelled(kind, why)
+        } else {
+            Err(RpcError::new(codes::REFUSED, why))
         }
     }
 

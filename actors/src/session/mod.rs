@@ -473,9 +473,9 @@ struct TextBuffer {
     truncated: bool,
     dirty: bool,
     flushed_at: Instant,
-    /// [`SessionState::entries_written`] when this block began: an entry
-    /// written since (a notice, a tool call) ends the block, so the agent's
-    /// later text is not appended above it.
+    /// [`SessionState::entries_written`] when this block began: a notice
+    /// written since ends the block, so the agent's later text is not
+    /// appended above it.
     began_at_entry: u64,
 }
 
@@ -590,8 +590,8 @@ pub struct SessionState {
     unmarked: Vec<i64>,
     /// Tool call lines: their transcript row and what they show.
     tools: HashMap<String, (ledger::RowId, Value)>,
-    /// Transcript entries written besides the agent's text (notices, tool
-    /// calls), counted to keep the transcript in the order things happened.
+    /// Notes written to the transcript ([`SessionState::note`]), counted
+    /// to keep the transcript in the order things happened.
     entries_written: std::sync::atomic::AtomicU64,
     /// What the agent made the session write since the last prompt.
     budget: budget::TurnBudget,

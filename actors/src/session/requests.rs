@@ -318,9 +318,8 @@ impl SessionState {
             .await;
         // Said in the transcript: a card that vanished read as decided.
         let text = format!(
-            "The agent withdrew its request {} ({}); nothing was decided.",
-            pending.record.request_id,
-            crate::text::one_line(&pending.record.title, 80)
+            "The agent withdrew its request {}; nothing was decided.",
+            request_label(&pending.record)
         );
         self.emit_notice(NoticeLevel::Info, &text).await;
         if self.pending.is_empty() {
@@ -338,14 +337,10 @@ impl SessionState {
         }
         let wire = pending.wire.clone();
         match (self.is_acp(), pending.record.kind) {
-            (true, RequestKind::FileWrite) => self.respond(
+            (true, kind) => self.respond(
                 wire,
-                Err(RpcError::new(
-                    codes::REQUEST_CANCELLED,
-                    "write cancelled: the turn was cancelled",
-                )),
+                acp_cancelled(kind, "write cancelled: the turn was cancelled"),
             ),
-            (true, _) => self.respond(wire, Ok(acp::permission_cancelled())),
             (false, RequestKind::ForwardedPrompt) => {
                 let bytes = self
                     .dialect
@@ -388,6 +383,29 @@ impl SessionState {
             decision: None,
         });
     }
+}
+
+/// How ACP ends a request of a cancelled turn: a write with "request
+/// cancelled" (-32800) and `why`, a permission with the `cancelled`
+/// outcome. One answer for a turn cut by a stop or a pause, and for a
+/// request made after it.
+pub(super) fn acp_cancelled(
+    kind: RequestKind,
+    why: impl Into<String>,
+) -> Result<serde_json::Value, RpcError> {
+    match kind {
+        RequestKind::FileWrite => Err(RpcError::new(codes::REQUEST_CANCELLED, why)),
+        _ => Ok(acp::permission_cancelled()),
+    }
+}
+
+/// A request as the transcript names it: `req-1 (title)`.
+pub(super) fn request_label(record: &PendingRequest) -> String {
+    format!(
+        "{} ({})",
+        record.request_id,
+        crate::text::one_line(&record.title, 80)
+    )
 }
 
 /// The id of the option added when an agent offers no way to say no.

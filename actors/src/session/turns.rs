@@ -493,13 +493,7 @@ impl SessionState {
             .pending
             .values()
             .take(10)
-            .map(|p| {
-                format!(
-                    "{} ({})",
-                    p.record.request_id,
-                    crate::text::one_line(&p.record.title, 80)
-                )
-            })
+            .map(|p| super::requests::request_label(&p.record))
             .collect();
         if self.pending.len() > 10 {
             titles.push(format!("and {} more", self.pending.len() - 10));

@@ -68,9 +68,10 @@ impl SessionState {
                 if !self.thought.is_empty() {
                     self.flush_thought().await;
                 }
-                // An entry written since this block began (a notice, a tool
-                // call) ends it: text after it goes below it, not into the
-                // block above (a refusal read as said before the pause).
+                // A notice written since this block began ends it: text
+                // after it goes below it, not into the block above (a
+                // refusal read as said before the pause). A new tool call
+                // ends the block itself, before its row (`on_tool`).
                 if !self.text.text.is_empty()
                     && self.text.began_at_entry
                         != self
@@ -244,8 +245,6 @@ impl SessionState {
             self.flush_text(true).await;
         }
         if new {
-            self.entries_written
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             row = self.queue_append(Role::System, MessageKind::Tool, content);
             if let Some(turn) = self.turn.as_mut()
                 && turn.tools.len() < TURN_TOOLS
