@@ -319,17 +319,7 @@ fn parse_hunk(lines: &[&str], number: usize) -> Result<(Hunk, usize), PatchError
             // Some tools strip the space of an empty context line.
             Some('\n') | Some('\r') => (' ', *line),
             Some('\\') => {
-                // The marker ends its side of the file: after a removed
-                // line only added lines may follow, after any other line
-                // nothing. Anywhere else it would join two lines the
-                // operator saw apart (a probe's `+echo cleaning; r` then
-                // `+m -rf ...` wrote `rm -rf`).
-                let ends = match body.last() {
-                    Some(HunkLine::Remove(_)) => old_seen == old_len,
-                    Some(_) => old_seen == old_len && new_seen == new_len,
-                    None => false,
-                };
-                if !ends {
+                if !marker_may_stand(&body, old_seen == old_len, new_seen == new_len) {
                     return Err(body_err(format!(
                         "`{}` stands before the end of its side of the hunk: it may only follow the last old or new line",
                         trim_eol(line)
@@ -348,21 +338,9 @@ fn parse_hunk(lines: &[&str], number: usize) -> Result<(Hunk, usize), PatchError
                 )));
             }
         };
-        match tag {
-            ' ' => {
-                old_seen += 1;
-                new_seen += 1;
-                body.push(HunkLine::Context(text.to_owned()));
-            }
-            '-' => {
-                old_seen += 1;
-                body.push(HunkLine::Remove(text.to_owned()));
-            }
-            _ => {
-                new_seen += 1;
-                body.push(HunkLine::Add(text.to_owned()));
-            }
-        }
+        let (old, new) = push_line(&mut body, tag, text);
+        old_seen += old;
+        new_seen += new;
         if old_seen > old_len || new_seen > new_len {
             return Err(body_err(format!(
                 "more lines than the header's {old_len} old / {new_len} new"
@@ -395,6 +373,31 @@ fn parse_hunk(lines: &[&str], number: usize) -> Result<(Hunk, usize), PatchError
         },
         i,
     ))
+}
+
+/// Whether a `\ No newline at end of file` marker may stand after `body`:
+/// it ends its side of the file, so after a removed line only added lines
+/// may follow (`old_done`), after any other line nothing (both done).
+/// Anywhere else it would join two lines the operator saw apart (a probe's
+/// `+echo cleaning; r` then `+m -rf ...` wrote `rm -rf`).
+fn marker_may_stand(body: &[HunkLine], old_done: bool, new_done: bool) -> bool {
+    match body.last() {
+        Some(HunkLine::Remove(_)) => old_done,
+        Some(_) => old_done && new_done,
+        None => false,
+    }
+}
+
+/// Adds one body line (`tag` is ' ', '-' or '+'); returns how many old and
+/// new lines it counts for.
+fn push_line(body: &mut Vec<HunkLine>, tag: char, text: &str) -> (usize, usize) {
+    let (line, counts) = match tag {
+        ' ' => (HunkLine::Context(text.to_owned()), (1, 1)),
+        '-' => (HunkLine::Remove(text.to_owned()), (1, 0)),
+        _ => (HunkLine::Add(text.to_owned()), (0, 1)),
+    };
+    body.push(line);
+    counts
 }
 
 /// A context, `+` or `-` line, not a file header (`--- `, `+++ `) nor a

@@ -108,41 +108,7 @@ pub fn parse(text: &str) -> Command {
     let id_only = named_id;
     match verb.to_ascii_lowercase().as_str() {
         "" | "help" => Command::Help(None),
-        "start" => {
-            let (mut agent, mut mode) = (None, None);
-            let mut rest = rest;
-            // `--agent A` / `--mode M` may come before the workspace or
-            // before the prompt.
-            let mut kept = String::new();
-            loop {
-                let (w, tail) = first_word(rest);
-                if let Some((flag, value, tail)) = start_flag(w, tail) {
-                    let value = Some(value.to_owned()).filter(|v| !v.is_empty());
-                    match flag {
-                        "agent" => agent = value,
-                        _ => mode = value,
-                    }
-                    rest = tail;
-                    continue;
-                }
-                if kept.is_empty() && !w.is_empty() && !tail.is_empty() {
-                    // Maybe a workspace; keep it and look for flags once more.
-                    let (w2, tail2) = first_word(tail);
-                    if start_flag(w2, tail2).is_some() {
-                        kept = w.to_owned();
-                        rest = tail;
-                        continue;
-                    }
-                }
-                break;
-            }
-            let text = if kept.is_empty() {
-                rest.trim().to_owned()
-            } else {
-                format!("{kept} {}", rest.trim())
-            };
-            Command::Start { agent, mode, text }
-        }
+        "start" => parse_start(rest),
         "sessions" | "list" | "ls" => Command::Sessions {
             all: rest.split_whitespace().any(|w| w == "--all" || w == "all"),
         },
@@ -159,48 +125,89 @@ pub fn parse(text: &str) -> Command {
                 text: text.trim().to_owned(),
             }
         }
-        "mode" => {
-            // A mode's name and a session, in either order; any other word
-            // is taken as the session (and named if it is none).
-            let (mut id, mut mode, mut extra) = (None, None, Vec::new());
-            for w in rest.split_whitespace() {
-                if mode.is_none() && ApprovalMode::parse(&w.to_ascii_lowercase()).is_some() {
-                    mode = Some(w.to_ascii_lowercase());
-                } else if id.is_none()
-                    && !looks_like_id(w)
-                    && mode.is_none()
-                    && rest.split_whitespace().count() == 1
-                {
-                    // `mode foo`: an unknown mode, said so when executed.
-                    mode = Some(w.to_ascii_lowercase());
-                } else if id.is_none() {
-                    id = named_id(w);
-                } else {
-                    extra.push(w);
-                }
-            }
-            if !extra.is_empty() {
-                return Command::Help(Some(format!("mode {}", rest.trim())));
-            }
-            Command::Mode { mode, id }
-        }
+        "mode" => parse_mode_command(rest),
         "agent-mode" | "agentmode" | "agent_mode" => {
             Command::AgentMode(super::agent_mode::parse(rest))
         }
         "rules" => Command::Rules,
-        "rule" => {
-            let (sub, tail) = first_word(rest);
-            match sub.to_ascii_lowercase().as_str() {
-                "rm" | "remove" | "delete" | "del" => {
-                    let (id, _) = first_word(tail);
-                    Command::RuleRm(Some(id.to_owned()).filter(|i| !i.is_empty()))
-                }
-                "" | "list" | "ls" => Command::Rules,
-                _ => Command::Help(Some(format!("rule {sub}"))),
-            }
-        }
+        "rule" => parse_rule(rest),
         "cleanup" => Command::Cleanup,
         other => Command::Help(Some(other.to_owned())),
+    }
+}
+
+/// `start [--agent A] [--mode M] [workspace] prompt`: the flags may come
+/// before the workspace or before the prompt.
+fn parse_start(rest: &str) -> Command {
+    let (mut agent, mut mode) = (None, None);
+    let mut rest = rest;
+    let mut kept = String::new();
+    loop {
+        let (w, tail) = first_word(rest);
+        if let Some((flag, value, tail)) = start_flag(w, tail) {
+            let value = Some(value.to_owned()).filter(|v| !v.is_empty());
+            match flag {
+                "agent" => agent = value,
+                _ => mode = value,
+            }
+            rest = tail;
+            continue;
+        }
+        if kept.is_empty() && !w.is_empty() && !tail.is_empty() {
+            // Maybe a workspace; keep it and look for flags once more.
+            let (w2, tail2) = first_word(tail);
+            if start_flag(w2, tail2).is_some() {
+                kept = w.to_owned();
+                rest = tail;
+                continue;
+            }
+        }
+        break;
+    }
+    let text = if kept.is_empty() {
+        rest.trim().to_owned()
+    } else {
+        format!("{kept} {}", rest.trim())
+    };
+    Command::Start { agent, mode, text }
+}
+
+/// `mode <mode> [session]`, in either order; any other word is taken as
+/// the session (and named if it is none).
+fn parse_mode_command(rest: &str) -> Command {
+    let (mut id, mut mode, mut extra) = (None, None, Vec::new());
+    for w in rest.split_whitespace() {
+        if mode.is_none() && ApprovalMode::parse(&w.to_ascii_lowercase()).is_some() {
+            mode = Some(w.to_ascii_lowercase());
+        } else if id.is_none()
+            && !looks_like_id(w)
+            && mode.is_none()
+            && rest.split_whitespace().count() == 1
+        {
+            // `mode foo`: an unknown mode, said so when executed.
+            mode = Some(w.to_ascii_lowercase());
+        } else if id.is_none() {
+            id = named_id(w);
+        } else {
+            extra.push(w);
+        }
+    }
+    if !extra.is_empty() {
+        return Command::Help(Some(format!("mode {}", rest.trim())));
+    }
+    Command::Mode { mode, id }
+}
+
+/// `rule rm <id>` (or `rule list`).
+fn parse_rule(rest: &str) -> Command {
+    let (sub, tail) = first_word(rest);
+    match sub.to_ascii_lowercase().as_str() {
+        "rm" | "remove" | "delete" | "del" => {
+            let (id, _) = first_word(tail);
+            Command::RuleRm(Some(id.to_owned()).filter(|i| !i.is_empty()))
+        }
+        "" | "list" | "ls" => Command::Rules,
+        _ => Command::Help(Some(format!("rule {sub}"))),
     }
 }
 

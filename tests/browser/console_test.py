@@ -435,6 +435,10 @@ def walk(server, page):
     def reject_with_feedback():
         card = page.locator(".request", has_text="Run cargo test")
         expect(card).to_be_visible(timeout=WAIT_MS)
+        # Without feedback the button asks for it and decides nothing.
+        card.locator("button.reject-with-feedback").click()
+        expect(page.locator("#toast")).to_contain_text("write the feedback first", timeout=WAIT_MS)
+        expect(card).to_be_visible()
         card.locator("textarea.feedback").fill("not on CI, please")
         card.locator("button.reject-with-feedback").click()
         expect(card).to_have_count(0, timeout=WAIT_MS)
@@ -602,6 +606,14 @@ def walk(server, page):
         expect(page.locator('button[data-control="pause"]')).to_be_visible(timeout=WAIT_MS)
         # Stopped by the operator: it ended for good, so no mode and no
         # steering are offered (both were, and answered "start a new one").
+        # Stop asks first; dismissed, the session runs on.
+        asked = []
+        page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+        page.locator('button[data-control="cancel"]').click()
+        expect(page.locator("#toast")).to_contain_text("Stop: not done", timeout=WAIT_MS)
+        assert asked and "ends for good" in asked[0], asked
+        expect(page.locator('button[data-control="pause"]')).to_be_visible()
+        page.once("dialog", lambda d: d.accept())
         page.locator('button[data-control="cancel"]').click()
         expect(page.locator(".session-head")).to_contain_text("cancelled", timeout=WAIT_MS)
         expect(page.locator(".steer-box")).to_be_hidden(timeout=WAIT_MS)

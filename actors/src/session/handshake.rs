@@ -273,82 +273,100 @@ impl SessionState {
         if let Some(ready) = self.ready.take() {
             let _ = ready.send(Ok(()));
         }
-        let start = self.start.clone();
-        match start {
+        match self.start.clone() {
             StartMode::Attached => {}
-            StartMode::Fresh { first } if self.paused => {
-                // Paused during the start: the first prompt waits in the
-                // queue (stored, undelivered) for the resume.
-                if !self.queue.iter().any(|s| s.id == first.id) {
-                    self.queue.push_front(first);
-                }
-                self.emit_notice(
-                    NoticeLevel::Info,
-                    "Still paused: the first prompt waits until the session is resumed.",
-                )
-                .await;
-                self.show_activity("paused", None);
-            }
-            StartMode::Fresh { first } => {
-                // Sent as the first prompt (noted in the transcript before
-                // the agent can answer it), then marked delivered; not sent
-                // (stdin already gone) it stays queued for the restart.
-                self.queue.retain(|s| s.id != first.id);
-                if self.send_prompt(first.text, Role::User).await {
-                    self.first_prompt_sent(first.id);
-                }
-            }
+            StartMode::Fresh { first } => self.after_fresh_start(first).await,
             StartMode::Restart {
                 reprompt,
                 was_mid_turn,
                 revived,
                 ..
             } => {
-                let how = if resumed {
-                    "resumed the agent's session"
-                } else if self.is_acp() {
-                    "the agent cannot resume, so it started a fresh session"
-                } else if revived {
-                    "started the agent again"
-                } else {
-                    "restarted the agent"
-                };
-                if revived {
-                    // The supervisor audits the revive in the reviver's name.
-                    self.emit_notice(NoticeLevel::Info, &format!("Session revived: {how}."))
-                        .await;
-                } else {
-                    self.emit_notice(NoticeLevel::Info, &format!("Agent restarted: {how}."))
-                        .await;
-                    self.audit("system", "session.restarted", json!({"resumed": resumed}))
-                        .await;
-                }
-                // A fresh agent lost the cut turn: it is given again. One
-                // that resumed its session is told to continue it.
-                let cut = match (was_mid_turn, resumed, reprompt) {
-                    (false, ..) => None,
-                    (true, true, prompt) => Some(CutTurn::Continue(prompt)),
-                    (true, false, prompt) => prompt.map(CutTurn::Redo),
-                };
-                if self.paused {
-                    // Still paused: what waits is delivered on resume, and a
-                    // cut turn is continued (or given again) then.
-                    self.resume_turn = cut;
-                    self.emit_notice(
-                        NoticeLevel::Info,
-                        "Still paused: steering waits until the session is resumed.",
-                    )
+                self.after_restart(resumed, was_mid_turn, reprompt, revived)
                     .await;
-                    self.show_activity("paused", None);
-                } else {
-                    self.go_on(cut).await;
-                }
-                if !self.paused && self.turn.is_none() {
-                    // Nothing to continue: it waits for the operator, and
-                    // says so (it read "working" for ever after a restart).
-                    self.show_activity("idle", None);
-                }
             }
+        }
+    }
+
+    /// A new session is ready: its first prompt is sent, or waits for the
+    /// resume when it was paused during the start.
+    async fn after_fresh_start(&mut self, first: crate::model::Steering) {
+        if self.paused {
+            // Paused during the start: the first prompt waits in the
+            // queue (stored, undelivered) for the resume.
+            if !self.queue.iter().any(|s| s.id == first.id) {
+                self.queue.push_front(first);
+            }
+            self.emit_notice(
+                NoticeLevel::Info,
+                "Still paused: the first prompt waits until the session is resumed.",
+            )
+            .await;
+            self.show_activity("paused", None);
+            return;
+        }
+        // Sent as the first prompt (noted in the transcript before
+        // the agent can answer it), then marked delivered; not sent
+        // (stdin already gone) it stays queued for the restart.
+        self.queue.retain(|s| s.id != first.id);
+        if self.send_prompt(first.text, Role::User).await {
+            self.first_prompt_sent(first.id);
+        }
+    }
+
+    /// A restarted (or revived) agent is ready: the operator is told how it
+    /// came back, and a cut turn is continued or given again (on resume
+    /// when paused).
+    async fn after_restart(
+        &mut self,
+        resumed: bool,
+        was_mid_turn: bool,
+        reprompt: Option<String>,
+        revived: bool,
+    ) {
+        let how = if resumed {
+            "resumed the agent's session"
+        } else if self.is_acp() {
+            "the agent cannot resume, so it started a fresh session"
+        } else if revived {
+            "started the agent again"
+        } else {
+            "restarted the agent"
+        };
+        if revived {
+            // The supervisor audits the revive in the reviver's name.
+            self.emit_notice(NoticeLevel::Info, &format!("Session revived: {how}."))
+                .await;
+        } else {
+            self.emit_notice(NoticeLevel::Info, &format!("Agent restarted: {how}."))
+                .await;
+            self.audit("system", "session.restarted", json!({"resumed": resumed}))
+                .await;
+        }
+        // A fresh agent lost the cut turn: it is given again. One
+        // that resumed its session is told to continue it.
+        let cut = match (was_mid_turn, resumed, reprompt) {
+            (false, ..) => None,
+            (true, true, prompt) => Some(CutTurn::Continue(prompt)),
+            (true, false, prompt) => prompt.map(CutTurn::Redo),
+        };
+        if self.paused {
+            // Still paused: what waits is delivered on resume, and a
+            // cut turn is continued (or given again) then.
+            self.resume_turn = cut;
+            self.emit_notice(
+                NoticeLevel::Info,
+                "Still paused: steering waits until the session is resumed.",
+            )
+            .await;
+            self.show_activity("paused", None);
+        } else {
+            self.go_on(cut).await;
+        }
+        if !self.paused && self.turn.is_none() {
+            // Nothing to continue: it waits for the operator, and
+            // says so (it read "working" for ever after a restart).
+            self.show_activity("idle", None);
         }
     }
 

@@ -14,13 +14,12 @@ use super::toolcalls::{self, ToolCalls};
 use super::{Outgoing, Pending, Phase, SessionState};
 use crate::child::ChildEvent;
 use crate::model::{
-    MessageKind, OptionKind, PendingRequest, PermissionOption, RequestKind, RequestStatus, Role,
-    SessionStatus, now_ms,
+    MessageKind, PendingRequest, PermissionOption, RequestKind, RequestStatus, Role, SessionStatus,
+    now_ms,
 };
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::protocol::acp::{self, methods};
 use crate::protocol::framing::Frame;
-use crate::protocol::intercom::{DialectError, DialectIn};
 use crate::protocol::jsonrpc::{ParseError, RpcError, RpcId, RpcMessage, codes, truncate_for_log};
 
 /// How much of a malformed line goes into the log.
@@ -491,7 +490,7 @@ impl SessionState {
     }
 
     /// Answers a request past `limits.max_pending_requests` with an error.
-    async fn refuse_request(
+    pub(super) async fn refuse_request(
         &mut self,
         wire: RpcId,
         from_mcp: bool,
@@ -539,26 +538,6 @@ impl SessionState {
         }
     }
 
-    /// A clearance or a forwarded prompt the dialect could not read, but
-    /// with an id to answer: refused, with the reason, so the agent does not
-    /// wait for ever (it was only logged), and the operator is told once.
-    async fn answer_malformed(&mut self, msg: &RpcMessage, e: &DialectError) {
-        let RpcMessage::Request { id, method, .. } = msg else {
-            return;
-        };
-        let kind = match method.as_str() {
-            "clearance/request" => RequestKind::Permission,
-            "prompt/forward" => RequestKind::ForwardedPrompt,
-            _ => return,
-        };
-        let why = format!("{e}; nothing was asked: send it again with every field");
-        let note = format!(
-            "The agent sent a {method} the server could not read ({e}); it was refused and told why."
-        );
-        self.refuse_request(id.clone(), false, kind, &why, note)
-            .await;
-    }
-
     /// Shows the operator why the agent's requests are refused, once per
     /// session: an agent that keeps asking cannot fill the transcript.
     pub(super) async fn tell_refusal_once(&mut self, note: &str) {
@@ -587,107 +566,6 @@ impl SessionState {
     pub(super) fn flooded(&self) -> bool {
         self.rate
             .flooded(self.settings.limits.inbound_messages_per_sec)
-    }
-
-    async fn on_dialect_message(&mut self, msg: RpcMessage) {
-        let parsed = match DialectIn::from_message(&msg) {
-            Ok(m) => m,
-            Err(e) => {
-                self.warn_agent(|| format!("skipping intercom message: {e}"));
-                self.answer_malformed(&msg, &e).await;
-                return;
-            }
-        };
-        match parsed {
-            DialectIn::Clearance { id, req } => {
-                let options = vec![
-                    PermissionOption {
-                        id: "approve".into(),
-                        name: "Approve".into(),
-                        kind: OptionKind::AllowOnce,
-                    },
-                    PermissionOption {
-                        id: "reject".into(),
-                        name: "Reject".into(),
-                        kind: OptionKind::RejectOnce,
-                    },
-                ];
-                let title = format!(
-                    "{} ({} risk): {}",
-                    req.title, req.risk_level, req.description
-                );
-                let paths = req.paths();
-                let opened = self
-                    .open_request(Opening {
-                        wire: id,
-                        from_mcp: false,
-                        command: None,
-                        kind: RequestKind::Permission,
-                        tool_kind: Some("edit".into()),
-                        title,
-                        diff: req.diff,
-                        paths,
-                        unlisted: 0,
-                        options,
-                        write: None,
-                    })
-                    .await;
-                if let Ok(n) = opened {
-                    self.apply_rules(n, Some("edit".into()), None).await;
-                }
-            }
-            DialectIn::PromptForward { id, text, kind } => {
-                let options = vec![
-                    PermissionOption {
-                        id: "continue".into(),
-                        name: "Continue".into(),
-                        kind: OptionKind::AllowOnce,
-                    },
-                    PermissionOption {
-                        id: "refine".into(),
-                        name: "Refine".into(),
-                        kind: OptionKind::AllowOnce,
-                    },
-                    PermissionOption {
-                        id: "stop".into(),
-                        name: "Stop".into(),
-                        kind: OptionKind::RejectOnce,
-                    },
-                ];
-                let title = format!("[{kind}] {text}");
-                // A refusal was already answered to the agent.
-                let _ = self
-                    .open_request(Opening {
-                        wire: id,
-                        from_mcp: false,
-                        command: None,
-                        kind: RequestKind::ForwardedPrompt,
-                        tool_kind: None,
-                        title,
-                        diff: None,
-                        paths: vec![],
-                        unlisted: 0,
-                        options,
-                        write: None,
-                    })
-                    .await;
-            }
-            DialectIn::Status { message } => {
-                if !self.agent_may_write(message.len()).await {
-                    return;
-                }
-                self.note(Role::Agent, MessageKind::Text, &message);
-                self.emit(OperatorEvent::AgentText {
-                    session_id: self.id().clone(),
-                    text: message,
-                });
-            }
-            DialectIn::Heartbeat { progress } => {
-                if !progress.is_empty() {
-                    self.on_plan(progress).await;
-                }
-            }
-        }
     }
 
     /// Any inbound line: resets the stall clock and revives a stalled session.

@@ -12,6 +12,7 @@
 mod agent_settings;
 mod budget;
 pub mod calls;
+mod dialect;
 mod errors;
 mod files;
 mod flood;

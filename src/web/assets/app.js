@@ -516,8 +516,17 @@
       h('div', { class: 'reject-feedback' }, feedback,
         h('button', {
           type: 'button', class: 'reject-with-feedback',
-          onclick: () => act('Rejected', 'POST', '/api/approvals/' + encodeURIComponent(req.id),
-            () => ({ decision: 'reject', reason: feedback.value }))(),
+          // Without feedback this button would be a plain reject: say so
+          // instead of rejecting with nothing for the agent to read.
+          onclick: () => {
+            if (!feedback.value.trim()) {
+              toast('Reject with feedback: write the feedback first (or use the reject option above)', true);
+              feedback.focus();
+              return;
+            }
+            act('Rejected', 'POST', '/api/approvals/' + encodeURIComponent(req.id),
+              () => ({ decision: 'reject', reason: feedback.value }))();
+          },
         }, 'Reject with feedback')));
   }
 
@@ -571,13 +580,20 @@
     const mode = h('select', { id: 'mode' }, ['ask', 'auto-edits', 'auto'].map((m) => h('option', { value: m }, m)));
     let modeShown = null; // the mode the select last showed from the server
     const rememberBox = h('div', { class: 'remember-box' });
-    const control = (label, path) => h('button', { type: 'button', class: 'control', 'data-control': path,
-      onclick: act(label, 'POST', '/api/sessions/' + enc + '/' + path, () => ({})) }, label);
+    // Stop and Restart cut a running turn: asked once more before, as a
+    // stray click on them cannot be taken back.
+    const control = (label, path, question) => {
+      const run = act(label, 'POST', '/api/sessions/' + enc + '/' + path, () => ({}));
+      return h('button', { type: 'button', class: 'control', 'data-control': path,
+        onclick: () => (question && !window.confirm(question) ? toast(label + ': not done') : run()) }, label);
+    };
     const root = h('section', { class: 'session' },
       head,
       h('div', { class: 'controls' },
-        control('Stop', 'cancel'), control('Pause', 'pause'), control('Resume', 'resume'), control('Nudge', 'nudge'),
-        control('Restart', 'restart'), control('Revive', 'revive'),
+        control('Stop', 'cancel', 'Stop this session? Its turn is cancelled and the session ends for good (Revive does not bring it back).'),
+        control('Pause', 'pause'), control('Resume', 'resume'), control('Nudge', 'nudge'),
+        control('Restart', 'restart', 'Restart the agent? Its process is killed and started again, resuming this session; the turn it is in is cut.'),
+        control('Revive', 'revive'),
         h('span', { class: 'mode-control' },
           h('label', {}, ' approval mode ', mode),
           h('button', { type: 'button', id: 'mode-set', onclick: act('Mode', 'POST', '/api/sessions/' + enc + '/mode', () => ({ mode: mode.value })) }, 'Set'))),
