@@ -191,6 +191,9 @@ struct Inner {
     stopping: AtomicBool,
     /// Config rules + operator rules, as sessions see them.
     rules: SharedRules,
+    /// One rules refresh at a time (see `App::refresh_rules`): a critical
+    /// section, not shared state; the rules themselves are `rules`.
+    rules_refresh: tokio::sync::Mutex<()>,
     /// The rules from the config file (replaced on reload).
     config_rules: RwLock<Vec<Rule>>,
     /// `[[workspace]] approval_mode` per workspace (replaced on reload).
@@ -312,6 +315,7 @@ impl App {
             slack: AtomicU8::new(SlackState::Disabled.to_u8()),
             stopping: AtomicBool::new(false),
             rules,
+            rules_refresh: tokio::sync::Mutex::new(()),
             config_rules: RwLock::new(config.rules.clone()),
             modes: RwLock::new(config.workspace_modes.clone()),
             config_status: ConfigStatus::new(),

@@ -1,6 +1,9 @@
 //! Operator approval rules in SQLite: insert, list, delete, and survival of a
-//! restart (reopening the database file).
+//! restart (reopening the database file), and rules added at once all in
+//! force.
 
+use agent_intercom::app::{App, AppOptions};
+use agent_intercom::config::Config;
 use agent_intercom::storage::SqliteStore;
 use agent_intercom::storage::rules::new_rule_id;
 use intercom_actors::model::SessionId;
@@ -124,4 +127,52 @@ async fn rules_survive_a_restart() {
     expected.sort_by(|a, b| a.id.cmp(&b.id));
     assert_eq!(listed, expected);
     store.close().await;
+}
+
+/// Rules added at the same moment are all in force once each add is
+/// answered. Each add stores its rule and then publishes the stored list to
+/// the sessions; two publications that overlapped could land in the wrong
+/// order, the later one a list read before the other rule was stored: a
+/// deny rule answered "created" and was not in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rules_added_at_the_same_moment_are_all_in_force() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config =
+        Config::from_toml_str("[database]\npath = \"rules.db\"\n", dir.path()).expect("config");
+    let store = SqliteStore::open(&config.database.path)
+        .await
+        .expect("store");
+    let app = App::start(&config, store, AppOptions::default())
+        .await
+        .expect("app");
+    let adds: Vec<_> = (0..48)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let rule = Rule {
+                    id: String::new(),
+                    scope: Scope::Global,
+                    matcher: RuleMatch {
+                        kind: Some("execute".into()),
+                        command_prefix: Some(format!("tool{i} ")),
+                        ..Default::default()
+                    },
+                    action: RuleAction::Deny,
+                };
+                app.add_rule(rule, "test").await
+            })
+        })
+        .collect();
+    let mut added = Vec::new();
+    for add in adds {
+        added.push(add.await.expect("task").expect("rule added").id);
+    }
+    let in_force: std::collections::HashSet<String> = app
+        .shared_rules()
+        .current()
+        .iter()
+        .map(|r| r.id.clone())
+        .collect();
+    let missing: Vec<&String> = added.iter().filter(|id| !in_force.contains(*id)).collect();
+    assert!(missing.is_empty(), "added but not in force: {missing:?}");
 }

@@ -82,7 +82,7 @@ async fn a_panicked_registry_is_restarted_with_the_current_config() {
     ));
     std::fs::write(&layout.config, text).expect("write config");
     let reloaded = Config::load(&layout.config).expect("reloaded config");
-    app.apply_config(&reloaded).await;
+    app.apply_config(&reloaded).await.expect("reload applied");
     let registry: ActorRef<RegistryMsg> = app.registry().get();
     until("the reload in the registry", || async {
         let map = ractor::call_t!(registry, RegistryMsg::Get, 5000).expect("map");

@@ -95,7 +95,7 @@ pub const QUEUED_MESSAGE_COST: usize = 128;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SendRefused {
     /// The writer has stopped (the pipe broke, or stdin was closed).
-    #[error("write failed: stream closed")]
+    #[error("the agent's stdin is closed (it exited or stopped reading); restart the session")]
     Closed,
     /// The agent is not reading: too much already waits to be written.
     #[error(
@@ -383,8 +383,13 @@ impl AgentChild {
         let stderr = child.stderr.take().ok_or_else(|| failed("stderr"))?;
         let on_event: Arc<dyn Fn(ChildEvent) + Send + Sync> = Arc::new(on_event);
 
-        let stdout = pipe_receiver(stdout.into_owned_fd()).map_err(|_| failed("stdout"))?;
-        let stderr = pipe_receiver(stderr.into_owned_fd()).map_err(|_| failed("stderr"))?;
+        let unreadable = |what: &str, e: std::io::Error| SpawnError::Failed {
+            profile: spec.profile.clone(),
+            command: spec.command.clone(),
+            reason: format!("cannot read the agent's {what}: {e}"),
+        };
+        let stdout = pipe_receiver(stdout.into_owned_fd()).map_err(|e| unreadable("stdout", e))?;
+        let stderr = pipe_receiver(stderr.into_owned_fd()).map_err(|e| unreadable("stderr", e))?;
         let codec = FrameCodec::new(spec.framing, spec.max_frame);
         let events = on_event.clone();
         let reader = tokio::spawn(read_frames(FrameReader::new(stdout, codec), events));

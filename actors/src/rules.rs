@@ -15,6 +15,7 @@
 //!    inside the workspace, `auto` allows everything.
 
 use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,14 +37,18 @@ impl SharedRules {
 
     /// Replaces the rules.
     pub fn set(&self, rules: Vec<Rule>) {
-        if let Ok(mut guard) = self.0.write() {
-            *guard = std::sync::Arc::new(rules);
-        }
+        // A poisoned lock still holds a whole list (it is only ever
+        // replaced): a new deny rule is never skipped for it.
+        let mut guard = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        *guard = std::sync::Arc::new(rules);
     }
 
     /// The rules now.
     pub fn current(&self) -> std::sync::Arc<Vec<Rule>> {
-        self.0.read().map(|g| g.clone()).unwrap_or_default()
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

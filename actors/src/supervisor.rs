@@ -98,8 +98,10 @@ pub enum SupervisorError {
     /// The agent did not start; no session record was kept.
     #[error("{0}")]
     StartFailed(StartError),
-    /// Storage refused.
-    #[error("storage: {0}")]
+    /// Storage refused: what was asked was not done.
+    #[error(
+        "storage failed, nothing was done: {0}; check the database (disk space, permissions) and retry"
+    )]
     Storage(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]

@@ -10,21 +10,21 @@ use intercom_actors::rules::Scope;
 impl App {
     /// The rules `config.toml` holds now.
     fn config_rules(&self) -> Vec<Rule> {
-        self.inner
-            .config_rules
-            .read()
-            .map(|r| r.clone())
-            .unwrap_or_default()
+        read(&self.inner.config_rules).clone()
     }
 
     /// Applies a reloaded config: the workspace map (whole), the config
     /// rules and workspace modes. Live sessions keep their channel; pending
     /// requests are re-evaluated against the new rules.
-    pub async fn apply_config(&self, config: &Config) {
+    ///
+    /// An error says the reload was not applied (the server is stopping):
+    /// the caller keeps the previous config as the one in force.
+    pub async fn apply_config(&self, config: &Config) -> Result<(), AppError> {
         let map = Box::new(config.workspace_map());
         if let Err(e) = self.inner.root.send_message(RootMsg::ConfigReloaded(map)) {
-            tracing::error!("cannot reload the workspace registry: {e}");
-            return;
+            return Err(AppError::Unavailable(format!(
+                "the reloaded config was not applied: the workspace registry does not answer ({e}); the server is probably stopping"
+            )));
         }
         if let Err(e) = self
             .inner
@@ -33,29 +33,27 @@ impl App {
         {
             tracing::error!("live sessions keep their previous agent profiles: {e}");
         }
-        if let Ok(mut m) = self.inner.modes.write() {
-            *m = config.workspace_modes.clone();
+        *write(&self.inner.modes) = config.workspace_modes.clone();
+        *write(&self.inner.config_rules) = config.rules.clone();
+        if let Err(e) = self.refresh_rules().await {
+            // The file's rules are kept: the next refresh (a rule added or
+            // removed, the next reload) publishes them.
+            tracing::error!("the reloaded config's rules are not in force yet: {e}");
+            self.inner.config_status.stale(&e);
+        } else {
+            self.inner.config_status.ok();
         }
-        if let Ok(mut r) = self.inner.config_rules.write() {
-            *r = config.rules.clone();
-        }
-        self.refresh_rules().await;
-        self.inner.config_status.ok();
         tracing::info!(
             rules = config.rules.len(),
             "config reloaded: {}",
             config.summary()
         );
-        let warnings = super::logged_warnings(config);
-        if let Ok(mut kept) = self.inner.config_warnings.write() {
-            *kept = warnings;
-        }
+        *write(&self.inner.config_warnings) = super::logged_warnings(config);
         for w in self.inner.fixed.changed_by(config) {
             tracing::warn!("{w}");
         }
-        if let Ok(mut pending) = self.inner.restart_needed.write() {
-            *pending = self.inner.fixed.keys_changed_by(config);
-        }
+        *write(&self.inner.restart_needed) = self.inner.fixed.keys_changed_by(config);
+        Ok(())
     }
 
     /// What the config file now says that the running server does not do
@@ -63,21 +61,13 @@ impl App {
     /// logged it at the reload; `/healthz` shows it, since `ctl` already
     /// follows the file (a probe's `ctl` said the server was down).
     pub fn restart_needed(&self) -> Vec<&'static str> {
-        self.inner
-            .restart_needed
-            .read()
-            .map(|p| p.clone())
-            .unwrap_or_default()
+        read(&self.inner.restart_needed).clone()
     }
 
     /// What the config in force warns about (each also logged when it was
     /// loaded): a config can be valid and still name a missing binary.
     pub fn config_warnings(&self) -> Vec<String> {
-        self.inner
-            .config_warnings
-            .read()
-            .map(|w| w.clone())
-            .unwrap_or_default()
+        read(&self.inner.config_warnings).clone()
     }
 
     /// Marks the config stale after a bad edit (the previous map stays).
@@ -91,14 +81,18 @@ impl App {
         self.inner.config_status.current()
     }
 
-    pub(super) async fn refresh_rules(&self) {
-        let operator = match self.inner.store.list_rules().await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("cannot load operator rules: {e}");
-                return;
-            }
-        };
+    /// Publishes the config's rules and the operator's (as stored) to every
+    /// session. One refresh at a time: two that overlapped could publish in
+    /// the wrong order, the later one a list read before the other's rule
+    /// was stored (an added deny rule was then answered 201 and not in
+    /// force).
+    pub(super) async fn refresh_rules(&self) -> Result<(), AppError> {
+        let _one_at_a_time = self.inner.rules_refresh.lock().await;
+        let operator = self.inner.store.list_rules().await.map_err(|e| {
+            AppError::Storage(format!(
+                "cannot read the operator rules to put them in force: {e}"
+            ))
+        })?;
         let config = self.config_rules();
         self.inner
             .rules
@@ -110,6 +104,7 @@ impl App {
         {
             tracing::error!("live sessions were not told about the changed rules: {e}");
         }
+        Ok(())
     }
 
     /// Every rule in force, with where it comes from (`config` or the creator).
@@ -135,7 +130,9 @@ impl App {
         self.inner.store.insert_rule(&rule, created_by).await?;
         self.audit(created_by, "rule.added", serde_json::json!({"rule": rule}))
             .await;
-        self.refresh_rules().await;
+        self.refresh_rules()
+            .await
+            .map_err(|e| not_in_force(&format!("rule {} is stored", rule.id), e))?;
         Ok(rule)
     }
 
@@ -179,12 +176,7 @@ impl App {
     /// Removes an operator rule; config rules are removed by editing the file.
     pub async fn delete_rule(&self, id: &str, by: &str) -> Result<(), AppError> {
         if !self.inner.store.delete_rule(id).await? {
-            let in_config = self
-                .inner
-                .config_rules
-                .read()
-                .map(|r| r.iter().any(|x| x.id == id))
-                .unwrap_or(false);
+            let in_config = self.config_rules().iter().any(|x| x.id == id);
             return Err(if in_config {
                 AppError::BadRequest(format!(
                     "rule {id} comes from the config file; remove it there"
@@ -195,7 +187,9 @@ impl App {
         }
         self.audit(by, "rule.removed", serde_json::json!({"rule": id}))
             .await;
-        self.refresh_rules().await;
+        self.refresh_rules()
+            .await
+            .map_err(|e| not_in_force(&format!("rule {id} is removed from storage"), e))?;
         Ok(())
     }
 
@@ -258,11 +252,9 @@ impl App {
 
     /// The configured approval mode of a workspace (`None` = ask).
     pub(crate) fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
-        self.inner
-            .modes
-            .read()
-            .ok()
-            .and_then(|m| m.get(workspace).copied())
+        read(&self.inner.modes)
+            .get(workspace)
+            .copied()
             .filter(|m| *m != ApprovalMode::Ask)
     }
 }
@@ -370,6 +362,27 @@ impl Fixed {
         }
         out
     }
+}
+
+/// A rule change that is stored but could not be put in force: the
+/// operator is told to retry, not that it was done.
+fn not_in_force(what: &str, e: AppError) -> AppError {
+    AppError::Storage(format!(
+        "{what}, but sessions do not see the change yet ({e}); retry, or reload the config to put the stored rules in force"
+    ))
+}
+
+/// A snapshot behind a lock that is only ever replaced whole: a poisoned
+/// lock still holds a whole value, so it is read (never skipped).
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// See [`read`].
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

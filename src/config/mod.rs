@@ -257,6 +257,10 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+    /// A valid config the running server could not apply (it is
+    /// stopping): the previous one stays in force.
+    #[error("{0}")]
+    NotApplied(String),
 }
 
 impl ConfigError {

@@ -190,7 +190,7 @@ pub fn clip(text: &str, max: usize) -> String {
 
 /// `12s ago`, `3m ago`, `5h ago`, `2d ago`.
 pub fn ago(ms: i64, now: i64) -> String {
-    let secs = (now - ms).max(0) / 1000;
+    let secs = now.saturating_sub(ms).max(0) / 1000;
     match secs {
         0..60 => format!("{secs}s ago"),
         60..3600 => format!("{}m ago", secs / 60),

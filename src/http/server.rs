@@ -372,15 +372,22 @@ fn watch_config(
             })
         });
         let stale = match checked {
-            Ok((config, kept)) => {
-                let (workspaces, agents) = config.removed_from(&in_force);
-                handle.block_on(app.apply_config(&config));
-                if !workspaces.is_empty() || !agents.is_empty() {
-                    handle.block_on(app.tell_removed(&workspaces, &agents));
+            Ok((config, kept)) => match handle.block_on(app.apply_config(&config)) {
+                Ok(()) => {
+                    let (workspaces, agents) = config.removed_from(&in_force);
+                    if !workspaces.is_empty() || !agents.is_empty() {
+                        handle.block_on(app.tell_removed(&workspaces, &agents));
+                    }
+                    *in_force = config;
+                    kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
                 }
-                *in_force = config;
-                kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
-            }
+                // Not applied: the config in force stays the one to diff
+                // the next edit against.
+                Err(e) => {
+                    tracing::error!("{e}");
+                    Some(crate::config::ConfigError::NotApplied(e.to_string()))
+                }
+            },
             Err(e) => Some(e),
         };
         if let Some(e) = stale {

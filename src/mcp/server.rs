@@ -651,7 +651,8 @@ impl ServerHandler for IntercomMcp {
             Ok(value) => Ok(CallToolResult::structured(value).into()),
             Err(Fail::Params(message)) => Err(ErrorData::invalid_params(message, None)),
             Err(Fail::Refused { code, message }) => {
-                tracing::info!(tool = %name, code, "{message}");
+                // The message quotes the agent's paths and hunk headers.
+                tracing::info!(tool = %name, code, "{}", intercom_actors::text::one_line(&message, 500));
                 let value = json!({"error": message, "code": code});
                 let mut result = CallToolResult::error(vec![ContentBlock::text(value.to_string())]);
                 result.structured_content = Some(value);

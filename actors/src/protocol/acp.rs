@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 
 use crate::model::{OptionKind, PermissionOption};
+use crate::text::one_line;
 
 /// How long matching the lines of one diff may take before it falls back
 /// to a coarser (still correct) one. The diff runs in the session actor, on
@@ -103,18 +104,29 @@ impl AgentInfo {
         })
     }
 
-    /// "api-key (API key), oauth (Log in)" or "none".
+    /// "api-key (API key), oauth (Log in)" or "none". The agent names them:
+    /// each is cut and escaped, and at most [`AUTH_METHODS_SHOWN`] are
+    /// listed (the rest counted), as this reaches logs and notices.
     pub fn describe_auth_methods(&self) -> String {
         if self.auth_methods.is_empty() {
             return "none".to_owned();
         }
-        self.auth_methods
+        let mut listed: Vec<String> = self
+            .auth_methods
             .iter()
-            .map(|(id, name)| format!("{id} ({name})"))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .take(AUTH_METHODS_SHOWN)
+            .map(|(id, name)| format!("{} ({})", one_line(id, 64), one_line(name, 128)))
+            .collect();
+        let more = self.auth_methods.len().saturating_sub(AUTH_METHODS_SHOWN);
+        if more > 0 {
+            listed.push(format!("{more} more"));
+        }
+        listed.join(", ")
     }
 }
+
+/// How many of an agent's authentication methods a notice lists.
+pub const AUTH_METHODS_SHOWN: usize = 16;
 
 /// `initialize` params: protocol v1, fs read/write capabilities, our identity.
 pub fn initialize_params() -> Value {
@@ -844,6 +856,23 @@ mod tests {
             info.describe_auth_methods(),
             "oauth-personal (Log in with Google), gemini-api-key (Use Gemini API key)"
         );
+    }
+
+    /// The agent names its methods, and the list reaches logs and notices:
+    /// escaped, cut, and at most 16 of them.
+    #[test]
+    fn hostile_auth_methods_are_escaped_cut_and_counted() {
+        let methods: Vec<Value> = (0..40)
+            .map(|i| json!({"id": format!("m{i}\r\u{1b}[2K"), "name": "x".repeat(10_000)}))
+            .collect();
+        let r = json!({"protocolVersion": 1, "authMethods": methods});
+        let shown = AgentInfo::from_initialize(&r)
+            .expect("info")
+            .describe_auth_methods();
+        assert!(!shown.chars().any(char::is_control), "{shown}");
+        assert!(shown.contains("m0\\u{d}\\u{1b}[2K ("), "{shown}");
+        assert!(shown.ends_with(", 24 more"), "{shown}");
+        assert!(shown.len() < 16 * 200, "{} bytes", shown.len());
     }
 
     /// A version the server does not speak fails the start, saying so: a

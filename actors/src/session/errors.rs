@@ -58,8 +58,10 @@ pub enum StartError {
         /// Error.
         error: String,
     },
-    /// Storage failed.
-    #[error("storage: {0}")]
+    /// Storage failed: what was asked was not done.
+    #[error(
+        "storage failed, nothing was done: {0}; check the database (disk space, permissions) and retry"
+    )]
     Storage(String),
 }
 

@@ -96,7 +96,7 @@ impl SessionState {
         match (purpose, outcome) {
             (Outgoing::Initialize, Ok(result)) => match AgentInfo::from_initialize(&result) {
                 Ok(info) => {
-                    tracing::info!(session = %self.record.id, agent = ?info.name, load = info.load_session, "agent initialized");
+                    tracing::info!(session = %self.record.id, agent = ?info.name.as_deref().map(|n| crate::text::shorten(n, 200)), load = info.load_session, "agent initialized");
                     self.agent = info;
                     self.open_session();
                     if let Some(err) = self.pending_failure.take() {

@@ -227,7 +227,7 @@ impl SessionState {
                 } else if method == methods::CANCEL_REQUEST {
                     self.agent_withdrew(&params).await;
                 } else {
-                    tracing::debug!(session = %self.record.id, %method, "ignoring unknown notification");
+                    tracing::debug!(session = %self.record.id, method = %crate::text::one_line(&method, 100), "ignoring unknown notification");
                 }
             }
         }

@@ -31,7 +31,7 @@ impl SessionState {
                     .filter_map(|id| id.strip_prefix("req-")?.parse::<u64>().ok())
                     .max()
                     .unwrap_or(0);
-                self.next_request = highest + 1;
+                self.next_request = highest.saturating_add(1);
             }
             Err(e) => tracing::error!(session = %self.record.id, "loading request ids: {e}"),
         }
