@@ -169,6 +169,10 @@ pub enum SpawnError {
 }
 
 /// The last bytes the child wrote to stderr.
+///
+/// A lock, not a message: the stderr drain task appends and the session
+/// reads it once, when the agent failed, to quote it. A bounded ring of
+/// bytes with one writer needs no actor of its own.
 #[derive(Debug, Default, Clone)]
 pub struct StderrTail(Arc<Mutex<VecDeque<u8>>>);
 

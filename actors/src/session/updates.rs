@@ -64,46 +64,8 @@ impl SessionState {
             return;
         }
         match update {
-            Update::AgentText(t) => {
-                if !self.thought.is_empty() {
-                    self.flush_thought().await;
-                }
-                // A notice written since this block began ends it: text
-                // after it goes below it, not into the block above (a
-                // refusal read as said before the pause). A new tool call
-                // ends the block itself, before its row (`on_tool`).
-                if !self.text.text.is_empty()
-                    && self.text.began_at_entry
-                        != self
-                            .entries_written
-                            .load(std::sync::atomic::Ordering::Relaxed)
-                {
-                    self.flush_text(true).await;
-                }
-                if self.text.text.is_empty() {
-                    self.text.began_at_entry = self
-                        .entries_written
-                        .load(std::sync::atomic::Ordering::Relaxed);
-                }
-                self.push_agent_text(&t);
-            }
-            Update::Thought(t) => {
-                if !self.text.text.is_empty() {
-                    // Keep the transcript in the order the agent spoke.
-                    self.flush_text(true).await;
-                }
-                // Thoughts share the per-turn cap's size: never unbounded.
-                let room = self
-                    .settings
-                    .limits
-                    .max_turn_text_bytes
-                    .saturating_sub(self.thought.len());
-                let mut take = t.len().min(room);
-                while !t.is_char_boundary(take) {
-                    take -= 1;
-                }
-                self.thought.push_str(&t[..take]);
-            }
+            Update::AgentText(t) => self.on_agent_text(&t).await,
+            Update::Thought(t) => self.on_thought(&t).await,
             Update::Usage(usage) => {
                 self.usage = Some(usage);
                 // Only the latest counts: during a flood it is shown on the
@@ -125,6 +87,50 @@ impl SessionState {
             }
             Update::UserText(_) => {}
         }
+    }
+
+    /// A chunk of the agent's answer, added to the text block it belongs
+    /// to.
+    async fn on_agent_text(&mut self, t: &str) {
+        if !self.thought.is_empty() {
+            self.flush_thought().await;
+        }
+        // A notice written since this block began ends it: text after it
+        // goes below it, not into the block above (a refusal read as said
+        // before the pause). A new tool call ends the block itself, before
+        // its row (`on_tool`).
+        if !self.text.text.is_empty() && self.text.began_at_entry != self.entries_now() {
+            self.flush_text(true).await;
+        }
+        if self.text.text.is_empty() {
+            // Read after the flush, which wrote an entry of its own.
+            self.text.began_at_entry = self.entries_now();
+        }
+        self.push_agent_text(t);
+    }
+
+    /// How many transcript entries this session has written so far.
+    fn entries_now(&self) -> u64 {
+        self.entries_written
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A chunk of the agent's thinking, kept within the turn's text cap.
+    async fn on_thought(&mut self, t: &str) {
+        if !self.text.text.is_empty() {
+            // Keep the transcript in the order the agent spoke.
+            self.flush_text(true).await;
+        }
+        let room = self
+            .settings
+            .limits
+            .max_turn_text_bytes
+            .saturating_sub(self.thought.len());
+        let mut take = t.len().min(room);
+        while !t.is_char_boundary(take) {
+            take -= 1;
+        }
+        self.thought.push_str(&t[..take]);
     }
 
     /// An agent that switches its own mode (to one that asks less, say)
