@@ -120,7 +120,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
 type Children = HashMap<i32, Vec<i32>>;
 
 /// The scans of `/proc` every walk shares.
-static SCANS: Scans = Scans::new();
+static SCANS: Scans = Scans::new(scan);
 
 /// Scans of `/proc`, shared by the walks that wait for the same one.
 ///
@@ -140,6 +140,8 @@ static SCANS: Scans = Scans::new();
 struct Scans {
     state: Mutex<ScanState>,
     finished: Condvar,
+    /// What a scan reads (`scan`; tests give one they can hold).
+    scan: fn() -> Children,
 }
 
 struct ScanState {
@@ -151,18 +153,22 @@ struct ScanState {
     running: bool,
     /// What the last finished scan saw.
     latest: Option<Arc<Children>>,
+    /// Callers waiting for a running scan to finish.
+    waiting: usize,
 }
 
 impl Scans {
-    const fn new() -> Scans {
+    const fn new(scan: fn() -> Children) -> Scans {
         Scans {
             state: Mutex::new(ScanState {
                 begun: 0,
                 done: 0,
                 running: false,
                 latest: None,
+                waiting: 0,
             }),
             finished: Condvar::new(),
+            scan,
         }
     }
 
@@ -183,10 +189,12 @@ impl Scans {
                 return Arc::clone(latest);
             }
             if state.running {
+                state.waiting += 1;
                 state = self
                     .finished
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner);
+                state.waiting -= 1;
                 continue;
             }
             state.running = true;
@@ -195,7 +203,7 @@ impl Scans {
             drop(state);
             // Should a scan ever panic, `running` must not stay set (every
             // later walk would wait for good): its walkers get no children.
-            let children = Arc::new(std::panic::catch_unwind(scan).unwrap_or_default());
+            let children = Arc::new(std::panic::catch_unwind(self.scan).unwrap_or_default());
             state = self.state();
             state.running = false;
             state.done = number;
@@ -208,6 +216,12 @@ impl Scans {
     #[cfg(test)]
     fn begun(&self) -> u64 {
         self.state().begun
+    }
+
+    /// Callers waiting for the running scan (tests).
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.state().waiting
     }
 }
 
@@ -380,38 +394,57 @@ mod tests {
     }
 
     #[test]
-    fn walks_that_ask_at_once_share_scans() {
+    fn walks_that_ask_while_a_scan_runs_share_the_next() {
+        // The first scan is held until every other walk waits for it.
+        static GATE: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+        fn held_scan() -> Children {
+            let (open, opened) = &GATE;
+            let mut open = open.lock().unwrap_or_else(PoisonError::into_inner);
+            while !*open {
+                open = opened.wait(open).unwrap_or_else(PoisonError::into_inner);
+            }
+            scan()
+        }
+        static LOCAL: Scans = Scans::new(held_scan);
         let mut kid = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .expect("spawn sleep");
         let (me, pid) = (std::process::id() as i32, kid.id() as i32);
-        // Scans of its own, so no other test's walk is counted.
-        static LOCAL: Scans = Scans::new();
-        let barrier = std::sync::Arc::new(std::sync::Barrier::new(32));
-        let walkers: Vec<_> = (0..32)
-            .map(|_| {
-                let barrier = barrier.clone();
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    LOCAL
-                        .fresh()
-                        .get(&me)
-                        .is_some_and(|kids| kids.contains(&pid))
-                })
-            })
-            .collect();
-        let found: Vec<bool> = walkers
-            .into_iter()
+        let walk = move || {
+            LOCAL
+                .fresh()
+                .get(&me)
+                .is_some_and(|kids| kids.contains(&pid))
+        };
+        let first = std::thread::spawn(walk);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while LOCAL.begun() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first scan never began"
+            );
+            std::thread::yield_now();
+        }
+        let others: Vec<_> = (0..31).map(|_| std::thread::spawn(walk)).collect();
+        while LOCAL.waiting() < 31 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the walks never waited"
+            );
+            std::thread::yield_now();
+        }
+        *GATE.0.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        GATE.1.notify_all();
+        let found: Vec<bool> = std::iter::once(first)
+            .chain(others)
             .map(|w| w.join().expect("walker"))
             .collect();
-        let scans = LOCAL.begun();
         let _ = kid.kill();
         let _ = kid.wait();
         assert!(found.iter().all(|f| *f), "every walk finds the child");
-        // One scan each would be 32; those that ask while one runs share
-        // the next (the threads do not all ask at the same instant).
-        assert!(scans <= 16, "{scans} scans for 32 walks at once");
+        // The first walk's scan, then one the 31 that asked during it share.
+        assert_eq!(LOCAL.begun(), 2, "scans for 32 walks");
     }
 
     #[test]
