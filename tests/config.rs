@@ -359,9 +359,9 @@ fn validation_errors_name_their_key() {
         ),
         (
             "duplicate channel",
-            "[[workspace]]\nid = \"a\"\npath = \".\"\nchannel_id = \"C1\"\n\
-             [[workspace]]\nid = \"b\"\npath = \".\"\nchannel_id = \"\"\n\
-             [[workspace]]\nid = \"c\"\npath = \".\"\nchannel_id = \"C1\"\n"
+            "[[workspace]]\nid = \"a\"\npath = \"a\"\nchannel_id = \"C1\"\n\
+             [[workspace]]\nid = \"b\"\npath = \"b\"\nchannel_id = \"\"\n\
+             [[workspace]]\nid = \"c\"\npath = \"c\"\nchannel_id = \"C1\"\n"
                 .into(),
             "workspace[2].channel_id",
             "duplicate channel id \"C1\" (also used by workspace[0])",
@@ -1280,6 +1280,27 @@ fn check_config_warns_about_a_workspace_directory_that_does_not_exist() {
     assert_eq!(warnings.len(), 1, "{out}");
     assert!(
         warnings[0].contains("workspace `nowhere`") && warnings[0].contains("does not exist"),
+        "{out}"
+    );
+}
+
+/// Two workspaces on one directory (a block pasted with its id changed
+/// and its path forgotten, in `auto`): loaded, with a warning naming the
+/// workspace a path session there is in.
+#[test]
+fn check_config_warns_about_two_workspaces_on_one_directory() {
+    let (dir, path) = write_config(
+        "[[workspace]]\nid = \"w1\"\npath = \"ws\"\n\n[[workspace]]\nid = \"w9\"\npath = \"./ws/\"\napproval_mode = \"auto\"\n",
+    );
+    std::fs::create_dir_all(dir.path().join("ws")).expect("mkdir");
+    let out = check_config(&path).unwrap();
+    assert!(out.starts_with("config OK"), "{out}");
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{out}");
+    assert!(
+        warnings[0].contains("workspace `w9`")
+            && warnings[0].contains("is also workspace `w1`'s")
+            && warnings[0].contains("is in `w1`"),
         "{out}"
     );
 }

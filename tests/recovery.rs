@@ -700,18 +700,7 @@ fn deleting_every_rule_drops_the_allow_rules_and_keeps_the_deny_rules() {
     let rules = "\n[[rule]]\nid = \"allow-edits\"\naction = \"allow\"\nkind = \"edit\"\npaths = [\"**\"]\n\
                  \n[[rule]]\nid = \"no-rm\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
     std::fs::write(&layout.config, format!("{text}{rules}")).expect("add the rules");
-    let ids = |http: &Http| -> Vec<String> {
-        let rules = http.get("/api/rules");
-        rules
-            .body
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .filter(|r| r["source"] == "config")
-            .filter_map(|r| r["id"].as_str().map(str::to_owned))
-            .collect()
-    };
+    let ids = config_rule_ids;
     until("both rules in force", || {
         (ids(&http) == ["allow-edits", "no-rm"]).then_some(())
     });
@@ -760,6 +749,89 @@ fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
     assert_eq!(s.body["status"], "active", "it runs on: {}", s.text);
     // Kept in the transcript too, for an operator who was not watching.
     http.until_transcript(&id, "The config no longer has its workspace `extra`");
+}
+
+/// The config's own rules now in force, by id.
+fn config_rule_ids(http: &Http) -> Vec<String> {
+    http.get("/api/rules")
+        .body
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r["source"] == "config")
+        .filter_map(|r| r["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A save caught half-way is a valid prefix of the file, and a prefix can
+/// only lose lines: an allow rule's `command_regex`, a deny rule further
+/// down (a probe's `git push --force` was allowed in that window). Such a
+/// change is held until the file has gone unchanged for 10 s: a file
+/// finished meanwhile is never applied cut, and one left as it is applies.
+#[test]
+fn a_reload_that_loosens_waits_for_the_file_to_settle() {
+    let (layout, server, http) = first_server();
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let allow = "\n[[rule]]\nid = \"git-readonly\"\naction = \"allow\"\nkind = \"execute\"\ncommand_prefix = \"git \"\n";
+    let regex = "command_regex = '^git (status|diff|log)\\b'\n";
+    let deny = "\n[[rule]]\nid = \"no-force-push\"\naction = \"deny\"\nkind = \"execute\"\ncommand_regex = '^git\\s+push'\n";
+    let whole = format!("{text}{allow}{regex}{deny}");
+    let cut = format!("{text}{allow}");
+    let reloads = |server: &ServerProcess| server.log().matches("config reloaded").count();
+    std::fs::write(&layout.config, &whole).expect("write the rules");
+    until("both rules in force", || {
+        (config_rule_ids(&http) == ["git-readonly", "no-force-push"]).then_some(())
+    });
+    let before = reloads(&server);
+    // The writer stalls after the allow rule's first lines...
+    std::fs::write(&layout.config, &cut).expect("the first part");
+    until("the change held", || {
+        server
+            .log()
+            .contains("deny rule no-force-push removed or changed")
+            .then_some(())
+    });
+    assert_eq!(config_rule_ids(&http), ["git-readonly", "no-force-push"]);
+    // ... and finishes: the whole file is what is applied.
+    std::fs::write(&layout.config, &whole).expect("the rest");
+    until("the whole file applied", || {
+        (reloads(&server) > before).then_some(())
+    });
+    assert_eq!(reloads(&server), before + 1, "{}", server.log());
+    assert_eq!(config_rule_ids(&http), ["git-readonly", "no-force-push"]);
+    // Left as it is, a removal applies once the file has settled.
+    std::fs::write(&layout.config, format!("{text}{allow}{regex}")).expect("remove the deny rule");
+    until("the deny rule removed", || {
+        (config_rule_ids(&http) == ["git-readonly"]).then_some(())
+    });
+}
+
+/// An `approval_mode` that asks more reaches the workspace's live sessions
+/// that ask less (a probe's session kept `auto` and ran `git push --force`
+/// after the file said `ask`), and each says so in its transcript.
+#[test]
+fn a_stricter_approval_mode_in_the_config_reaches_live_sessions() {
+    let (layout, server, http) = first_server();
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let ws = "[[workspace]]\nid = \"demo\"\n";
+    let auto = text.replace(ws, &format!("{ws}approval_mode = \"auto\"\n"));
+    assert_ne!(auto, text);
+    let reloads = |server: &ServerProcess| server.log().matches("config reloaded").count();
+    let before = reloads(&server);
+    std::fs::write(&layout.config, &auto).expect("auto");
+    until("the looser mode applied", || {
+        (reloads(&server) > before).then_some(())
+    });
+    let id = start(&http, "scripted", "go");
+    let mode = |http: &Http| http.get(&format!("/api/sessions/{id}")).body["approval_mode"].clone();
+    assert_eq!(mode(&http), "auto");
+    http.until_transcript(&id, "done.");
+    std::fs::write(&layout.config, &text).expect("back to ask");
+    until("the session asks again", || {
+        (mode(&http) == "ask").then_some(())
+    });
+    http.until_transcript(&id, "Approval mode is now ask (set by config).");
 }
 
 /// A valid config can still name an agent binary that is not there: the

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use agent_intercom::config::{Config, ConfigError, ConfigStatus, WatchHandle, watch};
+use agent_intercom::config::{Config, ConfigError, ConfigStatus, Next, WatchHandle, watch};
 use intercom_actors::registry::{RegistryMsg, ResolveError, Target, WorkspaceRegistry};
 use ractor::Actor;
 
@@ -44,8 +44,9 @@ fn setup(workspaces: &[&str]) -> (tempfile::TempDir, PathBuf) {
 
 fn start(path: &Path) -> (WatchHandle, mpsc::Receiver<Reload>) {
     let (tx, rx) = mpsc::channel();
-    let handle = watch(path.to_path_buf(), move |result| {
+    let handle = watch(path.to_path_buf(), move |result, _| {
         let _ = tx.send(result);
+        Next::Done
     })
     .expect("watch");
     (handle, rx)
@@ -338,16 +339,19 @@ async fn the_registry_serves_whole_maps_while_reloads_land() {
     let handle = {
         let registry = registry.clone();
         let status = status.clone();
-        watch(path.clone(), move |result| match result {
-            Ok(cfg) => {
-                let _ = registry.cast(RegistryMsg::Reload(Box::new(cfg.workspace_map())));
-                status.ok();
-                let _ = events.send(Ok(()));
+        watch(path.clone(), move |result, _| {
+            match result {
+                Ok(cfg) => {
+                    let _ = registry.cast(RegistryMsg::Reload(Box::new(cfg.workspace_map())));
+                    status.ok();
+                    let _ = events.send(Ok(()));
+                }
+                Err(e) => {
+                    status.stale(&e);
+                    let _ = events.send(Err(e.to_string()));
+                }
             }
-            Err(e) => {
-                status.stale(&e);
-                let _ = events.send(Err(e.to_string()));
-            }
+            Next::Done
         })
         .expect("watch")
     };
@@ -471,10 +475,11 @@ fn a_panicking_callback_does_not_end_the_watch() {
     let (_dir, path) = setup(&["a1"]);
     let (tx, rx) = mpsc::channel();
     let calls = std::sync::atomic::AtomicUsize::new(0);
-    let _handle = watch(path.clone(), move |result| {
+    let _handle = watch(path.clone(), move |result, _| {
         let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = tx.send(result);
         assert!(n > 0, "first callback panics on purpose");
+        Next::Done
     })
     .expect("watch");
     fs::write(&path, config_text(&["a2"])).expect("edit");

@@ -285,10 +285,13 @@ impl WorkspaceMap {
     }
 
     /// The configured workspace whose directory holds `dir` (the deepest,
-    /// when workspaces nest), with that directory resolved.
+    /// when workspaces nest; the first declared, when two share it: the
+    /// config warns of that), with that directory resolved.
     fn workspace_containing(&self, dir: &Path) -> Option<(&WorkspaceEntry, PathBuf)> {
         self.workspaces
             .iter()
+            // `max_by_key` keeps the last of equals: reversed, the first.
+            .rev()
             .filter_map(|w| self.contain(&w.path).ok().map(|p| (w, p)))
             .filter(|(_, p)| dir.starts_with(p))
             .max_by_key(|(_, p)| p.components().count())
@@ -659,5 +662,28 @@ mod tests {
             matches!(&below, Err(ResolveError::InsideWorkspace { workspace, .. }) if workspace == "api"),
             "{below:?}"
         );
+    }
+
+    /// Two workspaces on one directory (a block pasted with its id changed
+    /// and its path forgotten): a path session there is in the first one.
+    #[test]
+    fn a_directory_two_workspaces_share_is_the_first_ones() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().canonicalize().expect("canon");
+        let mut m = map(&root);
+        m.workspaces.push(WorkspaceEntry {
+            id: "api-copy".into(),
+            path: root.join("api"),
+            channel_id: String::new(),
+            label: None,
+            default_agent: None,
+        });
+        let r = m
+            .resolve(&Target {
+                path: Some("api".into()),
+                ..Default::default()
+            })
+            .expect("api");
+        assert_eq!(r.workspace, "api");
     }
 }

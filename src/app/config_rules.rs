@@ -33,7 +33,10 @@ impl App {
         {
             tracing::error!("live sessions keep their previous agent profiles: {e}");
         }
-        *write(&self.inner.modes) = config.workspace_modes.clone();
+        let before = std::mem::replace(
+            &mut *write(&self.inner.modes),
+            config.workspace_modes.clone(),
+        );
         *write(&self.inner.config_rules) = config.rules.clone();
         if let Err(e) = self.refresh_rules().await {
             // The file's rules are kept: the next refresh (a rule added or
@@ -53,7 +56,70 @@ impl App {
             tracing::warn!("{w}");
         }
         *write(&self.inner.restart_needed) = self.inner.fixed.keys_changed_by(config);
+        self.tighten_live_modes(&before, config).await;
         Ok(())
+    }
+
+    /// A workspace whose `approval_mode` now asks more: its live sessions
+    /// that ask less are brought to it (each session says so in its
+    /// transcript). One that asks less is left to new sessions: a live
+    /// session keeps what the operator saw it start with or set.
+    async fn tighten_live_modes(&self, before: &BTreeMap<String, ApprovalMode>, config: &Config) {
+        let tightened: Vec<(&str, ApprovalMode)> = config
+            .workspaces
+            .iter()
+            .chain(&config.discovered)
+            .map(|w| (w.id.as_str(), config.approval_mode_for(&w.id)))
+            .filter(|(id, now)| {
+                let was = before.get(*id).copied().unwrap_or_default();
+                crate::config::asks_more(*now, was)
+            })
+            .collect();
+        if tightened.is_empty() {
+            return;
+        }
+        let live = match self.inner.store.list_sessions(true).await {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::error!(
+                    "cannot list the live sessions a stricter approval mode applies to: {e}"
+                );
+                return;
+            }
+        };
+        let config_caller = Caller {
+            id: "config".into(),
+            operator: true,
+        };
+        for session in live {
+            let Some((_, mode)) = tightened.iter().find(|(id, _)| *id == session.workspace) else {
+                continue;
+            };
+            let current = match self.session_detail(&session.id).await {
+                Ok(detail) => detail.mode,
+                Err(_) => continue,
+            };
+            if !crate::config::asks_more(*mode, current) {
+                continue;
+            }
+            match self
+                .set_mode(&session.id, *mode, config_caller.clone())
+                .await
+            {
+                Ok(()) => tracing::info!(
+                    session = %session.id,
+                    "the config's approval_mode for {} now asks more: session set to {}",
+                    session.workspace,
+                    mode.as_str()
+                ),
+                Err(e) => tracing::warn!(
+                    session = %session.id,
+                    "session keeps approval mode {}, looser than its workspace's new {}: {e}",
+                    current.as_str(),
+                    mode.as_str()
+                ),
+            }
+        }
     }
 
     /// What the config file now says that the running server does not do

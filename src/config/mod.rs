@@ -19,6 +19,7 @@
 //! WorkspaceRegistry serves.
 
 mod agent_check;
+mod confirm;
 mod discover;
 mod exposure;
 mod paths;
@@ -33,12 +34,13 @@ use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+pub use confirm::{CONFIRM_QUIET, asks_more};
 pub use intercom_actors::rules::{ApprovalMode, Rule};
 pub use intercom_actors::settings::{
     AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
 };
 pub use rules::RULE_KINDS;
-pub use watch::{ConfigStatus, WatchError, WatchHandle, watch};
+pub use watch::{ConfigStatus, Next, WatchError, WatchHandle, watch};
 
 pub(crate) use raw::{RawConfig, RawDiscovery, RawSlack, RawWorkspace};
 
@@ -723,19 +725,29 @@ impl Config {
     }
 
     /// Workspaces whose directory does not exist (yet): sessions there fail
-    /// to start until it is created or `path` is fixed.
+    /// to start until it is created or `path` is fixed. Workspaces sharing
+    /// a directory: a session started by path there goes to the first (a
+    /// block pasted with its id changed and its path forgotten would
+    /// otherwise run that directory under the copy's approval mode).
     fn workspace_warnings(&self) -> Vec<String> {
-        self.workspaces
-            .iter()
-            .filter(|w| !w.path.is_dir())
-            .map(|w| {
-                format!(
-                    "workspace `{}`: directory {} does not exist; sessions there fail to start until it is created or its `path` is fixed",
-                    w.id,
-                    w.path.display()
-                )
-            })
-            .collect()
+        let missing = self.workspaces.iter().filter(|w| !w.path.is_dir()).map(|w| {
+            format!(
+                "workspace `{}`: directory {} does not exist; sessions there fail to start until it is created or its `path` is fixed",
+                w.id,
+                w.path.display()
+            )
+        });
+        let shared = self.workspaces.iter().enumerate().filter_map(|(i, w)| {
+            let first = self.workspaces[..i].iter().find(|o| o.path == w.path)?;
+            Some(format!(
+                "workspace `{}`: directory {} is also workspace `{}`'s; a session started by path there is in `{}` (with its rules and approval mode); give each workspace a directory of its own",
+                w.id,
+                w.path.display(),
+                first.id,
+                first.id
+            ))
+        });
+        missing.chain(shared).collect()
     }
 }
 

@@ -157,14 +157,29 @@ impl Drop for WatchHandle {
     }
 }
 
+/// What the consumer of a read config asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Done with this version of the file: wait for the next change.
+    Done,
+    /// Read the file again once it has gone unchanged for this long (a
+    /// change that could be a save caught half-way; see
+    /// [`super::CONFIRM_QUIET`]). A change meanwhile restarts the wait.
+    ReadAgainOnceQuietFor(Duration),
+}
+
 /// Watches the config file at `path` and calls `on_reload` with the freshly
 /// loaded and validated [`Config`] (or why it is not valid) once per settled
 /// burst of changes to it ([`Config::reload`], which refuses an emptied
 /// file). Nothing is loaded at start: load the first version with
 /// [`Config::load`].
+///
+/// `on_reload` is also given how long the file had gone unchanged when it
+/// was read, and may ask for it to be read again once it has gone
+/// unchanged for longer ([`Next::ReadAgainOnceQuietFor`]).
 pub fn watch(
     path: PathBuf,
-    on_reload: impl Fn(Result<Config, ConfigError>) + Send + 'static,
+    on_reload: impl Fn(Result<Config, ConfigError>, Duration) -> Next + Send + 'static,
 ) -> Result<WatchHandle, WatchError> {
     let path = paths::absolutize(&path);
     if path.file_name().is_none() {
@@ -382,7 +397,7 @@ fn reload_loop(
     reload: &Reloader,
     rx: &mpsc::Receiver<bool>,
     stopped: &AtomicBool,
-    on_reload: &impl Fn(Result<Config, ConfigError>),
+    on_reload: &impl Fn(Result<Config, ConfigError>, Duration) -> Next,
 ) {
     while let Ok(first) = rx.recv() {
         let mut again = first;
@@ -393,47 +408,74 @@ fn reload_loop(
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
-        // A file still being written is not read: only once it has not
-        // changed for `QUIET` (a probe appended a rule line by line, and a
-        // copy cut before the last deny rule was applied).
-        while let Some(wait) = QUIET
-            .checked_sub(age(&reload.path))
-            .filter(|w| !w.is_zero())
-        {
-            match rx.recv_timeout(wait) {
-                Ok(replaced) => again |= replaced,
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+        let mut quiet = QUIET;
+        loop {
+            if !wait_until_quiet(&reload.path, quiet, rx, &mut again)
+                || stopped.load(Ordering::Acquire)
+            {
+                return;
+            }
+            reload.follow_links(std::mem::take(&mut again));
+            match read_and_call(&reload.path, on_reload) {
+                Next::Done => break,
+                Next::ReadAgainOnceQuietFor(longer) => quiet = longer,
             }
         }
-        if stopped.load(Ordering::Acquire) {
-            return;
-        }
-        reload.follow_links(again);
-        let path = reload.path.as_path();
-        let result = Config::reload(path);
-        match &result {
-            // Read, not yet applied: the consumer may still refuse it (a
-            // reload that empties the rules), and "reloaded" before
-            // "rejected" read as if both had happened.
-            Ok(config) => tracing::debug!(
-                config = %path.display(),
-                workspaces = config.workspaces.len() + config.discovered.len(),
-                rules = config.rules.len(),
-                "config file read"
-            ),
-            Err(e) => tracing::error!(
-                config = %path.display(),
-                key = e.key().unwrap_or(""),
-                "config change rejected, keeping the previous configuration: {e}"
-            ),
-        }
-        // A panicking consumer must not end hot reload for good.
-        let call = std::panic::AssertUnwindSafe(|| on_reload(result));
-        if std::panic::catch_unwind(call).is_err() {
-            tracing::error!("the config reload callback panicked; still watching");
+    }
+}
+
+/// Waits until the file at `path` has gone unchanged for `quiet`: a file
+/// still being written is not read (a probe appended a rule line by line,
+/// and a copy cut before the last deny rule was applied). Events meanwhile
+/// are taken (`again` notes a replaced directory); false once the watch is
+/// gone.
+fn wait_until_quiet(
+    path: &Path,
+    quiet: Duration,
+    rx: &mpsc::Receiver<bool>,
+    again: &mut bool,
+) -> bool {
+    while let Some(wait) = quiet.checked_sub(age(path)).filter(|w| !w.is_zero()) {
+        match rx.recv_timeout(wait) {
+            Ok(replaced) => *again |= replaced,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return false,
         }
     }
+    true
+}
+
+/// Loads the file and hands the result to `on_reload` (a panic in it is
+/// logged and survived: the watch goes on, and asks nothing more of this
+/// version).
+fn read_and_call(
+    path: &Path,
+    on_reload: &impl Fn(Result<Config, ConfigError>, Duration) -> Next,
+) -> Next {
+    let unchanged_for = age(path);
+    let result = Config::reload(path);
+    match &result {
+        // Read, not yet applied: the consumer may still refuse it (a
+        // reload that empties the rules), and "reloaded" before
+        // "rejected" read as if both had happened.
+        Ok(config) => tracing::debug!(
+            config = %path.display(),
+            workspaces = config.workspaces.len() + config.discovered.len(),
+            rules = config.rules.len(),
+            "config file read"
+        ),
+        Err(e) => tracing::error!(
+            config = %path.display(),
+            key = e.key().unwrap_or(""),
+            "config change rejected, keeping the previous configuration: {e}"
+        ),
+    }
+    // A panicking consumer must not end hot reload for good.
+    let call = std::panic::AssertUnwindSafe(|| on_reload(result, unchanged_for));
+    std::panic::catch_unwind(call).unwrap_or_else(|_| {
+        tracing::error!("the config reload callback panicked; still watching");
+        Next::Done
+    })
 }
 
 /// Whether the running configuration matches the file, for `/healthz`:
@@ -554,7 +596,7 @@ mod tests {
 
     #[test]
     fn a_path_without_a_file_name_is_refused() {
-        let err = watch(PathBuf::from("/"), |_| {}).expect_err("no file name");
+        let err = watch(PathBuf::from("/"), |_, _| Next::Done).expect_err("no file name");
         assert!(matches!(err, WatchError::NoFileName { .. }), "{err}");
     }
 

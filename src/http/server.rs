@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::auth::{self, TokenError, TokenSource};
 use crate::app::{App, AppError, AppOptions, AppStartError, choose_config};
-use crate::config::{Config, ConfigError};
+use crate::config::{CONFIRM_QUIET, Config, ConfigError, Next};
 use crate::storage::{SqliteStore, StorageOpenError};
 
 /// Why `serve` could not run.
@@ -362,7 +362,7 @@ fn watch_config(
     let app = app.clone();
     // The configuration in force, which a reload must not empty at once.
     let running = std::sync::Mutex::new(config.clone());
-    let watched = crate::config::watch(path.clone(), move |result| {
+    let watched = crate::config::watch(path.clone(), move |result, unchanged_for| {
         let mut in_force = running
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -372,22 +372,18 @@ fn watch_config(
             })
         });
         let stale = match checked {
-            Ok((config, kept)) => match handle.block_on(app.apply_config(&config)) {
-                Ok(()) => {
-                    let (workspaces, agents) = config.removed_from(&in_force);
-                    if !workspaces.is_empty() || !agents.is_empty() {
-                        handle.block_on(app.tell_removed(&workspaces, &agents));
-                    }
-                    *in_force = config;
-                    kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
+            Ok((config, kept)) => {
+                let to_confirm = config.changes_to_confirm(&in_force);
+                if !to_confirm.is_empty() && unchanged_for < CONFIRM_QUIET {
+                    tracing::info!(
+                        "config change held until the file has gone unchanged for {} s (a file still being written can read as looser than it is): {}",
+                        CONFIRM_QUIET.as_secs(),
+                        to_confirm.join("; ")
+                    );
+                    return Next::ReadAgainOnceQuietFor(CONFIRM_QUIET);
                 }
-                // Not applied: the config in force stays the one to diff
-                // the next edit against.
-                Err(e) => {
-                    tracing::error!("{e}");
-                    Some(crate::config::ConfigError::NotApplied(e.to_string()))
-                }
-            },
+                apply_reload(&handle, &app, config, kept, &mut in_force)
+            }
             Err(e) => Some(e),
         };
         if let Some(e) = stale {
@@ -396,6 +392,7 @@ fn watch_config(
                 n.post(&e);
             }
         }
+        Next::Done
     });
     match watched {
         Ok(w) => Some(w),
@@ -405,6 +402,33 @@ fn watch_config(
                 path.display()
             );
             None
+        }
+    }
+}
+
+/// Applies a checked reload and makes it the config in force; what it
+/// could not apply (or kept of the old) is returned to be reported.
+fn apply_reload(
+    handle: &tokio::runtime::Handle,
+    app: &App,
+    config: Config,
+    kept: Option<ConfigError>,
+    in_force: &mut Config,
+) -> Option<ConfigError> {
+    match handle.block_on(app.apply_config(&config)) {
+        Ok(()) => {
+            let (workspaces, agents) = config.removed_from(in_force);
+            if !workspaces.is_empty() || !agents.is_empty() {
+                handle.block_on(app.tell_removed(&workspaces, &agents));
+            }
+            *in_force = config;
+            kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
+        }
+        // Not applied: the config in force stays the one to diff the next
+        // edit against.
+        Err(e) => {
+            tracing::error!("{e}");
+            Some(ConfigError::NotApplied(e.to_string()))
         }
     }
 }
@@ -467,6 +491,8 @@ async fn watch_signals(stop: watch::Sender<bool>) {
             return;
         }
     };
+    #[cfg(unix)]
+    tokio::spawn(ignore_hangups());
     let name = signals.next().await;
     tracing::info!("{name} received; shutting down gracefully (send it again to exit at once)");
     let _ = stop.send(true);
@@ -475,6 +501,26 @@ async fn watch_signals(stop: watch::Sender<bool>) {
     let killed = intercom_actors::child::kill_every_agent_group();
     eprintln!("second signal ({name}): exiting immediately (killed {killed} agent process groups)");
     std::process::exit(130);
+}
+
+/// SIGHUP is taken and logged: by default it ended the server at once,
+/// without the graceful stop (a closed terminal, or a `kill -HUP` meant as
+/// "reload"). The config file reloads on its own when it changes.
+#[cfg(unix)]
+async fn ignore_hangups() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGHUP ({e}); it will end the server at once");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!(
+            "SIGHUP received and ignored: the config file is reloaded whenever it changes; send SIGTERM (or Ctrl-C) to stop"
+        );
+    }
 }
 
 /// SIGINT and SIGTERM, listened to from the moment this is made.

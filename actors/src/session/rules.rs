@@ -197,7 +197,11 @@ impl SessionState {
         .await;
         self.emit_notice(
             NoticeLevel::Info,
-            &format!("Approval mode is now {}.", mode.as_str()),
+            &format!(
+                "Approval mode is now {} (set by {}).",
+                mode.as_str(),
+                crate::text::one_line(&caller.id, 100)
+            ),
         )
         .await;
         self.reapply_rules().await;
