@@ -505,6 +505,24 @@ fn running(pid: i32) -> bool {
         .is_some_and(|state| state != "Z" && state != "X")
 }
 
+/// SIGHUP (a closed terminal, or `kill -HUP` meant as "reload") ended the
+/// server at once, without the graceful stop. It is logged and ignored.
+#[test]
+fn a_hangup_is_logged_and_ignored() {
+    let (_layout, mut server, http) = first_server();
+    server.signal(libc::SIGHUP);
+    until("the hangup logged", || {
+        server
+            .log()
+            .contains("SIGHUP received and ignored")
+            .then_some(())
+    });
+    assert_eq!(http.get("/healthz").status, 200, "{}", server.log());
+    server.signal(libc::SIGTERM);
+    let status = server.wait_exit();
+    assert_eq!(status.code(), Some(0), "{status}:\n{}", server.log());
+}
+
 #[test]
 fn a_second_signal_exits_at_once_and_leaves_no_agent_running() {
     let port = free_port();

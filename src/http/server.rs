@@ -440,7 +440,9 @@ async fn run_until_signal(
     mcp_shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), ServeError> {
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    tokio::spawn(watch_signals(stop_tx.clone()));
+    // Listened to before anything is served: a signal sent once the
+    // server answers is never taken by the default action.
+    tokio::spawn(watch_signals(Signals::new(), stop_tx.clone()));
     let mut server_stop = stop_rx.clone();
     let server = super::serve_on(listener, router, async move {
         let _ = server_stop.wait_for(|stop| *stop).await;
@@ -483,16 +485,14 @@ async fn run_until_signal(
 /// The signal streams are made once, before the first wait: a stream made
 /// after the first signal missed a second one sent in between (it was
 /// ignored, and a test's second SIGTERM waited out the graceful stop).
-async fn watch_signals(stop: watch::Sender<bool>) {
-    let mut signals = match Signals::new() {
+async fn watch_signals(signals: std::io::Result<Signals>, stop: watch::Sender<bool>) {
+    let mut signals = match signals {
         Ok(signals) => signals,
         Err(e) => {
             tracing::error!("cannot listen for signals: {e}; use SIGKILL to stop");
             return;
         }
     };
-    #[cfg(unix)]
-    tokio::spawn(ignore_hangups());
     let name = signals.next().await;
     tracing::info!("{name} received; shutting down gracefully (send it again to exit at once)");
     let _ = stop.send(true);
@@ -503,31 +503,17 @@ async fn watch_signals(stop: watch::Sender<bool>) {
     std::process::exit(130);
 }
 
+/// SIGINT and SIGTERM (and SIGHUP), listened to from the moment this is
+/// made.
+///
 /// SIGHUP is taken and logged: by default it ended the server at once,
 /// without the graceful stop (a closed terminal, or a `kill -HUP` meant as
 /// "reload"). The config file reloads on its own when it changes.
 #[cfg(unix)]
-async fn ignore_hangups() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGHUP ({e}); it will end the server at once");
-            return;
-        }
-    };
-    while hangups.recv().await.is_some() {
-        tracing::info!(
-            "SIGHUP received and ignored: the config file is reloaded whenever it changes; send SIGTERM (or Ctrl-C) to stop"
-        );
-    }
-}
-
-/// SIGINT and SIGTERM, listened to from the moment this is made.
-#[cfg(unix)]
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
 }
 
 #[cfg(unix)]
@@ -537,14 +523,21 @@ impl Signals {
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
-    /// Waits for the next SIGINT or SIGTERM; returns which.
+    /// Waits for the next SIGINT or SIGTERM; returns which. A SIGHUP
+    /// meanwhile is logged.
     async fn next(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.interrupt.recv() => "SIGINT",
-            _ = self.terminate.recv() => "SIGTERM",
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => return "SIGINT",
+                _ = self.terminate.recv() => return "SIGTERM",
+                _ = self.hangup.recv() => tracing::info!(
+                    "SIGHUP received and ignored: the config file is reloaded whenever it changes; send SIGTERM (or Ctrl-C) to stop"
+                ),
+            }
         }
     }
 }
