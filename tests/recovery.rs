@@ -736,7 +736,7 @@ fn deleting_every_rule_drops_the_allow_rules_and_keeps_the_deny_rules() {
 
 /// A reload that removes the workspace a live session runs in tells that
 /// session: it runs on, but a server restart cannot resume it (a probe's
-/// reload said only "config reloaded").
+/// reload said only "config reloaded"). One that puts it back says so.
 #[test]
 fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
     let (layout, server, http) = first_server();
@@ -767,6 +767,9 @@ fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
     assert_eq!(s.body["status"], "active", "it runs on: {}", s.text);
     // Kept in the transcript too, for an operator who was not watching.
     http.until_transcript(&id, "The config no longer has its workspace `extra`");
+    // Put back, the warning is withdrawn in the same place.
+    std::fs::write(&layout.config, format!("{text}{extra}")).expect("extra again");
+    http.until_transcript(&id, "The config has its workspace `extra` again");
 }
 
 /// The config's own rules now in force, by id.

@@ -5,6 +5,7 @@
 //! with every session.
 
 use super::*;
+use intercom_actors::ports::NoticeLevel;
 use intercom_actors::rules::Scope;
 
 impl App {
@@ -207,6 +208,39 @@ impl App {
     /// a revive bring it back (a probe's reload said only "config
     /// reloaded").
     pub async fn tell_removed(&self, workspaces: &[String], agents: &[String]) {
+        self.tell_live(workspaces, agents, NoticeLevel::Warning, |what| {
+            format!(
+                "The config no longer has {what}: this session runs on, but after a server restart it cannot be resumed, and once it ends it cannot be revived. Put it back in the config to keep both."
+            )
+        })
+        .await;
+    }
+
+    /// Tells each live session whose workspace or agent profile a reload
+    /// brought back (a live session can only lack them after a removal):
+    /// the removal's warning in its transcript no longer holds.
+    pub async fn tell_restored(&self, workspaces: &[String], agents: &[String]) {
+        self.tell_live(workspaces, agents, NoticeLevel::Info, |what| {
+            format!(
+                "The config has {what} again: this session can be resumed after a server restart and revived once it ends, as before."
+            )
+        })
+        .await;
+    }
+
+    /// A notice, logged and kept in the transcript, to each live session
+    /// in one of `workspaces` or running one of `agents`; `text` is given
+    /// what it concerns ("its workspace `w`").
+    async fn tell_live(
+        &self,
+        workspaces: &[String],
+        agents: &[String],
+        level: NoticeLevel,
+        text: impl Fn(&str) -> String,
+    ) {
+        if workspaces.is_empty() && agents.is_empty() {
+            return;
+        }
         let live = match self.inner.store.list_sessions(true).await {
             Ok(live) => live,
             Err(e) => {
@@ -222,17 +256,18 @@ impl App {
             } else {
                 continue;
             };
-            let text = format!(
-                "The config no longer has {what}: this session runs on, but after a server restart it cannot be resumed, and once it ends it cannot be revived. Put it back in the config to keep both."
-            );
-            tracing::warn!(session = %s.id, "{text}");
+            let text = text(&what);
+            match level {
+                NoticeLevel::Warning => tracing::warn!(session = %s.id, "{text}"),
+                _ => tracing::info!(session = %s.id, "{text}"),
+            }
             // Kept in the transcript: an operator who was not watching
             // learnt of it only once the session could not be resumed.
             intercom_actors::supervisor::keep_notice(
                 &*self.inner.store,
                 &*self.inner.sink,
                 &s.id,
-                intercom_actors::ports::NoticeLevel::Warning,
+                level,
                 text,
             )
             .await;

@@ -418,9 +418,9 @@ fn apply_reload(
     match handle.block_on(app.apply_config(&config)) {
         Ok(()) => {
             let (workspaces, agents) = config.removed_from(in_force);
-            if !workspaces.is_empty() || !agents.is_empty() {
-                handle.block_on(app.tell_removed(&workspaces, &agents));
-            }
+            handle.block_on(app.tell_removed(&workspaces, &agents));
+            let (workspaces, agents) = in_force.removed_from(&config);
+            handle.block_on(app.tell_restored(&workspaces, &agents));
             *in_force = config;
             kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
         }
