@@ -461,10 +461,18 @@ async fn startup_timeout_fails_the_start_and_leaves_no_record() {
         ..Knobs::default()
     })
     .await;
+    // A CLI started without its ACP flag: its usage on stdout.
     let scenario = json!({"handshake_delay_ms": 30000,
-        "on_start": [{"stderr": "\u{1b}[31merror\u{1b}[39m: waiting for the moon"}]});
+        "on_start": [{"stderr": "\u{1b}[31merror\u{1b}[39m: waiting for the moon"},
+                     {"raw": "Usage: agent [--acp] PROMPT"}, {"raw": "  --acp  speak ACP"}]});
     let req = h.request(h.profile(scenario), "go");
     let err = h.start_req(req).await.expect_err("must time out");
+    assert!(
+        err.to_string().contains(
+            "it wrote 2 lines to stdout that are not JSON-RPC (the first: «Usage: agent [--acp] PROMPT»): is it started in its ACP mode"
+        ),
+        "{err}"
+    );
     assert!(
         err.to_string()
             .contains("stderr: error: waiting for the moon"),

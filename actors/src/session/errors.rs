@@ -13,7 +13,7 @@ pub enum StartError {
     Spawn(String),
     /// The handshake did not finish in time.
     #[error(
-        "agent `{agent}` did not finish the ACP handshake within {secs} s (limits.startup_timeout_secs): no answer to {step}{}",
+        "agent `{agent}` did not finish the ACP handshake within {secs} s (limits.startup_timeout_secs): no answer to {step}{stdout}{}",
         stderr_suffix(.stderr)
     )]
     Timeout {
@@ -25,6 +25,9 @@ pub enum StartError {
         step: &'static str,
         /// The last of what the agent wrote to stderr (why it is stuck).
         stderr: String,
+        /// What it wrote to stdout that was not JSON-RPC, when anything
+        /// ([`unreadable_stdout`]).
+        stdout: String,
     },
     /// The agent exited during startup.
     #[error("agent `{agent}` exited during startup ({exit}){}", stderr_suffix(.stderr))]
@@ -63,6 +66,20 @@ pub enum StartError {
         "storage failed, nothing was done: {0}; check the database (disk space, permissions) and retry"
     )]
     Storage(String),
+}
+
+/// "; it wrote 3 lines to stdout that are not JSON-RPC (the first: ...)":
+/// an agent CLI started without its ACP flag prints its usage or a prompt
+/// there, and the timeout alone did not say so.
+pub(super) fn unreadable_stdout((count, first): &(u64, Option<String>)) -> String {
+    match (count, first) {
+        (0, _) | (_, None) => String::new(),
+        (n, Some(first)) => format!(
+            "; it wrote {n} line{} to stdout that {} not JSON-RPC (the first: «{first}»): is it started in its ACP mode (its `args`, e.g. `--acp`)?",
+            if *n == 1 { "" } else { "s" },
+            if *n == 1 { "is" } else { "are" }
+        ),
+    }
 }
 
 fn stderr_suffix(stderr: &str) -> String {

@@ -158,6 +158,14 @@ impl SessionState {
                     let raw = truncate_for_log(body, LOG_RAW_BYTES);
                     format!("skipping malformed line from agent: {e}; raw={raw}")
                 });
+                let (count, first) = &mut self.unreadable_lines;
+                *count += 1;
+                first.get_or_insert_with(|| {
+                    crate::text::one_line(
+                        &String::from_utf8_lossy(&body[..body.len().min(400)]),
+                        120,
+                    )
+                });
                 if let Some(error) = e.answer() {
                     self.answer_unreadable(e.answer_id(), error);
                 }

@@ -192,6 +192,7 @@ impl SessionState {
                     .as_ref()
                     .map(|c| c.stderr.text(STARTUP_STDERR_BYTES))
                     .unwrap_or_default(),
+                stdout: super::errors::unreadable_stdout(&self.unreadable_lines),
             };
             self.fail_start(err).await;
         }

@@ -540,6 +540,10 @@ pub struct SessionState {
     /// its change could not be shown, instead of showing no diff silently.
     oversized_tools: std::collections::VecDeque<String>,
     replayed: usize,
+    /// Lines on stdout that were not JSON-RPC, and the start of the first
+    /// (bounded): a start that times out names them (a CLI started without
+    /// its ACP flag prints its usage there).
+    unreadable_lines: (u64, Option<String>),
     dialect: DialectWriter,
 
     next_rpc_id: i64,

@@ -48,6 +48,7 @@ impl SessionState {
             replay_tail_until: None,
             oversized_tools: std::collections::VecDeque::new(),
             replayed: 0,
+            unreadable_lines: (0, None),
             dialect: DialectWriter::default(),
             next_rpc_id: 0,
             outgoing: HashMap::new(),
