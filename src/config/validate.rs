@@ -351,23 +351,7 @@ fn workspaces(
                 ),
             ));
         }
-        if !ws.channel_id.is_empty() {
-            if ws.channel_id.trim() != ws.channel_id {
-                return Err(ConfigError::invalid(
-                    key("channel_id"),
-                    format!("{:?} has surrounding whitespace", ws.channel_id),
-                ));
-            }
-            if let Some(first) = channels.insert(ws.channel_id.clone(), i) {
-                return Err(ConfigError::invalid(
-                    key("channel_id"),
-                    format!(
-                        "duplicate channel id {:?} (also used by workspace[{first}]); a channel belongs to one workspace",
-                        ws.channel_id
-                    ),
-                ));
-            }
-        }
+        check_channel(&ws.channel_id, i, &mut channels, &key("channel_id"))?;
         if ws.path.as_os_str().is_empty() {
             return Err(ConfigError::invalid(key("path"), "must not be empty"));
         }
@@ -400,21 +384,54 @@ fn workspaces(
                 unknown_agent(agent, agents),
             ));
         }
-        let mode = match raw.approval_mode.as_deref() {
-            None => ApprovalMode::default(),
-            Some(text) => ApprovalMode::parse(text).ok_or_else(|| {
-                ConfigError::invalid(
-                    key("approval_mode"),
-                    format!(
-                        "{text:?} is not an approval mode; use \"ask\", \"auto-edits\" or \"auto\""
-                    ),
-                )
-            })?,
-        };
-        modes.insert(ws.id.clone(), mode);
+        modes.insert(
+            ws.id.clone(),
+            approval_mode(raw.approval_mode.as_deref(), &key("approval_mode"))?,
+        );
         workspaces.push(ws);
     }
     Ok((workspaces, modes))
+}
+
+/// A workspace's Slack channel: no surrounding blanks, and one workspace a
+/// channel (`seen`: channel -> the workspace index that has it).
+fn check_channel(
+    channel: &str,
+    index: usize,
+    seen: &mut HashMap<String, usize>,
+    key: &str,
+) -> Result<()> {
+    if channel.is_empty() {
+        return Ok(());
+    }
+    if channel.trim() != channel {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{channel:?} has surrounding whitespace"),
+        ));
+    }
+    if let Some(first) = seen.insert(channel.to_owned(), index) {
+        return Err(ConfigError::invalid(
+            key,
+            format!(
+                "duplicate channel id {channel:?} (also used by workspace[{first}]); a channel belongs to one workspace"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A workspace's `approval_mode` (`ask` when not given).
+fn approval_mode(text: Option<&str>, key: &str) -> Result<ApprovalMode> {
+    let Some(text) = text else {
+        return Ok(ApprovalMode::default());
+    };
+    ApprovalMode::parse(text).ok_or_else(|| {
+        ConfigError::invalid(
+            key,
+            format!("{text:?} is not an approval mode; use \"ask\", \"auto-edits\" or \"auto\""),
+        )
+    })
 }
 
 fn discovery_section(d: &RawDiscovery) -> Result<DiscoverySection> {
