@@ -9,9 +9,20 @@
 
 use super::*;
 
-pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
+/// A reply in a thread that may be an instruction: who wrote what, where.
+struct ThreadReply {
+    user: String,
+    channel: String,
+    thread_ts: String,
+    ts: String,
+    text: String,
+}
+
+/// The reply an event carries, when it is one a person wrote in a thread
+/// (not the thread's first message, not a bot's, not an edit or a join).
+fn thread_reply(ctx: &Ctx, e: SlackPushEventCallback) -> Option<ThreadReply> {
     let SlackEventCallbackBody::Message(m) = e.event else {
-        return;
+        return None;
     };
     // Edits, joins, bot posts and the like are not instructions; a reply
     // also sent to the channel (`thread_broadcast`) or with a file attached
@@ -21,23 +32,17 @@ pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
         None | Some(SlackMessageEventType::ThreadBroadcast | SlackMessageEventType::FileShare)
     );
     if !instruction || m.sender.bot_id.is_some() {
-        return;
+        return None;
     }
-    let Some(user) = m.sender.user.as_ref().map(|u| u.0.clone()) else {
-        return;
-    };
+    let user = m.sender.user.as_ref().map(|u| u.0.clone())?;
     if ctx.bot_identity().is_some_and(|b| b.user_id == user) {
-        return;
+        return None;
     }
-    let (Some(channel), Some(thread_ts)) = (
-        m.origin.channel.as_ref().map(|c| c.0.clone()),
-        m.origin.thread_ts.as_ref().map(|t| t.0.clone()),
-    ) else {
-        return;
-    };
+    let channel = m.origin.channel.as_ref().map(|c| c.0.clone())?;
+    let thread_ts = m.origin.thread_ts.as_ref().map(|t| t.0.clone())?;
     let ts = m.origin.ts.0.clone();
     if ts == thread_ts {
-        return;
+        return None;
     }
     let text = m
         .content
@@ -46,8 +51,28 @@ pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
         .map(|t| render::unescape(&t))
         .unwrap_or_default();
     if text.trim().is_empty() {
-        return;
+        return None;
     }
+    Some(ThreadReply {
+        user,
+        channel,
+        thread_ts,
+        ts,
+        text,
+    })
+}
+
+pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
+    let Some(ThreadReply {
+        user,
+        channel,
+        thread_ts,
+        ts,
+        text,
+    }) = thread_reply(ctx, e)
+    else {
+        return;
+    };
     let reply = Reply {
         channel: channel.clone(),
         user: user.clone(),
