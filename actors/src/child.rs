@@ -283,6 +283,63 @@ fn build_command(spec: &ChildSpec) -> Command {
 
 /// A child's pipe end as a tokio pipe, which can be waited on without a
 /// buffer (see [`crate::pipes`]).
+/// Why `spec` could not be spawned, said for the operator.
+fn spawn_error(spec: &ChildSpec, e: &std::io::Error) -> SpawnError {
+    match e.kind() {
+        // The kernel says "not found" for a missing working directory too.
+        std::io::ErrorKind::NotFound if !spec.cwd.is_dir() => SpawnError::Failed {
+            profile: spec.profile.clone(),
+            command: spec.command.clone(),
+            reason: format!(
+                "its working directory {} does not exist",
+                spec.cwd.display()
+            ),
+        },
+        std::io::ErrorKind::NotFound => SpawnError::NotFound {
+            profile: spec.profile.clone(),
+            command: spec.command.clone(),
+        },
+        _ => SpawnError::Failed {
+            profile: spec.profile.clone(),
+            command: spec.command.clone(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// Waits for the child's exit and reports it, only after its last output
+/// was handled, so a final message or stderr line is never lost to the race
+/// between the reaper and the readers (grandchildren may hold the pipes
+/// open, hence the bound).
+async fn reap(
+    mut child: tokio::process::Child,
+    reader: tokio::task::JoinHandle<()>,
+    drain: tokio::task::JoinHandle<()>,
+    events: Arc<dyn Fn(ChildEvent) + Send + Sync>,
+) {
+    let status = child.wait().await;
+    let readers = [reader.abort_handle(), drain.abort_handle()];
+    let drained = tokio::time::timeout(PIPE_DRAIN_GRACE, async {
+        let _ = reader.await;
+        let _ = drain.await;
+    })
+    .await;
+    // A descendant that left the group still holds the pipes: stop reading
+    // them, which closes our ends (the reader went on reading and
+    // discarding for the server's lifetime).
+    if drained.is_err() {
+        readers.iter().for_each(tokio::task::AbortHandle::abort);
+    }
+    let (code, signal) = match status {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            (s.code(), s.signal())
+        }
+        Err(_) => (None, None),
+    };
+    events(ChildEvent::Exited { code, signal });
+}
+
 fn pipe_receiver(fd: std::io::Result<OwnedFd>) -> std::io::Result<pipe::Receiver> {
     pipe::Receiver::from_owned_fd(fd?)
 }
@@ -356,26 +413,9 @@ impl AgentChild {
         spec: &ChildSpec,
         on_event: impl Fn(ChildEvent) + Send + Sync + 'static,
     ) -> Result<AgentChild, SpawnError> {
-        let mut child = build_command(spec).spawn().map_err(|e| match e.kind() {
-            // The kernel says "not found" for a missing working directory too.
-            std::io::ErrorKind::NotFound if !spec.cwd.is_dir() => SpawnError::Failed {
-                profile: spec.profile.clone(),
-                command: spec.command.clone(),
-                reason: format!(
-                    "its working directory {} does not exist",
-                    spec.cwd.display()
-                ),
-            },
-            std::io::ErrorKind::NotFound => SpawnError::NotFound {
-                profile: spec.profile.clone(),
-                command: spec.command.clone(),
-            },
-            _ => SpawnError::Failed {
-                profile: spec.profile.clone(),
-                command: spec.command.clone(),
-                reason: e.to_string(),
-            },
-        })?;
+        let mut child = build_command(spec)
+            .spawn()
+            .map_err(|e| spawn_error(spec, &e))?;
         let failed = |what: &str| SpawnError::Failed {
             profile: spec.profile.clone(),
             command: spec.command.clone(),
@@ -408,34 +448,7 @@ impl AgentChild {
         let sink = tail.clone();
         let drain = tokio::spawn(pipes::drain(stderr, move |chunk| sink.push(chunk)));
 
-        let events = on_event;
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            // Report the exit only after the last output was handled, so a
-            // final message or stderr line is never lost to the race between
-            // the reaper and the readers (grandchildren may hold the pipes
-            // open, hence the bound).
-            let readers = [reader.abort_handle(), drain.abort_handle()];
-            let drained = tokio::time::timeout(PIPE_DRAIN_GRACE, async {
-                let _ = reader.await;
-                let _ = drain.await;
-            })
-            .await;
-            // A descendant that left the group still holds the pipes: stop
-            // reading them, which closes our ends (the reader went on
-            // reading and discarding for the server's lifetime).
-            if drained.is_err() {
-                readers.iter().for_each(tokio::task::AbortHandle::abort);
-            }
-            let (code, signal) = match status {
-                Ok(s) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    (s.code(), s.signal())
-                }
-                Err(_) => (None, None),
-            };
-            events(ChildEvent::Exited { code, signal });
-        });
+        tokio::spawn(reap(child, reader, drain, on_event));
 
         let started = start_time(pid);
         live_groups().insert(pid, started);
