@@ -30,46 +30,14 @@ use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 use cap_fs_ext::OpenOptionsSyncExt;
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions};
 
 pub use crate::fsjail::normalize;
+pub use pool::{FS_TIMEOUT, OPS_SERVER_WIDE, on_blocking_pool};
 pub use server_files::{Checker, ServerFiles};
-
-/// Longest a single file operation may take before the caller gets an error.
-pub const FS_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Runs `op` against the workspace on the blocking pool, with [`FS_TIMEOUT`]:
-/// a hung filesystem costs the caller a few seconds, never an async worker.
-pub async fn on_blocking_pool<T, F>(
-    ws: Arc<WorkspaceFs>,
-    action: &'static str,
-    path: &str,
-    op: F,
-) -> Result<T, FsError>
-where
-    T: Send + 'static,
-    F: FnOnce(&WorkspaceFs) -> Result<T, FsError> + Send + 'static,
-{
-    let task = tokio::task::spawn_blocking(move || op(&ws));
-    match tokio::time::timeout(FS_TIMEOUT, task).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(join)) => Err(FsError::Io {
-            action,
-            path: path.to_owned(),
-            reason: format!("the file task failed: {join}"),
-        }),
-        Err(_) => Err(FsError::TimedOut {
-            action,
-            path: path.to_owned(),
-            secs: FS_TIMEOUT.as_secs(),
-        }),
-    }
-}
 
 /// Why a file operation was refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -173,6 +141,17 @@ pub enum FsError {
         path: String,
         /// The timeout.
         secs: u64,
+    },
+    /// Too many file operations are running (the session's, or the
+    /// server's): refused at once rather than queued.
+    #[error("{action} {path} refused: {why}; wait for the answers to the ones running")]
+    Busy {
+        /// read / write.
+        action: &'static str,
+        /// What the agent sent.
+        path: String,
+        /// Whose limit, and how many run.
+        why: String,
     },
 }
 
@@ -432,6 +411,11 @@ impl WorkspaceFs {
                 action: "read",
                 path: requested.to_owned(),
                 reason: e.to_string(),
+            },
+            RangeError::TimedOut => FsError::TimedOut {
+                action: "read",
+                path: requested.to_owned(),
+                secs: FS_TIMEOUT.as_secs(),
             },
         })
     }
@@ -694,6 +678,8 @@ enum RangeError {
     TooLarge,
     /// `line` was not reached within [`SKIP_SCAN_BYTES`].
     LineTooFar,
+    /// The operation's deadline passed (its caller was answered already).
+    TimedOut,
     Io(std::io::Error),
 }
 
@@ -732,6 +718,9 @@ fn read_range_within(
         if scanned >= scan {
             return Err(RangeError::LineTooFar);
         }
+        if pool::past_deadline() {
+            return Err(RangeError::TimedOut);
+        }
         let buf = reader.fill_buf().map_err(RangeError::Io)?;
         if buf.is_empty() {
             return Ok(Vec::new());
@@ -749,6 +738,9 @@ fn read_range_within(
     let mut left = limit.map_or(u64::MAX, u64::from);
     let mut out = Vec::new();
     while left > 0 {
+        if pool::past_deadline() {
+            return Err(RangeError::TimedOut);
+        }
         let buf = reader.fill_buf().map_err(RangeError::Io)?;
         if buf.is_empty() {
             break;
@@ -770,6 +762,7 @@ fn read_range_within(
 }
 
 mod command_words;
+mod pool;
 mod server_files;
 #[cfg(test)]
 mod tests;

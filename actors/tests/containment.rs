@@ -420,7 +420,7 @@ def on(m, method, mid):
         if r.get("id") not in ["p1"] + ["r%d" % i for i in range(10)]:
             continue
         order.append(r["id"])
-        if "already running" in json.dumps(r.get("error", "")):
+        if "are still running" in json.dumps(r.get("error", "")):
             busy += 1
         waiting -= 1
         if waiting == 0:

@@ -4,7 +4,10 @@
 //! Reads are answered without asking (inside the workspace, regular files
 //! only, bounded), and run off the actor: a slow file (a hung filesystem, a
 //! huge one) never holds the session's decisions, steering or stop; at most
-//! [`READS_IN_FLIGHT`] run at once, past that a read is refused at once.
+//! [`OPS_IN_FLIGHT`] file operations of a session run at once (each holds
+//! its permit until it really ends, past its timeout too: see
+//! [`crate::workspace_fs::on_blocking_pool`]); past that one is refused at
+//! once.
 //! Writes become `file_write` requests carrying the diff; the file
 //! is written only after approval, re-resolved at that moment. All file I/O
 //! runs on the blocking pool with a timeout, so a hung filesystem costs
@@ -44,6 +47,7 @@ const DIFF_BASE_MAX: usize = 8 * 1024 * 1024;
 fn rpc_error(e: &FsError) -> RpcError {
     let code = match e {
         FsError::Io { .. } | FsError::TimedOut { .. } => codes::INTERNAL_ERROR,
+        FsError::Busy { .. } => codes::REFUSED,
         // ACP's "resource not found", worded as Node reports it: agents that
         // read a file to learn whether it exists (Gemini CLI before a write)
         // recognise either.
@@ -79,40 +83,53 @@ impl SessionState {
             self.tell_refusal_once(super::inbound::PAUSED_NOTE).await;
             return;
         }
-        if self.reads_in_flight >= READS_IN_FLIGHT {
-            let text = format!(
-                "{READS_IN_FLIGHT} file reads of this session are already running; wait for their answers"
-            );
-            return self.respond(id, Err(RpcError::new(codes::INTERNAL_ERROR, text)));
-        }
-        let ws = match self.workspace() {
-            Ok(ws) => ws,
-            Err(e) => return self.fs_read_done_now(id, path, Err(e)).await,
+        let (ws, slot) = match self
+            .workspace()
+            .and_then(|ws| Ok((ws, self.fs_slot("read", &path)?)))
+        {
+            Ok(v) => v,
+            Err(e) => return self.fs_read_done(id, path, Err(e)).await,
         };
         let max = self.settings.limits.max_read_bytes;
-        self.reads_in_flight += 1;
         let me = self.myself.clone();
         tokio::spawn(async move {
             let p = path.clone();
-            let result =
-                on_blocking_pool(ws, "read", &path, move |ws| ws.read(&p, line, limit, max)).await;
+            let result = on_blocking_pool(ws, "read", &path, move |ws| {
+                let _slot = slot;
+                ws.read(&p, line, limit, max)
+            })
+            .await;
             // A session that ended meanwhile has nobody left to answer.
             let _ = me.send_message(super::SessionMsg::FileRead { id, path, result });
         });
     }
 
-    /// A read that ran off the actor finished: answer the agent.
+    /// One of the session's [`OPS_IN_FLIGHT`] permits for a file operation,
+    /// or why not: the agent waits for the answers to the ones running.
+    fn fs_slot(
+        &self,
+        action: &'static str,
+        path: &str,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, FsError> {
+        self.fs_slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| FsError::Busy {
+                action,
+                path: path.to_owned(),
+                why: format!(
+                    "{OPS_IN_FLIGHT} file operations of this session are still running (one that timed out runs until its deadline)"
+                ),
+            })
+    }
+
+    /// A read finished (off the actor, or refused at once): answer the agent.
     pub(super) async fn fs_read_done(
         &mut self,
         id: RpcId,
         path: String,
         result: Result<String, FsError>,
     ) {
-        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
-        self.fs_read_done_now(id, path, result).await;
-    }
-
-    async fn fs_read_done_now(&mut self, id: RpcId, path: String, result: Result<String, FsError>) {
         match result {
             Ok(content) => self.respond(id, Ok(acp::fs_read_result(content))),
             Err(e) => {
@@ -131,10 +148,14 @@ impl SessionState {
         if let Some(why) = self.not_working_for_anyone() {
             return self.write_refused(id, &path, why).await;
         }
-        let checked = match self.workspace() {
-            Ok(ws) => {
+        let checked = match self
+            .workspace()
+            .and_then(|ws| Ok((ws, self.fs_slot("write", &path)?)))
+        {
+            Ok((ws, slot)) => {
                 let p = path.clone();
                 on_blocking_pool(ws, "write", &path, move |ws| {
+                    let _slot = slot;
                     ws.write_preview(&p, DIFF_BASE_MAX)
                 })
                 .await
@@ -192,12 +213,17 @@ impl SessionState {
         shown: &str,
     ) -> Result<Value, RpcError> {
         let ws = self.workspace().map_err(|e| rpc_error(&e))?;
+        let slot = self.fs_slot("write", path).map_err(|e| rpc_error(&e))?;
         let (p, c, at) = (
             path.to_owned(),
             content.to_owned(),
             std::path::PathBuf::from(shown),
         );
-        match on_blocking_pool(ws, "write", path, move |ws| ws.write_at(&p, &c, &at)).await {
+        let write = move |ws: &crate::workspace_fs::WorkspaceFs| {
+            let _slot = slot;
+            ws.write_at(&p, &c, &at)
+        };
+        match on_blocking_pool(ws, "write", path, write).await {
             // ACP's `WriteTextFileResponse` is an object (`{}`); a strict
             // agent's decoder refuses `null`.
             Ok(()) => Ok(Value::Object(serde_json::Map::new())),
@@ -298,11 +324,11 @@ pub(super) struct NotWorking {
     after: &'static str,
 }
 
-/// At most this many of one session's file reads run at once. Agents wait
-/// for each read's answer (Claude Code and Gemini CLI read one file at a
-/// time); a hostile one sending reads without waiting gets an error for each
-/// past this instead of a blocking thread.
-pub(super) const READS_IN_FLIGHT: usize = 8;
+/// At most this many of one session's file operations run at once. Agents
+/// wait for each read's answer (Claude Code and Gemini CLI read one file at
+/// a time); a hostile one sending reads without waiting gets an error for
+/// each past this instead of a blocking thread.
+pub(super) const OPS_IN_FLIGHT: usize = 8;
 
 /// The longest path (or refusal reason, which names it) shown to the
 /// operator for a refused file call, in bytes.

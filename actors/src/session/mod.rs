@@ -612,9 +612,10 @@ pub struct SessionState {
     refusals: noise::NoiseLog,
     /// The rate limit of notices about automatic decisions.
     auto_notices: noise::NoiseLog,
-    /// The agent's file reads running off the actor (answered by
-    /// [`SessionMsg::FileRead`]); bounded by `files::READS_IN_FLIGHT`.
-    reads_in_flight: usize,
+    /// One permit per file operation of this session running on the
+    /// blocking pool (`files::OPS_IN_FLIGHT`), held by the operation until
+    /// it really ends, past its timeout too.
+    fs_slots: std::sync::Arc<tokio::sync::Semaphore>,
     /// Tool calls changed while flooded, persisted on the next tick.
     dirty_tools: HashSet<String>,
     /// The latest plan while flooded, persisted on the next tick.

@@ -84,7 +84,7 @@ impl SessionState {
             noise: noise::NoiseLog::new(now),
             refusals: noise::NoiseLog::new(now),
             auto_notices: noise::NoiseLog::new(now),
-            reads_in_flight: 0,
+            fs_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(super::files::OPS_IN_FLIGHT)),
             dirty_tools: HashSet::new(),
             pending_plan: None,
             usage_unsent: false,

@@ -293,6 +293,24 @@ fn reaching_a_line_scans_a_bounded_amount_of_a_file_without_newlines() {
     }
 }
 
+/// A scan past its operation's deadline stops there (its caller was
+/// answered "timed out"): a probe's abandoned scans of a sparse file kept
+/// blocking threads busy until the pool was full.
+#[test]
+fn a_scan_stops_at_its_deadline() {
+    struct Zeros;
+    impl Read for Zeros {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            buf.fill(0);
+            Ok(buf.len())
+        }
+    }
+    pool::set_deadline(Some(std::time::Instant::now()));
+    let r = read_range_within(Zeros, Some(2), Some(1), MAX, u64::MAX);
+    pool::set_deadline(None);
+    assert!(matches!(r, Err(RangeError::TimedOut)));
+}
+
 #[test]
 fn a_held_file_stays_refused_after_it_is_renamed() {
     use std::os::unix::fs::MetadataExt;
