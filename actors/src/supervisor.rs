@@ -486,6 +486,8 @@ impl Actor for SessionSupervisor {
                     acp_session: None,
                     interrupted_prompt: None,
                     mid_turn: false,
+                    // Lost with the actor: a new one (a bug, not a flood).
+                    budget: Default::default(),
                 };
                 state.on_exit(id, exit).await;
             }

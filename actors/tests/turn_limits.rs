@@ -5,7 +5,7 @@
 //! database) and pushed every other session's events out of the journal.
 //! Past the turn's budget its tool calls are neither kept nor shown, one
 //! notice says so, its request still reaches the operator, and the next
-//! prompt brings a new budget.
+//! prompt brings a new budget (a restart nobody asked for does not).
 //!
 //! How long it can ignore being cancelled: past the shutdown grace it is
 //! restarted, and the steering the interrupt was for goes out.
@@ -125,6 +125,58 @@ async fn tool_calls_past_the_turns_budget_are_dropped_with_one_notice() {
     // A new prompt: a new budget.
     steer(&h, &rec.id, "again", false).await;
     h.until_transcript(&rec.id, "kept again").await;
+}
+
+/// Floods past the turn's budget and crashes; its second life (the restart
+/// re-sends the cut turn) floods again, then asks (a request always reaches
+/// the operator).
+const FLOOD_THEN_CRASH: &str = r#"
+import os
+prompt = [None]
+def tool(i, title):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "tool_call", "toolCallId": "t%d" % i, "title": title,
+                     "kind": "read", "status": "completed"}}})
+def on(m, method, mid):
+    if method == "session/prompt" and not os.path.exists("second-life"):
+        open("second-life", "w").close()
+        for i in range(20100):
+            tool(i, "flood %d" % i)
+        os._exit(3)
+    elif method == "session/prompt":
+        prompt[0] = mid
+        for i in range(50):
+            tool(i, "second life %d" % i)
+        ask("p1", "After the second flood")
+    elif method is None and mid == "p1":
+        send({"jsonrpc": "2.0", "id": prompt[0], "result": {"stopReason": "end_turn"}})
+"#;
+
+/// A restart nobody asked for keeps what the agent wrote since the last
+/// prompt: a probe's agent flooded, hung, was restarted by the stall policy
+/// with a fresh budget and flooded again, 570 MB in 150 s.
+#[tokio::test]
+async fn a_restart_after_a_flood_does_not_bring_a_new_budget() {
+    let h = Harness::new(Knobs::default()).await;
+    let profile = h.python_agent(FLOOD_THEN_CRASH);
+    let rec = h
+        .start_req(h.request(profile, "flood"))
+        .await
+        .expect("start");
+    // Its tool calls came before its request: all of them are in by now.
+    let request = request_opened(&h, 1).await;
+    assert_eq!(request.title, "After the second flood");
+    let all = whole_transcript(&h, &rec.id).await;
+    assert!(
+        all.iter()
+            .any(|m| m.content.contains("agent exited unexpectedly")),
+        "it crashed and was restarted"
+    );
+    let second = all
+        .iter()
+        .filter(|m| m.kind == MessageKind::Tool && m.content.contains("second life"))
+        .count();
+    assert_eq!(second, 0, "the second life's tool calls were kept");
 }
 
 /// An agent that ignores `session/cancel` (and keeps chatting, so it never

@@ -39,8 +39,16 @@ pub(super) const REQUESTS_PER_TURN: usize = 1_000;
 pub(super) const WITHDRAWALS_PER_TURN: usize = 32;
 
 /// What the agent made the session write since the last prompt.
-#[derive(Debug, Default)]
-pub(super) struct TurnBudget {
+///
+/// It outlives the agent's process: a restart the server made (after a
+/// crash, or when the agent ignored a cancel) carries it to the next one
+/// ([`super::SessionExit::Crashed`], [`super::StartMode::Restart`]). A
+/// probe's agent flooded, hung, was restarted by the stall policy with a
+/// fresh budget and flooded again: 570 MB into the database in 150 s with
+/// nobody acting. Only an operator's prompt, instruction or decision
+/// renews it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TurnBudget {
     writes: usize,
     bytes: usize,
     spent: bool,

@@ -431,6 +431,7 @@ impl SessionState {
             acp_session: self.acp_session.clone(),
             interrupted_prompt,
             mid_turn,
+            budget: self.budget,
         });
         self.myself.stop(Some("agent exited".into()));
     }

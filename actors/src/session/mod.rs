@@ -51,6 +51,7 @@ use crate::rules::ApprovalMode;
 use crate::settings::{AgentProfile, Limits, StallPolicy};
 use crate::supervisor::SupervisorMsg;
 
+pub use budget::TurnBudget;
 pub use errors::{SessionError, StartError};
 pub use toolcalls::COMMAND_TITLE_MARK;
 pub(crate) use turns::undelivered_notice;
@@ -120,6 +121,9 @@ pub enum StartMode {
         /// An operator brought back a session that ended by idle timeout
         /// (said so to the operator; the supervisor audits the revive).
         revived: bool,
+        /// What the agent wrote since the last prompt, carried over a
+        /// restart nobody asked for (`None`: a new budget).
+        budget: Option<TurnBudget>,
     },
 }
 
@@ -178,6 +182,8 @@ pub enum SessionExit {
         interrupted_prompt: Option<String>,
         /// Whether a turn was running.
         mid_turn: bool,
+        /// What the agent wrote since the last prompt: the restart keeps it.
+        budget: TurnBudget,
     },
     /// An operator asked for a restart and the agent was killed for it:
     /// respawned at once (no backoff, outside the crash budget), resumed

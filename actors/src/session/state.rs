@@ -17,6 +17,13 @@ use super::*;
 impl SessionState {
     pub(super) fn new(myself: ActorRef<SessionMsg>, args: SessionArgs) -> Self {
         let now = Instant::now();
+        let carried = match &args.start {
+            StartMode::Restart {
+                budget: Some(carried),
+                ..
+            } => *carried,
+            _ => Default::default(),
+        };
         let workspace = crate::workspace_fs::WorkspaceFs::open(
             std::path::Path::new(&args.record.cwd),
             args.settings.server_files.clone(),
@@ -77,7 +84,7 @@ impl SessionState {
             unmarked: Vec::new(),
             tools: HashMap::new(),
             entries_written: std::sync::atomic::AtomicU64::new(0),
-            budget: Default::default(),
+            budget: carried,
             toolcalls: toolcalls::ToolCalls::default(),
             plan_message: ledger::RowId::None,
             rate: flood::FloodMeter::new(now),

@@ -162,6 +162,7 @@ impl SupervisorState {
             reprompt,
             mid_turn,
             require_resume: rec.protocol == Protocol::Acp,
+            budget: None,
         }
     }
 
@@ -320,6 +321,8 @@ impl SupervisorState {
             was_mid_turn: turn_cut,
             require_resume: false,
             revived: true,
+            // An operator brought it back: a new budget.
+            budget: None,
         };
         let (tx, rx) = oneshot::channel();
         let mut fresh = record.clone();

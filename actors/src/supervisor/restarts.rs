@@ -21,6 +21,9 @@ pub(super) struct RestartPlan {
     pub(super) reprompt: Option<String>,
     pub(super) mid_turn: bool,
     pub(super) require_resume: bool,
+    /// What the agent wrote since the last prompt, carried to the restarted
+    /// one when nobody asked for the restart.
+    pub(super) budget: Option<crate::session::TurnBudget>,
 }
 
 impl RestartPlan {
@@ -36,6 +39,7 @@ impl RestartPlan {
             reprompt: prompt,
             mid_turn,
             require_resume: false,
+            budget: None,
         }
     }
 }
@@ -160,10 +164,14 @@ impl SupervisorState {
                 acp_session,
                 interrupted_prompt,
                 mid_turn,
+                budget,
             } => {
                 entry.first_start = false;
                 entry.recovering = false;
-                let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
+                let plan = RestartPlan {
+                    budget: Some(budget),
+                    ..RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn)
+                };
                 self.maybe_restart(id, reason, plan, Cause::Crashed).await;
             }
         }
@@ -300,6 +308,7 @@ impl SupervisorState {
             was_mid_turn: plan.mid_turn,
             require_resume: plan.require_resume,
             revived: false,
+            budget: plan.budget,
         };
         match self.spawn_session(record, profile, start, None).await {
             Ok(actor) => {
