@@ -106,6 +106,26 @@ pub fn bounded(text: &str, max: usize) -> String {
     out
 }
 
+/// The most of a command `ctl pending` prints (the agent decides its
+/// length: a probe's was 131,079 combining marks on one line).
+const COMMAND_SHOWN: usize = 4_000;
+
+/// A command whole up to [`COMMAND_SHOWN`] characters; past that its start
+/// and its end, with what lies between counted (as the console does).
+fn command_shown(command: &str, id: &str) -> String {
+    let count = command.chars().count();
+    if count <= COMMAND_SHOWN {
+        return command.to_owned();
+    }
+    let (head_len, tail_len) = (COMMAND_SHOWN * 3 / 4, COMMAND_SHOWN / 4);
+    let head: String = command.chars().take(head_len).collect();
+    let tail: String = command.chars().skip(count - tail_len).collect();
+    format!(
+        "{head}\n… {} characters not shown here; GET /api/approvals/{id} has the whole command …\n{tail}",
+        count - head_len - tail_len
+    )
+}
+
 /// `text` on one line, escaped, at most about `max` characters: when longer,
 /// its first and last parts with what was left out counted between them.
 pub fn head_and_tail(text: &str, max: usize) -> String {
@@ -456,7 +476,7 @@ fn approval_detail(a: &ApprovalView) -> String {
         let marked = intercom_actors::text::command::marked(command);
         out.push_str(&format!(
             "runs: {}\n",
-            printable(&marked).replace('\n', "\n      ")
+            printable(&command_shown(&marked, &a.id)).replace('\n', "\n      ")
         ));
     }
     if diff.is_none() && a.diff.is_some() {

@@ -133,6 +133,38 @@ fn pending_approvals_show_the_whole_command_with_padding_counted() {
     );
 }
 
+/// The agent decides a command's length: past 4,000 characters its start
+/// and its end are printed, what lies between counted (a probe's was
+/// 131,079 combining marks; 32 of them stalled a terminal).
+#[test]
+fn a_huge_command_is_cut_in_the_middle_and_counted() {
+    let command = format!(
+        "rm -rf /tmp/x{}; echo end-of-command",
+        "\u{301}".repeat(131_079)
+    );
+    let a = ApprovalView {
+        command: Some(command),
+        diff: None,
+        paths: vec![],
+        ..hostile_approval("t")
+    };
+    let out = approvals(&[a]);
+    assert!(out.contains("runs: rm -rf /tmp/x"), "{}", &out[..200]);
+    assert!(out.contains("echo end-of-command\n"), "the end is shown");
+    assert!(
+        out.contains("… 127113 characters not shown here; GET /api/approvals/"),
+        "{}",
+        out.lines()
+            .find(|l| l.contains("not shown"))
+            .unwrap_or("none")
+    );
+    assert!(
+        out.chars().count() < 10_000,
+        "{} characters",
+        out.chars().count()
+    );
+}
+
 #[test]
 fn show_escapes_and_bounds_its_fields() {
     let pending = ApprovalView {
