@@ -295,11 +295,9 @@ fn resolve_command(command: &str, base: &Path) -> String {
     if !has_separator || path.is_absolute() {
         return command.to_owned();
     }
-    let resolved = join_normalized(base, path);
-    if !resolved.exists() {
-        tracing::warn!(command, resolved = %resolved.display(), "agent command does not exist (yet)");
-    }
-    resolved
+    // One that does not exist is warned of once, with its profile's name
+    // (`agent_check`), by every load.
+    join_normalized(base, path)
         .to_str()
         .map_or_else(|| command.to_owned(), str::to_owned)
 }
