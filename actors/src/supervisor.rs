@@ -98,6 +98,17 @@ pub enum SupervisorError {
     /// The agent did not start; no session record was kept.
     #[error("{0}")]
     StartFailed(StartError),
+    /// The agent did not start, but steering sent during the start was
+    /// stored with the session, so the session is kept (`error`) for it.
+    #[error(
+        "{error}; session {session} is kept (status error) with the steering sent while it started: revive it once the agent can start"
+    )]
+    StartFailedKept {
+        /// The session kept.
+        session: SessionId,
+        /// Why the agent did not start.
+        error: StartError,
+    },
     /// Storage refused: what was asked was not done.
     #[error(
         "storage failed, nothing was done: {0}; check the database (disk space, permissions) and retry"

@@ -1000,10 +1000,14 @@ async fn a_failed_start_keeps_steering_sent_while_it_started() {
     assert!(queued.queued, "{queued:?}");
     std::fs::write(h.workspace.join("go"), "").expect("go");
     let outcome = starting.await.expect("start task");
-    assert!(
-        matches!(outcome, Err(SupervisorError::StartFailed(_))),
-        "{outcome:?}"
-    );
+    // The answer names the session kept (a probe's 502 did not).
+    match &outcome {
+        Err(e @ SupervisorError::StartFailedKept { session: kept, .. }) => {
+            assert_eq!(kept, &session.id);
+            assert!(e.to_string().contains("revive it"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
     let rec = h
         .store
         .get_session(&session.id)

@@ -161,7 +161,9 @@ impl From<SupervisorError> for AppError {
                 AppError::LimitReached(message)
             }
             SupervisorError::EmptyPrompt => AppError::BadRequest(message),
-            SupervisorError::StartFailed(_) => AppError::AgentStartFailed(message),
+            SupervisorError::StartFailed(_) | SupervisorError::StartFailedKept { .. } => {
+                AppError::AgentStartFailed(message)
+            }
             SupervisorError::Storage(_) => AppError::Storage(message),
             SupervisorError::ShuttingDown => AppError::Unavailable(message),
             SupervisorError::NotRevivable(_) | SupervisorError::StoppedBeforeReady => {

@@ -305,11 +305,17 @@ async fn first_start_failed(
         status: SessionStatus::Error,
         reason: Some(reason),
     });
-    if kept && let Some(text) = crate::session::undelivered_notice(&others, true) {
+    if !kept {
+        return SupervisorError::StartFailed(err);
+    }
+    if let Some(text) = crate::session::undelivered_notice(&others, true) {
         let level = crate::ports::NoticeLevel::Warning;
         super::keep_notice(store, sink, id, level, text).await;
     }
-    SupervisorError::StartFailed(err)
+    SupervisorError::StartFailedKept {
+        session: id.clone(),
+        error: err,
+    }
 }
 
 /// The answer to a start once its first handshake finished: the stored
