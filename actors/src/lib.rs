@@ -11,6 +11,7 @@ pub mod child;
 pub mod fsjail;
 pub mod gateway;
 pub mod ids;
+#[cfg(any(test, feature = "test-hooks"))]
 pub mod memory;
 pub mod model;
 pub mod pipes;

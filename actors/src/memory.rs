@@ -2,7 +2,9 @@
 //!
 //! [`MemoryStore`] behaves like the SQLite store (same errors, same ordering)
 //! without a database; [`RecordingSink`] keeps every operator event and lets a
-//! test wait for one without sleeping.
+//! test wait for one without sleeping; [`MemoryOutbox`] is the Slack
+//! gateway's outbox. Built for tests only (`cfg(test)` or the `test-hooks`
+//! feature the test crates turn on): the server never ships them.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -15,7 +17,9 @@ use crate::model::{
     SessionRecord, SessionStatus, Steering, TranscriptEntry, now_ms,
 };
 use crate::ports::{Clearance, OperatorEvent, OperatorSink, SessionStore, StoreError};
+use crate::slack_port::{OutboundOp, Outbox, OutboxEntry, OutboxWrite};
 use crate::transcript::{PageFill, TranscriptPage, TranscriptSlice};
+use std::collections::HashMap;
 
 #[derive(Default)]
 struct Tables {
@@ -571,5 +575,118 @@ mod tests {
                 .await
                 .expect("new")
         );
+    }
+}
+
+/// An in-memory [`Outbox`] for tests.
+#[derive(Debug, Default)]
+pub struct MemoryOutbox {
+    inner: Mutex<MemoryOutboxInner>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryOutboxInner {
+    next: i64,
+    rows: Vec<(OutboxEntry, Option<String>)>,
+    keys: HashMap<(String, String), String>,
+}
+
+impl MemoryOutbox {
+    /// An empty outbox.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Operations marked failed, with their errors.
+    pub fn failed(&self) -> Vec<(OutboxEntry, String)> {
+        self.lock()
+            .rows
+            .iter()
+            .filter_map(|(e, err)| err.clone().map(|err| (e.clone(), err)))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryOutboxInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl MemoryOutboxInner {
+    fn push(&mut self, lane: &str, op: &OutboundOp) -> i64 {
+        self.next += 1;
+        let id = self.next;
+        self.rows.push((
+            OutboxEntry {
+                id,
+                lane: lane.to_owned(),
+                op: op.clone(),
+            },
+            None,
+        ));
+        id
+    }
+
+    fn replace(&mut self, id: i64, op: &OutboundOp) {
+        for (e, err) in &mut self.rows {
+            if e.id == id && err.is_none() {
+                e.op = op.clone();
+            }
+        }
+    }
+
+    fn fail(&mut self, id: i64, error: &str) {
+        for (e, err) in &mut self.rows {
+            if e.id == id {
+                *err = Some(error.to_owned());
+            }
+        }
+    }
+
+    fn remember(&mut self, lane: &str, key: &str, ts: &str) {
+        self.keys
+            .insert((lane.to_owned(), key.to_owned()), ts.to_owned());
+    }
+}
+
+impl MemoryOutboxInner {
+    /// One write; the row id a push created.
+    fn apply_one(&mut self, w: &OutboxWrite) -> Option<i64> {
+        match w {
+            OutboxWrite::Push { lane, op } => return Some(self.push(lane, op)),
+            OutboxWrite::Replace { id, op } => self.replace(*id, op),
+            OutboxWrite::Delete { id } => self.rows.retain(|(e, _)| e.id != *id),
+            OutboxWrite::Fail { id, error } => self.fail(*id, error),
+            OutboxWrite::Remember { lane, key, ts } => self.remember(lane, key, ts),
+        }
+        None
+    }
+}
+
+#[async_trait]
+impl Outbox for MemoryOutbox {
+    /// Under one lock: atomic like a real store's commit.
+    async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
+        let mut inner = self.lock();
+        Ok(writes.iter().map(|w| inner.apply_one(w)).collect())
+    }
+
+    async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
+        Ok(self
+            .lock()
+            .rows
+            .iter()
+            .filter(|(_, err)| err.is_none())
+            .map(|(e, _)| e.clone())
+            .collect())
+    }
+
+    async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .lock()
+            .keys
+            .get(&(lane.to_owned(), key.to_owned()))
+            .cloned())
     }
 }

@@ -9,8 +9,6 @@
 //! [`ThreadIndex`]. Message bodies are plain JSON Block Kit so that they can
 //! be stored and replayed after a restart.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -345,118 +343,9 @@ pub trait ThreadIndex: Send + Sync + 'static {
     fn thread_posted(&self, session: &SessionId, channel: &str, ts: &str);
 }
 
-/// An in-memory [`Outbox`] for tests.
-#[derive(Debug, Default)]
-pub struct MemoryOutbox {
-    inner: Mutex<MemoryOutboxInner>,
-}
-
-#[derive(Debug, Default)]
-struct MemoryOutboxInner {
-    next: i64,
-    rows: Vec<(OutboxEntry, Option<String>)>,
-    keys: HashMap<(String, String), String>,
-}
-
-impl MemoryOutbox {
-    /// An empty outbox.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Operations marked failed, with their errors.
-    pub fn failed(&self) -> Vec<(OutboxEntry, String)> {
-        self.lock()
-            .rows
-            .iter()
-            .filter_map(|(e, err)| err.clone().map(|err| (e.clone(), err)))
-            .collect()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryOutboxInner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl MemoryOutboxInner {
-    fn push(&mut self, lane: &str, op: &OutboundOp) -> i64 {
-        self.next += 1;
-        let id = self.next;
-        self.rows.push((
-            OutboxEntry {
-                id,
-                lane: lane.to_owned(),
-                op: op.clone(),
-            },
-            None,
-        ));
-        id
-    }
-
-    fn replace(&mut self, id: i64, op: &OutboundOp) {
-        for (e, err) in &mut self.rows {
-            if e.id == id && err.is_none() {
-                e.op = op.clone();
-            }
-        }
-    }
-
-    fn fail(&mut self, id: i64, error: &str) {
-        for (e, err) in &mut self.rows {
-            if e.id == id {
-                *err = Some(error.to_owned());
-            }
-        }
-    }
-
-    fn remember(&mut self, lane: &str, key: &str, ts: &str) {
-        self.keys
-            .insert((lane.to_owned(), key.to_owned()), ts.to_owned());
-    }
-}
-
-impl MemoryOutboxInner {
-    /// One write; the row id a push created.
-    fn apply_one(&mut self, w: &OutboxWrite) -> Option<i64> {
-        match w {
-            OutboxWrite::Push { lane, op } => return Some(self.push(lane, op)),
-            OutboxWrite::Replace { id, op } => self.replace(*id, op),
-            OutboxWrite::Delete { id } => self.rows.retain(|(e, _)| e.id != *id),
-            OutboxWrite::Fail { id, error } => self.fail(*id, error),
-            OutboxWrite::Remember { lane, key, ts } => self.remember(lane, key, ts),
-        }
-        None
-    }
-}
-
-#[async_trait]
-impl Outbox for MemoryOutbox {
-    /// Under one lock: atomic like a real store's commit.
-    async fn apply(&self, writes: &[OutboxWrite]) -> Result<Vec<Option<i64>>, StoreError> {
-        let mut inner = self.lock();
-        Ok(writes.iter().map(|w| inner.apply_one(w)).collect())
-    }
-
-    async fn pending(&self) -> Result<Vec<OutboxEntry>, StoreError> {
-        Ok(self
-            .lock()
-            .rows
-            .iter()
-            .filter(|(_, err)| err.is_none())
-            .map(|(e, _)| e.clone())
-            .collect())
-    }
-
-    async fn recall(&self, lane: &str, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .lock()
-            .keys
-            .get(&(lane.to_owned(), key.to_owned()))
-            .cloned())
-    }
-}
+/// The in-memory [`Outbox`] of the tests ([`crate::memory`]).
+#[cfg(any(test, feature = "test-hooks"))]
+pub use crate::memory::MemoryOutbox;
 
 #[cfg(test)]
 mod tests {
