@@ -12,7 +12,10 @@
 
 use std::sync::Arc;
 
-use intercom_actors::model::{Decision, PendingRequest, RequestKind, RequestStatus, now_ms};
+use intercom_actors::model::{
+    Decision, PendingRequest, RequestKind, RequestStatus, SessionId, now_ms,
+};
+use intercom_actors::ports::Clearance;
 use intercom_actors::workspace_fs::{FsError, WorkspaceFs, on_blocking_pool};
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
@@ -46,22 +49,7 @@ impl IntercomMcp {
             ));
         };
         let store = &self.deps().store;
-        // Only a change asked with check_clearance (which records its
-        // targets) is applied here, `force` or not: an agent's ACP
-        // permission in the same workspace was approved for that agent to
-        // make, not for an MCP client to apply in its place.
-        let Some(clearance) = store.clearance(&global).await.map_err(storage)? else {
-            return Err(Fail::Params(format!(
-                "argument `request_id`: {raw} is not a check_clearance request; only a change asked with check_clearance can be applied"
-            )));
-        };
-        // Once applied, never again, `force` or not: the client chooses
-        // `force`, and a probe's re-applied an approved change after the
-        // operator had reverted it (and after a restart, from another
-        // credential). The operator approves each change once.
-        if clearance.applied_at.is_some() {
-            return Err(already_applied(&raw));
-        }
+        let clearance = self.clearance_to_apply(&global, &raw).await?;
         let change = Change::parse(text).map_err(|e| {
             Fail::refused(
                 "bad_diff",
@@ -80,15 +68,7 @@ impl IntercomMcp {
             })?;
         }
         if !force {
-            if clearance.session_id != req.session_id {
-                return Err(Fail::refused(
-                    "unverifiable",
-                    format!(
-                        "there is no record of {file_path}'s content when the change was approved; check the file and call again with force: true"
-                    ),
-                ));
-            }
-            unchanged_since_clearance(&ws, &files, &clearance.files).await?;
+            as_approved(&ws, &files, &clearance, &req.session_id, file_path).await?;
         }
         // Compute every new content before writing anything.
         let outputs = new_contents(&ws, &change, files).await?;
@@ -115,6 +95,28 @@ impl IntercomMcp {
         let detail = json!({"request": global, "files": written, "forced": force});
         self.audit_agent(&t, "change.applied", detail).await;
         Ok(json!({"request_id": global, "files_written": written}))
+    }
+
+    /// The record of the check_clearance request `global` (asked as
+    /// `raw`), when its change may still be applied.
+    async fn clearance_to_apply(&self, global: &str, raw: &str) -> Result<Clearance, Fail> {
+        // Only a change asked with check_clearance (which records its
+        // targets) is applied here, `force` or not: an agent's ACP
+        // permission in the same workspace was approved for that agent to
+        // make, not for an MCP client to apply in its place.
+        let Some(clearance) = self.deps().store.clearance(global).await.map_err(storage)? else {
+            return Err(Fail::Params(format!(
+                "argument `request_id`: {raw} is not a check_clearance request; only a change asked with check_clearance can be applied"
+            )));
+        };
+        // Once applied, never again, `force` or not: the client chooses
+        // `force`, and a probe's re-applied an approved change after the
+        // operator had reverted it (and after a restart, from another
+        // credential). The operator approves each change once.
+        if clearance.applied_at.is_some() {
+            return Err(already_applied(raw));
+        }
+        Ok(clearance)
     }
 
     /// The request `raw` names (its global id and record), when the caller
@@ -391,6 +393,26 @@ pub(super) fn already_applied(raw: &str) -> Fail {
             "request {raw} was already applied; an approval is applied once: ask check_clearance again to make the change again"
         ),
     )
+}
+
+/// Without `force`: the files are as they were when the change was
+/// approved, which only a clearance of the same session can tell.
+async fn as_approved(
+    ws: &Arc<WorkspaceFs>,
+    files: &[(String, Option<&FilePatch>)],
+    clearance: &Clearance,
+    session: &SessionId,
+    file_path: &str,
+) -> Result<(), Fail> {
+    if &clearance.session_id != session {
+        return Err(Fail::refused(
+            "unverifiable",
+            format!(
+                "there is no record of {file_path}'s content when the change was approved; check the file and call again with force: true"
+            ),
+        ));
+    }
+    unchanged_since_clearance(ws, files, &clearance.files).await
 }
 
 /// Refuses when a target file is not as it was when clearance was asked.
