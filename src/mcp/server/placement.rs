@@ -125,6 +125,10 @@ impl IntercomMcp {
                 reach: Reach::OwnSession,
             });
         }
+        // Held across the attach on purpose: two first calls of one MCP
+        // session must attach one core session, not two; the calls of that
+        // MCP session wait for it (bounded by `ATTACH_TIMEOUT`), no other
+        // client's do.
         let mut bound = self.conn.bound.lock().await;
         if let Some(own) = bound.as_ref() {
             if let Some(actor) = self.lookup(&own.id).await? {
