@@ -731,6 +731,22 @@ fn check_config_on_a_missing_file_gives_the_io_error() {
     );
 }
 
+/// A config that is a link to a missing file names the file to restore
+/// (it said "create one from config.toml.example" of the link).
+#[test]
+fn a_dangling_config_link_names_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::os::unix::fs::symlink("etc/gone.toml", &path).unwrap();
+    let shown = check_config(&path).unwrap_err().to_string();
+    assert!(
+        shown.ends_with(
+            "; it is a symbolic link to etc/gone.toml, which does not exist: restore that file or point the link at one"
+        ),
+        "{shown}"
+    );
+}
+
 /// `check-config` and `serve` agree: a time past a year is refused (a
 /// probe's `shutdown_grace_secs = 18446744073709551615` passed and then
 /// made `serve` panic), and an empty file, which `serve` starts on but a

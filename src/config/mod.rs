@@ -191,7 +191,7 @@ pub enum ConfigError {
     #[error(
         "cannot read config file {}: {source}; {}",
         path.display(),
-        io_hint(source)
+        io_hint(path, source)
     )]
     Io {
         /// The file.
@@ -410,7 +410,17 @@ impl Config {
 }
 
 /// What to do about a config file that cannot be read, by why.
-fn io_hint(e: &std::io::Error) -> &'static str {
+fn io_hint(path: &Path, e: &std::io::Error) -> String {
+    // A link whose file is gone (a symlinked config mid-swap, say): the
+    // file to look for is the link's target, not the link.
+    if e.kind() == std::io::ErrorKind::NotFound
+        && let Ok(target) = std::fs::read_link(path)
+    {
+        return format!(
+            "it is a symbolic link to {}, which does not exist: restore that file or point the link at one",
+            target.display()
+        );
+    }
     match e.kind() {
         std::io::ErrorKind::NotFound => "create one from config.toml.example",
         std::io::ErrorKind::PermissionDenied => {
@@ -418,6 +428,7 @@ fn io_hint(e: &std::io::Error) -> &'static str {
         }
         _ => "check that the path names a readable file",
     }
+    .to_owned()
 }
 
 impl Config {
