@@ -179,6 +179,61 @@ async fn a_restart_after_a_flood_does_not_bring_a_new_budget() {
     assert_eq!(second, 0, "the second life's tool calls were kept");
 }
 
+/// Floods past the turn's budget and goes quiet, deaf to cancels and
+/// nudges; its second life (a new process) floods again, then asks.
+const FLOOD_THEN_HANG: &str = r#"
+import os
+second_life = os.path.exists("second-life")
+prompt = [None]
+def tool(i, title):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+          "update": {"sessionUpdate": "tool_call", "toolCallId": "t%d" % i, "title": title,
+                     "kind": "read", "status": "completed"}}})
+def on(m, method, mid):
+    if method == "session/prompt" and not second_life and prompt[0] is None:
+        prompt[0] = mid
+        open("second-life", "w").close()
+        for i in range(20100):
+            tool(i, "flood %d" % i)
+    elif method == "session/prompt" and second_life and prompt[0] is None:
+        prompt[0] = mid
+        for i in range(50):
+            tool(i, "second life %d" % i)
+        ask("p1", "After the second flood")
+    elif method is None and mid == "p1":
+        send({"jsonrpc": "2.0", "id": prompt[0], "result": {"stopReason": "end_turn"}})
+"#;
+
+/// The stall policy's restart (the agent went quiet after a flood and
+/// ignored the nudge's cancel) is nobody acting either: a probe's agent
+/// stored 64 MiB after each of five such restarts.
+#[tokio::test]
+async fn a_stall_restart_after_a_flood_does_not_bring_a_new_budget() {
+    let mut knobs = Knobs::default();
+    knobs.limits.shutdown_grace_secs = 1;
+    knobs.stall.inactivity_secs = 1;
+    knobs.stall.escalation_secs = 1;
+    knobs.stall.max_nudges = 1;
+    let h = Harness::new(knobs).await;
+    let profile = h.python_agent(FLOOD_THEN_HANG);
+    let rec = h
+        .start_req(h.request(profile, "flood"))
+        .await
+        .expect("start");
+    let request = request_opened(&h, 1).await;
+    assert_eq!(request.title, "After the second flood");
+    let all = whole_transcript(&h, &rec.id).await;
+    assert!(
+        all.iter().any(|m| m.content.contains("of being cancelled")),
+        "restarted for an ignored cancel"
+    );
+    let second = all
+        .iter()
+        .filter(|m| m.kind == MessageKind::Tool && m.content.contains("second life"))
+        .count();
+    assert_eq!(second, 0, "the second life's tool calls were kept");
+}
+
 /// An agent that ignores `session/cancel` (and keeps chatting, so it never
 /// looks stalled) is restarted once the shutdown grace has passed, and the
 /// steering the interrupt was for reaches it: an interrupt did nothing, and

@@ -23,6 +23,10 @@ const TEXT_FLUSH: Duration = Duration::from_secs(1);
 /// A stdout that closed without the process exiting is a broken pipe after this.
 const CLOSED_STDOUT_GRACE: Duration = Duration::from_secs(2);
 
+/// Who asks for a restart the server makes on its own (an agent that
+/// ignored a cancel).
+const SERVER_RESTART: &str = "system";
+
 impl SessionState {
     pub(super) async fn on_tick(&mut self) {
         let now = Instant::now();
@@ -99,7 +103,7 @@ impl SessionState {
             json!({"why": "cancel ignored"}),
         )
         .await;
-        self.restart_by = Some("system".to_owned());
+        self.restart_by = Some(SERVER_RESTART.to_owned());
         self.kill_for("it ignored session/cancel".to_owned());
     }
 
@@ -407,11 +411,15 @@ impl SessionState {
         self.flush_text(true).await;
         if let Some(by) = self.restart_by.take() {
             self.phase = Phase::Ended;
+            // The server's own restart (a cancel the agent ignored, after a
+            // nudge say) is nobody acting: the budget goes on.
+            let budget = (by == SERVER_RESTART).then_some(self.budget);
             self.report(SessionExit::RestartRequested {
                 by,
                 acp_session: self.acp_session.clone(),
                 interrupted_prompt,
                 mid_turn,
+                budget,
             });
             self.myself.stop(Some("restart requested".into()));
             return;

@@ -197,6 +197,10 @@ pub enum SessionExit {
         interrupted_prompt: Option<String>,
         /// Whether a turn was running.
         mid_turn: bool,
+        /// What the agent wrote since the last prompt, when the server
+        /// asked for the restart itself (an ignored cancel): nobody acted,
+        /// so the restarted agent does not get a new budget.
+        budget: Option<TurnBudget>,
     },
     /// Never got going.
     StartFailed(StartError),

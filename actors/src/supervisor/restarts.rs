@@ -151,12 +151,16 @@ impl SupervisorState {
                 acp_session,
                 interrupted_prompt,
                 mid_turn,
+                budget,
             } => {
                 // It ran: what follows is a restart, not a first start, a
                 // revive or a recovery.
                 entry.first_start = false;
                 entry.recovering = false;
-                let plan = RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn);
+                let plan = RestartPlan {
+                    budget,
+                    ..RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn)
+                };
                 self.restart_on_request(id, by, plan).await;
             }
             SessionExit::Crashed {
