@@ -7,10 +7,11 @@
 //! line allows more than the finished one, a deny rule further down is
 //! missing, a workspace further down is gone. A probe's `git push --force`
 //! was allowed in such a window. A prefix can only lose lines, so what it
-//! can fake is exactly what loosens or removes: a deny or ask rule gone or
-//! changed, an allow rule new or changed, an approval mode that asks less,
-//! a workspace or agent gone. Such a reload is applied only once the file
-//! has gone unchanged for [`CONFIRM_QUIET`]; everything else at once.
+//! can fake is what loosens, removes or cuts short: a deny or ask rule gone
+//! or changed, an allow rule new or changed, an approval mode that asks
+//! less, a workspace or agent gone or changed (a profile cut before its
+//! `args`). Such a reload is applied only once the file has gone unchanged
+//! for [`CONFIRM_QUIET`]; everything else at once.
 
 use std::time::Duration;
 
@@ -58,6 +59,19 @@ impl Config {
         let (workspaces, agents) = self.removed_from(running);
         changes.extend(workspaces.iter().map(|w| format!("workspace {w} removed")));
         changes.extend(agents.iter().map(|a| format!("agent {a} removed")));
+        // A profile or a workspace cut before its last keys loses them (an
+        // agent's `args = ["--sandbox"]`, a workspace's channel): any
+        // change to one already running is held too.
+        for agent in &self.agents {
+            if running.agent(&agent.id).is_some_and(|was| was != agent) {
+                changes.push(format!("agent {} changed", agent.id));
+            }
+        }
+        for ws in &self.workspaces {
+            if running.workspace(&ws.id).is_some_and(|was| was != ws) {
+                changes.push(format!("workspace {} changed", ws.id));
+            }
+        }
         changes
     }
 }
@@ -109,9 +123,10 @@ kind = "execute"
 command_regex = '^git\s+push'
 "#;
 
+    /// Every config of a test in the same directory: a workspace's path is
+    /// the same one in each.
     fn config(text: &str) -> Config {
-        let dir = tempfile::tempdir().expect("tmp");
-        Config::from_toml_str(text, dir.path()).expect("config")
+        Config::from_toml_str(text, &std::env::temp_dir()).expect("config")
     }
 
     /// Every prefix of the file cut at a line that parses is either the
@@ -130,6 +145,19 @@ command_regex = '^git\s+push'
         assert!(
             changes.contains(&"deny rule no-force-push removed or changed".to_owned()),
             "{changes:?}"
+        );
+    }
+
+    /// A profile cut before its `args` would run the agent without them
+    /// (a probe's `--sandbox` was lost for a new session).
+    #[test]
+    fn an_agent_cut_before_its_args_is_held() {
+        let whole = "[[agent]]\nid = \"safe\"\ncommand = \"sh\"\nargs = [\"--sandbox\"]\n";
+        let full = config(whole);
+        let cut = config(&whole[..whole.find("args").expect("args")]);
+        assert_eq!(
+            cut.changes_to_confirm(&full),
+            vec!["agent safe changed".to_owned()]
         );
     }
 
