@@ -36,7 +36,7 @@ use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions};
 
 pub use crate::fsjail::normalize;
-pub use pool::{FS_TIMEOUT, OPS_SERVER_WIDE, on_blocking_pool};
+pub use pool::{FS_TIMEOUT, OPS_SERVER_WIDE, approved_on_blocking_pool, on_blocking_pool};
 pub use server_files::{Checker, ServerFiles};
 
 /// Why a file operation was refused or failed.

@@ -26,7 +26,7 @@ use crate::model::{OptionKind, PermissionOption, RequestKind};
 use crate::ports::NoticeLevel;
 use crate::protocol::acp;
 use crate::protocol::jsonrpc::{RpcError, RpcId, codes};
-use crate::workspace_fs::{FsError, on_blocking_pool};
+use crate::workspace_fs::{FsError, approved_on_blocking_pool, on_blocking_pool};
 
 /// A file write the agent asked for (`fs/write_text_file`), kept with its
 /// request until it is decided.
@@ -223,7 +223,7 @@ impl SessionState {
             let _slot = slot;
             ws.write_at(&p, &c, &at)
         };
-        match on_blocking_pool(ws, "write", path, write).await {
+        match approved_on_blocking_pool(ws, path, write).await {
             // ACP's `WriteTextFileResponse` is an object (`{}`); a strict
             // agent's decoder refuses `null`.
             Ok(()) => Ok(Value::Object(serde_json::Map::new())),

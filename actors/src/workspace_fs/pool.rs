@@ -66,10 +66,39 @@ where
     T: Send + 'static,
     F: FnOnce(&WorkspaceFs) -> Result<T, FsError> + Send + 'static,
 {
-    within(FS_TIMEOUT, ws, action, path, op).await
+    let Ok(slot) = SERVER_SLOTS.try_acquire() else {
+        return Err(FsError::Busy {
+            action,
+            path: path.to_owned(),
+            why: format!("the server already runs {OPS_SERVER_WIDE} file operations"),
+        });
+    };
+    within(FS_TIMEOUT, ws, action, path, move |ws| {
+        let _slot = slot;
+        op(ws)
+    })
+    .await
 }
 
-/// [`on_blocking_pool`] with `timeout` for [`FS_TIMEOUT`].
+/// [`on_blocking_pool`] for a write an operator approved: not refused for
+/// the server-wide cap, which agents' own reads can fill (a probe's 17
+/// hostile sessions had another session's approved writes refused). Such
+/// writes are as many as the operator's decisions, and each session's
+/// permits still bound them.
+pub async fn approved_on_blocking_pool<T, F>(
+    ws: Arc<WorkspaceFs>,
+    path: &str,
+    op: F,
+) -> Result<T, FsError>
+where
+    T: Send + 'static,
+    F: FnOnce(&WorkspaceFs) -> Result<T, FsError> + Send + 'static,
+{
+    within(FS_TIMEOUT, ws, "write", path, op).await
+}
+
+/// Runs `op` on the blocking pool with `timeout`; whatever `op` holds (a
+/// permit) it holds until it really ends, not until its answer.
 async fn within<T, F>(
     timeout: Duration,
     ws: Arc<WorkspaceFs>,
@@ -81,17 +110,8 @@ where
     T: Send + 'static,
     F: FnOnce(&WorkspaceFs) -> Result<T, FsError> + Send + 'static,
 {
-    let Ok(slot) = SERVER_SLOTS.try_acquire() else {
-        return Err(FsError::Busy {
-            action,
-            path: path.to_owned(),
-            why: format!("the server already runs {OPS_SERVER_WIDE} file operations"),
-        });
-    };
     let due = Instant::now() + timeout;
     let task = tokio::task::spawn_blocking(move || {
-        // Held until the operation really ends, not until its answer.
-        let _slot = slot;
         set_deadline(Some(due));
         let result = op(&ws);
         set_deadline(None);
@@ -115,6 +135,39 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With the server-wide cap taken (by hostile sessions' reads, say), a
+    /// read is refused at once and an approved write still runs.
+    #[tokio::test]
+    async fn a_full_server_refuses_reads_but_not_approved_writes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ws = Arc::new(
+            WorkspaceFs::open(dir.path(), super::super::ServerFiles::default()).expect("open"),
+        );
+        let all = u32::try_from(OPS_SERVER_WIDE).expect("fits");
+        let taken = SERVER_SLOTS.try_acquire_many(all).expect("every slot");
+        let read = on_blocking_pool(ws.clone(), "read", "a.txt", |_| Ok(())).await;
+        match read {
+            Err(e @ FsError::Busy { .. }) => {
+                assert!(
+                    e.to_string().contains("already runs 128 file operations"),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let write = approved_on_blocking_pool(ws, "a.txt", |ws| {
+            let named = ws.relative("a.txt")?;
+            ws.write_at("a.txt", "approved", &named)
+        })
+        .await;
+        drop(taken);
+        assert!(write.is_ok(), "{write:?}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a.txt")).expect("written"),
+            "approved"
+        );
+    }
 
     /// An operation past its timeout answers its caller and still holds
     /// what limits it (here one permit) until it really ends, so a caller

@@ -16,7 +16,9 @@ use intercom_actors::model::{
     Decision, PendingRequest, RequestKind, RequestStatus, SessionId, now_ms,
 };
 use intercom_actors::ports::Clearance;
-use intercom_actors::workspace_fs::{FsError, WorkspaceFs, on_blocking_pool};
+use intercom_actors::workspace_fs::{
+    FsError, WorkspaceFs, approved_on_blocking_pool, on_blocking_pool,
+};
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 use serde_json::json;
@@ -449,7 +451,9 @@ pub(super) async fn write_all(
     let mut written: Vec<String> = Vec::new();
     for (rel, content) in outputs {
         let r = rel.clone();
-        let result = on_blocking_pool(ws.clone(), "write", &rel, move |ws| {
+        // The operator approved this change: not refused for the
+        // server-wide cap agents' reads can fill.
+        let result = approved_on_blocking_pool(ws.clone(), &rel, move |ws| {
             let named = ws.relative(&r)?;
             ws.write_at(&r, &content, &named)
         })

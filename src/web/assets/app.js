@@ -497,7 +497,7 @@
   }
 
   function requestCard(req, onAlways) {
-    const feedback = h('textarea', { class: 'feedback', rows: 2, placeholder: 'Feedback for the agent (optional)' });
+    const feedback = h('textarea', { class: 'feedback', rows: 2, placeholder: 'Feedback for the agent: why you reject (needed for "Reject with feedback")' });
     const decide = (o) => act(o.label || o.name, 'POST', '/api/approvals/' + encodeURIComponent(req.id), () => ({ option_id: o.id }),
       (answer) => { if (o.kind.endsWith('_always') && answer && answer.status === 'decided') onAlways(req, o); });
     const buttons = req.options.map((o) => h('button', {
