@@ -127,61 +127,11 @@ async fn tool_calls_past_the_turns_budget_are_dropped_with_one_notice() {
     h.until_transcript(&rec.id, "kept again").await;
 }
 
-/// Floods past the turn's budget and crashes; its second life (the restart
-/// re-sends the cut turn) floods again, then asks (a request always reaches
-/// the operator).
-const FLOOD_THEN_CRASH: &str = r#"
-import os
-prompt = [None]
-def tool(i, title):
-    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
-          "update": {"sessionUpdate": "tool_call", "toolCallId": "t%d" % i, "title": title,
-                     "kind": "read", "status": "completed"}}})
-def on(m, method, mid):
-    if method == "session/prompt" and not os.path.exists("second-life"):
-        open("second-life", "w").close()
-        for i in range(20100):
-            tool(i, "flood %d" % i)
-        os._exit(3)
-    elif method == "session/prompt":
-        prompt[0] = mid
-        for i in range(50):
-            tool(i, "second life %d" % i)
-        ask("p1", "After the second flood")
-    elif method is None and mid == "p1":
-        send({"jsonrpc": "2.0", "id": prompt[0], "result": {"stopReason": "end_turn"}})
-"#;
-
-/// A restart nobody asked for keeps what the agent wrote since the last
-/// prompt: a probe's agent flooded, hung, was restarted by the stall policy
-/// with a fresh budget and flooded again, 570 MB in 150 s.
-#[tokio::test]
-async fn a_restart_after_a_flood_does_not_bring_a_new_budget() {
-    let h = Harness::new(Knobs::default()).await;
-    let profile = h.python_agent(FLOOD_THEN_CRASH);
-    let rec = h
-        .start_req(h.request(profile, "flood"))
-        .await
-        .expect("start");
-    // Its tool calls came before its request: all of them are in by now.
-    let request = request_opened(&h, 1).await;
-    assert_eq!(request.title, "After the second flood");
-    let all = whole_transcript(&h, &rec.id).await;
-    assert!(
-        all.iter()
-            .any(|m| m.content.contains("agent exited unexpectedly")),
-        "it crashed and was restarted"
-    );
-    let second = all
-        .iter()
-        .filter(|m| m.kind == MessageKind::Tool && m.content.contains("second life"))
-        .count();
-    assert_eq!(second, 0, "the second life's tool calls were kept");
-}
-
-/// Floods past the turn's budget and goes quiet, deaf to cancels and
-/// nudges; its second life (a new process) floods again, then asks.
-const FLOOD_THEN_HANG: &str = r#"
+/// Floods past the turn's budget, then (its first life) exits or goes quiet
+/// deaf to cancels and nudges, as `AFTER_FLOOD` says; its second life (the
+/// restarted process, given the cut turn again) floods again, then asks (a
+/// request always reaches the operator).
+const FLOOD_THEN: &str = r#"
 import os
 second_life = os.path.exists("second-life")
 prompt = [None]
@@ -190,12 +140,14 @@ def tool(i, title):
           "update": {"sessionUpdate": "tool_call", "toolCallId": "t%d" % i, "title": title,
                      "kind": "read", "status": "completed"}}})
 def on(m, method, mid):
-    if method == "session/prompt" and not second_life and prompt[0] is None:
+    if method == "session/prompt" and prompt[0] is None and not second_life:
         prompt[0] = mid
         open("second-life", "w").close()
         for i in range(20100):
             tool(i, "flood %d" % i)
-    elif method == "session/prompt" and second_life and prompt[0] is None:
+        if AFTER_FLOOD == "exit":
+            os._exit(3)
+    elif method == "session/prompt" and prompt[0] is None:
         prompt[0] = mid
         for i in range(50):
             tool(i, "second life %d" % i)
@@ -204,9 +156,42 @@ def on(m, method, mid):
         send({"jsonrpc": "2.0", "id": prompt[0], "result": {"stopReason": "end_turn"}})
 "#;
 
+/// Runs [`FLOOD_THEN`] (`after_flood`: "exit" or "hang") until its second
+/// life asks, then checks why it was restarted (`restarted_for`, in the
+/// transcript) and that none of the second life's tool calls was kept.
+async fn second_life_keeps_nothing(h: &Harness, after_flood: &str, restarted_for: &str) {
+    let agent = format!("AFTER_FLOOD = {after_flood:?}\n{FLOOD_THEN}");
+    let rec = h
+        .start_req(h.request(h.python_agent(&agent), "flood"))
+        .await
+        .expect("start");
+    // Its tool calls came before its request: all of them are in by now.
+    let request = request_opened(h, 1).await;
+    assert_eq!(request.title, "After the second flood");
+    let all = whole_transcript(h, &rec.id).await;
+    assert!(
+        all.iter().any(|m| m.content.contains(restarted_for)),
+        "restarted for {restarted_for:?}"
+    );
+    let second = all
+        .iter()
+        .filter(|m| m.kind == MessageKind::Tool && m.content.contains("second life"))
+        .count();
+    assert_eq!(second, 0, "the second life's tool calls were kept");
+}
+
+/// A restart nobody asked for keeps what the agent wrote since the last
+/// prompt: after a crash, the restarted agent's flood is not kept.
+#[tokio::test]
+async fn a_restart_after_a_flood_does_not_bring_a_new_budget() {
+    let h = Harness::new(Knobs::default()).await;
+    second_life_keeps_nothing(&h, "exit", "agent exited unexpectedly").await;
+}
+
 /// The stall policy's restart (the agent went quiet after a flood and
 /// ignored the nudge's cancel) is nobody acting either: a probe's agent
-/// stored 64 MiB after each of five such restarts.
+/// flooded, hung, was restarted with a fresh budget and flooded again,
+/// 570 MB in 150 s.
 #[tokio::test]
 async fn a_stall_restart_after_a_flood_does_not_bring_a_new_budget() {
     let mut knobs = Knobs::default();
@@ -215,23 +200,7 @@ async fn a_stall_restart_after_a_flood_does_not_bring_a_new_budget() {
     knobs.stall.escalation_secs = 1;
     knobs.stall.max_nudges = 1;
     let h = Harness::new(knobs).await;
-    let profile = h.python_agent(FLOOD_THEN_HANG);
-    let rec = h
-        .start_req(h.request(profile, "flood"))
-        .await
-        .expect("start");
-    let request = request_opened(&h, 1).await;
-    assert_eq!(request.title, "After the second flood");
-    let all = whole_transcript(&h, &rec.id).await;
-    assert!(
-        all.iter().any(|m| m.content.contains("of being cancelled")),
-        "restarted for an ignored cancel"
-    );
-    let second = all
-        .iter()
-        .filter(|m| m.kind == MessageKind::Tool && m.content.contains("second life"))
-        .count();
-    assert_eq!(second, 0, "the second life's tool calls were kept");
+    second_life_keeps_nothing(&h, "hang", "of being cancelled").await;
 }
 
 /// An agent that ignores `session/cancel` (and keeps chatting, so it never
