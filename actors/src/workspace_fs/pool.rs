@@ -15,9 +15,10 @@
 //!   ([`past_deadline`], checked by the reads' scans);
 //! - whatever limits a caller (the session's reads in flight) is held by
 //!   the operation itself, on the blocking thread, until it really ends;
-//! - the server runs at most [`OPS_SERVER_WIDE`] at once, well under the
-//!   pool's size: past that an operation is refused at once, never queued
-//!   behind the ones running.
+//! - the server runs at most [`OPS_SERVER_WIDE`] of the agents' own at
+//!   once, well under the pool's size: past that one is refused at once,
+//!   never queued behind the ones running. A write an operator approved is
+//!   not held to that cap ([`approved_on_blocking_pool`]).
 
 use std::cell::Cell;
 use std::sync::Arc;
