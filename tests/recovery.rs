@@ -828,6 +828,27 @@ fn a_reload_that_loosens_waits_for_the_file_to_settle() {
     });
 }
 
+/// A save that adds a deny rule together with a looser change is held as a
+/// whole, but its deny rule holds at once (probe W's waited the whole hold).
+#[test]
+fn a_deny_rule_saved_with_a_looser_change_holds_at_once() {
+    let (layout, server, http) = first_server();
+    let text = std::fs::read_to_string(&layout.config).expect("config");
+    let allow = "\n[[rule]]\nid = \"git-any\"\naction = \"allow\"\nkind = \"execute\"\ncommand_prefix = \"git \"\n";
+    let deny = "\n[[rule]]\nid = \"no-rm\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"rm \"\n";
+    std::fs::write(&layout.config, format!("{text}{allow}{deny}")).expect("both rules");
+    until("the change held", || {
+        server
+            .log()
+            .contains("allow rule git-any added or changed")
+            .then_some(())
+    });
+    assert_eq!(config_rule_ids(&http), ["no-rm"]);
+    until("the whole file applied", || {
+        (config_rule_ids(&http) == ["git-any", "no-rm"]).then_some(())
+    });
+}
+
 /// An `approval_mode` that asks more reaches the workspace's live sessions
 /// that ask less (a probe's session kept `auto` and ran `git push --force`
 /// after the file said `ask`), and each says so in its transcript.

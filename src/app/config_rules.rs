@@ -6,7 +6,7 @@
 
 use super::*;
 use intercom_actors::ports::NoticeLevel;
-use intercom_actors::rules::Scope;
+use intercom_actors::rules::{RuleAction, Scope};
 
 impl App {
     /// The rules `config.toml` holds now.
@@ -120,6 +120,29 @@ impl App {
                     mode.as_str()
                 ),
             }
+        }
+    }
+
+    /// While a reload is held (it also loosens: see `config::confirm`), the
+    /// deny and ask rules it adds are put in force at once, on top of the
+    /// config in force: only stricter than either file, and replaced by the
+    /// next reload applied. A deny rule saved with a looser change waited
+    /// the whole hold.
+    pub async fn hold_stricter(&self, added: &[Rule]) {
+        let mut rules = self.config_rules();
+        let mut changed = false;
+        for rule in added.iter().filter(|r| r.action != RuleAction::Allow) {
+            if !rules.contains(rule) {
+                rules.push(rule.clone());
+                changed = true;
+            }
+        }
+        if !changed {
+            return;
+        }
+        *write(&self.inner.config_rules) = rules;
+        if let Err(e) = self.refresh_rules().await {
+            tracing::error!("the held reload's new deny and ask rules are not in force yet: {e}");
         }
     }
 

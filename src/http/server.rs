@@ -375,8 +375,10 @@ fn watch_config(
             Ok((config, kept)) => {
                 let to_confirm = config.changes_to_confirm(&in_force);
                 if !to_confirm.is_empty() && unchanged_for < CONFIRM_QUIET {
+                    // What it adds that only forbids or asks holds at once.
+                    handle.block_on(app.hold_stricter(&config.rules));
                     tracing::info!(
-                        "config change held until the file has gone unchanged for {} s (a file still being written can read as looser than it is): {}",
+                        "config change held until the file has gone unchanged for {} s (a file still being written can read as looser than it is; its new deny and ask rules hold already): {}",
                         CONFIRM_QUIET.as_secs(),
                         to_confirm.join("; ")
                     );
