@@ -55,6 +55,13 @@ fn handle_idle(agent: &mut Agent, msg: Value) {
 /// Handles a non-response message while a turn or load is running.
 pub fn handle_busy(agent: &mut Agent, msg: Value) -> Option<Wake> {
     match classify(&msg) {
+        // A prompt sent while `after_load` replays (no turn runs): taken
+        // once the replay is over, as Gemini CLI does (refused, it read as
+        // a busy agent to a server that prompted right after the replay).
+        Kind::Request(_, method) if method == "session/prompt" && agent.phase == Phase::Idle => {
+            agent.pending.push_back(msg);
+            None
+        }
         Kind::Request(id, method) if method == "session/prompt" || method == "session/load" => {
             respond_error(agent, id, BUSY, "turn already running");
             None
@@ -248,6 +255,9 @@ fn load_session(agent: &mut Agent, id: Value, params: &Value) {
     let late = agent.scenario.after_load.clone();
     if !late.is_empty() {
         steps::run(agent, &late);
+        while let Some(msg) = agent.pending.pop_front() {
+            handle_idle(agent, msg);
+        }
     }
 }
 

@@ -72,7 +72,8 @@ pub struct Agent {
     pub cancelled: bool,
     pub authenticated: bool,
     pub last_permission_allowed: bool,
-    /// Intercom prompts/nudges that arrived while a turn was running.
+    /// Intercom prompts/nudges that arrived while a turn was running, and
+    /// ACP prompts that arrived while `after_load` replayed.
     pub pending: VecDeque<Value>,
     /// `exit_after_turn`: exit with this code once the turn was answered.
     pub exit_after_turn: Option<i32>,
