@@ -94,6 +94,17 @@ pub enum RuleAction {
     Deny,
 }
 
+impl RuleAction {
+    /// Stored / wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleAction::Allow => "allow",
+            RuleAction::Ask => "ask",
+            RuleAction::Deny => "deny",
+        }
+    }
+}
+
 /// Kinds of action that work on named files, reads and searches included:
 /// an allow rule for one of them names its files (a remembered rule, a
 /// rule in `config.toml`). (The modes' own list, `FILE_KINDS`, is the kinds
@@ -394,6 +405,21 @@ impl ApprovalMode {
             "auto-edits" | "auto_edits" => Some(ApprovalMode::AutoEdits),
             "auto" => Some(ApprovalMode::Auto),
             _ => None,
+        }
+    }
+
+    /// Whether this mode asks the operator for more than `other` (`ask`
+    /// more than `auto-edits`, which asks more than `auto`).
+    pub fn asks_more_than(self, other: ApprovalMode) -> bool {
+        self.strictness() > other.strictness()
+    }
+
+    /// Higher asks more.
+    fn strictness(self) -> u8 {
+        match self {
+            ApprovalMode::Auto => 0,
+            ApprovalMode::AutoEdits => 1,
+            ApprovalMode::Ask => 2,
         }
     }
 }

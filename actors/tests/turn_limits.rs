@@ -36,13 +36,17 @@ async fn whole_transcript(h: &Harness, id: &SessionId) -> Vec<TranscriptEntry> {
     }
 }
 
-const FLOODER: &str = r#"
-turn = [0]
-prompt = [None]
+/// `tool(i, title)`: announces a completed read, the flooding agents' unit.
+const TOOL: &str = r#"
 def tool(i, title):
     send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
           "update": {"sessionUpdate": "tool_call", "toolCallId": "t%d" % i, "title": title,
                      "kind": "read", "status": "completed"}}})
+"#;
+
+const FLOODER: &str = r#"
+turn = [0]
+prompt = [None]
 def on(m, method, mid):
     if method == "session/prompt":
         turn[0] += 1
@@ -95,7 +99,7 @@ async fn a_tool_calls_updates_rewrite_its_one_line() {
 #[tokio::test]
 async fn tool_calls_past_the_turns_budget_are_dropped_with_one_notice() {
     let h = Harness::new(Knobs::default()).await;
-    let profile = h.python_agent(FLOODER);
+    let profile = h.python_agent(&format!("{TOOL}{FLOODER}"));
     let rec = h
         .start_req(h.request(profile, "flood"))
         .await
@@ -135,10 +139,6 @@ const FLOOD_THEN: &str = r#"
 import os
 second_life = os.path.exists("second-life")
 prompt = [None]
-def tool(i, title):
-    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
-          "update": {"sessionUpdate": "tool_call", "toolCallId": "t%d" % i, "title": title,
-                     "kind": "read", "status": "completed"}}})
 def on(m, method, mid):
     if method == "session/prompt" and prompt[0] is None and not second_life:
         prompt[0] = mid
@@ -160,7 +160,7 @@ def on(m, method, mid):
 /// life asks, then checks why it was restarted (`restarted_for`, in the
 /// transcript) and that none of the second life's tool calls was kept.
 async fn second_life_keeps_nothing(h: &Harness, after_flood: &str, restarted_for: &str) {
-    let agent = format!("AFTER_FLOOD = {after_flood:?}\n{FLOOD_THEN}");
+    let agent = format!("AFTER_FLOOD = {after_flood:?}\n{TOOL}{FLOOD_THEN}");
     let rec = h
         .start_req(h.request(h.python_agent(&agent), "flood"))
         .await

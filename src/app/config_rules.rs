@@ -73,7 +73,7 @@ impl App {
             .map(|w| (w.id.as_str(), config.approval_mode_for(&w.id)))
             .filter(|(id, now)| {
                 let was = before.get(*id).copied().unwrap_or_default();
-                crate::config::asks_more(*now, was)
+                now.asks_more_than(was)
             })
             .collect();
         if tightened.is_empty() {
@@ -100,7 +100,7 @@ impl App {
                 Ok(detail) => detail.mode,
                 Err(_) => continue,
             };
-            if !crate::config::asks_more(*mode, current) {
+            if !mode.asks_more_than(current) {
                 continue;
             }
             match self

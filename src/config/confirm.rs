@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use intercom_actors::rules::{ApprovalMode, RuleAction};
+use intercom_actors::rules::RuleAction;
 
 use super::Config;
 
@@ -36,7 +36,7 @@ impl Config {
             if !self.rules.contains(rule) {
                 changes.push(format!(
                     "{} rule {} removed or changed",
-                    action(rule.action),
+                    rule.action.as_str(),
                     rule.id
                 ));
             }
@@ -48,7 +48,7 @@ impl Config {
         }
         for (id, mode) in &self.workspace_modes {
             let was = running.approval_mode_for(id);
-            if strictness(*mode) < strictness(was) {
+            if was.asks_more_than(*mode) {
                 changes.push(format!(
                     "workspace {id} asks less ({} -> {})",
                     was.as_str(),
@@ -74,29 +74,6 @@ impl Config {
         }
         changes
     }
-}
-
-fn action(a: RuleAction) -> &'static str {
-    match a {
-        RuleAction::Allow => "allow",
-        RuleAction::Deny => "deny",
-        RuleAction::Ask => "ask",
-    }
-}
-
-/// Higher asks more.
-fn strictness(mode: ApprovalMode) -> u8 {
-    match mode {
-        ApprovalMode::Auto => 0,
-        ApprovalMode::AutoEdits => 1,
-        ApprovalMode::Ask => 2,
-    }
-}
-
-/// Whether `to` asks for more than `from` (a reload that tightens a
-/// workspace's mode tightens its live sessions too).
-pub fn asks_more(to: ApprovalMode, from: ApprovalMode) -> bool {
-    strictness(to) > strictness(from)
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-pub use confirm::{CONFIRM_QUIET, asks_more};
+pub use confirm::CONFIRM_QUIET;
 pub use intercom_actors::rules::{ApprovalMode, Rule};
 pub use intercom_actors::settings::{
     AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,

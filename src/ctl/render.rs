@@ -113,36 +113,41 @@ const COMMAND_SHOWN: usize = 4_000;
 /// A command whole up to [`COMMAND_SHOWN`] characters; past that its start
 /// and its end, with what lies between counted (as the console does).
 fn command_shown(command: &str, id: &str) -> String {
-    let count = command.chars().count();
-    if count <= COMMAND_SHOWN {
-        return command.to_owned();
+    match cut_middle(command, COMMAND_SHOWN * 3 / 4, COMMAND_SHOWN / 4) {
+        None => command.to_owned(),
+        Some((head, left_out, tail)) => format!(
+            "{head}\n… {left_out} characters not shown here; GET /api/approvals/{id} has the whole command …\n{tail}"
+        ),
     }
-    let (head_len, tail_len) = (COMMAND_SHOWN * 3 / 4, COMMAND_SHOWN / 4);
-    let head: String = command.chars().take(head_len).collect();
-    let tail: String = command.chars().skip(count - tail_len).collect();
-    format!(
-        "{head}\n… {} characters not shown here; GET /api/approvals/{id} has the whole command …\n{tail}",
-        count - head_len - tail_len
-    )
 }
 
 /// `text` on one line, escaped, at most about `max` characters: when longer,
 /// its first and last parts with what was left out counted between them.
 pub fn head_and_tail(text: &str, max: usize) -> String {
-    let count = text.chars().count();
-    if count <= max {
-        return bounded(text, max);
-    }
     let (head_len, tail_len) = (max / 3, max - max / 3);
-    let head: String = text.chars().take(head_len).collect();
-    let tail: String = text.chars().skip(count - tail_len).collect();
-    format!(
-        "{}…({} characters)…{}",
-        // Cut by characters above; escapes may lengthen what is shown.
-        bounded(&head, 16 * head_len),
-        count - head_len - tail_len,
-        bounded(&tail, 16 * tail_len)
-    )
+    match cut_middle(text, head_len, tail_len) {
+        None => bounded(text, max),
+        Some((head, left_out, tail)) => format!(
+            "{}…({left_out} characters)…{}",
+            // Cut by characters above; escapes may lengthen what is shown.
+            bounded(&head, 16 * head_len),
+            bounded(&tail, 16 * tail_len)
+        ),
+    }
+}
+
+/// `text`'s first `head` and last `tail` characters and how many lie
+/// between, or `None` when it is no longer than both together.
+fn cut_middle(text: &str, head: usize, tail: usize) -> Option<(String, usize, String)> {
+    let count = text.chars().count();
+    if count <= head + tail {
+        return None;
+    }
+    Some((
+        text.chars().take(head).collect(),
+        count - head - tail,
+        text.chars().skip(count - tail).collect(),
+    ))
 }
 
 /// The server's JSON with every character [`printable`] would spell out

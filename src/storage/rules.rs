@@ -86,14 +86,6 @@ impl RuleRow {
     }
 }
 
-fn action_name(action: RuleAction) -> &'static str {
-    match action {
-        RuleAction::Allow => "allow",
-        RuleAction::Ask => "ask",
-        RuleAction::Deny => "deny",
-    }
-}
-
 impl SqliteStore {
     /// Stores an operator rule (give it an id from [`new_rule_id`]). A rule
     /// whose globs or regex do not compile, or whose id is taken, is refused.
@@ -117,7 +109,7 @@ impl SqliteStore {
             scope,
             scope_id.map(str::to_owned),
             matcher,
-            action_name(rule.action),
+            rule.action.as_str(),
             created_by.to_owned(),
             now_ms(),
         );

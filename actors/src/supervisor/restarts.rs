@@ -28,18 +28,21 @@ pub(super) struct RestartPlan {
 
 impl RestartPlan {
     /// How to bring back an agent that went away (crash or operator restart):
-    /// resume its ACP session when it had one, else re-send the cut turn.
+    /// resume its ACP session when it had one, else re-send the cut turn;
+    /// `budget` is what it wrote since the last prompt, when nobody asked
+    /// for the restart.
     pub(super) fn after_exit(
         acp_session: Option<String>,
         prompt: Option<String>,
         mid_turn: bool,
+        budget: Option<crate::session::TurnBudget>,
     ) -> Self {
         RestartPlan {
             resume: acp_session,
             reprompt: prompt,
             mid_turn,
             require_resume: false,
-            budget: None,
+            budget,
         }
     }
 }
@@ -157,10 +160,8 @@ impl SupervisorState {
                 // revive or a recovery.
                 entry.first_start = false;
                 entry.recovering = false;
-                let plan = RestartPlan {
-                    budget,
-                    ..RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn)
-                };
+                let plan =
+                    RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn, budget);
                 self.restart_on_request(id, by, plan).await;
             }
             SessionExit::Crashed {
@@ -172,10 +173,12 @@ impl SupervisorState {
             } => {
                 entry.first_start = false;
                 entry.recovering = false;
-                let plan = RestartPlan {
-                    budget: Some(budget),
-                    ..RestartPlan::after_exit(acp_session, interrupted_prompt, mid_turn)
-                };
+                let plan = RestartPlan::after_exit(
+                    acp_session,
+                    interrupted_prompt,
+                    mid_turn,
+                    Some(budget),
+                );
                 self.maybe_restart(id, reason, plan, Cause::Crashed).await;
             }
         }

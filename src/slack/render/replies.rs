@@ -149,19 +149,11 @@ pub fn describe_match(m: &RuleMatch) -> String {
     }
 }
 
-fn action_word(a: RuleAction) -> &'static str {
-    match a {
-        RuleAction::Allow => "allow",
-        RuleAction::Ask => "ask",
-        RuleAction::Deny => "deny",
-    }
-}
-
 /// One sentence for a rule: "allow kind `edit` in session `s-1`".
 pub fn rule_summary(rule: &Rule) -> String {
     format!(
         "{} {} in {}",
-        action_word(rule.action),
+        rule.action.as_str(),
         describe_match(&rule.matcher),
         describe_scope(&rule.scope)
     )
@@ -196,7 +188,7 @@ pub fn rule_list(rules: &[(Rule, String)]) -> MessageBody {
                 escape(&rule.id),
                 describe_scope(&rule.scope),
                 describe_match(&rule.matcher),
-                action_word(rule.action),
+                rule.action.as_str(),
                 source
             );
             truncate(&line, RULE_LINE_LIMIT)
