@@ -24,17 +24,18 @@ use intercom_actors::transcript::{TranscriptPage, TranscriptSlice};
 use ractor::{Actor, ActorRef};
 use tokio::sync::{broadcast, watch};
 
-use crate::config::{Config, ConfigStatus};
+use crate::config::Config;
 use crate::root::{Current, RestartBudget, Root, RootArgs, RootMsg, TreeFailure};
 use crate::storage::SqliteStore;
 use intercom_actors::rules::{ApprovalMode, Rule, SharedRules};
 use std::collections::BTreeMap;
-use std::sync::RwLock;
 
 mod approvals;
 mod config_choice;
 mod config_rules;
 use config_rules::Fixed;
+mod in_force;
+use in_force::{ConfigInForce, InForce};
 mod control;
 mod errors;
 
@@ -194,20 +195,12 @@ struct Inner {
     /// One rules refresh at a time (see `App::refresh_rules`): a critical
     /// section, not shared state; the rules themselves are `rules`.
     rules_refresh: tokio::sync::Mutex<()>,
-    /// The rules from the config file (replaced on reload).
-    config_rules: RwLock<Vec<Rule>>,
-    /// `[[workspace]] approval_mode` per workspace (replaced on reload).
-    modes: RwLock<BTreeMap<String, ApprovalMode>>,
-    /// Whether the last config reload failed (for `/healthz`).
-    config_status: ConfigStatus,
+    /// What the App reads of the config in force (its rules and modes,
+    /// warnings, a broken or held edit): one snapshot, replaced whole.
+    in_force: ConfigInForce,
     /// What a reload cannot change (the database, the listening address),
     /// as the server started with it.
     fixed: Fixed,
-    /// What the last reload changed that takes a restart (`/healthz`).
-    restart_needed: RwLock<Vec<&'static str>>,
-    /// What the config in force warns about (a missing agent binary or
-    /// workspace directory): logged at each load, counted in `/healthz`.
-    config_warnings: RwLock<Vec<String>>,
     /// How long `cancel` waits for a session to end: the shutdown grace,
     /// SIGTERM -> SIGKILL, and a second for the exit to be recorded.
     cancel_wait: Duration,
@@ -316,12 +309,13 @@ impl App {
             stopping: AtomicBool::new(false),
             rules,
             rules_refresh: tokio::sync::Mutex::new(()),
-            config_rules: RwLock::new(config.rules.clone()),
-            modes: RwLock::new(config.workspace_modes.clone()),
-            config_status: ConfigStatus::new(),
+            in_force: ConfigInForce::new(InForce {
+                rules: config.rules.clone(),
+                modes: config.workspace_modes.clone(),
+                warnings: logged_warnings(config),
+                ..InForce::default()
+            }),
             fixed: Fixed::of(config),
-            restart_needed: RwLock::new(Vec::new()),
-            config_warnings: RwLock::new(logged_warnings(config)),
             cancel_wait: config.limits.shutdown_grace()
                 + intercom_actors::session::TERM_TO_KILL
                 + CANCEL_MARGIN,

@@ -814,6 +814,20 @@ fn a_reload_that_loosens_waits_for_the_file_to_settle() {
             .then_some(())
     });
     assert_eq!(config_rule_ids(&http), ["git-readonly", "no-force-push"]);
+    // `/healthz` says a change is held, and (with the token) what it is.
+    let held = until("healthz says held", || {
+        let h = http.get("/healthz");
+        (h.body["config"] == "held").then_some(h)
+    });
+    let what = held.body["config_held"].as_str().unwrap_or_default();
+    assert!(what.contains("deny rule no-force-push"), "{}", held.text);
+    let anonymous = Http::new(&http.base, None).get("/healthz");
+    assert_eq!(anonymous.body["config"], "held", "{}", anonymous.text);
+    assert!(
+        !anonymous.text.contains("no-force-push"),
+        "{}",
+        anonymous.text
+    );
     // ... and finishes: the whole file is what is applied.
     std::fs::write(&layout.config, &whole).expect("the rest");
     until("the whole file applied", || {
@@ -821,6 +835,13 @@ fn a_reload_that_loosens_waits_for_the_file_to_settle() {
     });
     assert_eq!(reloads(&server), before + 1, "{}", server.log());
     assert_eq!(config_rule_ids(&http), ["git-readonly", "no-force-push"]);
+    let applied = http.get("/healthz");
+    assert_eq!(applied.body["config"], "ok", "{}", applied.text);
+    assert!(
+        applied.body.get("config_held").is_none(),
+        "{}",
+        applied.text
+    );
     // Left as it is, a removal applies once the file has settled.
     std::fs::write(&layout.config, format!("{text}{allow}{regex}")).expect("remove the deny rule");
     until("the deny rule removed", || {

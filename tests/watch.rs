@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use agent_intercom::config::{Config, ConfigError, ConfigStatus, Next, WatchHandle, watch};
+use agent_intercom::config::{Config, ConfigError, Next, WatchHandle, watch};
 use intercom_actors::registry::{RegistryMsg, ResolveError, Target, WorkspaceRegistry};
 use ractor::Actor;
 
@@ -334,7 +334,7 @@ async fn the_registry_serves_whole_maps_while_reloads_land() {
         .expect("spawn registry");
 
     // The wiring the server does: Ok -> Reload, Err -> stale status.
-    let status = ConfigStatus::new();
+    let status = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
     let (events, mut reloaded) = tokio::sync::mpsc::unbounded_channel::<Result<(), String>>();
     let handle = {
         let registry = registry.clone();
@@ -343,11 +343,11 @@ async fn the_registry_serves_whole_maps_while_reloads_land() {
             match result {
                 Ok(cfg) => {
                     let _ = registry.cast(RegistryMsg::Reload(Box::new(cfg.workspace_map())));
-                    status.ok();
+                    *status.lock().expect("status") = None;
                     let _ = events.send(Ok(()));
                 }
                 Err(e) => {
-                    status.stale(&e);
+                    *status.lock().expect("status") = Some(e.to_string());
                     let _ = events.send(Err(e.to_string()));
                 }
             }
@@ -417,14 +417,17 @@ async fn the_registry_serves_whole_maps_while_reloads_land() {
     fs::write(&path, config_text(&["a1", "a1"])).expect("break");
     let err = wait_reload(&mut reloaded).await.expect_err("invalid");
     assert!(err.contains("workspace[1].id"), "{err}");
-    assert_eq!(status.current().as_deref(), Some(err.as_str()));
+    assert_eq!(
+        status.lock().expect("status").as_deref(),
+        Some(err.as_str())
+    );
     wait_for_map(&["a1", "a2"]).await;
 
     // Fixing the file recovers without a restart; a new workspace appears.
     fs::write(&path, config_text(&["a1", "web"])).expect("fix");
     assert_eq!(wait_reload(&mut reloaded).await, Ok(()));
     let map = wait_for_map(&["a1", "web"]).await;
-    assert_eq!(status.current(), None);
+    assert_eq!(*status.lock().expect("status"), None);
     let web = map
         .resolve(&Target {
             workspace: Some("web".into()),

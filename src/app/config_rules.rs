@@ -4,6 +4,7 @@
 //! operator adds or removes (from the API or Slack), persisted and shared
 //! with every session.
 
+use super::in_force::InForce;
 use super::*;
 use intercom_actors::ports::NoticeLevel;
 use intercom_actors::rules::{RuleAction, Scope};
@@ -11,7 +12,7 @@ use intercom_actors::rules::{RuleAction, Scope};
 impl App {
     /// The rules `config.toml` holds now.
     fn config_rules(&self) -> Vec<Rule> {
-        read(&self.inner.config_rules).clone()
+        self.inner.in_force.now().rules.clone()
     }
 
     /// Applies a reloaded config: the workspace map (whole), the config
@@ -34,29 +35,35 @@ impl App {
         {
             tracing::error!("live sessions keep their previous agent profiles: {e}");
         }
-        let before = std::mem::replace(
-            &mut *write(&self.inner.modes),
-            config.workspace_modes.clone(),
+        for w in self.inner.fixed.changed_by(config) {
+            tracing::warn!("{w}");
+        }
+        let (warnings, restart_needed) = (
+            super::logged_warnings(config),
+            self.inner.fixed.keys_changed_by(config),
         );
-        *write(&self.inner.config_rules) = config.rules.clone();
+        let before = self.inner.in_force.now().modes.clone();
+        self.inner.in_force.change(|c| {
+            *c = InForce {
+                rules: config.rules.clone(),
+                modes: config.workspace_modes.clone(),
+                warnings,
+                restart_needed,
+                error: None,
+                held: None,
+            }
+        });
         if let Err(e) = self.refresh_rules().await {
             // The file's rules are kept: the next refresh (a rule added or
             // removed, the next reload) publishes them.
             tracing::error!("the reloaded config's rules are not in force yet: {e}");
-            self.inner.config_status.stale(&e);
-        } else {
-            self.inner.config_status.ok();
+            self.config_stale(&e);
         }
         tracing::info!(
             rules = config.rules.len(),
             "config reloaded: {}",
             config.summary()
         );
-        *write(&self.inner.config_warnings) = super::logged_warnings(config);
-        for w in self.inner.fixed.changed_by(config) {
-            tracing::warn!("{w}");
-        }
-        *write(&self.inner.restart_needed) = self.inner.fixed.keys_changed_by(config);
         self.tighten_live_modes(&before, config).await;
         Ok(())
     }
@@ -140,7 +147,7 @@ impl App {
         if !changed {
             return;
         }
-        *write(&self.inner.config_rules) = rules;
+        self.inner.in_force.change(|c| c.rules = rules);
         if let Err(e) = self.refresh_rules().await {
             tracing::error!("the held reload's new deny and ask rules are not in force yet: {e}");
         }
@@ -151,24 +158,40 @@ impl App {
     /// logged it at the reload; `/healthz` shows it, since `ctl` already
     /// follows the file (a probe's `ctl` said the server was down).
     pub fn restart_needed(&self) -> Vec<&'static str> {
-        read(&self.inner.restart_needed).clone()
+        self.inner.in_force.now().restart_needed.clone()
     }
 
     /// What the config in force warns about (each also logged when it was
     /// loaded): a config can be valid and still name a missing binary.
     pub fn config_warnings(&self) -> Vec<String> {
-        read(&self.inner.config_warnings).clone()
+        self.inner.in_force.now().warnings.clone()
     }
 
-    /// Marks the config stale after a bad edit (the previous map stays).
-    /// The watcher has logged why, naming the file and the key.
+    /// Marks the config stale after a bad edit (the previous map stays);
+    /// a reload that was held is no longer waited for. The watcher has
+    /// logged why, naming the file and the key.
     pub fn config_stale(&self, error: &dyn std::fmt::Display) {
-        self.inner.config_status.stale(error);
+        let error = error.to_string();
+        self.inner.in_force.change(|c| {
+            c.error = Some(error);
+            c.held = None;
+        });
     }
 
     /// `None` when the config is fresh, else the last reload error.
     pub fn config_error(&self) -> Option<String> {
-        self.inner.config_status.current()
+        self.inner.in_force.now().error.clone()
+    }
+
+    /// Notes that a reload is held until the file settles (see
+    /// `config::confirm`), and what it waits for: `/healthz` says `held`.
+    pub fn config_held(&self, waiting_for: String) {
+        self.inner.in_force.change(|c| c.held = Some(waiting_for));
+    }
+
+    /// What a held reload waits for; `None` when nothing is held.
+    pub fn config_held_for(&self) -> Option<String> {
+        self.inner.in_force.now().held.clone()
     }
 
     /// Publishes the config's rules and the operator's (as stored) to every
@@ -376,7 +399,10 @@ impl App {
 
     /// The configured approval mode of a workspace (`None` = ask).
     pub(crate) fn workspace_mode(&self, workspace: &str) -> Option<ApprovalMode> {
-        read(&self.inner.modes)
+        self.inner
+            .in_force
+            .now()
+            .modes
             .get(workspace)
             .copied()
             .filter(|m| *m != ApprovalMode::Ask)
@@ -494,19 +520,6 @@ fn not_in_force(what: &str, e: AppError) -> AppError {
     AppError::Storage(format!(
         "{what}, but sessions do not see the change yet ({e}); retry, or reload the config to put the stored rules in force"
     ))
-}
-
-/// A snapshot behind a lock that is only ever replaced whole: a poisoned
-/// lock still holds a whole value, so it is read (never skipped).
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// See [`read`].
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

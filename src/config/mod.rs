@@ -40,7 +40,7 @@ pub use intercom_actors::settings::{
     AgentProfile, Limits, StallPolicy, SupervisionPolicy, WorkspaceEntry,
 };
 pub use rules::RULE_KINDS;
-pub use watch::{ConfigStatus, Next, WatchError, WatchHandle, watch};
+pub use watch::{Next, WatchError, WatchHandle, watch};
 
 pub(crate) use raw::{RawConfig, RawDiscovery, RawSlack, RawWorkspace};
 

@@ -10,7 +10,7 @@
 //! written is not read), then loads, resolves and validates the WHOLE file
 //! and calls `on_reload` once with the result. The consumer applies an `Ok` atomically (one registry
 //! `Reload`, one rule-set swap) and on `Err` keeps what it had and reports
-//! the error, e.g. through [`ConfigStatus`].
+//! the error (the server's `App` keeps it for `/healthz`).
 //!
 //! Threads: notify's watcher thread, the debouncer's thread, and one reload
 //! thread owned by the [`WatchHandle`] on which `on_reload` runs (a plain
@@ -478,43 +478,6 @@ fn read_and_call(
     })
 }
 
-/// Whether the running configuration matches the file, for `/healthz`:
-/// `None` while the last load succeeded, the error text while the file is
-/// invalid (the previous configuration stays in use). Cheap to clone; all
-/// clones share one state.
-#[derive(Debug, Clone, Default)]
-pub struct ConfigStatus(Arc<RwLock<Option<String>>>);
-
-impl ConfigStatus {
-    /// A status that reports OK.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The last load succeeded.
-    pub fn ok(&self) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
-    }
-
-    /// The last load failed with `error`; the previous configuration is kept.
-    pub fn stale(&self, error: impl fmt::Display) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(error.to_string());
-    }
-
-    /// The error that makes the running configuration stale, if any.
-    pub fn current(&self) -> Option<String> {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Whether the running configuration is stale.
-    pub fn is_stale(&self) -> bool {
-        self.current().is_some()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,21 +540,6 @@ mod tests {
         for e in &no {
             assert!(!concerns(e, &name), "{e:?}");
         }
-    }
-
-    #[test]
-    fn status_round_trip() {
-        let status = ConfigStatus::new();
-        let shared = status.clone();
-        assert_eq!(status.current(), None);
-        shared.stale("config error at `rule[0].action`: bad");
-        assert!(status.is_stale());
-        assert_eq!(
-            status.current().as_deref(),
-            Some("config error at `rule[0].action`: bad")
-        );
-        shared.ok();
-        assert_eq!(status.current(), None);
     }
 
     #[test]

@@ -30,6 +30,11 @@ pub const CONFIG_ERROR_HIDDEN: &str = "the config file did not load, or only in 
 so it is shown only with the API token (Authorization: Bearer <token>); or run \
 `agent-intercom check-config`, or read the server log";
 
+/// `config_held` without the API token: what is held names rules and
+/// workspaces.
+pub const CONFIG_HELD_HIDDEN: &str = "a saved config edit waits until the file has stopped changing before it \
+is applied; what it changes is shown only with the API token, or in the server log";
+
 /// What `/healthz` says of a storage failure to a caller without the token.
 pub const STORAGE_ERROR_HIDDEN: &str = "nothing can be stored now (the database file is gone or \
 writes fail); the reason is shown only with the API token (Authorization: Bearer <token>), and \
@@ -51,10 +56,11 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
     };
     let config_error = reveal(app.config_error(), CONFIG_ERROR_HIDDEN);
     let warnings = app.config_warnings();
-    let config = if config_error.is_some() {
-        "stale"
-    } else {
-        "ok"
+    let config_held = reveal(app.config_held_for(), CONFIG_HELD_HIDDEN);
+    let config = match (&config_error, &config_held) {
+        (Some(_), _) => "stale",
+        (None, Some(_)) => "held",
+        (None, None) => "ok",
     };
     // The reason names the database's path: with the token only, as the
     // config's.
@@ -75,6 +81,7 @@ pub async fn healthz(app: App, token: Arc<ApiToken>, headers: HeaderMap) -> Resp
         slack,
         config: config.into(),
         config_error,
+        config_held,
         storage_error,
         slack_dropped: crate::slack::dropped::dropped_total(),
         slack_refused: crate::slack::dropped::refused_total(),

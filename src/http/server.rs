@@ -377,11 +377,12 @@ fn watch_config(
                 if !to_confirm.is_empty() && unchanged_for < CONFIRM_QUIET {
                     // What it adds that only forbids or asks holds at once.
                     handle.block_on(app.hold_stricter(&config.rules));
+                    let waiting_for = to_confirm.join("; ");
                     tracing::info!(
-                        "config change held until the file has gone unchanged for {} s (a file still being written can read as looser than it is; its new deny and ask rules hold already): {}",
+                        "config change held until the file has gone unchanged for {} s (a file still being written can read as looser than it is; its new deny and ask rules hold already): {waiting_for}",
                         CONFIRM_QUIET.as_secs(),
-                        to_confirm.join("; ")
                     );
+                    app.config_held(waiting_for);
                     return Next::ReadAgainOnceQuietFor(CONFIRM_QUIET);
                 }
                 apply_reload(&handle, &app, config, kept, &mut in_force)

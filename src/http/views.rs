@@ -22,12 +22,17 @@ pub struct Health {
     /// `disabled`, `connected`, `reconnecting`, or `token_refused` (Socket
     /// Mode is up but Slack refuses the bot token for every post).
     pub slack: String,
-    /// `ok`, or `stale` when the last config edit was invalid.
+    /// `ok`; `stale` when the last config edit was invalid (or applied in
+    /// part); `held` while a saved edit waits for the file to settle before
+    /// it is applied (it would loosen what the config allows).
     #[serde(default = "config_ok")]
     pub config: String,
     /// Why the config is stale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_error: Option<String>,
+    /// What a held edit changes, the reason it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_held: Option<String>,
     /// Why nothing can be stored (the database file was deleted or
     /// replaced under the running server); `status` is then `unavailable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
