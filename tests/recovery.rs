@@ -736,7 +736,8 @@ fn deleting_every_rule_drops_the_allow_rules_and_keeps_the_deny_rules() {
 
 /// A reload that removes the workspace a live session runs in tells that
 /// session: it runs on, but a server restart cannot resume it (a probe's
-/// reload said only "config reloaded"). One that puts it back says so.
+/// reload said only "config reloaded"). One that puts it back says so, and
+/// one that moves it to another directory warns again.
 #[test]
 fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
     let (layout, server, http) = first_server();
@@ -757,19 +758,28 @@ fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
     });
     let id = started.body["id"].as_str().expect("id").to_owned();
     std::fs::write(&layout.config, &text).expect("remove extra");
+    let removed = "cannot be resumed after a server restart, nor revived once it ends: its workspace `extra` is no longer configured";
     until("the notice", || {
-        server
-            .log()
-            .contains("The config no longer has its workspace `extra`")
-            .then_some(())
+        server.log().contains(removed).then_some(())
     });
     let s = http.get(&format!("/api/sessions/{id}"));
     assert_eq!(s.body["status"], "active", "it runs on: {}", s.text);
     // Kept in the transcript too, for an operator who was not watching.
-    http.until_transcript(&id, "The config no longer has its workspace `extra`");
+    http.until_transcript(&id, removed);
     // Put back, the warning is withdrawn in the same place.
     std::fs::write(&layout.config, format!("{text}{extra}")).expect("extra again");
-    http.until_transcript(&id, "The config has its workspace `extra` again");
+    http.until_transcript(&id, "The config allows this session again");
+    // Put back somewhere else, the session could not come back where it
+    // ran: that is told as well (it once read "as before").
+    let elsewhere = layout.root.join("extra2");
+    std::fs::create_dir_all(&elsewhere).expect("extra2");
+    let moved = extra.replace(
+        &format!("{:?}", extra_dir.display().to_string()),
+        &format!("{:?}", elsewhere.display().to_string()),
+    );
+    assert_ne!(moved, extra);
+    std::fs::write(&layout.config, format!("{text}{moved}")).expect("move extra");
+    http.until_transcript(&id, "is no longer in workspace `extra`");
 }
 
 /// The config's own rules now in force, by id.

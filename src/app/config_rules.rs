@@ -6,7 +6,9 @@
 
 use super::in_force::InForce;
 use super::*;
+use intercom_actors::model::Protocol;
 use intercom_actors::ports::NoticeLevel;
+use intercom_actors::registry::WorkspaceMap;
 use intercom_actors::rules::{RuleAction, Scope};
 
 impl App {
@@ -249,44 +251,16 @@ impl App {
         Ok(rule)
     }
 
-    /// Tells each live session whose workspace or agent profile a reload
-    /// removed: it runs on, but a server restart cannot resume it, nor can
-    /// a revive bring it back (a probe's reload said only "config
+    /// Tells each live session whose standing a reload changed: one the
+    /// config in force (`before`) could resume after a server restart and
+    /// revive once it ends, and the new one (`after`) cannot (its
+    /// workspace or agent profile removed, its workspace moved to another
+    /// directory, its agent now speaking another protocol), and one the
+    /// reload allows again. It runs on either way. Logged and kept in the
+    /// transcript: an operator who was not watching learnt of it only once
+    /// the session could not be resumed (a probe's reload said only "config
     /// reloaded").
-    pub async fn tell_removed(&self, workspaces: &[String], agents: &[String]) {
-        self.tell_live(workspaces, agents, NoticeLevel::Warning, |what| {
-            format!(
-                "The config no longer has {what}: this session runs on, but after a server restart it cannot be resumed, and once it ends it cannot be revived. Put it back in the config to keep both."
-            )
-        })
-        .await;
-    }
-
-    /// Tells each live session whose workspace or agent profile a reload
-    /// brought back (a live session can only lack them after a removal):
-    /// the removal's warning in its transcript no longer holds.
-    pub async fn tell_restored(&self, workspaces: &[String], agents: &[String]) {
-        self.tell_live(workspaces, agents, NoticeLevel::Info, |what| {
-            format!(
-                "The config has {what} again: this session can be resumed after a server restart and revived once it ends, as before."
-            )
-        })
-        .await;
-    }
-
-    /// A notice, logged and kept in the transcript, to each live session
-    /// in one of `workspaces` or running one of `agents`; `text` is given
-    /// what it concerns ("its workspace `w`").
-    async fn tell_live(
-        &self,
-        workspaces: &[String],
-        agents: &[String],
-        level: NoticeLevel,
-        text: impl Fn(&str) -> String,
-    ) {
-        if workspaces.is_empty() && agents.is_empty() {
-            return;
-        }
+    pub async fn tell_revivability(&self, before: &WorkspaceMap, after: &WorkspaceMap) {
         let live = match self.inner.store.list_sessions(true).await {
             Ok(live) => live,
             Err(e) => {
@@ -294,21 +268,24 @@ impl App {
                 return;
             }
         };
-        for s in live {
-            let what = if workspaces.contains(&s.workspace) {
-                format!("its workspace `{}`", s.workspace)
-            } else if agents.contains(&s.agent) {
-                format!("its agent profile `{}`", s.agent)
-            } else {
-                continue;
+        for s in live.iter().filter(|s| s.protocol != Protocol::Mcp) {
+            let (level, text) = match (before.revivable(s), after.revivable(s)) {
+                (Ok(_), Err(why)) => (
+                    NoticeLevel::Warning,
+                    format!(
+                        "After this config change, this session cannot be resumed after a server restart, nor revived once it ends: {why}. It runs on; put the config back as it was to keep both."
+                    ),
+                ),
+                (Err(_), Ok(_)) => (
+                    NoticeLevel::Info,
+                    "The config allows this session again: it can be resumed after a server restart and revived once it ends, as before.".to_owned(),
+                ),
+                _ => continue,
             };
-            let text = text(&what);
             match level {
                 NoticeLevel::Warning => tracing::warn!(session = %s.id, "{text}"),
                 _ => tracing::info!(session = %s.id, "{text}"),
             }
-            // Kept in the transcript: an operator who was not watching
-            // learnt of it only once the session could not be resumed.
             intercom_actors::supervisor::keep_notice(
                 &*self.inner.store,
                 &*self.inner.sink,

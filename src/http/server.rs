@@ -420,10 +420,9 @@ fn apply_reload(
 ) -> Option<ConfigError> {
     match handle.block_on(app.apply_config(&config)) {
         Ok(()) => {
-            let (workspaces, agents) = config.removed_from(in_force);
-            handle.block_on(app.tell_removed(&workspaces, &agents));
-            let (workspaces, agents) = in_force.removed_from(&config);
-            handle.block_on(app.tell_restored(&workspaces, &agents));
+            handle.block_on(
+                app.tell_revivability(&in_force.workspace_map(), &config.workspace_map()),
+            );
             *in_force = config;
             kept.inspect(|e| tracing::warn!("config change applied in part: {e}"))
         }
