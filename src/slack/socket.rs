@@ -171,45 +171,12 @@ impl SocketLoop {
             Ok(ws) => ws,
             Err(lost) => return lost,
         };
-        let mut ping = tokio::time::interval(self.tuning.ping_interval);
-        ping.tick().await;
-        let mut last_frame = tokio::time::Instant::now();
-        let hello_deadline = tokio::time::Instant::now() + self.tuning.hello_timeout;
-        let mut hello = false;
+        let mut live = Liveness::new(&self.tuning).await;
         loop {
-            let frame = tokio::select! {
-                f = ws.next() => f,
-                _ = ping.tick() => {
-                    let silent = last_frame.elapsed();
-                    if silent > self.tuning.ping_interval * 3 {
-                        return Ended::Lost(format!("no frame from Slack for {} s", silent.as_secs()));
-                    }
-                    if let Err(e) = ws.send(Message::Ping(Vec::new().into())).await {
-                        return Ended::Lost(format!("ping failed: {e}"));
-                    }
-                    continue;
-                }
-                _ = tokio::time::sleep_until(hello_deadline), if !hello => {
-                    return Ended::Lost("no hello from Slack".into());
-                }
-                _ = self.stop.changed() => {
-                    let _ = ws.close(None).await;
-                    return Ended::Stop;
-                }
+            let text = match self.next_text(&mut ws, &mut live).await {
+                Ok(text) => text,
+                Err(ended) => return ended,
             };
-            let text = match frame {
-                None => return Ended::Lost("socket closed".into()),
-                Some(Err(e)) => return Ended::Lost(e.to_string()),
-                Some(Ok(Message::Close(_))) => {
-                    return Ended::Lost("Slack closed the socket".into());
-                }
-                Some(Ok(Message::Text(t))) => t.to_string(),
-                Some(Ok(_)) => {
-                    last_frame = tokio::time::Instant::now();
-                    continue;
-                }
-            };
-            last_frame = tokio::time::Instant::now();
             let frame: Frame = match serde_json::from_str(&text) {
                 Ok(f) => f,
                 Err(e) => {
@@ -219,7 +186,7 @@ impl SocketLoop {
             };
             match frame.kind.as_str() {
                 "hello" => {
-                    hello = true;
+                    live.hello = true;
                     *failures = 0;
                     self.connected(down_notified).await;
                     continue;
@@ -231,25 +198,75 @@ impl SocketLoop {
                 }
                 _ => {}
             }
-            let Some(envelope) = frame.envelope_id else {
-                tracing::debug!(kind = %frame.kind, "ignoring a frame without an envelope");
-                continue;
-            };
-            // Acknowledge first: Slack redelivers what is not acked in time.
-            if let Err(e) = send_ack(&mut ws, &envelope).await {
-                return Ended::Lost(e);
-            }
-            let key = delivery_key(&frame.payload, envelope);
-            let Some(inbound) = decode(&frame.kind, frame.payload) else {
-                continue;
-            };
-            if !first_delivery(seen, key) {
-                continue;
-            }
-            if self.inbound.send(inbound).await.is_err() {
-                return Ended::Stop;
+            if let Some(ended) = self.take_envelope(&mut ws, frame, seen).await {
+                return ended;
             }
         }
+    }
+
+    /// The next text frame; on the way, pings Slack, and ends the
+    /// connection when Slack has gone silent, never said hello, closed it,
+    /// or the server stops.
+    async fn next_text(&mut self, ws: &mut Socket, live: &mut Liveness) -> Result<String, Ended> {
+        loop {
+            let frame = tokio::select! {
+                f = ws.next() => f,
+                _ = live.ping.tick() => {
+                    let silent = live.last_frame.elapsed();
+                    if silent > self.tuning.ping_interval * 3 {
+                        return Err(Ended::Lost(format!("no frame from Slack for {} s", silent.as_secs())));
+                    }
+                    if let Err(e) = ws.send(Message::Ping(Vec::new().into())).await {
+                        return Err(Ended::Lost(format!("ping failed: {e}")));
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(live.hello_deadline), if !live.hello => {
+                    return Err(Ended::Lost("no hello from Slack".into()));
+                }
+                _ = self.stop.changed() => {
+                    let _ = ws.close(None).await;
+                    return Err(Ended::Stop);
+                }
+            };
+            live.last_frame = tokio::time::Instant::now();
+            match frame {
+                None => return Err(Ended::Lost("socket closed".into())),
+                Some(Err(e)) => return Err(Ended::Lost(e.to_string())),
+                Some(Ok(Message::Close(_))) => {
+                    return Err(Ended::Lost("Slack closed the socket".into()));
+                }
+                Some(Ok(Message::Text(t))) => return Ok(t.to_string()),
+                Some(Ok(_)) => continue,
+            }
+        }
+    }
+
+    /// An envelope: acknowledged first (Slack redelivers what is not acked
+    /// in time), then decoded and handed on once, redeliveries dropped.
+    /// `Some` ends the connection.
+    async fn take_envelope(
+        &mut self,
+        ws: &mut Socket,
+        frame: Frame,
+        seen: &mut VecDeque<String>,
+    ) -> Option<Ended> {
+        let Some(envelope) = frame.envelope_id else {
+            tracing::debug!(kind = %frame.kind, "ignoring a frame without an envelope");
+            return None;
+        };
+        if let Err(e) = send_ack(ws, &envelope).await {
+            return Some(Ended::Lost(e));
+        }
+        let key = delivery_key(&frame.payload, envelope);
+        let inbound = decode(&frame.kind, frame.payload)?;
+        if !first_delivery(seen, key) {
+            return None;
+        }
+        if self.inbound.send(inbound).await.is_err() {
+            return Some(Ended::Stop);
+        }
+        None
     }
 
     /// The bot's identity (asked once), a fresh Socket Mode URL, and the
@@ -325,6 +342,31 @@ fn first_delivery(seen: &mut VecDeque<String>, envelope: String) -> bool {
         seen.pop_front();
     }
     true
+}
+
+/// What tells a live connection from a dead one: Slack's hello within
+/// its deadline, and a frame (or a pong) at least every few pings.
+struct Liveness {
+    ping: tokio::time::Interval,
+    last_frame: tokio::time::Instant,
+    hello_deadline: tokio::time::Instant,
+    hello: bool,
+}
+
+impl Liveness {
+    /// For a connection just opened (the interval's first, immediate tick
+    /// taken).
+    async fn new(tuning: &SlackTuning) -> Self {
+        let mut ping = tokio::time::interval(tuning.ping_interval);
+        ping.tick().await;
+        let now = tokio::time::Instant::now();
+        Liveness {
+            ping,
+            last_frame: now,
+            hello_deadline: now + tuning.hello_timeout,
+            hello: false,
+        }
+    }
 }
 
 /// The Socket Mode envelope around a payload.

@@ -94,17 +94,7 @@ impl SessionState {
             return;
         }
         match (purpose, outcome) {
-            (Outgoing::Initialize, Ok(result)) => match AgentInfo::from_initialize(&result) {
-                Ok(info) => {
-                    tracing::info!(session = %self.record.id, agent = ?info.name.as_deref().map(|n| crate::text::shorten(n, 200)), load = info.load_session, "agent initialized");
-                    self.agent = info;
-                    self.open_session();
-                    if let Some(err) = self.pending_failure.take() {
-                        self.fail_start(err).await;
-                    }
-                }
-                Err(e) => self.fail_handshake(methods::INITIALIZE, e).await,
-            },
+            (Outgoing::Initialize, Ok(result)) => self.on_initialized(&result).await,
             (Outgoing::Initialize, Err(e)) => {
                 self.fail_handshake(methods::INITIALIZE, e.to_string())
                     .await
@@ -115,22 +105,7 @@ impl SessionState {
                 self.fail_handshake(methods::AUTHENTICATE, format!("method {method:?}: {e}"))
                     .await
             }
-            (Outgoing::NewSession, Ok(result)) => match acp::session_id_from_new(&result) {
-                Ok(sid) => {
-                    self.learn_agent_options(&result);
-                    self.acp_session = Some(sid.clone());
-                    // Queued: it shares the commit `on_ready` waits for
-                    // (its status), so a start makes one commit, not two.
-                    let (store, id) = (Arc::clone(&self.store), self.id().clone());
-                    self.ledger.queue(async move {
-                        if let Err(e) = store.set_acp_session_id(&id, &sid).await {
-                            tracing::error!(session = %id, "storing acp session id: {e}");
-                        }
-                    });
-                    self.on_ready(false).await;
-                }
-                Err(e) => self.fail_handshake(methods::SESSION_NEW, e).await,
-            },
+            (Outgoing::NewSession, Ok(result)) => self.on_session_created(&result).await,
             (Outgoing::NewSession, Err(e)) => {
                 if self.needs_auth(&e) {
                     self.authenticate_or_fail(e.message.clone()).await;
@@ -140,30 +115,75 @@ impl SessionState {
                 }
             }
             (Outgoing::LoadSession { method }, Ok(result)) => {
-                self.replaying = false;
-                self.replay_tail_until = (method == methods::SESSION_LOAD)
-                    .then(|| std::time::Instant::now() + super::REPLAY_TAIL);
-                self.learn_agent_options(&result);
-                tracing::info!(session = %self.record.id, replayed = self.replayed, "agent session resumed");
-                self.on_ready(true).await;
+                self.on_session_loaded(method, &result).await
             }
-            (Outgoing::LoadSession { method }, Err(e)) => {
-                self.replaying = false;
-                if self.needs_auth(&e) {
-                    self.authenticate_or_fail(e.message.clone()).await;
-                    return;
-                }
-                let text = format!(
-                    "could not resume the agent's session ({method}: {e}); starting a fresh one"
-                );
-                self.emit_notice(NoticeLevel::Warning, &text).await;
-                self.acp_session = None;
-                let cwd = std::path::PathBuf::from(&self.record.cwd);
-                let params = acp::new_session_params(&cwd, self.bridge());
-                self.request(methods::SESSION_NEW, params, Outgoing::NewSession);
-            }
+            (Outgoing::LoadSession { method }, Err(e)) => self.on_load_refused(method, e).await,
             (Outgoing::Prompt, _) | (Outgoing::SetOption(_), _) => {}
         }
+    }
+
+    /// `initialize` answered: what the agent can do, then its session.
+    async fn on_initialized(&mut self, result: &Value) {
+        match AgentInfo::from_initialize(result) {
+            Ok(info) => {
+                tracing::info!(session = %self.record.id, agent = ?info.name.as_deref().map(|n| crate::text::shorten(n, 200)), load = info.load_session, "agent initialized");
+                self.agent = info;
+                self.open_session();
+                if let Some(err) = self.pending_failure.take() {
+                    self.fail_start(err).await;
+                }
+            }
+            Err(e) => self.fail_handshake(methods::INITIALIZE, e).await,
+        }
+    }
+
+    /// `session/new` answered: the agent's session id, stored, and the
+    /// session is ready.
+    async fn on_session_created(&mut self, result: &Value) {
+        match acp::session_id_from_new(result) {
+            Ok(sid) => {
+                self.learn_agent_options(result);
+                self.acp_session = Some(sid.clone());
+                // Queued: it shares the commit `on_ready` waits for
+                // (its status), so a start makes one commit, not two.
+                let (store, id) = (Arc::clone(&self.store), self.id().clone());
+                self.ledger.queue(async move {
+                    if let Err(e) = store.set_acp_session_id(&id, &sid).await {
+                        tracing::error!(session = %id, "storing acp session id: {e}");
+                    }
+                });
+                self.on_ready(false).await;
+            }
+            Err(e) => self.fail_handshake(methods::SESSION_NEW, e).await,
+        }
+    }
+
+    /// `session/load` (or `session/resume`) answered: its replay is over,
+    /// and the session is ready again.
+    async fn on_session_loaded(&mut self, method: &'static str, result: &Value) {
+        self.replaying = false;
+        self.replay_tail_until = (method == methods::SESSION_LOAD)
+            .then(|| std::time::Instant::now() + super::REPLAY_TAIL);
+        self.learn_agent_options(result);
+        tracing::info!(session = %self.record.id, replayed = self.replayed, "agent session resumed");
+        self.on_ready(true).await;
+    }
+
+    /// The agent could not load its session: a login it asks for, or a
+    /// fresh session in its place (said in the transcript).
+    async fn on_load_refused(&mut self, method: &'static str, e: RpcError) {
+        self.replaying = false;
+        if self.needs_auth(&e) {
+            self.authenticate_or_fail(e.message.clone()).await;
+            return;
+        }
+        let text =
+            format!("could not resume the agent's session ({method}: {e}); starting a fresh one");
+        self.emit_notice(NoticeLevel::Warning, &text).await;
+        self.acp_session = None;
+        let cwd = std::path::PathBuf::from(&self.record.cwd);
+        let params = acp::new_session_params(&cwd, self.bridge());
+        self.request(methods::SESSION_NEW, params, Outgoing::NewSession);
     }
 
     /// ACP reserves -32000 for "authentication required"; agents word it

@@ -273,12 +273,7 @@ impl SessionState {
     pub(super) async fn restart_requested(&mut self, caller: &Caller) -> Result<(), SessionError> {
         self.authorize(caller, "restart").await?;
         if self.phase != Phase::Ready {
-            let status = self
-                .stopping
-                .as_ref()
-                .map(|c| c.final_status().0)
-                .unwrap_or(self.status);
-            return Err(SessionError::NotLive(status));
+            return Err(SessionError::NotLive(self.ending_status()));
         }
         if self.restart_by.is_some() {
             return Ok(()); // already on its way

@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::{Caller, Outgoing, Phase, SessionError, SessionState, SteerOutcome, Turn};
-use crate::model::{MessageKind, Protocol, Role, Steering};
+use crate::model::{MessageKind, Protocol, Role, SessionStatus, Steering};
 use crate::ports::{NoticeLevel, OperatorEvent};
 use crate::protocol::acp::{self, methods};
 use crate::protocol::jsonrpc::{RpcError, codes};
@@ -112,11 +112,25 @@ impl SessionState {
         if self.turn.as_ref().is_none_or(|t| t.rpc_id != rpc_id) {
             tracing::warn!(session = %self.record.id, rpc_id, "prompt response for a turn that is not running");
         }
+        self.close_turn(&outcome).await;
+        self.tell_turn_outcome(outcome).await;
+        // Whatever the agent did not answer before its turn ended is moot.
+        if !self.pending.is_empty() {
+            self.cancel_pending("turn ended").await;
+        }
+        if self.phase == Phase::Ready {
+            self.after_turn().await;
+        }
+    }
+
+    /// The turn's bookkeeping once it ended: its unfinished tool calls (if
+    /// it was cancelled), its record, its grants, its buffered text.
+    async fn close_turn(&mut self, outcome: &Result<Value, RpcError>) {
         // A cancelled turn's calls the agent left unfinished, announced
         // after the cancel too, are cancelled with it (a probe's call
         // started after the cancel stayed `in_progress` for good).
         let cancelled = self.turn.as_ref().is_some_and(|t| t.cancelled_at.is_some())
-            || matches!(&outcome, Ok(r) if acp::stop_reason(r) == "cancelled");
+            || matches!(outcome, Ok(r) if acp::stop_reason(r) == "cancelled");
         if cancelled {
             self.cancel_turn_tools();
         }
@@ -131,6 +145,12 @@ impl SessionState {
         self.toolcalls.clear_grants();
         self.flush_text(true).await;
         self.flush_coalesced().await;
+    }
+
+    /// Logs how the turn ended, and tells the operator when it was not
+    /// the agent's normal end (a stop reason, a failed prompt, a login the
+    /// agent needs).
+    async fn tell_turn_outcome(&mut self, outcome: Result<Value, RpcError>) {
         match outcome {
             Ok(result) => {
                 // The agent's words, in a log line and a system notice: on
@@ -147,35 +167,39 @@ impl SessionState {
                 }
             }
             Err(e) => {
-                let message = crate::text::one_line(&e.message, 1000);
-                let text = if e.code == codes::AUTH_REQUIRED
-                    || message
-                        .to_ascii_lowercase()
-                        .contains("authentication required")
-                {
-                    format!(
-                        "agent `{}` requires authentication: {message}. It offers: {}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`.",
-                        self.profile.id,
-                        self.agent.describe_auth_methods()
-                    )
-                } else {
-                    format!(
-                        "agent `{}` failed the prompt: {}",
-                        self.profile.id,
-                        crate::text::one_line(&e.to_string(), 1000)
-                    )
-                };
+                let text = self.prompt_failure(&e);
                 tracing::warn!(session = %self.record.id, "{text}");
                 self.emit_notice(NoticeLevel::Error, &text).await;
             }
         }
-        // Whatever the agent did not answer before its turn ended is moot.
-        if !self.pending.is_empty() {
-            self.cancel_pending("turn ended").await;
+    }
+
+    /// What to tell of a prompt the agent answered with an error: how to
+    /// give it the login it asks for, or its error, on one bounded line.
+    fn prompt_failure(&self, e: &RpcError) -> String {
+        let message = crate::text::one_line(&e.message, 1000);
+        if e.code == codes::AUTH_REQUIRED
+            || message
+                .to_ascii_lowercase()
+                .contains("authentication required")
+        {
+            format!(
+                "agent `{}` requires authentication: {message}. It offers: {}. Set `auth_method` in its [[agent]] profile and pass the credentials through `env`.",
+                self.profile.id,
+                self.agent.describe_auth_methods()
+            )
+        } else {
+            format!(
+                "agent `{}` failed the prompt: {}",
+                self.profile.id,
+                crate::text::one_line(&e.to_string(), 1000)
+            )
         }
-        if self.phase != Phase::Ready {
-            return;
-        }
+    }
+
+    /// A ready session's next step after a turn: stay paused, continue a
+    /// cut turn, deliver queued steering, or go idle.
+    async fn after_turn(&mut self) {
         if self.paused {
             self.show_activity("paused", None);
         } else if let Some(text) = self.reprompt_after_cancel.take() {
@@ -286,14 +310,7 @@ impl SessionState {
         caller: &Caller,
     ) -> Result<SteerOutcome, SessionError> {
         self.authorize(caller, "steer").await?;
-        if matches!(self.phase, Phase::Stopping | Phase::Ended) || !self.status.is_live() {
-            let status = self
-                .stopping
-                .as_ref()
-                .map(|c| c.final_status().0)
-                .unwrap_or(self.status);
-            return Err(SessionError::NotLive(status));
-        }
+        self.check_live()?;
         let steering = self
             .store
             .enqueue_steering(self.id(), &text, &caller.id)
@@ -305,50 +322,30 @@ impl SessionState {
         )
         .await;
         self.last_any = Instant::now();
+        let steering_id = steering.id;
+        let outcome = |queued, paused| SteerOutcome {
+            queued,
+            paused,
+            steering_id,
+        };
         if self.record.protocol == Protocol::Mcp || self.standby.is_some() {
-            let id = steering.id;
             if self.steer_mcp(steering.clone()).await {
-                return Ok(SteerOutcome {
-                    queued: false,
-                    paused: false,
-                    steering_id: id,
-                });
+                return Ok(outcome(false, false));
             }
             if self.record.protocol == Protocol::Mcp {
-                self.queue.push_back(steering.clone());
-                self.emit(OperatorEvent::SteeringQueued {
-                    session_id: self.id().clone(),
-                    steering,
-                });
-                return Ok(SteerOutcome {
-                    queued: true,
-                    paused: false,
-                    steering_id: id,
-                });
+                self.queue_steering(steering);
+                return Ok(outcome(true, false));
             }
         }
         if self.can_take_prompt_now() {
-            let id = steering.id;
             // Not sent (stdin gone): it waits at the head of the queue.
             let sent = self.deliver(steering.clone()).await;
             if !sent {
-                self.emit(OperatorEvent::SteeringQueued {
-                    session_id: self.id().clone(),
-                    steering,
-                });
+                self.announce_queued(steering);
             }
-            return Ok(SteerOutcome {
-                queued: !sent,
-                paused: false,
-                steering_id: id,
-            });
+            return Ok(outcome(!sent, false));
         }
-        let id = steering.id;
-        self.queue.push_back(steering.clone());
-        self.emit(OperatorEvent::SteeringQueued {
-            session_id: self.id().clone(),
-            steering,
-        });
+        self.queue_steering(steering);
         if interrupt && self.turn.is_some() {
             // Steering waits for this turn to end: an agent that ignores
             // the cancel is restarted.
@@ -357,11 +354,38 @@ impl SessionState {
                 turn.superseded = true;
             }
         }
-        Ok(SteerOutcome {
-            queued: true,
-            paused: self.paused,
-            steering_id: id,
-        })
+        Ok(outcome(true, self.paused))
+    }
+
+    /// Refuses work for a session that is stopping or has ended, with the
+    /// status it ends (or ended) in.
+    fn check_live(&self) -> Result<(), SessionError> {
+        if matches!(self.phase, Phase::Stopping | Phase::Ended) || !self.status.is_live() {
+            return Err(SessionError::NotLive(self.ending_status()));
+        }
+        Ok(())
+    }
+
+    /// The status a session that is stopping ends in; else its status now.
+    pub(super) fn ending_status(&self) -> SessionStatus {
+        self.stopping
+            .as_ref()
+            .map(|c| c.final_status().0)
+            .unwrap_or(self.status)
+    }
+
+    /// Puts steering at the end of the queue and tells the operator.
+    fn queue_steering(&mut self, steering: Steering) {
+        self.queue.push_back(steering.clone());
+        self.announce_queued(steering);
+    }
+
+    /// Tells the operator that `steering` waits in the queue.
+    fn announce_queued(&self, steering: Steering) {
+        self.emit(OperatorEvent::SteeringQueued {
+            session_id: self.id().clone(),
+            steering,
+        });
     }
 
     /// [`Self::cancel_turn`], watched: an agent that has not ended the turn
