@@ -1056,3 +1056,52 @@ fn an_intercom_session_gets_its_last_prompt_again_after_a_server_kill() {
             .then_some(())
     });
 }
+
+/// Started on the shipped example for want of `config.toml` (the README's
+/// first command), the server reads `config.toml` once it is created, as
+/// it reads a save: a probe's deny rule added there was never read, and
+/// `/healthz` said "ok" all along. Agents are refused the file it waits for.
+#[test]
+fn a_config_toml_created_after_starting_on_the_example_is_read() {
+    let port = free_port();
+    let layout = Layout::new(&setup_on(port, Vec::new()));
+    let dir = layout.config.parent().expect("config dir").to_path_buf();
+    let example = dir.join("config.toml.example");
+    std::fs::rename(&layout.config, &example).expect("only the example");
+    let log = layout.dir.path().join("example.log");
+    // As the README runs it: no --config, from the directory holding the example.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_agent-intercom"));
+    command
+        .arg("serve")
+        .current_dir(&dir)
+        .env_remove("AGENT_INTERCOM_TOKEN")
+        .env_remove("SLACK_BOT_TOKEN")
+        .env_remove("SLACK_APP_TOKEN")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).expect("log")));
+    let mut server = ServerProcess {
+        child: command.spawn().expect("serve"),
+        log,
+    };
+    let base = format!("http://127.0.0.1:{port}");
+    wait_healthy(&Http::new(&base, None), &mut server);
+    assert!(
+        server
+            .log()
+            .contains("no config.toml; using config.toml.example"),
+        "{}",
+        server.log()
+    );
+    let http = Http::new(&base, Some(&read_token(&layout)));
+    assert!(config_rule_ids(&http).is_empty());
+    let text = std::fs::read_to_string(&example).expect("example");
+    let deny = "\n[[rule]]\nid = \"no-curl\"\naction = \"deny\"\nkind = \"execute\"\ncommand_prefix = \"curl \"\n";
+    std::fs::write(dir.join("config.toml"), format!("{text}{deny}")).expect("config.toml");
+    until("the new file's rule in force", || {
+        (config_rule_ids(&http) == ["no-curl"]).then_some(())
+    });
+    let health = http.get("/healthz");
+    assert_eq!(health.body["config"], "ok", "{}", health.text);
+}

@@ -36,6 +36,7 @@ impl Config {
             .map(|s| PathBuf::from(format!("{db}{s}")))
             .collect();
         files.extend(self.source.clone());
+        files.extend(self.successor.clone());
         let outputs = output_files();
         files.extend(outputs.iter().map(|o| o.path.clone()));
         ServerFiles::new(files, [self.data_dir()]).holding(outputs.iter().map(|o| o.inode))
@@ -150,6 +151,15 @@ path = "ws"
             assert!(files.covers(&dir.path().join(p)), "{p} is not guarded");
         }
         assert!(!files.covers(&dir.path().join("ws/src.rs")));
+        // Started on the example, the file a reload waits for is guarded
+        // before it exists: an agent must not write the next config.
+        let next = dir.path().join("next.toml");
+        assert!(!files.covers(&next));
+        let waiting = Config {
+            successor: Some(next.clone()),
+            ..cfg
+        };
+        assert!(waiting.server_files().covers(&next));
     }
 
     #[test]

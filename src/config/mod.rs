@@ -105,6 +105,11 @@ pub struct Config {
     pub default_agent: Option<String>,
     /// The file this was loaded from (absolute), if any.
     pub source: Option<PathBuf>,
+    /// The file a reload reads instead of `source`: `config.toml` beside
+    /// the shipped example a server started on for want of it, so that
+    /// creating it takes effect like saving it (a probe's new deny rule
+    /// was never read). Guarded from agents like `source`.
+    pub successor: Option<PathBuf>,
 }
 
 /// `[server]`.
@@ -536,6 +541,7 @@ impl Config {
             supervision: SupervisionPolicy::default(),
             default_agent: None,
             source: None,
+            successor: None,
         }
     }
 

@@ -92,6 +92,7 @@ pub(super) fn build(raw: RawConfig, base: &Path) -> Result<Config> {
         supervision: raw.supervision,
         default_agent,
         source: None,
+        successor: None,
     })
 }
 

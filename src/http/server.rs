@@ -142,12 +142,17 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
 
 fn load_config(options: &ServeOptions) -> Result<Config, ConfigError> {
     let choice = choose_config(options.config.as_deref());
+    let mut config = Config::load(&choice.path)?;
     if choice.fallback {
+        let successor = config
+            .source
+            .as_deref()
+            .map(|example| example.with_file_name(crate::app::DEFAULT_CONFIG));
         tracing::info!(
-            "no config.toml; using config.toml.example (copy it to config.toml to customise)"
+            "no config.toml; using config.toml.example (copy it to config.toml to customise: the server reads config.toml as soon as it appears, as it reads a save)"
         );
+        config.successor = successor;
     }
-    let config = Config::load(&choice.path)?;
     tracing::info!("{}", config.summary());
     // Its warnings are logged by `App::start`, which keeps them for /healthz.
     Ok(config)
@@ -357,7 +362,7 @@ fn watch_config(
     app: &App,
     notice: Option<StaleNotice>,
 ) -> Option<crate::config::WatchHandle> {
-    let path = config.source.clone()?;
+    let path = config.successor.clone().or_else(|| config.source.clone())?;
     let handle = tokio::runtime::Handle::current();
     let app = app.clone();
     // The configuration in force, which a reload must not empty at once.
