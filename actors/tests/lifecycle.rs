@@ -3,7 +3,7 @@
 
 mod support;
 
-use intercom_actors::model::{MessageKind, RequestStatus, SessionStatus};
+use intercom_actors::model::{MessageKind, RequestStatus, SessionId, SessionStatus};
 use intercom_actors::ports::{OperatorEvent, SessionStore};
 use intercom_actors::session::{Caller, Choice, SessionMsg, StartError, StopCause};
 use intercom_actors::settings::{Limits, StallPolicy, SupervisionPolicy};
@@ -581,6 +581,51 @@ async fn idle_timeout_completes_the_session() {
         (SessionStatus::Completed, Some("idle_timeout"))
     );
     until_group_gone(pid).await;
+}
+
+/// A request waiting for the operator is not idleness: a probe's session
+/// was ended "completed" by the idle timeout and its request cancelled.
+/// Two idle sessions started after the request opened end first (each
+/// idle for the whole timeout after it), and the waiting one is still
+/// there; once decided, its clock runs again.
+#[tokio::test]
+async fn a_request_waiting_for_the_operator_is_not_idle() {
+    let h = Harness::new(Knobs {
+        limits: Limits {
+            idle_timeout_secs: 1,
+            ..Knobs::default().limits
+        },
+        ..Knobs::default()
+    })
+    .await;
+    let waiting = h
+        .start(
+            json!({"turns": [[{"permission": {"tool_call_id": "t1", "title": "x"}}, {"chunk": "done"}]]}),
+            "wait for me",
+        )
+        .await;
+    let request = request_opened(&h, 1).await;
+    assert_eq!(request.session_id, waiting.id);
+    let ended = |id: SessionId| move |e: &OperatorEvent| matches!(e, OperatorEvent::SessionEnded { session_id, .. } if *session_id == id);
+    for n in ["first", "second"] {
+        let idle = h.start(json!({"turns": [[{"chunk": "done"}]]}), n).await;
+        h.until("an idle session's end", ended(idle.id.clone()))
+            .await;
+    }
+    let stored = h.store.get_session(&waiting.id).await.expect("get");
+    assert_eq!(stored.expect("row").status, SessionStatus::Active);
+    assert!(
+        !h.sink.events().iter().any(ended(waiting.id.clone())),
+        "the waiting session ended"
+    );
+    decide(&h, &waiting.id, &request.id, Choice::Approve).await;
+    h.until("the decided session's idle end", ended(waiting.id.clone()))
+        .await;
+    let stored = h.store.get_session(&waiting.id).await.expect("get");
+    assert_eq!(
+        stored.map(|s| (s.status, s.status_reason)),
+        Some((SessionStatus::Completed, Some("idle_timeout".into())))
+    );
 }
 
 #[tokio::test]

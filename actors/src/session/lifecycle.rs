@@ -57,7 +57,12 @@ impl SessionState {
             return;
         }
         let limits = &self.settings.limits;
+        // Waiting for the operator is not idleness: a request left for the
+        // night must still be there in the morning (a probe's session was
+        // ended "completed" and its request cancelled). A decision starts
+        // the clock again.
         if limits.idle_timeout_secs > 0
+            && self.pending.is_empty()
             && now.duration_since(self.last_any) >= limits.idle_timeout()
         {
             tracing::info!(session = %self.record.id, "idle timeout");
