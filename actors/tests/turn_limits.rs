@@ -308,3 +308,35 @@ def on(m, method, mid):
     let text = h.until_transcript(&rec.id, "all 1100 answered").await;
     assert!(!text.contains("refused"), "{text}");
 }
+
+/// The stall policy's nudges are counted since the last prompt, across the
+/// restarts it makes: a probe's agent wrote a line after each prompt and
+/// hung, deaf to cancels, and was nudged and restarted for ever (its line
+/// cleared the count), never marked stalled.
+#[tokio::test]
+async fn an_agent_that_hangs_after_every_prompt_is_marked_stalled() {
+    let mut knobs = Knobs::default();
+    knobs.limits.shutdown_grace_secs = 1;
+    knobs.stall.inactivity_secs = 1;
+    knobs.stall.escalation_secs = 1;
+    knobs.stall.max_nudges = 2;
+    let h = Harness::new(knobs).await;
+    let profile = h.python_agent(
+        r#"
+def on(m, method, mid):
+    if method == "session/prompt":
+        chunk("on it. ")
+"#,
+    );
+    let rec = h.start_req(h.request(profile, "go")).await.expect("start");
+    let text = h
+        .until_transcript(&rec.id, "The agent is stalled: no activity after 2 nudges")
+        .await;
+    let restarts = text.matches("restarting it").count();
+    assert!(restarts <= 2, "{restarts} restarts:\n{text}");
+    let stored = h.store.get_session(&rec.id).await.expect("get");
+    assert_eq!(
+        stored.map(|s| s.status),
+        Some(intercom_actors::model::SessionStatus::Stalled)
+    );
+}

@@ -10,7 +10,9 @@
 //! events out of the journal in 35 s; the stall detector never fired, since
 //! the agent was busy. Past the budget the session keeps and shows none of
 //! these until the next prompt (or instruction), and says so once. What
-//! needs the operator (requests) is never held back by it.
+//! needs the operator (requests) is never held back by it. The stall
+//! policy's nudges are counted here too, for the same reason: an agent
+//! must not reset what bounds it by writing a line or being restarted.
 
 use super::SessionState;
 use crate::ports::NoticeLevel;
@@ -54,6 +56,11 @@ pub struct TurnBudget {
     spent: bool,
     requests: usize,
     withdrawals: usize,
+    /// Nudges the stall policy sent. Agent activity clears a stall alert
+    /// but not these: a probe's agent wrote a line after each nudge (or
+    /// its restart) and hung again, and was nudged and restarted for ever,
+    /// never marked stalled.
+    nudges: u32,
 }
 
 /// What [`TurnBudget::spend`] decided.
@@ -89,6 +96,16 @@ impl TurnBudget {
         }
         self.requests += 1;
         true
+    }
+
+    /// Nudges the stall policy sent since the last prompt.
+    pub(super) fn nudges(&self) -> u32 {
+        self.nudges
+    }
+
+    /// Counts one nudge of the stall policy.
+    pub(super) fn count_nudge(&mut self) {
+        self.nudges = self.nudges.saturating_add(1);
     }
 
     /// Counts one withdrawal; false past [`WITHDRAWALS_PER_TURN`].

@@ -159,8 +159,10 @@ impl SessionState {
         if since < escalation {
             return;
         }
-        if self.stall.nudges < policy.max_nudges {
-            self.stall.nudges += 1;
+        // Counted since the last prompt, across the restarts the server
+        // makes on its own (see `TurnBudget`).
+        if self.budget.nudges() < policy.max_nudges {
+            self.budget.count_nudge();
             self.stall.last_nudge = Some(now);
             self.nudge("system").await;
         } else if self.status != SessionStatus::Stalled {

@@ -509,7 +509,6 @@ impl Default for TextBuffer {
 #[derive(Debug, Default)]
 struct Stall {
     alerted_at: Option<Instant>,
-    nudges: u32,
     last_nudge: Option<Instant>,
 }
 

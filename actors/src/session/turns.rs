@@ -431,8 +431,12 @@ impl SessionState {
     /// stall detector).
     pub(super) async fn nudge(&mut self, by: &str) {
         let text = self.settings.stall.nudge_text.clone();
-        self.audit(by, "session.nudged", json!({"nudges": self.stall.nudges}))
-            .await;
+        self.audit(
+            by,
+            "session.nudged",
+            json!({"nudges": self.budget.nudges()}),
+        )
+        .await;
         let cuts_turn = self.record.protocol == Protocol::Acp && self.turn.is_some();
         // Say that a nudge during a turn cancels it: a quiet but working
         // turn is cut, and the transcript should tell why it ended.
