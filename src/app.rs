@@ -336,11 +336,17 @@ impl App {
         })
     }
 
+    /// The workspaces and agent profiles in force (as the registry holds
+    /// them since the last reload).
+    pub async fn workspace_map(&self) -> Result<intercom_actors::registry::WorkspaceMap, AppError> {
+        ractor::call!(self.registry().get(), RegistryMsg::Get)
+            .map_err(|e| AppError::actor("workspace registry", e))
+    }
+
     /// After a server restart: resumes or interrupts the sessions stored as
     /// live. Returns (resumed, interrupted).
     pub async fn recover(&self) -> Result<(usize, usize), AppError> {
-        let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
-            .map_err(|e| AppError::actor("workspace registry", e))?;
+        let map = self.workspace_map().await?;
         ractor::call_t!(
             self.inner.supervisor,
             |reply| SupervisorMsg::Recover { map, reply },

@@ -148,3 +148,65 @@ fn a_broken_config_still_tells_ctl_where_the_server_is() {
     ];
     assert_eq!(run(&Cli::parse_from(argv).ctl), 2);
 }
+
+/// What a start can name is listed (a newcomer had only the error for a
+/// wrong workspace to learn the ids from), and `ctl start --mode` starts a
+/// session in the mode asked for, as the API and the console can.
+#[test]
+fn workspaces_and_agents_are_listed_and_a_start_can_choose_its_mode() {
+    let server = Server::start(Setup {
+        scenario: json!({"turns": [[{"chunk": "ok"}]]}),
+        ..Setup::default()
+    });
+    let http = &server.http;
+    let workspaces = http.get("/api/workspaces");
+    assert_eq!(workspaces.status, 200, "{}", workspaces.text);
+    let ws = &workspaces.body[0];
+    assert_eq!(
+        (&ws["id"], &ws["agent"], &ws["approval_mode"]),
+        (&json!("demo"), &json!("scripted"), &json!("ask")),
+        "{}",
+        workspaces.text
+    );
+    assert!(
+        ws["path"].as_str().is_some_and(|p| p.ends_with("/ws")),
+        "{}",
+        workspaces.text
+    );
+    let agents = http.get("/api/agents");
+    let ids: Vec<(&str, bool)> = agents
+        .body
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|a| (a["id"].as_str().unwrap_or("?"), a["default"] == true))
+        .collect();
+    assert_eq!(
+        ids,
+        [("scripted", true), ("missing", false)],
+        "{}",
+        agents.text
+    );
+    assert_eq!(ctl(&server, &["workspaces"]), 0);
+    assert_eq!(ctl(&server, &["agents"]), 0);
+
+    assert_eq!(
+        ctl(
+            &server,
+            &["start", "demo", "carefully", "--mode", "auto-edits"]
+        ),
+        0
+    );
+    let sessions = http.get("/api/sessions").body;
+    let id = sessions[0]["id"].as_str().expect("the session").to_owned();
+    let detail = http.get(&format!("/api/sessions/{id}")).body;
+    assert_eq!(detail["approval_mode"], "auto-edits", "{detail}");
+    assert_ne!(
+        ctl(&server, &["start", "demo", "x", "--mode", "anything-goes"]),
+        0
+    );
+    assert_eq!(
+        http.get("/api/sessions").body.as_array().map(Vec::len),
+        Some(1)
+    );
+}

@@ -326,8 +326,7 @@ impl App {
         match scope {
             Scope::Global => Ok(()),
             Scope::Workspace(id) => {
-                let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
-                    .map_err(|e| AppError::actor("workspace registry", e))?;
+                let map = self.workspace_map().await?;
                 let path = std::path::Path::new(id);
                 let path_session =
                     path.is_absolute() && path.starts_with(&map.workspace_root) && path.is_dir();
@@ -362,8 +361,7 @@ impl App {
         let Some(agent) = agent else {
             return Ok(());
         };
-        let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
-            .map_err(|e| AppError::actor("workspace registry", e))?;
+        let map = self.workspace_map().await?;
         if agent == "mcp" || map.agents.iter().any(|a| a.id == agent) {
             return Ok(());
         }

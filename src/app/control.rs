@@ -120,8 +120,7 @@ impl App {
         }
         // The current config decides: its workspace and agent profile as
         // configured now, not as when the session started.
-        let map = ractor::call!(self.registry().get(), RegistryMsg::Get)
-            .map_err(|e| AppError::actor("workspace registry", e))?;
+        let map = self.workspace_map().await?;
         let profile = map.revivable(&record).map_err(|why| AppError::Conflict {
             message: format!("session {id} cannot come back: {why}"),
             status: Some(record.status),

@@ -12,6 +12,7 @@ use super::{CtlArgs, CtlCommand, render, watch};
 use crate::http::views::{
     ApprovalView, MessageView, PromptAccepted, SessionDetailView, SessionView,
 };
+use crate::http::workspaces::{AgentView, WorkspaceView};
 
 pub(super) fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
     let json = args.json;
@@ -25,12 +26,32 @@ pub(super) fn execute(client: &Client, args: &CtlArgs) -> Result<(), CtlError> {
             let (raw, list) = client.get_as::<Vec<SessionView>>(path)?;
             emit(json, &raw, || render::sessions(&list));
         }
+        CtlCommand::Workspaces => {
+            let (raw, list) = client.get_as::<Vec<WorkspaceView>>("/api/workspaces")?;
+            emit(json, &raw, || render::workspaces(&list));
+        }
+        CtlCommand::Agents => {
+            let (raw, list) = client.get_as::<Vec<AgentView>>("/api/agents")?;
+            emit(json, &raw, || render::agents(&list));
+        }
         CtlCommand::Start {
             workspace,
             prompt,
             agent,
             path,
-        } => start(client, json, workspace, prompt, agent.as_deref(), *path)?,
+            mode,
+        } => {
+            let key = if *path { "path" } else { "workspace" };
+            let target = (key, workspace.as_str());
+            start(
+                client,
+                json,
+                target,
+                prompt,
+                agent.as_deref(),
+                mode.as_deref(),
+            )?
+        }
         CtlCommand::Show { id } => {
             let url = format!("/api/sessions/{}", segment(id));
             let (raw, detail) = client.get_as::<SessionDetailView>(&url)?;
@@ -229,18 +250,21 @@ fn ended_conflict(id: &str, session: &SessionView) -> CtlError {
     }
 }
 
+/// `POST /api/sessions`; `target` is `("workspace", id)` or `("path", dir)`.
 fn start(
     client: &Client,
     json: bool,
-    target: &str,
+    (key, target): (&str, &str),
     prompt: &str,
     agent: Option<&str>,
-    is_path: bool,
+    mode: Option<&str>,
 ) -> Result<(), CtlError> {
-    let key = if is_path { "path" } else { "workspace" };
     let mut body = json!({ key: target, "prompt": prompt });
     if let Some(a) = agent {
         body["agent"] = Value::from(a);
+    }
+    if let Some(m) = mode {
+        body["mode"] = Value::from(m);
     }
     let (raw, session) = client.post_as::<SessionView>("/api/sessions", &body)?;
     emit(json, &raw, || render::session_line(&session));

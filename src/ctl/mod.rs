@@ -59,9 +59,13 @@ pub enum CtlCommand {
         #[arg(long)]
         all: bool,
     },
+    /// List the workspaces a session can start in (ids for `start`)
+    Workspaces,
+    /// List the agent profiles a start can name (`start --agent`)
+    Agents,
     /// Start a session in a workspace (or, with --path, a directory under workspace_root)
     Start {
-        /// Workspace id (a directory with --path)
+        /// Workspace id (a directory with --path; `ctl workspaces` lists them)
         workspace: String,
         /// The first prompt
         prompt: String,
@@ -71,6 +75,9 @@ pub enum CtlCommand {
         /// Treat WORKSPACE as a directory under workspace_root
         #[arg(long)]
         path: bool,
+        /// Approval mode to start in: ask, auto-edits or auto [default: the workspace's]
+        #[arg(long)]
+        mode: Option<String>,
     },
     /// Show a session and its pending approvals
     Show {

@@ -18,6 +18,7 @@ use intercom_actors::model::now_ms;
 use serde_json::Value;
 
 use crate::http::views::{ApprovalView, MessageView, SessionDetailView, SessionView};
+use crate::http::workspaces::{AgentView, WorkspaceView};
 
 /// Widest a free-text cell gets in a table.
 const CELL_MAX: usize = 60;
@@ -291,6 +292,45 @@ pub fn sessions(list: &[SessionView]) -> String {
     }
     heads.push("TITLE");
     table(&heads, &rows)
+}
+
+/// `ctl workspaces`.
+pub fn workspaces(list: &[WorkspaceView]) -> String {
+    if list.is_empty() {
+        return "no workspaces (declare one with [[workspace]] in the config, or turn on [discovery])\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|w| {
+            vec![
+                w.id.clone(),
+                w.approval_mode.clone(),
+                w.agent.clone().unwrap_or_else(|| "-".into()),
+                w.channel_id.clone().unwrap_or_else(|| "-".into()),
+                w.path.clone(),
+            ]
+        })
+        .collect();
+    table(&["ID", "MODE", "AGENT", "CHANNEL", "PATH"], &rows)
+}
+
+/// `ctl agents`.
+pub fn agents(list: &[AgentView]) -> String {
+    if list.is_empty() {
+        return "no agent profiles (declare one with [[agent]] in the config)\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|a| {
+            let id = if a.default {
+                format!("{} (default)", a.id)
+            } else {
+                a.id.clone()
+            };
+            vec![id, a.protocol.clone(), a.command.clone()]
+        })
+        .collect();
+    table(&["ID", "PROTOCOL", "COMMAND"], &rows)
 }
 
 /// `ctl start` / `ctl cancel`: one line about a session.

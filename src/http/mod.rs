@@ -18,6 +18,7 @@ pub mod server;
 pub mod steering;
 pub mod transcript;
 pub mod views;
+pub mod workspaces;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -53,6 +54,8 @@ pub fn router_with_console(app: App, token: ApiToken, console: Console) -> Route
             get(routes::list_sessions).post(routes::create_session),
         )
         .route("/sessions/{id}", get(routes::get_session))
+        .route("/workspaces", get(workspaces::list_workspaces))
+        .route("/agents", get(workspaces::list_agents))
         .route("/sessions/{id}/messages", get(transcript::messages))
         .route("/sessions/{id}/prompt", post(routes::prompt))
         .route("/sessions/{id}/cancel", post(routes::cancel))

@@ -477,6 +477,10 @@ def walk(server, page):
         shot(page, "audit.png")
         page.goto(server.base + "/#/new")
         expect(page.locator("#new-prompt")).to_be_visible()
+        # The form offers the config's workspaces and agents (GET
+        # /api/workspaces, /api/agents), the first workspace filled in.
+        expect(page.locator("#new-workspace")).to_have_value("demo", timeout=WAIT_MS)
+        expect(page.locator("#agent-ids option").first).to_be_attached(timeout=WAIT_MS)
         shot(page, "start.png")
         page.goto(server.base + "/#/s/" + state["id"])
         expect(page.locator(".session-title")).to_have_text(XSS_TITLE, timeout=WAIT_MS)

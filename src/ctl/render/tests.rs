@@ -528,3 +528,30 @@ fn a_title_cut_in_the_table_is_printed_whole_below_it() {
     }]);
     assert!(!short.contains("title:"), "{short}");
 }
+
+#[test]
+fn workspaces_and_agents_print_as_tables_with_the_default_marked() {
+    let ws = WorkspaceView {
+        id: "demo".into(),
+        path: "/srv/demo".into(),
+        label: None,
+        agent: Some("claude".into()),
+        approval_mode: "auto-edits".into(),
+        channel_id: None,
+    };
+    let out = workspaces(&[ws]);
+    assert_eq!(
+        out,
+        "ID    MODE        AGENT   CHANNEL  PATH\ndemo  auto-edits  claude  -        /srv/demo\n"
+    );
+    let agent = |id: &str, default| AgentView {
+        id: id.into(),
+        command: format!("/usr/bin/{id}"),
+        protocol: "acp".into(),
+        default,
+    };
+    let out = agents(&[agent("claude", true), agent("gemini\u{1b}[2J", false)]);
+    assert!(out.contains("claude (default)  acp"), "{out}");
+    assert!(!out.contains('\u{1b}'), "{out}");
+    assert_eq!(workspaces(&[]).lines().count(), 1);
+}

@@ -825,9 +825,14 @@
 
   // ---- start a session ----
   function newView() {
-    const target = h('input', { id: 'new-workspace', placeholder: 'workspace id (e.g. demo), or a directory under workspace_root', value: 'demo' });
+    // The ids offered come from the config in force (GET /api/workspaces,
+    // /api/agents); any other text is still sent, and refused with the
+    // server's reason.
+    const workspaceIds = h('datalist', { id: 'workspace-ids' });
+    const agentIds = h('datalist', { id: 'agent-ids' });
+    const target = h('input', { id: 'new-workspace', list: 'workspace-ids', placeholder: 'workspace id, or a directory under workspace_root' });
     const isPath = h('input', { type: 'checkbox', id: 'new-is-path' });
-    const agent = h('input', { id: 'new-agent', placeholder: "agent profile (default: the workspace's)" });
+    const agent = h('input', { id: 'new-agent', list: 'agent-ids', placeholder: "agent profile (default: the workspace's)" });
     const mode = h('select', { id: 'new-mode' }, h('option', { value: '' }, "workspace's mode"), ['ask', 'auto-edits', 'auto'].map((m) => h('option', { value: m }, m)));
     const prompt = h('textarea', { id: 'new-prompt', rows: 4, placeholder: 'What should the agent do?' });
     const status = h('span', { class: 'muted', id: 'new-status' });
@@ -850,8 +855,15 @@
         h('label', {}, 'Workspace ', target), h('label', {}, isPath, ' it is a directory under workspace_root'),
         h('label', {}, 'Agent ', agent), h('label', {}, 'Approval mode ', mode),
         h('label', {}, 'Prompt', prompt),
-        h('div', {}, h('button', { type: 'button', id: 'new-start', onclick: start }, 'Start'), ' ', status)));
-    return { root, refresh: async () => {}, wants: () => false, stop: () => {} };
+        h('div', {}, h('button', { type: 'button', id: 'new-start', onclick: start }, 'Start'), ' ', status)),
+      workspaceIds, agentIds);
+    async function refresh() {
+      const [workspaces, agents] = await Promise.all([api('GET', '/api/workspaces'), api('GET', '/api/agents')]);
+      clear(workspaceIds).append(...workspaces.map((w) => h('option', { value: w.id }, w.id + ' (' + w.approval_mode + ')')));
+      clear(agentIds).append(...agents.map((a) => h('option', { value: a.id }, a.id + (a.default ? ' (default)' : ''))));
+      if (!target.value && workspaces.length) target.value = workspaces[0].id;
+    }
+    return { root, refresh, wants: () => false, stop: () => {} };
   }
 
   // ---- routing ----
