@@ -738,7 +738,17 @@ impl Config {
         let mut all = agent_check::agent_command_warnings(&self.agents);
         all.extend(self.workspace_warnings());
         all.extend(self.exposure_warnings());
+        all.extend(self.bind_warning());
         all
+    }
+
+    /// An API reachable from other machines: said by `check-config` too,
+    /// not only in the log of a server already listening there.
+    fn bind_warning(&self) -> Option<String> {
+        (!self.server.bind.ip().is_loopback()).then(|| format!(
+            "[server] bind {} is not a loopback address: the operator API, the console and /mcp are reachable from other machines over plain HTTP (the token travels unencrypted); bind 127.0.0.1 unless an authenticating TLS proxy is in front",
+            self.server.bind
+        ))
     }
 
     /// Workspaces whose directory does not exist (yet): sessions there fail
@@ -771,6 +781,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bind_other_machines_reach_is_warned_of() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let wide = Config::from_toml_str("[server]\nbind = \"0.0.0.0:3000\"\n", dir.path())
+            .expect("config");
+        let warnings = wide.warnings();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("bind 0.0.0.0:3000 is not a loopback address")),
+            "{warnings:?}"
+        );
+        let local = Config::from_toml_str("[server]\nbind = \"127.0.0.1:3000\"\n", dir.path())
+            .expect("config");
+        assert!(local.bind_warning().is_none());
+    }
 
     #[test]
     fn default_for_dir_is_what_an_empty_file_gives() {

@@ -67,7 +67,6 @@ pub struct ServeOptions {
 pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
     intercom_actors::ids::self_test()?;
     let config = load_config(&options)?;
-    warn_about_exposure(&config);
     let slack_tokens = crate::slack::SlackTokens::from_env()?;
     // The database first (a second instance on it is told so), then the
     // port, then the token: a server that cannot listen shows no token (a
@@ -206,17 +205,6 @@ async fn drain_slack(slack: crate::slack::SlackHandle) {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     slack.shutdown().await;
-}
-
-/// Says loudly when the API is reachable from other machines (server files
-/// inside a workspace are among `Config::warnings`, logged with the summary).
-fn warn_about_exposure(config: &Config) {
-    if !config.server.bind.ip().is_loopback() {
-        tracing::warn!(
-            bind = %config.server.bind,
-            "[server] bind is not a loopback address: the operator API, the console and /mcp are reachable from other machines over plain HTTP (the token travels unencrypted). Bind 127.0.0.1 unless an authenticating TLS proxy is in front."
-        );
-    }
 }
 
 fn load_token(config: &Config) -> Result<auth::ApiToken, TokenError> {
