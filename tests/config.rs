@@ -726,7 +726,7 @@ fn check_config_on_a_missing_file_gives_the_io_error() {
         "{shown}"
     );
     assert!(
-        shown.ends_with("; create one from config.toml.example"),
+        shown.ends_with("; create one (config.toml.example in the repository has every setting, commented), or name another with --config"),
         "{shown}"
     );
 }

@@ -689,6 +689,12 @@ async fn directory_that_cannot_be_created_is_reported() {
                 err.to_string().contains("cannot create database directory"),
                 "{err}"
             );
+            // A file in the way: "create it" would be the wrong advice.
+            assert!(
+                err.to_string()
+                    .contains("a file stands where that directory (or one above it) should be"),
+                "{err}"
+            );
         }
         Err(other) => panic!("expected CreateDir, got {other}"),
         Ok(_) => panic!("open must fail"),

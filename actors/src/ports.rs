@@ -67,6 +67,18 @@ pub enum StoreError {
     },
 }
 
+/// What to add after a storage failure's message: nothing when it carries
+/// its own advice (a database file replaced under the server says to
+/// restart it, and "retry" after it contradicted that), else to check the
+/// database and retry.
+pub fn storage_advice(message: &str) -> &'static str {
+    if message.contains("restart the server") {
+        ""
+    } else {
+        "; check the database (disk space, permissions) and retry"
+    }
+}
+
 /// What `check_clearance` recorded about a change's target files, so the
 /// approved change can be applied (once, and only while the files are as
 /// they were) even after a server restart.

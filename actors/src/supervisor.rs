@@ -110,9 +110,7 @@ pub enum SupervisorError {
         error: StartError,
     },
     /// Storage refused: what was asked was not done.
-    #[error(
-        "storage failed, nothing was done: {0}; check the database (disk space, permissions) and retry"
-    )]
+    #[error("storage failed, nothing was done: {0}{advice}", advice = crate::ports::storage_advice(.0))]
     Storage(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]

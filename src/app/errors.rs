@@ -35,8 +35,9 @@ pub enum AppError {
         /// The session's current status, when that is the reason.
         status: Option<SessionStatus>,
     },
-    /// Storage failed: nothing was acknowledged.
-    #[error("storage unavailable, nothing was done: {0}")]
+    /// Storage failed: nothing was acknowledged (the message says so, or
+    /// what was done before it failed).
+    #[error("{0}")]
     Storage(String),
     /// The server is shutting down.
     #[error("{0}")]
@@ -132,7 +133,11 @@ impl From<StoreError> for AppError {
                 message: already(&id, &status.to_string()),
                 status: None,
             },
-            other @ StoreError::Backend { .. } => AppError::Storage(other.to_string()),
+            other @ StoreError::Backend { .. } => {
+                let message = other.to_string();
+                let advice = intercom_actors::ports::storage_advice(&message);
+                AppError::Storage(format!("nothing was done: {message}{advice}"))
+            }
         }
     }
 }
@@ -215,6 +220,39 @@ pub enum AppStartError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A walk-through's deleted database answered "storage unavailable,
+    /// nothing was done: storage failed, nothing was done: ... restart the
+    /// server ...; check the database ... and retry".
+    #[test]
+    fn a_storage_failure_says_nothing_was_done_once_and_one_thing_to_do() {
+        let gone = || {
+            StoreError::Backend {
+            op: "commit writes",
+            message: "the database file was replaced (it would be lost at the next restart): restart the server".into(),
+        }
+        };
+        for e in [
+            AppError::from(SupervisorError::Storage(gone().to_string())),
+            AppError::from(SessionError::Storage(gone().to_string())),
+            AppError::from(gone()),
+        ] {
+            let text = e.to_string();
+            assert_eq!(text.matches("nothing was").count(), 1, "{text}");
+            assert!(text.contains("restart the server"), "{text}");
+            assert!(!text.contains("retry"), "{text}");
+            assert_eq!(e.code(), "storage_error");
+        }
+        let full = StoreError::Backend {
+            op: "commit writes",
+            message: "database or disk is full".into(),
+        };
+        let text = AppError::from(full).to_string();
+        assert!(
+            text.ends_with("check the database (disk space, permissions) and retry"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn errors_have_stable_codes() {

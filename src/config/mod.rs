@@ -427,7 +427,9 @@ fn io_hint(path: &Path, e: &std::io::Error) -> String {
         );
     }
     match e.kind() {
-        std::io::ErrorKind::NotFound => "create one from config.toml.example",
+        std::io::ErrorKind::NotFound => {
+            "create one (config.toml.example in the repository has every setting, commented), or name another with --config"
+        }
         std::io::ErrorKind::PermissionDenied => {
             "make it readable by the user the server runs as (and its directory searchable)"
         }
@@ -473,6 +475,15 @@ impl Config {
     fn load_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let source = paths::absolutize(path);
         Self::parse(text, &dir_of(&source), Some(&source))
+    }
+
+    /// Whether the file at `path` sets `[server] bind` (else the default
+    /// address is used), read as for [`Config::bind_and_database`].
+    pub fn sets_bind(path: &Path) -> bool {
+        read_text(path)
+            .ok()
+            .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
+            .is_some_and(|table| table.get("server").and_then(|s| s.get("bind")).is_some())
     }
 
     /// `[server] bind` and `[database] path` of a config file that does not

@@ -359,7 +359,7 @@ fn workspaces(
             return Err(ConfigError::invalid(
                 key("path"),
                 format!(
-                    "{} resolves to {}, which is outside workspace_root {}",
+                    "{} resolves to {}, which is outside workspace_root {}; move the workspace under it, or set workspace_root to a directory holding every workspace",
                     ws.path.display(),
                     resolved.display(),
                     root.display()

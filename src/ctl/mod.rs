@@ -235,10 +235,17 @@ fn hints(e: &CtlError, args: &CtlArgs) -> Vec<String> {
     // its old address (a restart applies it), and ctl, following the file,
     // said the server was down. The same for [database] path and the token.
     if matches!(e, CtlError::Unreachable { .. }) && args.url.is_none() && from_file {
-        out.push(format!(
-            "the address came from [server] bind in {}; a server started before that was last changed listens on its old address until restarted: give --url",
-            config.display()
-        ));
+        out.push(if Config::sets_bind(&config) {
+            format!(
+                "the address came from [server] bind in {}; a server started before that was last changed listens on its old address until restarted: give --url",
+                config.display()
+            )
+        } else {
+            format!(
+                "{} sets no [server] bind, so ctl tried the default address; a server started with another config listens elsewhere: give --url (or --config)",
+                config.display()
+            )
+        });
     }
     if matches!(e, CtlError::NoToken(_)) && args.token.is_none() && from_file {
         out.push(format!(
@@ -292,9 +299,14 @@ fn defaults_at(path: &Path, named: bool) -> Result<Defaults, CtlError> {
             // A file that is there but unreadable is as good as named: the
             // built-in address would be another server's, or nobody's (a
             // walk-through's ctl said "server down" after a bad save).
-            if named || path.exists() {
+            if path.exists() {
                 return Err(CtlError::Usage(format!(
                     "{e}\nctl cannot read where the server listens from it; fix the file, or give --url and --token (the server keeps running on its last good config)"
+                )));
+            }
+            if named {
+                return Err(CtlError::Usage(format!(
+                    "{e}\nctl cannot learn where the server listens from it: give the config the server was started with, or --url and --token"
                 )));
             }
             Ok(Defaults {
@@ -365,7 +377,7 @@ fn read_token(path: &Path) -> Result<String, CtlError> {
                 .unwrap_or_default()
         ))),
         Ok(None) => Err(CtlError::NoToken(format!(
-            "no API token: {} does not exist; start the server once (it creates it), or set {TOKEN_ENV} / pass --token",
+            "no API token: {} does not exist; a server started without {TOKEN_ENV} creates it at its first start, one started with it creates none: set {TOKEN_ENV} here too, or pass --token",
             path.display()
         ))),
         Err(e) => Err(CtlError::NoToken(e.to_string())),
@@ -444,6 +456,27 @@ mod tests {
         assert!(hints(&down, &args(&["--url", "http://127.0.0.1:9"])).is_empty());
         let no_token = CtlError::NoToken("no API token".into());
         assert!(hints(&no_token, &args(&[]))[0].contains("[database] path"));
+        // A file that sets no bind: the default address was tried, which
+        // no line of the file chose.
+        std::fs::write(&cfg, "[limits]\nmax_sessions = 3\n").expect("write");
+        let told = hints(&down, &args(&[]));
+        assert!(
+            told.len() == 1 && told[0].contains("sets no [server] bind"),
+            "{told:?}"
+        );
+    }
+
+    #[test]
+    fn a_named_config_that_is_not_there_is_not_said_to_run_the_server() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let Err(CtlError::Usage(told)) = defaults_at(&dir.path().join("nope.toml"), true) else {
+            panic!("a usage error");
+        };
+        assert!(
+            told.contains("give the config the server was started with"),
+            "{told}"
+        );
+        assert!(!told.contains("last good config"), "{told}");
     }
 
     #[test]

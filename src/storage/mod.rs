@@ -59,7 +59,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum StorageOpenError {
     /// The directory for the database file could not be created.
-    #[error("cannot create database directory {}: {source}; create it or point [database] path elsewhere", .path.display())]
+    #[error("cannot create database directory {}: {source}; {}", .path.display(), create_dir_hint(.source))]
     CreateDir {
         /// The directory.
         path: PathBuf,
@@ -440,6 +440,21 @@ fn create_parent_dir(path: &Path) -> Result<(), StorageOpenError> {
             path: parent.to_owned(),
             source,
         })
+}
+
+/// What to do when the database's directory cannot be made, by why.
+fn create_dir_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        // A file where the directory (or one above it) should be: "create
+        // it" would be wrong advice.
+        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
+            "a file stands where that directory (or one above it) should be: move the file away or point [database] path elsewhere"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "make the directory above it writable by this user, or point [database] path elsewhere"
+        }
+        _ => "create it or point [database] path elsewhere",
+    }
 }
 
 /// Creates an empty database file readable only by this user, when missing.
