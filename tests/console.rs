@@ -269,6 +269,8 @@ fn the_login_link_works_once_and_the_page_is_locked_down() {
     );
     assert!(!page.body.contains("<script>"), "no inline script");
 
+    // The icon a browser asks for on every load: empty, not a 404.
+    assert_eq!(get(&server.base, "/favicon.ico", None, &[]).status, 204);
     let js = get(&server.base, "/assets/app.js", None, &[]);
     assert_eq!(js.status, 200);
     assert!(

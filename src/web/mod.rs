@@ -79,6 +79,12 @@ pub fn router(console: Console) -> Router {
         .route("/login", get(login::login_page).post(login::login_form))
         .route("/logout", post(login::logout))
         .route("/assets/{*file}", get(assets::file))
+        // No icon: answered empty, not 404 (a browser asks on every load,
+        // and a walk-through read the 404 in its log as a broken asset).
+        .route(
+            "/favicon.ico",
+            get(|| async { axum::http::StatusCode::NO_CONTENT }),
+        )
         .layer(middleware::from_fn(guard::security_headers))
         .layer(middleware::from_fn(guard::require_local_host))
         .with_state(console)
