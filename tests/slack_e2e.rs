@@ -153,6 +153,13 @@ async fn a_stranger_is_refused_and_the_owner_rejects_with_feedback() {
             (!e.views().is_empty()).then_some(())
         })
         .await;
+    // A form that does not open (its trigger expired) tells the clicker
+    // what else decides the request; it said nothing.
+    rig.emu
+        .fail_next_on("views.open", 1, Fault::Refuse("expired_trigger_id"));
+    rig.emu.click(OWNER, &ask, &feedback);
+    rig.until_ephemeral(OWNER, "The feedback form did not open (")
+        .await;
     rig.emu.submit_last_view(OWNER, "use a <temp> file instead");
     rig.until_transcript(&id, "permission t1: selected reject-once")
         .await;

@@ -64,9 +64,33 @@ pub enum SlackApiError {
     /// Network trouble or a 5xx: retry with backoff.
     #[error("transient Slack failure: {0}")]
     Transient(String),
-    /// Slack refused the call for good (bad channel, invalid blocks, ...).
+    /// Slack refuses until someone acts: the bot is not in the channel (or
+    /// cannot see a private one), the channel is archived, the token was
+    /// revoked, the app lacks a scope. Kept and retried slowly, never
+    /// dropped: one `not_in_channel` lost a request's buttons for good.
+    #[error("Slack refuses the call until someone acts: {0}")]
+    Blocked(String),
+    /// Slack refused the call for good (invalid blocks, a message too long,
+    /// ...): the same call would be refused again.
     #[error("Slack refused the call: {0}")]
     Permanent(String),
+}
+
+impl SlackApiError {
+    /// What the operator can do about a [`SlackApiError::Blocked`] code.
+    pub fn blocked_advice(code: &str) -> &'static str {
+        match code {
+            "not_in_channel" => "invite the bot to the channel (/invite @your-bot)",
+            "channel_not_found" => {
+                "check the workspace's channel_id, and invite the bot if the channel is private"
+            }
+            "is_archived" => "unarchive the channel, or give the workspace another channel_id",
+            "missing_scope" | "no_permission" | "access_denied" => {
+                "add the scopes docs/slack.md lists to the Slack app and reinstall it"
+            }
+            _ => "give the server a working SLACK_BOT_TOKEN and restart it",
+        }
+    }
 }
 
 /// The Slack Web API methods the gateway uses.
@@ -178,6 +202,22 @@ impl OutboundOp {
             | OutboundOp::React { channel, .. }
             | OutboundOp::Unreact { channel, .. }
             | OutboundOp::Upload { channel, .. } => channel,
+        }
+    }
+
+    /// What the operation is, for a log line: its kind, channel and key,
+    /// never its body (agent text, up to a whole message of it).
+    pub fn brief(&self) -> String {
+        match self {
+            OutboundOp::Post { channel, key, .. } => {
+                format!("post to {channel} ({})", key.as_deref().unwrap_or("no key"))
+            }
+            OutboundOp::Update { channel, key, .. } => format!("update in {channel} ({key})"),
+            OutboundOp::React { channel, name, .. } => format!("reaction {name} in {channel}"),
+            OutboundOp::Unreact { channel, name, .. } => {
+                format!("reaction {name} removed in {channel}")
+            }
+            OutboundOp::Upload { channel, .. } => format!("snippet upload to {channel}"),
         }
     }
 }

@@ -142,6 +142,25 @@ fn content(body: &MessageBody) -> Result<SlackMessageContent, SlackApiError> {
     Ok(content.with_blocks(blocks))
 }
 
+/// Slack's refusals that last only until someone acts (invites the bot,
+/// unarchives the channel, replaces the token, adds a scope): the message
+/// is kept and tried again, never dropped.
+const BLOCKED_CODES: [&str; 13] = [
+    "not_in_channel",
+    "channel_not_found",
+    "is_archived",
+    "invalid_auth",
+    "not_authed",
+    "token_revoked",
+    "token_expired",
+    "account_inactive",
+    "missing_scope",
+    "no_permission",
+    "access_denied",
+    "ekm_access_denied",
+    "team_access_not_granted",
+];
+
 /// Sorts slack-morphism's errors into what the gateway does about them.
 pub fn classify(err: SlackClientError) -> SlackApiError {
     match err {
@@ -158,12 +177,15 @@ pub fn classify(err: SlackClientError) -> SlackApiError {
             "internal_error" | "fatal_error" | "service_unavailable" | "request_timeout" => {
                 SlackApiError::Transient(e.code)
             }
+            code if BLOCKED_CODES.contains(&code) => SlackApiError::Blocked(e.code),
             _ => SlackApiError::Permanent(e.code),
         },
         SlackClientError::HttpError(e) => {
             let status = e.status_code.as_u16();
             if status >= 500 || status == 408 {
                 SlackApiError::Transient(format!("HTTP {status}"))
+            } else if status == 401 || status == 403 {
+                SlackApiError::Blocked(format!("HTTP {status}"))
             } else {
                 SlackApiError::Permanent(format!("HTTP {status}"))
             }
@@ -186,6 +208,7 @@ fn observed<T>(result: Result<T, SlackApiError>) -> Result<T, SlackApiError> {
     match &result {
         Ok(_) => super::dropped::note_taken(),
         Err(SlackApiError::Permanent(code)) => super::dropped::note_refused(code),
+        Err(SlackApiError::Blocked(code)) => super::dropped::note_blocked(code),
         Err(_) => {}
     }
     result
@@ -385,8 +408,14 @@ mod tests {
             }
         );
         let api = |code: &str| SlackClientError::ApiError(SlackClientApiError::new(code.into()));
+        // Until someone acts (a probe's request lost its buttons for good
+        // to one `not_in_channel`); a refusal of the message itself is
+        // for good.
+        for code in ["channel_not_found", "not_in_channel", "invalid_auth"] {
+            assert_eq!(classify(api(code)), SlackApiError::Blocked(code.into()));
+        }
         assert!(matches!(
-            classify(api("channel_not_found")),
+            classify(api("msg_too_long")),
             SlackApiError::Permanent(_)
         ));
         assert!(matches!(

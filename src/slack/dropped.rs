@@ -47,6 +47,14 @@ pub fn note_refused(code: &str) {
     }
 }
 
+/// Records a message Slack refuses until someone acts (kept, retried): a
+/// refused token shows on `/healthz` as for a refusal for good.
+pub fn note_blocked(code: &str) {
+    if TOKEN_CODES.contains(&code) {
+        TOKEN_REFUSED.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Records a message Slack took: the bot token works.
 pub fn note_taken() {
     TOKEN_REFUSED.store(false, Ordering::Relaxed);

@@ -295,8 +295,10 @@ impl Ctx {
     /// The actor of a live session, or what to tell the operator.
     async fn live_actor(&self, id: &SessionId) -> Result<ActorRef<SessionMsg>, String> {
         self.actor(id).await.ok_or_else(|| {
+            // The id comes from a click's value: shown inert, one line, cut.
+            let shown = render::code_span(&id.0, 80);
             format!(
-                "Session `{id}` has no running agent right now (it may have ended or be restarting). `/intercom status {id}` tells which."
+                "Session {shown} has no running agent right now (it may have ended or be restarting). `/intercom status` with that id tells which."
             )
         })
     }
@@ -317,7 +319,8 @@ impl Ctx {
         };
         let Some(actor) = self.actor(&session).await else {
             return Err(format!(
-                "Session `{session}` is not running any more, so this request cannot be answered."
+                "Session {} is not running any more, so this request cannot be answered.",
+                render::code_span(&session.0, 80)
             ));
         };
         let answer = Answer {
@@ -493,7 +496,7 @@ async fn on_block_actions(ctx: &Arc<Ctx>, e: SlackInteractionBlockActionsEvent) 
 }
 
 async fn open_feedback(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     value: &str,
     trigger_id: &str,
     reply: &Reply,
@@ -528,15 +531,29 @@ async fn open_feedback(
         thread_ts: reply.thread_ts.clone(),
     };
     let meta = serde_json::to_string(&meta).map_err(|e| e.to_string())?;
+    let (told, opened) = ractor::concurrency::oneshot();
     super::dropped::send(
         &ctx.gateway,
         GatewayMsg::OpenView {
             trigger_id: trigger_id.to_owned(),
             view: render::feedback_modal(&request, &meta),
-            reply: None,
+            reply: Some(told.into()),
         },
         "a feedback modal",
     );
+    // A form that does not open (its trigger expires in about 3 s, and a
+    // slow Slack takes longer) left the clicker with nothing: say what else
+    // decides the request. Awaited apart, so other events are not held.
+    let (ctx, reply) = (Arc::clone(ctx), reply.clone());
+    tokio::spawn(async move {
+        if let Ok(Err(e)) = opened.await {
+            let text = format!(
+                "The feedback form did not open ({}). Reply `reject: <your reason>` in the request's thread instead.",
+                render::escape(&one_line(&e.to_string(), 200))
+            );
+            reply.send(&ctx, render::problem(&text));
+        }
+    });
     Ok(())
 }
 

@@ -304,7 +304,11 @@ pub async fn spawn_slack_with_rules(
     )?);
     let identity = match api.identity().await {
         Ok(id) => Some(id),
-        Err(SlackApiError::Permanent(e)) => return Err(SlackError::Auth(e)),
+        // At start a refused token stops the server: nothing is waiting yet,
+        // and the operator is there to fix it.
+        Err(SlackApiError::Permanent(e) | SlackApiError::Blocked(e)) => {
+            return Err(SlackError::Auth(e));
+        }
         Err(e) => {
             tracing::warn!("Slack auth.test failed, will retry when connecting: {e}");
             None

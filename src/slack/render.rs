@@ -559,7 +559,9 @@ impl Render for BlockKit {
             text.chars().count()
         );
         MessageBody {
-            text: format!("thinking: {}", truncate(first.trim(), 150)),
+            // The notification text too: Slack's mobile notifications show
+            // only it, and a thought's `<!channel>` pinged from there.
+            text: format!("thinking: {}", escape(&truncate(first.trim(), 150))),
             blocks: vec![context(&line)],
         }
     }

@@ -325,6 +325,15 @@ impl Emulator {
         });
     }
 
+    /// Answers the next `n` calls of `method` (only) with `fault`.
+    pub fn fail_next_on(&self, method: &str, n: u64, fault: Fault) {
+        self.g().faults.push_back(FaultRule {
+            methods: Some(vec![method.to_owned()]),
+            remaining: n,
+            fault,
+        });
+    }
+
     /// Answers every write call with `fault` until [`Emulator::heal`].
     pub fn fail_all(&self, fault: Fault) {
         self.fail_next(u64::MAX, fault);

@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::bookkeeping::Write;
 use super::pacing::{Bucket, Method};
 use super::queue::{Class, Queued};
-use super::{GatewayMsg, GatewayState, ROOT_KEY};
+use super::{GatewayMsg, GatewayState, ROOT_KEY, request_key};
 use crate::model::SessionId;
 use crate::slack_port::{MessageBody, OutboundOp, SlackApi, SlackApiError, Snippet};
 
@@ -326,13 +326,27 @@ impl GatewayState {
                 l.not_before = Some(Instant::now() + delay);
                 tracing::warn!(%lane, attempt = l.failures, "Slack call failed, retrying in {} ms: {e}", delay.as_millis());
             }
+            Err(SlackApiError::Blocked(code)) => {
+                // Kept at the head of its lane (what follows waits behind
+                // it, in order) and tried again at the slowest retry pace
+                // until someone acts; said once per streak.
+                l.failures += 1;
+                l.not_before = Some(Instant::now() + self.args.retry.max);
+                let what = l.get(id).map(|q| q.entry.op.brief()).unwrap_or_default();
+                let advice = SlackApiError::blocked_advice(&code);
+                if l.failures == 1 {
+                    tracing::error!(%lane, "Slack refuses the {what}: {code}; {advice}. It is kept, with what follows it, and tried again every {} s", self.args.retry.max.as_secs());
+                } else {
+                    tracing::debug!(%lane, attempt = l.failures, "Slack still refuses the {what}: {code}");
+                }
+            }
             Err(SlackApiError::Permanent(e)) => {
                 l.failures = 0;
                 l.not_before = None;
                 let Some(q) = l.take(id) else {
                     return;
                 };
-                tracing::error!(%lane, op = ?q.entry.op, "Slack refused a message for good: {e}");
+                tracing::error!(%lane, op = %q.entry.op.brief(), "Slack refused a message for good: {e}; it is kept in the outbox marked failed, and what it said is in the transcript (web console, ctl log)");
                 self.books.hand(Write::Fail {
                     ticket: id,
                     error: e.clone(),
@@ -396,9 +410,21 @@ impl GatewayState {
         if body.blocks.is_empty() {
             return;
         }
+        // A request's buttons went with the blocks: say how to decide it
+        // (a probe's request could then only be rejected, by reply).
+        let decide = key
+            .as_deref()
+            .and_then(|k| k.strip_prefix(&request_key("")))
+            .map(|id| {
+                format!(
+                    "\nDecide it in the web console, or with `agent-intercom ctl approve {0}` (or `reject {0}`); or reply `reject: <reason>` in this thread.",
+                    escape_mrkdwn(id)
+                )
+            })
+            .unwrap_or_default();
         // `body.text` is escaped by the renderer; Slack's error is escaped here.
         let text = format!(
-            "{}\n_(shown as plain text: Slack refused the formatted message: {})_",
+            "{}\n_(shown as plain text: Slack refused the formatted message: {})_{decide}",
             body.text,
             escape_mrkdwn(error)
         );

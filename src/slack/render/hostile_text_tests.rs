@@ -107,6 +107,8 @@ fn agent_text_is_inert_in_every_message_and_its_fallback() {
         inert("agent text", &body);
     }
     inert("tool call", &r.tool_call(HOSTILE, HOSTILE));
+    // A probe's thought put a live `<!channel>` in the notification text.
+    inert("thinking", &r.thinking(HOSTILE));
     inert("plan", &r.plan(&[(HOSTILE.into(), "pending".into())]));
     inert("notice", &r.notice(NoticeLevel::Warning, HOSTILE));
     inert(

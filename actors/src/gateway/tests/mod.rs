@@ -522,6 +522,8 @@ async fn permanent_failures_fall_back_to_text_and_are_kept_as_failed() {
         calls[2].contains("ask Run ls") && calls[2].contains("invalid_blocks"),
         "{calls:?}"
     );
+    // Its buttons went with the blocks: the copy says how to decide it.
+    assert!(calls[2].contains("ctl approve s-1:req-1"), "{calls:?}");
     assert!(calls[3].ends_with("text after"), "{calls:?}");
     assert_eq!(r.outbox.failed().len(), 1);
 }
@@ -542,6 +544,45 @@ async fn a_refusal_that_is_not_about_formatting_posts_no_plain_text_copy() {
     );
     assert!(calls[2].ends_with("text after"), "{calls:?}");
     assert_eq!(r.outbox.failed().len(), 1);
+}
+
+/// A refusal someone can end (the bot not in the channel, a revoked
+/// token) keeps the message: a probe's request lost its buttons for good
+/// to one `not_in_channel`. It is tried again, and what follows it waits
+/// behind it, in order; nothing is marked failed.
+#[tokio::test]
+async fn a_refusal_until_someone_acts_keeps_the_message_and_its_order() {
+    let r = rig().await;
+    r.start("s-1", Some("C1")).await;
+    r.drained().await;
+    r.api.fail_next(vec![
+        SlackApiError::Blocked("not_in_channel".into()),
+        SlackApiError::Blocked("not_in_channel".into()),
+    ]);
+    r.emit(OperatorEvent::RequestOpened {
+        request: priority::permission("s-1", "Run ls"),
+    });
+    r.text("s-1", "after");
+    r.drained().await;
+    let calls = r.api.calls();
+    let request = calls
+        .iter()
+        .position(|c| c.starts_with("post") && c.contains("ask Run ls"))
+        .unwrap_or_else(|| panic!("the request was never posted: {calls:?}"));
+    assert_eq!(
+        calls[..request]
+            .iter()
+            .filter(|c| c.starts_with("FAIL"))
+            .count(),
+        2,
+        "{calls:?}"
+    );
+    let after = calls
+        .iter()
+        .position(|c| c.ends_with("text after"))
+        .unwrap_or_else(|| panic!("the text was never posted: {calls:?}"));
+    assert!(request < after, "{calls:?}");
+    assert!(r.outbox.failed().is_empty());
 }
 
 #[tokio::test]
