@@ -187,6 +187,28 @@ async fn a_stranger_is_refused_and_the_owner_rejects_with_feedback() {
     );
 }
 
+/// A command typed where the bot cannot post (a DM, a channel it is not
+/// in) is answered through the command's `response_url`: a probe's
+/// `/intercom sessions` in a DM got no answer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_typed_where_the_bot_cannot_post_is_still_answered() {
+    let rig = Rig::start(&[("perm", permission_scenario())]).await;
+    rig.emu.refuse_ephemerals_in("D_STRANGER");
+    rig.emu.slash(STRANGER, "D_STRANGER", "help");
+    rig.until_ephemeral(STRANGER, "/intercom").await;
+    let answers: Vec<_> = rig
+        .emu
+        .ephemerals()
+        .into_iter()
+        .filter(|e| e.channel == "D_STRANGER")
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(
+        rig.emu.ok_calls("chat.postEphemeral").is_empty(),
+        "answered through response_url, not chat.postEphemeral"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sessions_in_one_channel_never_cross() {
     let rig = Rig::start(&[("perm", permission_scenario())]).await;

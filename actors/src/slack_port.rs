@@ -136,6 +136,17 @@ pub trait SlackApi: Send + Sync + 'static {
     ) -> Result<(), SlackApiError>;
     /// `views.open` with a modal view (JSON).
     async fn open_view(&self, trigger_id: &str, view: &Value) -> Result<(), SlackApiError>;
+    /// Answers a slash command through the `response_url` Slack gave with
+    /// it: seen by the user who typed it only, and it works where the bot
+    /// is not a member (a DM, another channel), which `chat.postEphemeral`
+    /// does not. An API without it refuses, and the answer goes by
+    /// `chat.postEphemeral`.
+    async fn respond(&self, response_url: &str, body: &MessageBody) -> Result<(), SlackApiError> {
+        let _ = (response_url, body);
+        Err(SlackApiError::Permanent(
+            "this Slack API does not answer through response_url".into(),
+        ))
+    }
 }
 
 /// One durable outbound operation. Stored as JSON in the outbox.

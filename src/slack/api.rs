@@ -63,6 +63,9 @@ pub struct MorphismApi {
     client: SlackHyperClient,
     bot: SlackApiToken,
     app: SlackApiToken,
+    /// Where `response_url`s may point: Slack's hooks host, or the origin
+    /// of `[slack] api_url` (an emulator).
+    api_origin: Option<url::Origin>,
 }
 
 /// Who the bot is (`auth.test`).
@@ -97,7 +100,25 @@ impl MorphismApi {
             client: SlackClient::new(connector),
             bot: SlackApiToken::new(SlackApiTokenValue(bot_token.to_owned())),
             app: SlackApiToken::new(SlackApiTokenValue(app_token.to_owned())),
+            api_origin: url::Url::parse(base).ok().map(|u| u.origin()),
         })
+    }
+
+    /// A `response_url` the server may post to: on Slack's hooks host over
+    /// https, or on `[slack] api_url`'s origin. It arrives inside a Socket
+    /// Mode payload, which only Slack sends, but the server still posts
+    /// nowhere else (no request to an address a payload names).
+    fn response_url(&self, url: &str) -> Result<url::Url, SlackApiError> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| SlackApiError::Permanent(format!("unreadable response_url: {e}")))?;
+        let slack = parsed.scheme() == "https" && parsed.host_str() == Some(SLACK_HOOKS_HOST);
+        if slack || self.api_origin.as_ref() == Some(&parsed.origin()) {
+            Ok(parsed)
+        } else {
+            Err(SlackApiError::Permanent(
+                "a response_url that is not Slack's".into(),
+            ))
+        }
     }
 
     /// `apps.connections.open`: a fresh Socket Mode URL.
@@ -130,6 +151,9 @@ impl MorphismApi {
         self.client.open_session(&self.bot)
     }
 }
+
+/// The host of Slack's `response_url`s.
+const SLACK_HOOKS_HOST: &str = "hooks.slack.com";
 
 /// Turns a JSON body into slack-morphism content; invalid blocks are permanent.
 fn content(body: &MessageBody) -> Result<SlackMessageContent, SlackApiError> {
@@ -377,6 +401,19 @@ impl SlackApi for MorphismApi {
         )
     }
 
+    async fn respond(&self, response_url: &str, body: &MessageBody) -> Result<(), SlackApiError> {
+        let url = SlackResponseUrl(self.response_url(response_url)?);
+        answered(async {
+            let req = SlackApiPostWebhookMessageRequest::new(content(body)?);
+            self.client
+                .respond_to_event(&url, &req)
+                .await
+                .map(|_| ())
+                .map_err(classify)
+        })
+        .await
+    }
+
     async fn open_view(&self, trigger_id: &str, view: &Value) -> Result<(), SlackApiError> {
         answered(async {
             let view: SlackView = serde_json::from_value(view.clone())
@@ -422,6 +459,30 @@ mod tests {
             classify(api("internal_error")),
             SlackApiError::Transient(_)
         ));
+    }
+
+    #[test]
+    fn a_response_url_is_posted_to_only_on_slack_or_the_configured_api() {
+        let api = MorphismApi::new(Some("http://127.0.0.1:1234/api/"), "xoxb-1", "xapp-1")
+            .expect("client");
+        for ok in [
+            "https://hooks.slack.com/commands/T1/123/abc",
+            "http://127.0.0.1:1234/respond/trig-1",
+        ] {
+            assert!(api.response_url(ok).is_ok(), "{ok}");
+        }
+        for refused in [
+            "http://hooks.slack.com/commands/T1/123/abc",
+            "https://hooks.slack.com.evil.example/x",
+            "http://127.0.0.1:9999/respond/trig-1",
+            "http://169.254.169.254/latest/meta-data",
+            "not a url",
+        ] {
+            assert!(
+                matches!(api.response_url(refused), Err(SlackApiError::Permanent(_))),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

@@ -111,9 +111,23 @@ pub struct Reply {
     pub user: String,
     /// The thread they acted in, if any.
     pub thread_ts: Option<String>,
+    /// A slash command's `response_url`: answers go there first (it reaches
+    /// a DM, or a channel without the bot, where an ephemeral post is
+    /// refused and a command typed there was answered with nothing).
+    pub response_url: Option<String>,
 }
 
 impl Reply {
+    /// An answer to `user` in `channel` (and `thread_ts`), by ephemeral post.
+    pub fn to(channel: String, user: String, thread_ts: Option<String>) -> Self {
+        Reply {
+            channel,
+            user,
+            thread_ts,
+            response_url: None,
+        }
+    }
+
     /// Sends an ephemeral message to the user.
     pub fn send(&self, ctx: &Ctx, body: MessageBody) {
         super::dropped::send(
@@ -122,6 +136,7 @@ impl Reply {
                 channel: self.channel.clone(),
                 user: self.user.clone(),
                 thread_ts: self.thread_ts.clone(),
+                response_url: self.response_url.clone(),
                 body,
             },
             "an ephemeral answer",
@@ -407,9 +422,8 @@ pub async fn run(ctx: Arc<Ctx>, mut rx: mpsc::Receiver<Inbound>) {
 
 async fn on_command(ctx: &Arc<Ctx>, c: SlackCommandEvent) {
     let reply = Reply {
-        channel: c.channel_id.0.clone(),
-        user: c.user_id.0.clone(),
-        thread_ts: None,
+        response_url: Some(c.response_url.0.to_string()),
+        ..Reply::to(c.channel_id.0.clone(), c.user_id.0.clone(), None)
     };
     let text = c.text.unwrap_or_default();
     // What a Slack user typed, on one escaped line: a newline in it wrote a
@@ -453,11 +467,7 @@ async fn on_block_actions(ctx: &Arc<Ctx>, e: SlackInteractionBlockActionsEvent) 
         .as_ref()
         .and_then(|m| m.origin.thread_ts.as_ref().map(|t| t.0.clone()))
         .or(message_ts);
-    let reply = Reply {
-        channel: channel.clone(),
-        user: user.clone(),
-        thread_ts: thread_ts.clone(),
-    };
+    let reply = Reply::to(channel.clone(), user.clone(), thread_ts.clone());
     for action in e.actions.unwrap_or_default() {
         let id = action.action_id.0.as_str();
         let value = action.value.clone().unwrap_or_default();
@@ -588,11 +598,7 @@ async fn on_view_submission(ctx: &Arc<Ctx>, e: SlackInteractionViewSubmissionEve
         request = %one_line(&meta.request, 200),
         "feedback submitted"
     );
-    let reply = Reply {
-        channel: meta.channel.clone(),
-        user: user.clone(),
-        thread_ts: meta.thread_ts.clone(),
-    };
+    let reply = Reply::to(meta.channel.clone(), user.clone(), meta.thread_ts.clone());
     // The modal only ever rejects (or refines a forwarded prompt): its
     // metadata comes back from the client, and a forged one chose an allow
     // option through "Reject with feedback".

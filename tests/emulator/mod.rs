@@ -152,6 +152,11 @@ struct Inner {
     api_port: u16,
     ws_port: u16,
     limiter: Option<limits::Limiter>,
+    /// Slash commands by the id in their `response_url`: (user, channel).
+    commands: HashMap<String, (String, String)>,
+    /// Channels where `chat.postEphemeral` is refused (`channel_not_found`),
+    /// as Slack refuses it in a DM the bot is not in.
+    no_ephemeral: HashSet<String>,
 }
 
 /// A running emulator.
@@ -197,6 +202,7 @@ impl Emulator {
         let app = Router::new()
             .route("/api/{method}", any(web_api::web_api))
             .route("/upload/{file}", post(web_api::upload))
+            .route("/respond/{command}", post(web_api::respond))
             .with_state(inner.clone());
         tokio::spawn(async move {
             let _ = axum::serve(api, app).await;
@@ -389,9 +395,23 @@ impl Emulator {
         id
     }
 
+    /// Refuses `chat.postEphemeral` in `channel` from now on, as Slack
+    /// does in a DM (or a channel) the bot is not in.
+    pub fn refuse_ephemerals_in(&self, channel: &str) {
+        self.g().no_ephemeral.insert(channel.to_owned());
+    }
+
     /// `/intercom <text>` typed by `user` in `channel`; returns the envelope id.
+    /// Its `response_url` is this emulator's: what is posted there is kept
+    /// as an ephemeral to `user` in `channel`.
     pub fn slash(&self, user: &str, channel: &str, text: &str) -> String {
         let trigger = self.next_id("trig-");
+        let response_url = {
+            let mut g = self.g();
+            g.commands
+                .insert(trigger.clone(), (user.to_owned(), channel.to_owned()));
+            format!("http://127.0.0.1:{}/respond/{trigger}", g.api_port)
+        };
         self.envelope(
             "slash_commands",
             json!({
@@ -405,7 +425,7 @@ impl Emulator {
                 "command": "/intercom",
                 "text": text,
                 "api_app_id": "A1",
-                "response_url": "https://hooks.slack.example/commands/1",
+                "response_url": response_url,
                 "trigger_id": trigger,
             }),
             true,

@@ -224,6 +224,9 @@ fn update(g: &mut Inner, p: &Value) -> Response {
 
 /// `chat.postEphemeral`.
 fn post_ephemeral(g: &mut Inner, p: &Value) -> Response {
+    if g.no_ephemeral.contains(&s(p, "channel")) {
+        return err("channel_not_found");
+    }
     let e = Ephemeral {
         channel: s(p, "channel"),
         user: s(p, "user"),
@@ -315,6 +318,31 @@ fn complete_upload(g: &mut Inner, p: &Value) -> Response {
         out.push(json!({"id": id, "title": title}));
     }
     ok(json!({"files": out}))
+}
+
+/// A slash command's `response_url`: kept as an ephemeral to the user who
+/// typed it, in the channel where they did; Slack answers `ok` as text.
+pub(super) async fn respond(
+    State(st): State<Shared>,
+    Path(command): Path<String>,
+    body: Bytes,
+) -> Response {
+    let mut g = lock(&st);
+    let Some((user, channel)) = g.commands.get(&command).cloned() else {
+        return (StatusCode::NOT_FOUND, "no such command").into_response();
+    };
+    let p: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    g.ephemerals.push(Ephemeral {
+        channel,
+        user,
+        thread_ts: None,
+        text: format!(
+            "{} {}",
+            s(&p, "text"),
+            p.get("blocks").cloned().unwrap_or(Value::Null)
+        ),
+    });
+    (StatusCode::OK, "ok").into_response()
 }
 
 pub(super) async fn upload(

@@ -43,6 +43,8 @@ pub(super) struct Ephemeral {
     pub channel: String,
     pub user: String,
     pub thread_ts: Option<String>,
+    /// A slash command's `response_url`: tried first.
+    pub response_url: Option<String>,
     pub body: MessageBody,
 }
 
@@ -177,8 +179,19 @@ async fn deliver(
         channel,
         user,
         thread_ts,
+        response_url,
         body,
     } = answer;
+    // A command's answer goes back through its response_url, which reaches
+    // the user wherever they typed it (a DM, a channel without the bot,
+    // where `chat.postEphemeral` is refused); the ephemeral post is the
+    // fallback (the URL expired, or is not Slack's).
+    if let Some(url) = &response_url {
+        match api.respond(url, &body).await {
+            Ok(()) => return user,
+            Err(e) => tracing::debug!("command answer not sent through its response_url: {e}"),
+        }
+    }
     let sent = immediate(gate, || {
         api.post_ephemeral(&channel, &user, thread_ts.as_deref(), &body)
     })
@@ -198,6 +211,7 @@ mod tests {
         Ephemeral {
             channel: "C1".into(),
             user: user.into(),
+            response_url: None,
             thread_ts: None,
             body: MessageBody::text(text),
         }

@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::ephemeral::Ephemeral;
 use super::pacing::{Bucket, Method};
 use super::{GatewayState, IMMEDIATE_ATTEMPTS};
-use crate::slack_port::{MessageBody, SlackApiError};
+use crate::slack_port::SlackApiError;
 
 /// When a non-durable call may go: a pause to wait out, a bucket to draw from.
 pub(super) struct Gate {
@@ -36,19 +36,8 @@ impl GatewayState {
 
     /// Sends an ephemeral message to `user` (not durable), in that user's
     /// turn (`ephemeral.rs`).
-    pub(super) fn send_ephemeral(
-        &mut self,
-        channel: String,
-        user: String,
-        thread_ts: Option<String>,
-        body: MessageBody,
-    ) {
-        self.ephemeral.send(Ephemeral {
-            channel,
-            user,
-            thread_ts,
-            body,
-        });
+    pub(super) fn send_ephemeral(&mut self, answer: Ephemeral) {
+        self.ephemeral.send(answer);
     }
 
     /// Opens a modal (not durable: trigger ids expire in seconds).

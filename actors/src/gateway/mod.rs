@@ -129,6 +129,9 @@ pub enum GatewayMsg {
         user: String,
         /// Thread, when the user acted in one.
         thread_ts: Option<String>,
+        /// The slash command's `response_url`, when the answer is to one:
+        /// tried first.
+        response_url: Option<String>,
         /// The message.
         body: MessageBody,
     },
@@ -360,8 +363,15 @@ impl Actor for SlackGateway {
                 channel,
                 user,
                 thread_ts,
+                response_url,
                 body,
-            } => state.send_ephemeral(channel, user, thread_ts, body),
+            } => state.send_ephemeral(ephemeral::Ephemeral {
+                channel,
+                user,
+                thread_ts,
+                response_url,
+                body,
+            }),
             GatewayMsg::OpenView {
                 trigger_id,
                 view,

@@ -73,11 +73,7 @@ pub(super) async fn on_event(ctx: &Arc<Ctx>, e: SlackPushEventCallback) {
     else {
         return;
     };
-    let reply = Reply {
-        channel: channel.clone(),
-        user: user.clone(),
-        thread_ts: Some(thread_ts.clone()),
-    };
+    let reply = Reply::to(channel.clone(), user.clone(), Some(thread_ts.clone()));
     let held = HeldReply {
         user: user.clone(),
         text: text.trim().to_owned(),
@@ -242,11 +238,7 @@ async fn revive(ctx: &Ctx, rec: SessionRecord, key: Thread, first: String) {
             );
             let held = ctx.reviving.failed(&key).await;
             for h in held {
-                let reply = Reply {
-                    channel: key.0.clone(),
-                    user: h.user,
-                    thread_ts: Some(key.1.clone()),
-                };
+                let reply = Reply::to(key.0.clone(), h.user, Some(key.1.clone()));
                 reply.send(
                     ctx,
                     render::problem(&format!(
@@ -329,11 +321,7 @@ async fn deliver_held(ctx: &Ctx, id: &SessionId, key: &Thread) {
                     );
                 }
                 Err(e) => {
-                    let reply = Reply {
-                        channel: key.0.clone(),
-                        user: h.user,
-                        thread_ts: Some(key.1.clone()),
-                    };
+                    let reply = Reply::to(key.0.clone(), h.user, Some(key.1.clone()));
                     reply.send(ctx, render::problem(&e));
                 }
             }

@@ -214,6 +214,7 @@ async fn one_users_flood_of_answers_does_not_hold_another_users_answer() {
         channel: "C1".into(),
         user: user.into(),
         thread_ts: None,
+        response_url: None,
         body: MessageBody::text(text),
     };
     for i in 0..10 {
