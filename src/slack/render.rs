@@ -383,13 +383,13 @@ impl Render for BlockKit {
         let emoji = status_emoji(line.status, &line.activity);
         let mut status = format!("{emoji} *{word}*");
         if let Some(reason) = line.reason.as_deref().filter(|r| !r.is_empty()) {
-            status.push_str(&format!(" · _{}_", escape(&truncate(reason, 300))));
+            status.push_str(&format!(" · _{}_", one_line(reason, 300)));
         }
         if let Some(usage) = line.usage.as_deref() {
             status.push_str(&format!(" · :bar_chart: {}", escape(usage)));
         }
         let blocks = vec![
-            section(&format!(":robot_face: *{}*", escape(&s.title))),
+            section(&format!(":robot_face: *{}*", one_line(&s.title, 200))),
             context(&format!(
                 "workspace `{}` · agent `{}` · owner {} · session `{}`",
                 escape(&s.workspace),
@@ -400,7 +400,7 @@ impl Render for BlockKit {
             section(&status),
         ];
         MessageBody {
-            text: format!("{}: {}", escape(&truncate(&s.title, 80)), word),
+            text: format!("{}: {}", one_line(&s.title, 80), word),
             blocks,
         }
     }
@@ -467,9 +467,9 @@ impl Render for BlockKit {
         }
         let text = match r.kind {
             RequestKind::ForwardedPrompt => {
-                format!("The agent asks: {}", escape(&truncate(&r.title, 200)))
+                format!("The agent asks: {}", one_line(&r.title, 200))
             }
-            _ => format!("Decision needed: {}", escape(&truncate(&r.title, 200))),
+            _ => format!("Decision needed: {}", one_line(&r.title, 200)),
         };
         (MessageBody { text, blocks }, snippet)
     }
@@ -534,7 +534,7 @@ impl Render for BlockKit {
             ]}));
         }
         MessageBody {
-            text: format!("{}: {}", escape(&truncate(&r.title, 200)), status.as_str()),
+            text: format!("{}: {}", one_line(&r.title, 200), status.as_str()),
             blocks,
         }
     }
@@ -561,7 +561,7 @@ impl Render for BlockKit {
         MessageBody {
             // The notification text too: Slack's mobile notifications show
             // only it, and a thought's `<!channel>` pinged from there.
-            text: format!("thinking: {}", escape(&truncate(first.trim(), 150))),
+            text: format!("thinking: {}", one_line(first.trim(), 150)),
             blocks: vec![context(&line)],
         }
     }
@@ -581,7 +581,7 @@ impl Render for BlockKit {
             shown::one_line(status, 40)
         );
         MessageBody {
-            text: format!("{} ({})", escape(&truncate(title, 200)), escape(status)),
+            text: format!("{} ({})", one_line(title, 200), one_line(status, 40)),
             blocks: vec![context(&line)],
         }
     }

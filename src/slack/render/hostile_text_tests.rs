@@ -82,6 +82,27 @@ fn agent_text_is_inert_in_every_message_and_its_fallback() {
         usage: None,
     };
     inert("root", &r.root(&session(), &line));
+    // Bidi overrides and zero-width characters are shown as escapes in the
+    // notification text and the blocks alike (a probe's title kept U+202E).
+    let disguised = SessionRecord {
+        title: "invoice\u{202e}gpj.exe\u{200b}".into(),
+        ..session()
+    };
+    let root = r.root(&disguised, &line);
+    for text in [
+        root.text.clone(),
+        serde_json::to_string(&root.blocks).unwrap_or_default(),
+    ] {
+        assert!(
+            !text.contains('\u{202e}') && !text.contains('\u{200b}'),
+            "{text}"
+        );
+    }
+    let (body, _) = r.request(&PendingRequest {
+        title: "ok\u{202e}".into(),
+        ..request(RequestKind::Permission)
+    });
+    assert!(!body.text.contains('\u{202e}'), "{}", body.text);
     for kind in [
         RequestKind::Permission,
         RequestKind::FileWrite,
