@@ -80,6 +80,7 @@ impl GatewayState {
                 record: rec,
                 line,
                 requests: HashMap::new(),
+                turn: crate::model::now_ms().unsigned_abs(),
             }),
         );
     }
@@ -146,7 +147,7 @@ impl GatewayState {
             OperatorEvent::AgentThought { text, .. } => {
                 shown
                     .ops
-                    .push(to.update(THINKING_KEY, render.thinking(&text)));
+                    .push(to.update(&view.turn_key(THINKING_KEY), render.thinking(&text)));
             }
             OperatorEvent::Usage { usage, .. } => {
                 view.line.usage = Some(usage.describe());
@@ -162,10 +163,12 @@ impl GatewayState {
                 let body = render.tool_call(&title, &status);
                 shown
                     .ops
-                    .push(to.update(&format!("tool:{tool_call_id}"), body));
+                    .push(to.update(&view.turn_key(&format!("tool:{tool_call_id}")), body));
             }
             OperatorEvent::Plan { entries, .. } => {
-                shown.ops.push(to.update("plan", render.plan(&entries)));
+                shown
+                    .ops
+                    .push(to.update(&view.turn_key("plan"), render.plan(&entries)));
             }
             OperatorEvent::RequestOpened { request } => {
                 shown.ops = request_opened(&*render, &to, view, request);
@@ -183,6 +186,8 @@ impl GatewayState {
                 }
             }
             OperatorEvent::SteeringDelivered { steering_id, .. } => {
+                // An instruction reached the agent: a new turn.
+                view.turn += 1;
                 shown.ops = self.steering_delivered(&view.record, steering_id).await;
             }
             OperatorEvent::Notice { level, text, .. } => {

@@ -224,6 +224,19 @@ struct View {
     record: SessionRecord,
     line: StatusLine,
     requests: HashMap<String, PendingRequest>,
+    /// Which turn the thread shows, in the keys of a turn's plan, tool
+    /// calls and thinking line: a new turn's go to new messages at the
+    /// bottom of the thread (its tool call `t1` updated the first turn's,
+    /// far up, where nobody looked). Starts at the time the view was made,
+    /// so a restarted server does not reuse the keys of the one before.
+    turn: u64,
+}
+
+impl View {
+    /// The key of `what` (`plan`, `thinking`, `tool:<id>`) in this turn.
+    fn turn_key(&self, what: &str) -> String {
+        format!("{what}@{}", self.turn)
+    }
 }
 
 /// The gateway's state.

@@ -621,6 +621,51 @@ async fn a_restarted_gateway_resends_the_outbox_in_order() {
     assert!(outbox.pending().await.expect("pending").is_empty());
 }
 
+/// Tool call ids and plans are per turn: a new turn's `t1` and plan go to
+/// new messages at the bottom of the thread (they updated the first
+/// turn's, far up, where nobody looked); within a turn they update theirs.
+#[tokio::test]
+async fn a_new_turns_tool_calls_and_plan_are_new_messages() {
+    let r = rig().await;
+    r.start("s-1", Some("C1")).await;
+    let sid = SessionId::from("s-1");
+    let tool = |status: &str| OperatorEvent::ToolCall {
+        session_id: sid.clone(),
+        tool_call_id: "t1".into(),
+        title: "Read".into(),
+        status: status.into(),
+    };
+    let plan = || OperatorEvent::Plan {
+        session_id: sid.clone(),
+        entries: vec![("edit".into(), "pending".into())],
+    };
+    for turn in 1..=2 {
+        r.emit(OperatorEvent::SteeringDelivered {
+            session_id: sid.clone(),
+            steering_id: turn,
+        });
+        r.emit(tool("pending"));
+        r.emit(plan());
+        r.drained().await;
+        r.emit(tool("completed"));
+        r.drained().await;
+    }
+    let calls = r.api.calls();
+    let posts = |needle: &str| {
+        calls
+            .iter()
+            .filter(|c| c.starts_with("post") && c.contains(needle))
+            .count()
+    };
+    assert_eq!(posts("tool Read"), 2, "{calls:?}");
+    assert_eq!(posts("plan 1"), 2, "{calls:?}");
+    let updates = calls
+        .iter()
+        .filter(|c| c.starts_with("update") && c.contains("tool Read completed"))
+        .count();
+    assert_eq!(updates, 2, "{calls:?}");
+}
+
 #[tokio::test]
 async fn steering_reactions_follow_delivery_in_either_order() {
     let r = rig().await;
