@@ -780,6 +780,20 @@ fn a_reload_that_removes_a_live_sessions_workspace_tells_it() {
     assert_ne!(moved, extra);
     std::fs::write(&layout.config, format!("{text}{moved}")).expect("move extra");
     http.until_transcript(&id, "is no longer in workspace `extra`");
+    // Moved and its agent's protocol changed: putting the directory back
+    // tells the reason that remains (it said nothing).
+    let agent = "[[agent]]\nid = \"scripted\"\n";
+    let intercom = format!("{agent}protocol = \"intercom\"\n");
+    assert!(text.contains(agent));
+    let both = format!("{}{moved}", text.replace(agent, &intercom));
+    let reloads = server.log().matches("config reloaded").count();
+    std::fs::write(&layout.config, &both).expect("the protocol too");
+    until("the protocol change applied", || {
+        (server.log().matches("config reloaded").count() > reloads).then_some(())
+    });
+    let back = format!("{}{extra}", text.replace(agent, &intercom));
+    std::fs::write(&layout.config, &back).expect("the directory back");
+    http.until_transcript(&id, "its agent `scripted` now speaks intercom");
 }
 
 /// The config's own rules now in force, by id.

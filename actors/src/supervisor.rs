@@ -109,8 +109,9 @@ pub enum SupervisorError {
         /// Why the agent did not start.
         error: StartError,
     },
-    /// Storage refused: what was asked was not done.
-    #[error("storage failed, nothing was done: {0}{advice}", advice = crate::ports::storage_advice(.0))]
+    /// Storage refused: what was asked was not done. The text is the
+    /// store's own ("storage failed during <op>: ...").
+    #[error("nothing was done: {0}{advice}", advice = crate::ports::storage_advice(.0))]
     Storage(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]

@@ -269,13 +269,18 @@ impl App {
             }
         };
         for s in live.iter().filter(|s| s.protocol != Protocol::Mcp) {
+            let lost = |why: String| {
+                format!(
+                    "After this config change, this session cannot be resumed after a server restart, nor revived once it ends: {why}. It runs on; put the config back as it was to keep both."
+                )
+            };
             let (level, text) = match (before.revivable(s), after.revivable(s)) {
-                (Ok(_), Err(why)) => (
-                    NoticeLevel::Warning,
-                    format!(
-                        "After this config change, this session cannot be resumed after a server restart, nor revived once it ends: {why}. It runs on; put the config back as it was to keep both."
-                    ),
-                ),
+                (Ok(_), Err(why)) => (NoticeLevel::Warning, lost(why)),
+                // Still without a way back, for another reason now (one
+                // reload moved the workspace and changed the agent's
+                // protocol; putting the directory back said nothing of the
+                // protocol).
+                (Err(was), Err(why)) if was != why => (NoticeLevel::Warning, lost(why)),
                 (Err(_), Ok(_)) => (
                     NoticeLevel::Info,
                     "The config allows this session again: it can be resumed after a server restart and revived once it ends, as before.".to_owned(),

@@ -239,6 +239,7 @@ mod tests {
         ] {
             let text = e.to_string();
             assert_eq!(text.matches("nothing was").count(), 1, "{text}");
+            assert_eq!(text.matches("storage failed").count(), 1, "{text}");
             assert!(text.contains("restart the server"), "{text}");
             assert!(!text.contains("retry"), "{text}");
             assert_eq!(e.code(), "storage_error");

@@ -750,7 +750,21 @@ impl Config {
         all.extend(self.workspace_warnings());
         all.extend(self.exposure_warnings());
         all.extend(self.bind_warning());
+        all.extend(self.database_dir_warning());
         all
+    }
+
+    /// A file where the database's directory (or one above it) should be:
+    /// `serve` cannot create the directory and stops; `check-config` said
+    /// "config OK".
+    fn database_dir_warning(&self) -> Option<String> {
+        let dir = self.database.path.parent()?;
+        let blocker = dir.ancestors().find(|a| a.exists())?;
+        (!blocker.is_dir()).then(|| format!(
+            "[database] path {}: {} is a file where a directory should be; the server cannot start until it is moved away or [database] path points elsewhere",
+            self.database.path.display(),
+            blocker.display()
+        ))
     }
 
     /// An API reachable from other machines: said by `check-config` too,
@@ -792,6 +806,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_where_the_database_directory_should_be_is_warned_of() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join("data"), "a file").expect("file");
+        let cfg = Config::from_toml_str("[database]\npath = \"data/x.db\"\n", dir.path())
+            .expect("config");
+        let warnings = cfg.warnings();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("is a file where a directory should be")),
+            "{warnings:?}"
+        );
+        std::fs::remove_file(dir.path().join("data")).expect("rm");
+        assert!(cfg.database_dir_warning().is_none());
+    }
 
     #[test]
     fn a_bind_other_machines_reach_is_warned_of() {

@@ -544,7 +544,7 @@ impl Render for BlockKit {
     /// one of the server's own (a probe's chunk repeated a rule notice word
     /// for word).
     fn agent_text(&self, text: &str) -> Vec<MessageBody> {
-        split_escaped(text.trim_end(), MESSAGE_LIMIT)
+        split_escaped(&shown::undisguised(text.trim_end()), MESSAGE_LIMIT)
             .into_iter()
             .filter(|p| !p.trim().is_empty())
             .map(|p| MessageBody::text(shown::quoted(&p)))
@@ -555,7 +555,7 @@ impl Render for BlockKit {
         let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
         let line = format!(
             ":thought_balloon: _thinking_ · {} _({} chars; whole in the API)_",
-            escape(&truncate(first.trim(), 150)),
+            one_line(first.trim(), 150),
             text.chars().count()
         );
         MessageBody {

@@ -62,7 +62,7 @@ pub enum StartError {
         error: String,
     },
     /// Storage failed: what was asked was not done.
-    #[error("storage failed, nothing was done: {0}{advice}", advice = crate::ports::storage_advice(.0))]
+    #[error("nothing was done: {0}{advice}", advice = crate::ports::storage_advice(.0))]
     Storage(String),
 }
 

@@ -103,6 +103,24 @@ fn agent_text_is_inert_in_every_message_and_its_fallback() {
         ..request(RequestKind::Permission)
     });
     assert!(!body.text.contains('\u{202e}'), "{}", body.text);
+    // A thought's line and agent text too (probe Z: the thought's blocks
+    // kept U+202E and a live *bold*).
+    let disguising = "exe\u{202e}gnp.txt zero\u{200b}width";
+    let mut bodies = r.agent_text(disguising);
+    bodies.push(r.thinking(&format!("{disguising} *bold*")));
+    for body in bodies {
+        for text in [
+            body.text.clone(),
+            serde_json::to_string(&body.blocks).unwrap_or_default(),
+        ] {
+            assert!(
+                !text.contains('\u{202e}') && !text.contains('\u{200b}'),
+                "{text}"
+            );
+        }
+    }
+    let thought = serde_json::to_string(&r.thinking("a *bold* claim").blocks).unwrap_or_default();
+    assert!(!thought.contains("*bold*"), "{thought}");
     for kind in [
         RequestKind::Permission,
         RequestKind::FileWrite,

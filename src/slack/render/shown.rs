@@ -129,6 +129,25 @@ pub fn quoted(escaped: &str) -> String {
         .join("\n")
 }
 
+/// `text` with its disguising characters (bidi overrides, zero-width
+/// spaces) written as escapes: agent text reached the thread with a U+202E
+/// that turned `exe.gnp` into what reads as `png.exe`. Joiners stay (they
+/// are part of emoji and of Persian).
+pub fn undisguised(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(disguises) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if disguises(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `text` in a code block that it cannot close: runs of three or more
 /// backticks inside are written as `⟨3 backticks⟩`, then escaped.
 pub fn code_block(text: &str) -> String {
