@@ -141,16 +141,17 @@ pub async fn serve(options: ServeOptions) -> Result<(), ServeError> {
 
 fn load_config(options: &ServeOptions) -> Result<Config, ConfigError> {
     let choice = choose_config(options.config.as_deref());
-    let mut config = Config::load(&choice.path)?;
     if choice.fallback {
-        let successor = config
-            .source
-            .as_deref()
-            .map(|example| example.with_file_name(crate::app::DEFAULT_CONFIG));
         tracing::info!(
             "no config.toml; using config.toml.example (copy it to config.toml to customise: the server reads config.toml as soon as it appears, as it reads a save)"
         );
-        config.successor = successor;
+    }
+    let mut config = Config::load(&choice.path)?;
+    if choice.fallback {
+        config.successor = config
+            .source
+            .as_deref()
+            .map(|example| example.with_file_name(crate::app::DEFAULT_CONFIG));
     }
     tracing::info!("{}", config.summary());
     // Its warnings are logged by `App::start`, which keeps them for /healthz.
