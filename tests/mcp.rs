@@ -214,6 +214,61 @@ async fn whole_content_is_shown_as_the_change_it_makes() {
     );
 }
 
+/// Whole content that cannot be shown as the change it makes is refused
+/// (a probe's lone carriage return showed `harmless\rline` and hid the
+/// three lines it replaced), and whole content is never forced over a
+/// file that changed after the approval (a probe's `force` lost an edit
+/// nobody had seen).
+#[tokio::test]
+async fn whole_content_is_never_applied_unseen() {
+    let h = Harness::new().await;
+    std::fs::write(h.workspace.join("kv.txt"), "important1\nimportant2\n").expect("seed");
+    let client = h.ws_client().await;
+    let err = call(
+        &client,
+        "check_clearance",
+        clearance("kv.txt", "harmless\rline\n"),
+    )
+    .await
+    .expect_err("refused");
+    let ServiceError::McpError(e) = err else {
+        panic!("unexpected {err:?}")
+    };
+    assert!(e.message.contains("send a unified diff"), "{}", e.message);
+    // An empty file is shown the content as sent (it hides nothing)...
+    std::fs::write(h.workspace.join("empty.txt"), "").expect("seed");
+    let peer = client.peer().clone();
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance")
+                .with_arguments(mcp_common::args(clearance("empty.txt", "filled\n"))),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    h.decide(&req, Choice::Approve, None).await;
+    task.await.expect("join").expect("call");
+    // ...but filled meanwhile, it is not overwritten, even with force.
+    std::fs::write(h.workspace.join("empty.txt"), "user data\n").expect("edit");
+    let r = refused(
+        &client,
+        "check_diff",
+        json!({"request_id": req.id, "force": true}),
+    )
+    .await;
+    assert_eq!(r["code"], "file_changed", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("even with force")),
+        "{r}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.workspace.join("empty.txt")).expect("read"),
+        "user data\n"
+    );
+}
+
 /// A file that is not UTF-8 text is not changed through a clearance: read
 /// as text, its other bytes showed as U+FFFD context and were rewritten.
 /// A target named by its absolute path inside the workspace is taken.
@@ -710,6 +765,48 @@ async fn ping_hands_over_queued_steering_once() {
     assert_eq!(state["pending"], json!([]));
     assert_eq!(state["queued_steering"], json!(["three"]));
     assert_eq!(state["last_progress"]["status_message"], "halfway");
+}
+
+/// `reboot` repeats what the client sent cut to a bound: a probe's client
+/// opened 15 requests with 64 KiB titles (a 1.95 MB answer) and asked for
+/// it 160 times without reading: 530 MB of answers held for nobody.
+#[tokio::test]
+async fn reboot_lists_what_the_client_sent_within_a_bound() {
+    let h = Harness::new().await;
+    let client = h.ws_client().await;
+    let peer = client.peer().clone();
+    let title = "T".repeat(60_000);
+    let asked = json!({"title": title, "description": "why", "diff": "+x\n", "file_path": "big.txt", "risk_level": "low"});
+    let task = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("check_clearance").with_arguments(mcp_common::args(asked)),
+        )
+        .await
+    });
+    let req = h.pending().await;
+    let progress = json!({"status_message": "P".repeat(60_000)});
+    ok(&client, "ping", progress).await;
+    let state = ok(&client, "reboot", json!({})).await;
+    let listed = state["pending"][0]["title"].as_str().unwrap_or_default();
+    assert!(
+        listed.len() < 1_200 && listed.ends_with("bytes in all)"),
+        "{}",
+        &listed[listed.len().saturating_sub(200)..]
+    );
+    assert!(
+        state.to_string().len() < 20_000,
+        "{} bytes",
+        state.to_string().len()
+    );
+    assert!(
+        state["last_progress"]["cut"]
+            .as_str()
+            .is_some_and(|c| c.contains("bytes")),
+        "{}",
+        state["last_progress"]
+    );
+    h.decide(&req, Choice::Reject, None).await;
+    task.await.expect("join").expect("call");
 }
 
 #[tokio::test]

@@ -33,6 +33,7 @@ use intercom_actors::registry::RegistryMsg;
 use intercom_actors::rules::MAX_REQUEST_PATHS;
 use intercom_actors::session::{Caller, McpAnswer, McpCall, SessionMsg};
 use intercom_actors::supervisor::{AttachRequest, SupervisorMsg, directory};
+use intercom_actors::text::shorten;
 use intercom_actors::transcript::TranscriptPage;
 use intercom_actors::workspace_fs::WorkspaceFs;
 use ractor::ActorRef;
@@ -206,15 +207,35 @@ fn storage(e: impl std::fmt::Display) -> Fail {
     Fail::refused("storage", format!("storage failed: {e}"))
 }
 
+/// Bytes of a title or path `reboot` lists per request: it lists what the
+/// client sent (64 KiB each), and a probe's client made its answer 1.95 MB
+/// with 15 requests, then asked for it 160 times without reading: the
+/// server held 530 MB of answers nobody read. Cut, each says its length.
+const LISTED_TEXT_MAX: usize = 1024;
+
+/// Bytes of `last_progress` (the client's own `ping`) `reboot` repeats;
+/// past them it says how long it was instead.
+const LISTED_PROGRESS_MAX: usize = 16 * 1024;
+
 fn pending_json(p: &PendingRequest) -> Value {
     json!({
         "request_id": p.id,
         "kind": p.kind.as_str(),
-        "title": p.title,
-        "file_path": p.paths.first(),
+        "title": shorten(&p.title, LISTED_TEXT_MAX),
+        "file_path": p.paths.first().map(|f| shorten(f, LISTED_TEXT_MAX)),
         "status": p.status.as_str(),
         "created_at": p.created_at,
     })
+}
+
+/// `last_progress` as `reboot` repeats it: whole up to
+/// [`LISTED_PROGRESS_MAX`] bytes of JSON, else how long it was.
+fn bounded_progress(progress: Value) -> Value {
+    let bytes = progress.to_string().len();
+    if bytes <= LISTED_PROGRESS_MAX {
+        return progress;
+    }
+    json!({"cut": format!("the last progress report is {bytes} bytes; reboot repeats at most {LISTED_PROGRESS_MAX}")})
 }
 
 impl IntercomMcp {
@@ -571,7 +592,7 @@ impl IntercomMcp {
             "status": record.status.as_str(),
             "pending": pending.iter().map(pending_json).collect::<Vec<_>>(),
             "queued_steering": queued.into_iter().map(|s| s.text).collect::<Vec<_>>(),
-            "last_progress": last_progress.unwrap_or(Value::Null),
+            "last_progress": last_progress.map_or(Value::Null, bounded_progress),
         }))
     }
 }

@@ -69,8 +69,14 @@ impl IntercomMcp {
                 Fail::refused(code, e.to_string())
             })?;
         }
-        if !force {
-            as_approved(&ws, &files, &clearance, &req.session_id, file_path).await?;
+        // Whole content replaces the file: applied over changes the
+        // operator never saw, it lost them (a probe's `force`), so it is
+        // applied only to the file as approved.
+        let whole = matches!(change, Change::Whole(_));
+        if !force || whole {
+            as_approved(&ws, &files, &clearance, &req.session_id, file_path)
+                .await
+                .map_err(|e| if whole { whole_not_forced(e) } else { e })?;
         }
         // Compute every new content before writing anything.
         let outputs = new_contents(&ws, &change, files).await?;
@@ -316,9 +322,12 @@ async fn lands_as_named(ws: &Arc<WorkspaceFs>, rel: &str) -> Result<(), FsError>
 /// Whole new content as the operator is shown it and `check_diff` applies
 /// it: a unified diff against the file as it is now (a creation when it does
 /// not exist), when that diff applied to the file gives back exactly the
-/// content; `None` (shown and applied as sent) otherwise. A probe's whole
-/// content `+important line 7 (fixed)` read as a one-line addition and
-/// replaced a 50-line README.
+/// content; `None` (shown and applied as sent) for an empty or new file,
+/// where nothing is hidden. A probe's whole content `+important line 7
+/// (fixed)` read as a one-line addition and replaced a 50-line README.
+/// Content that makes no such diff against a file that has some (a lone
+/// carriage return did) is refused: shown as sent, it hid every line it
+/// replaced.
 pub(super) async fn whole_as_diff(
     ws: &Arc<WorkspaceFs>,
     rel: &str,
@@ -334,10 +343,11 @@ pub(super) async fn whole_as_diff(
     if current.as_deref() == Some("") {
         return Ok(None);
     }
+    let replaces = current.is_some();
     let old = current.unwrap_or_default();
-    let (rel, new) = (rel.to_owned(), new.to_owned());
+    let (named, new) = (rel.to_owned(), new.to_owned());
     let diffed = tokio::task::spawn_blocking(move || {
-        let diff = intercom_actors::protocol::acp::unified_diff(&rel, &old, &new);
+        let diff = intercom_actors::protocol::acp::unified_diff(&named, &old, &new);
         let Ok(Change::Diff(files)) = Change::parse(&diff) else {
             return None;
         };
@@ -347,7 +357,12 @@ pub(super) async fn whole_as_diff(
         (patch::apply(&old, &file.hunks).ok()? == new).then_some(diff)
     })
     .await;
-    Ok(diffed.ok().flatten())
+    match diffed.ok().flatten() {
+        None if replaces => Err(Fail::Params(format!(
+            "argument `diff`: this whole content cannot be shown to the operator as the change it makes to {rel}, which has content (a lone carriage return does that); send a unified diff instead"
+        ))),
+        shown => Ok(shown),
+    }
 }
 
 /// A target file's content hash at clearance time (`None`: did not exist).
@@ -395,6 +410,20 @@ pub(super) fn already_applied(raw: &str) -> Fail {
             "request {raw} was already applied; an approval is applied once: ask check_clearance again to make the change again"
         ),
     )
+}
+
+/// A whole-content change refused as [`as_approved`] refuses a diff, saying
+/// why `force` does not help.
+fn whole_not_forced(e: Fail) -> Fail {
+    match e {
+        Fail::Refused { code, message } => Fail::Refused {
+            code,
+            message: format!(
+                "{message} (whole content replaces the file, so it is applied only to the file as it was approved, even with force: ask for clearance again)"
+            ),
+        },
+        other => other,
+    }
 }
 
 /// Without `force`: the files are as they were when the change was
