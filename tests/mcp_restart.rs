@@ -158,6 +158,11 @@ fn an_approved_change_is_applied_once_after_a_server_restart() {
         std::fs::read_to_string(deployment.ws.join("notes.txt")).expect("read"),
         "new\n"
     );
+    // The write is in the audit of the request's session, where the
+    // operator who approved it looks (it went to the applying connection's).
+    let session = asked.split(':').next().expect("a session id");
+    let audit = api.get(&format!("/api/audit?session={session}"));
+    assert!(audit.text.contains("change.applied"), "{}", audit.text);
     stop(second);
     // The replay is refused after another restart too.
     let third = start(&deployment, &api);

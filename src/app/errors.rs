@@ -115,7 +115,7 @@ impl AppError {
 pub(crate) fn already(id: &str, status: &str) -> String {
     let hint = match status {
         "expired" => {
-            "; the server restarted after it was asked, so its agent can no longer receive an answer (a resumed agent asks again under a new id: GET /api/approvals?status=pending)"
+            "; nobody can receive an answer to it any more: the server restarted after it was asked, or an MCP client's wait for it ran out ([mcp] approval_timeout_secs). An agent that still needs it asks again under a new id (GET /api/approvals?status=pending)"
         }
         "cancelled" => {
             "; its turn or session ended, or its agent withdrew it, before anyone decided"

@@ -256,14 +256,20 @@ impl IntercomMcp {
     /// Writes an audit entry of what the caller (the agent side) did or was
     /// refused, on the session it acts on; a failed write is logged.
     async fn audit_agent(&self, t: &Target, action: &str, detail: serde_json::Value) {
+        self.audit_on(&t.id, action, detail).await;
+    }
+
+    /// [`Self::audit_agent`] on session `id` (a change applied is the
+    /// request's session's, whichever connection applied it).
+    async fn audit_on(&self, id: &SessionId, action: &str, detail: serde_json::Value) {
         let entry = intercom_actors::model::AuditEntry {
-            session_id: Some(t.id.clone()),
+            session_id: Some(id.clone()),
             actor: "agent".into(),
             action: action.into(),
             detail,
         };
         if let Err(e) = self.deps().store.audit(&entry).await {
-            tracing::error!(session = %t.id, "audit write failed: {e}");
+            tracing::error!(session = %id, "audit write failed: {e}");
         }
     }
 

@@ -100,8 +100,12 @@ impl IntercomMcp {
                 return Err(fail);
             }
         };
-        let detail = json!({"request": global, "files": written, "forced": force});
-        self.audit_agent(&t, "change.applied", detail).await;
+        // On the request's session (where the operator looks for what its
+        // approval did), naming the connection's when another applied it
+        // (after a reconnect, or a server restart).
+        let detail = json!({"request": global, "files": written, "forced": force, "applied_by_session": t.id});
+        self.audit_on(&req.session_id, "change.applied", detail)
+            .await;
         Ok(json!({"request_id": global, "files_written": written}))
     }
 
