@@ -79,6 +79,19 @@ pub enum PatchError {
     /// The diff has no hunks.
     #[error("the diff contains no hunks")]
     Empty,
+    /// A header a diff viewer shows (a rename, a mode change, a deletion)
+    /// that applying the diff would not do: what the operator approved
+    /// must be what is written.
+    #[error(
+        "the diff says {0:?}, which is not applied (only file contents are written, never renames, copies, deletions or modes): send the change without it"
+    )]
+    Unapplied(String),
+    /// A file name in git's quoted form with escapes (`"caf\303\251.txt"`):
+    /// shown as written, it would not name the file written.
+    #[error(
+        "the diff names {0} in quotes with escapes, which is not read: name the file as it is, without quotes"
+    )]
+    QuotedName(String),
 }
 
 /// One line of a hunk body, with its line terminator (unless the diff said
@@ -149,23 +162,52 @@ fn trim_eol(line: &str) -> &str {
         .unwrap_or(line)
 }
 
+/// Git extended headers that say what applying the diff would not do.
+/// (`new file mode 100644` and `index` lines are what git writes for a
+/// plain creation or edit, and stay.)
+const UNAPPLIED: &[&str] = &[
+    "deleted file mode",
+    "old mode",
+    "new mode",
+    "rename from",
+    "rename to",
+    "copy from",
+    "copy to",
+    "similarity index",
+    "dissimilarity index",
+];
+
+/// Refuses a preamble line that promises what is not applied.
+fn applied_preamble(line: &str) -> Result<(), PatchError> {
+    let unapplied = UNAPPLIED.iter().any(|p| line.starts_with(p))
+        || line
+            .strip_prefix("new file mode ")
+            .is_some_and(|mode| trim_eol(mode) != "100644");
+    if unapplied {
+        return Err(PatchError::Unapplied(trim_eol(line).to_owned()));
+    }
+    Ok(())
+}
+
 /// The path named by a `---`/`+++` line: `None` for `/dev/null`; the
-/// timestamp (after a tab) and the `a/`/`b/` prefix are dropped.
-fn header_path(rest: &str) -> Option<String> {
+/// timestamp (after a tab) and the `a/`/`b/` prefix are dropped. A quoted
+/// name with escapes is refused (its bytes are not decoded).
+fn header_path(rest: &str) -> Result<Option<String>, PatchError> {
     let raw = trim_eol(rest);
     let raw = raw.split('\t').next().unwrap_or(raw).trim();
-    let raw = raw
-        .strip_prefix('"')
-        .and_then(|r| r.strip_suffix('"'))
-        .unwrap_or(raw);
+    let unquoted = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"'));
+    if unquoted.is_some_and(|u| u.contains('\\')) {
+        return Err(PatchError::QuotedName(raw.to_owned()));
+    }
+    let raw = unquoted.unwrap_or(raw);
     if raw == "/dev/null" {
-        return None;
+        return Ok(None);
     }
     let stripped = raw
         .strip_prefix("a/")
         .or_else(|| raw.strip_prefix("b/"))
         .unwrap_or(raw);
-    Some(stripped.to_owned())
+    Ok(Some(stripped.to_owned()))
 }
 
 /// Parses `-a,b` / `+c,d` ranges (the count defaults to 1).
@@ -219,6 +261,9 @@ impl Change {
         if !looks_like_diff {
             return Ok(Change::Whole(text.to_owned()));
         }
+        for line in &lines[..first] {
+            applied_preamble(line)?;
+        }
         parse_diff(&lines[first..]).map(Change::Diff)
     }
 }
@@ -256,8 +301,8 @@ fn parse_diff(lines: &[&str]) -> Result<Vec<FilePatch>, PatchError> {
             let Some(new) = lines.get(i + 1).and_then(|l| l.strip_prefix("+++ ")) else {
                 return Err(PatchError::BadFileHeader(trim_eol(line).to_owned()));
             };
-            let old_path = header_path(old);
-            let new_path = header_path(new);
+            let old_path = header_path(old)?;
+            let new_path = header_path(new)?;
             if new_path.is_none() {
                 let what = old_path.unwrap_or_else(|| "a file".into());
                 return Err(PatchError::Deletion(what));
@@ -282,7 +327,10 @@ fn parse_diff(lines: &[&str]) -> Result<Vec<FilePatch>, PatchError> {
             let (hunk, used) = parse_hunk(&lines[i..], number)?;
             file.hunks.push(hunk);
             i += used;
-        } else if is_preamble(line) || trim_eol(line).is_empty() {
+        } else if is_preamble(line) {
+            applied_preamble(line)?;
+            i += 1;
+        } else if trim_eol(line).is_empty() {
             i += 1;
         } else {
             // Commentary between files (e.g. `git format-patch` text) is ignored.
@@ -746,6 +794,50 @@ mod tests {
             Change::parse("--- a/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"),
             Err(PatchError::Deletion(_))
         ));
+    }
+
+    /// What a diff viewer shows but applying would not do is refused
+    /// (probe AA: `deleted file mode` with a hunk was applied as an edit,
+    /// a rename was approved and could never be applied, a mode was shown
+    /// and not set, and an octal-quoted name was not decoded).
+    #[test]
+    fn headers_that_would_not_be_applied_are_refused() {
+        let hunk = "--- a/ra.txt\n+++ b/rb.txt\n@@ -1 +1 @@\n-a\n+b\n";
+        for header in [
+            "deleted file mode 100644",
+            "rename from ra.txt",
+            "copy from ra.txt",
+            "old mode 100644",
+            "new file mode 100755",
+            "similarity index 90%",
+        ] {
+            let text = format!("diff --git a/ra.txt b/rb.txt\n{header}\n{hunk}");
+            assert!(
+                matches!(Change::parse(&text), Err(PatchError::Unapplied(ref h)) if h == header),
+                "{header}: {:?}",
+                Change::parse(&text)
+            );
+            // In a second file's preamble too.
+            let two = format!(
+                "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\ndiff --git a/y b/y\n{header}\n{hunk}"
+            );
+            assert!(
+                matches!(Change::parse(&two), Err(PatchError::Unapplied(_))),
+                "{header}"
+            );
+        }
+        // What git writes for a plain creation or edit stays accepted.
+        let created = "diff --git a/n.txt b/n.txt\nnew file mode 100644\nindex 0000000..1234567\n--- /dev/null\n+++ b/n.txt\n@@ -0,0 +1 @@\n+n\n";
+        assert!(matches!(Change::parse(created), Ok(Change::Diff(_))));
+        let quoted =
+            "--- \"a/caf\\303\\251.txt\"\n+++ \"b/caf\\303\\251.txt\"\n@@ -1 +1 @@\n-a\n+b\n";
+        assert!(
+            matches!(Change::parse(quoted), Err(PatchError::QuotedName(_))),
+            "{:?}",
+            Change::parse(quoted)
+        );
+        let plain_quoted = "--- \"a/my file.txt\"\n+++ \"b/my file.txt\"\n@@ -1 +1 @@\n-a\n+b\n";
+        assert!(matches!(Change::parse(plain_quoted), Ok(Change::Diff(_))));
     }
 
     #[test]
