@@ -115,7 +115,7 @@ impl AppError {
 pub(crate) fn already(id: &str, status: &str) -> String {
     let hint = match status {
         "expired" => {
-            "; nobody can receive an answer to it any more: the server restarted after it was asked, or an MCP client's wait for it ran out ([mcp] approval_timeout_secs). An agent that still needs it asks again under a new id (GET /api/approvals?status=pending)"
+            "; its answer can no longer reach anyone: the server restarted after it was asked, or an MCP client's wait for it ran out ([mcp] approval_timeout_secs, or transmit_timeout_secs for a question, which then went on by itself). An agent that still needs it asks again under a new id (GET /api/approvals?status=pending)"
         }
         "cancelled" => {
             "; its turn or session ended, or its agent withdrew it, before anyone decided"
