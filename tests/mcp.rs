@@ -10,10 +10,9 @@ use intercom_actors::model::{RequestStatus, SessionStatus};
 use intercom_actors::ports::OperatorEvent;
 use intercom_actors::session::Choice;
 use mcp_common::{
-    Harness, INITIALIZE, OPERATOR_TOKEN, Timeouts, WORKSPACE_TOKEN, call, ok, raw_post,
+    Harness, INITIALIZE, OPERATOR_TOKEN, Timeouts, WORKSPACE_TOKEN, call, invalid, ok, raw_post,
     raw_post_answer, raw_post_with, refused,
 };
-use rmcp::ServiceError;
 use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ErrorCode};
 use rmcp::service::PeerRequestOptions;
 use serde_json::json;
@@ -224,16 +223,12 @@ async fn whole_content_is_never_applied_unseen() {
     let h = Harness::new().await;
     std::fs::write(h.workspace.join("kv.txt"), "important1\nimportant2\n").expect("seed");
     let client = h.ws_client().await;
-    let err = call(
+    let e = invalid(
         &client,
         "check_clearance",
         clearance("kv.txt", "harmless\rline\n"),
     )
-    .await
-    .expect_err("refused");
-    let ServiceError::McpError(e) = err else {
-        panic!("unexpected {err:?}")
-    };
+    .await;
     assert!(e.message.contains("send a unified diff"), "{}", e.message);
     // An empty file is shown the content as sent (it hides nothing)...
     std::fs::write(h.workspace.join("empty.txt"), "").expect("seed");
@@ -277,16 +272,12 @@ async fn a_file_that_is_not_text_is_refused_and_an_absolute_path_inside_is_taken
     let h = Harness::new().await;
     std::fs::write(h.workspace.join("latin1.txt"), b"a\nb\xff\nc\n").expect("seed");
     let client = h.ws_client().await;
-    let err = call(
+    let e = invalid(
         &client,
         "check_clearance",
         clearance("latin1.txt", "a\nb\u{fffd}\nc\nNEW\n"),
     )
-    .await
-    .expect_err("refused");
-    let ServiceError::McpError(e) = err else {
-        panic!("unexpected {err:?}")
-    };
+    .await;
     assert!(e.message.contains("not UTF-8 text"), "{}", e.message);
     assert_eq!(
         std::fs::read(h.workspace.join("latin1.txt")).expect("read"),
@@ -529,16 +520,12 @@ async fn paths_outside_the_workspace_are_refused() {
     let h = Harness::new().await;
     let client = h.ws_client().await;
     // At clearance time: an invalid-params error naming file_path.
-    let err = call(
+    let e = invalid(
         &client,
         "check_clearance",
         clearance("../escape.txt", "x\n"),
     )
-    .await
-    .expect_err("refused");
-    let ServiceError::McpError(e) = err else {
-        panic!("unexpected {err:?}")
-    };
+    .await;
     assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
     assert!(e.message.contains("file_path"), "{}", e.message);
     // At apply time: the directory became a symlink out of the workspace.
@@ -608,12 +595,7 @@ async fn a_directory_swapped_for_a_link_after_approval_is_not_written_through() 
     }
     assert!(!h.workspace.join(".git/hooks/pre-commit").exists());
     // Asked through the link, clearance is refused at once.
-    let err = call(&client, "check_clearance", clearance("d/post-merge", "x\n"))
-        .await
-        .expect_err("refused");
-    let ServiceError::McpError(e) = err else {
-        panic!("unexpected {err:?}")
-    };
+    let e = invalid(&client, "check_clearance", clearance("d/post-merge", "x\n")).await;
     assert!(
         e.message
             .contains("leads through a link to .git/hooks/post-merge"),
@@ -995,10 +977,7 @@ async fn bad_arguments_name_the_argument() {
         ),
     ];
     for (tool, a, needle) in cases {
-        let err = call(&client, tool, a).await.expect_err(tool);
-        let ServiceError::McpError(e) = err else {
-            panic!("{tool}: unexpected {err:?}")
-        };
+        let e = invalid(&client, tool, a).await;
         assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{tool}");
         assert!(e.message.contains(needle), "{tool}: {}", e.message);
     }
@@ -1133,16 +1112,12 @@ async fn a_reconnected_client_applies_what_its_earlier_session_got_approved() {
     assert_eq!(applied["files_written"], json!(["r.txt"]));
     // A client of another workspace may not.
     let other = h.client("?workspace_id=nope").await;
-    let err = call(
+    let e = invalid(
         &other,
         "check_diff",
         json!({"request_id": req.id, "force": true}),
     )
-    .await
-    .expect_err("refused");
-    let ServiceError::McpError(e) = err else {
-        panic!("unexpected {err:?}")
-    };
+    .await;
     assert!(e.message.contains("another workspace"), "{}", e.message);
 }
 

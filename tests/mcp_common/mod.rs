@@ -455,6 +455,15 @@ pub async fn ok(client: &Client, tool: &'static str, a: Value) -> Value {
     structured(&r)
 }
 
+/// Calls a tool that must be refused before it runs (an MCP error, such as
+/// invalid params); returns the error.
+pub async fn invalid(client: &Client, tool: &'static str, a: Value) -> rmcp::model::ErrorData {
+    match call(client, tool, a).await {
+        Err(ServiceError::McpError(e)) => e,
+        other => panic!("{tool} should have been refused: {other:?}"),
+    }
+}
+
 /// Calls a tool that must fail as a tool error; returns `{error, code}`.
 pub async fn refused(client: &Client, tool: &'static str, a: Value) -> Value {
     let r = call(client, tool, a).await.expect("tool call");
