@@ -604,8 +604,9 @@ pub struct SessionState {
     unmarked: Vec<i64>,
     /// Tool call lines: their transcript row and what they show.
     tools: HashMap<String, (ledger::RowId, Value)>,
-    /// Notes written to the transcript ([`SessionState::note`]), counted
-    /// to keep the transcript in the order things happened.
+    /// Notes other than the operator's prompts written to the transcript
+    /// ([`SessionState::note`]), counted to keep the transcript in the
+    /// order things happened.
     entries_written: std::sync::atomic::AtomicU64,
     /// What the agent made the session write since the last prompt.
     budget: budget::TurnBudget,

@@ -159,8 +159,14 @@ impl SessionState {
         kind: crate::model::MessageKind,
         text: &str,
     ) {
-        self.entries_written
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The operator's own prompt does not end the agent's text block:
+        // its entry is written once its delivery is confirmed, which can
+        // come after the agent began answering it, and split that answer
+        // in two (two Slack messages under load).
+        if role != crate::model::Role::User {
+            self.entries_written
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let (store, id, text) = (Arc::clone(&self.store), self.id().clone(), text.to_owned());
         self.ledger.queue(async move {
             if let Err(e) = store.append_message(&id, role, kind, &text).await {
