@@ -217,18 +217,27 @@ impl OutboundOp {
     }
 
     /// What the operation is, for a log line: its kind, channel and key,
-    /// never its body (agent text, up to a whole message of it).
+    /// never its body (agent text, up to a whole message of it). A key can
+    /// hold the agent's tool call id: shown on one escaped line, cut.
     pub fn brief(&self) -> String {
+        let safe =
+            |text: &str| crate::text::log_safe(&crate::text::shorten(text, 120)).into_owned();
         match self {
-            OutboundOp::Post { channel, key, .. } => {
-                format!("post to {channel} ({})", key.as_deref().unwrap_or("no key"))
+            OutboundOp::Post { channel, key, .. } => format!(
+                "post to {} ({})",
+                safe(channel),
+                safe(key.as_deref().unwrap_or("no key"))
+            ),
+            OutboundOp::Update { channel, key, .. } => {
+                format!("update in {} ({})", safe(channel), safe(key))
             }
-            OutboundOp::Update { channel, key, .. } => format!("update in {channel} ({key})"),
-            OutboundOp::React { channel, name, .. } => format!("reaction {name} in {channel}"),
+            OutboundOp::React { channel, name, .. } => {
+                format!("reaction {} in {}", safe(name), safe(channel))
+            }
             OutboundOp::Unreact { channel, name, .. } => {
-                format!("reaction {name} removed in {channel}")
+                format!("reaction {} removed in {}", safe(name), safe(channel))
             }
-            OutboundOp::Upload { channel, .. } => format!("snippet upload to {channel}"),
+            OutboundOp::Upload { channel, .. } => format!("snippet upload to {}", safe(channel)),
         }
     }
 }
@@ -401,6 +410,32 @@ pub use crate::memory::MemoryOutbox;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused message is logged by its `brief`, whose key can hold an
+    /// agent's tool call id: one escaped line, cut, never the body.
+    #[test]
+    fn a_brief_is_one_safe_line_without_the_body() {
+        let hostile = format!(
+            "tool:t1\n2026-11-28T00:00:00Z ERROR forged\u{1b}[2J{}@1",
+            "x".repeat(5_000)
+        );
+        let op = OutboundOp::Update {
+            channel: "C1".into(),
+            key: hostile,
+            body: MessageBody::text("the agent's whole message"),
+        };
+        let brief = op.brief();
+        assert!(
+            !brief.contains('\n') && !brief.contains('\u{1b}'),
+            "{brief}"
+        );
+        assert!(brief.len() < 400, "{} bytes", brief.len());
+        assert!(!brief.contains("whole message"), "{brief}");
+        assert!(
+            brief.starts_with("update in C1 (tool:t1\\u{a}2026"),
+            "{brief}"
+        );
+    }
 
     #[test]
     fn ops_round_trip_through_json() {
