@@ -261,6 +261,11 @@ impl App {
     /// the session could not be resumed (a probe's reload said only "config
     /// reloaded").
     pub async fn tell_revivability(&self, before: &WorkspaceMap, after: &WorkspaceMap) {
+        // A reload of rules or modes alone changes no session's way back:
+        // no listing, no directory checks.
+        if before == after {
+            return;
+        }
         let live = match self.inner.store.list_sessions(true).await {
             Ok(live) => live,
             Err(e) => {
@@ -268,12 +273,12 @@ impl App {
                 return;
             }
         };
+        let lost = |why: String| {
+            format!(
+                "After this config change, this session cannot be resumed after a server restart, nor revived once it ends: {why}. It runs on; put the config back as it was to keep both."
+            )
+        };
         for s in live.iter().filter(|s| s.protocol != Protocol::Mcp) {
-            let lost = |why: String| {
-                format!(
-                    "After this config change, this session cannot be resumed after a server restart, nor revived once it ends: {why}. It runs on; put the config back as it was to keep both."
-                )
-            };
             let (level, text) = match (before.revivable(s), after.revivable(s)) {
                 (Ok(_), Err(why)) => (NoticeLevel::Warning, lost(why)),
                 // Still without a way back, for another reason now (one
